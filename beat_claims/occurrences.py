@@ -1,0 +1,125 @@
+"""Exact due instants of an entry, the same on every beat.
+
+An occurrence is (entry, due instant in UTC milliseconds). Every beat must compute the same
+instants for the same entry, whatever its start time, so no instant here is derived from
+"now": interval schedules count whole periods from an *anchor* kept in the store (the
+first beat to see the entry sets it), and crontab and solar schedules use Celery's own
+arithmetic, started from the anchor or from the last occurrence handed out.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from celery.schedules import BaseSchedule, crontab, schedule
+
+from .runs import from_ms, to_ms
+
+#: Guard against a schedule that never moves forward (a bug in a custom schedule class).
+_MAX_STEPS = 200_000
+
+
+class UnsupportedSchedule(ValueError):
+    """The entry's schedule cannot be turned into exact instants."""
+
+
+def is_interval(sched: Any) -> bool:
+    return type(sched) is schedule or (
+        isinstance(sched, schedule) and not isinstance(sched, crontab)
+        and getattr(sched, "run_every", None) is not None
+    )
+
+
+def period_ms(sched: schedule) -> int:
+    run_every: timedelta = sched.run_every
+    ms = int(round(run_every.total_seconds() * 1000))
+    if ms <= 0:
+        raise UnsupportedSchedule(f"interval {run_every!r} is not positive")
+    return ms
+
+
+def _frozen_now(sched: BaseSchedule, at_ms: int) -> BaseSchedule:
+    """A copy of ``sched`` whose clock reads ``at_ms``: Celery's arithmetic, our instant."""
+    frozen = copy.copy(sched)
+    instant = from_ms(at_ms)
+    frozen.nowfun = lambda: instant
+    return frozen
+
+
+def next_after(sched: Any, anchor_ms: int, after_ms: int) -> int:
+    """The first occurrence strictly after ``after_ms`` (and after the anchor)."""
+    after_ms = max(after_ms, anchor_ms)
+    if is_interval(sched):
+        period = period_ms(sched)
+        k = (after_ms - anchor_ms) // period + 1
+        return anchor_ms + k * period
+    if not isinstance(sched, BaseSchedule) or not hasattr(sched, "remaining_estimate"):
+        raise UnsupportedSchedule(f"{type(sched).__name__} has no remaining_estimate()")
+    probe = after_ms
+    for _ in range(1440):
+        frozen = _frozen_now(sched, probe)
+        remaining = frozen.remaining_estimate(from_ms(probe))
+        nxt = probe + int(round(remaining.total_seconds() * 1000))
+        if nxt > after_ms:
+            return nxt
+        # A wall-clock instant that repeats (DST ending) or a schedule that answers "now":
+        # look again a minute later so the timeline only moves forward.
+        probe = max(probe, nxt) + 60_000
+    raise UnsupportedSchedule(f"{sched!r} does not move forward after {from_ms(after_ms)}")
+
+
+def due_between(
+    sched: Any, anchor_ms: int, after_ms: int, until_ms: int, keep: int
+) -> tuple[list[int], int]:
+    """Occurrences in ``(after_ms, until_ms]``: the newest ``keep`` of them and their count.
+
+    Interval schedules are counted arithmetically, so a long outage costs nothing; other
+    schedules are walked one occurrence at a time.
+    """
+    after_ms = max(after_ms, anchor_ms)
+    if until_ms <= after_ms:
+        return [], 0
+    if is_interval(sched):
+        period = period_ms(sched)
+        k_lo = (after_ms - anchor_ms) // period + 1
+        k_hi = (until_ms - anchor_ms) // period
+        if k_hi < k_lo:
+            return [], 0
+        total = k_hi - k_lo + 1
+        start = max(k_lo, k_hi - keep + 1)
+        return [anchor_ms + k * period for k in range(start, k_hi + 1)], total
+    newest: deque[int] = deque(maxlen=max(keep, 1))
+    total = 0
+    cursor = after_ms
+    for _ in range(_MAX_STEPS):
+        cursor = next_after(sched, anchor_ms, cursor)
+        if cursor > until_ms:
+            break
+        newest.append(cursor)
+        total += 1
+    return (list(newest) if keep > 0 else []), total
+
+
+def describe(sched: Any) -> str:
+    """A short human description for status output."""
+    if is_interval(sched):
+        return f"every {period_ms(sched) / 1000:g}s"
+    return repr(sched)
+
+
+NowFn = Callable[[], int]
+
+__all__ = [
+    "UnsupportedSchedule",
+    "describe",
+    "due_between",
+    "from_ms",
+    "is_interval",
+    "next_after",
+    "period_ms",
+    "to_ms",
+]

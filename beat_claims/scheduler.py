@@ -1,0 +1,449 @@
+"""The beat side: a ``celery.beat.Scheduler`` that claims each occurrence before it sends it.
+
+Celery's heap of entries is replaced by a heap of exact due instants; the store is the
+truth. Each tick: renew the heartbeat, take over what dead or stopped beats left, claim
+what is due (one atomic compare-and-set per entry, all entries of the tick in one round
+trip), then for each claim check it is still ours immediately before publishing it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from celery import Celery, signals
+from celery.beat import ScheduleEntry, _evaluate_entry_args, _evaluate_entry_kwargs
+from celery.beat import Scheduler as BaseScheduler
+from celery.utils.log import get_logger
+from redis.exceptions import RedisError
+
+from . import occurrences
+from .catch_up import plan
+from .runs import HEADER, Owner, from_ms, iso, process_is_gone, task_id_for
+from .settings import ConfigurationError, Policy, Settings
+from .stores.base import Claim, ClaimRequest, EntryState, Store
+from .stores.redis import RedisStore
+
+logger = get_logger("celery.beat.claims")
+
+#: How long the task-id index outlives a send, at least.
+TASK_INDEX_TTL = 7 * 24 * 3600.0
+#: A full look for released occurrences, in case a release notice was lost.
+RELEASED_SCAN_EVERY = 60.0
+MAX_BACKOFF = 30.0
+
+
+class ClaimsEntry(ScheduleEntry):
+    """A schedule entry that also carries its ``claims`` policy overrides."""
+
+    def __init__(self, *args: Any, claims: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self.claims = claims
+        super().__init__(*args, **kwargs)
+
+    def __reduce__(self) -> Any:
+        cls, args = super().__reduce__()[:2]
+        return _rebuild_entry, (cls, args, self.claims)
+
+    def update(self, other: ScheduleEntry) -> None:
+        super().update(other)
+        self.claims = getattr(other, "claims", None)
+
+    def editable_fields_equal(self, other: Any) -> bool:
+        return bool(super().editable_fields_equal(other)) and (
+            self.claims == getattr(other, "claims", None))
+
+
+def _rebuild_entry(cls: type, args: tuple[Any, ...], claims: Any) -> ClaimsEntry:
+    entry: ClaimsEntry = cls(*args)
+    entry.claims = claims
+    return entry
+
+
+class Scheduler(BaseScheduler):
+    """Run ``beat_schedule`` from any number of beats at once; each occurrence is sent once."""
+
+    Entry = ClaimsEntry
+
+    def __init__(self, app: Celery, *args: Any, store: Store | None = None,
+                 **kwargs: Any) -> None:
+        self.settings = Settings.from_app(app)
+        self.owner = Owner.current()
+        self.store: Store = store or RedisStore.from_url(
+            self.settings.url, self.settings.key_prefix,
+            socket_timeout=max(1.0, self.settings.heartbeat_interval),
+        )
+        self.policies: dict[str, Policy] = {}
+        self._state: dict[str, EntryState] = {}
+        self._heap: list[tuple[int, str]] = []  # type: ignore[assignment]
+        self._held: dict[tuple[str, int], Claim] = {}  # claimed, not yet sent
+        self._claiming: set[str] = set()  # entries with a claim call in flight
+        self._offset_ms = 0
+        self._last_heartbeat = float("-inf")
+        self._last_sweep = float("-inf")
+        self._last_released_scan = float("-inf")
+        self._generation: int | None = None
+        self._outage_since: float | None = None
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self._closed = False
+        self._closing = False
+        self._ready = False
+        super().__init__(app, *args, **kwargs)
+        self.max_interval = min(self.max_interval, self.settings.heartbeat_interval)
+
+    # -- setup ------------------------------------------------------------------------
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        self.policies = {
+            name: self.settings.policy_for(name, getattr(entry, "claims", None))
+            for name, entry in self.schedule.items()
+        }
+        for name, entry in self.schedule.items():
+            try:
+                occurrences.next_after(entry.schedule, 0, 0)
+            except occurrences.UnsupportedSchedule as exc:
+                raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
+        logger.info("beat-claims: owner %s, %d entries, store %s", self.owner,
+                    len(self.schedule), self.info)
+
+    def _prepare(self) -> None:
+        """Anchor and read every entry; build the heap of next due instants."""
+        names = sorted(self.schedule)
+        described = [(n, occurrences.describe(self.schedule[n].schedule)) for n in names]
+        self._state = self.store.ensure_entries(described)
+        self._heap = []
+        for name in names:
+            self._push(name)
+        self._ready = True
+
+    def _push(self, name: str) -> None:
+        state = self._state.get(name)
+        if state is None:
+            return
+        after = state.checkpoint if state.checkpoint is not None else state.anchor
+        try:
+            nxt = occurrences.next_after(self.schedule[name].schedule, state.anchor, after)
+        except Exception:
+            logger.exception("beat-claims: cannot compute the next run of %r", name)
+            nxt = self._now() + int(self.max_interval * 1000)
+        heapq.heappush(self._heap, (nxt, name))
+
+    # -- clock ------------------------------------------------------------------------
+    def _now(self) -> int:
+        """The store's clock, as estimated at the last heartbeat."""
+        return int(time.time() * 1000) + self._offset_ms
+
+    # -- the loop ---------------------------------------------------------------------
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if self._closed:
+            self._closed = False  # started again after close(): claim afresh
+            self._last_heartbeat = float("-inf")
+        mono = time.monotonic()
+        if mono < self._retry_at:
+            return self._retry_at - mono
+        try:
+            self._tick()
+        except RedisError as exc:
+            return self._store_down(exc)
+        if self._outage_since is not None:
+            logger.warning("beat-claims: store reachable again after %.1fs; catching up by"
+                           " policy", time.monotonic() - self._outage_since)
+            self._outage_since = None
+            self._backoff = 0.0
+        return self._sleep_for()
+
+    def _tick(self) -> None:
+        if not self._ready:
+            self._prepare()
+        mono = time.monotonic()
+        if mono - self._last_heartbeat >= self.settings.heartbeat_interval:
+            self._heartbeat()
+        if self._held:  # left from an outage: send (or drop) them first
+            self._send(sorted(self._held.values(), key=lambda c: (c.due, c.entry)))
+        if mono - self._last_sweep >= self.settings.heartbeat_interval:
+            self._sweep()
+        now = self._now()
+        due: list[str] = []
+        while self._heap and self._heap[0][0] <= now:
+            _, name = heapq.heappop(self._heap)
+            if name in self.schedule and name not in due:
+                due.append(name)
+        if due:
+            try:
+                self._claim_due(due, now)
+            finally:
+                queued = {name for _, name in self._heap}
+                for name in due:
+                    if name not in queued:
+                        self._push(name)
+
+    def _sleep_for(self) -> float:
+        now = self._now()
+        wait = self.max_interval
+        if self._heap:
+            wait = min(wait, max(0.0, (self._heap[0][0] - now) / 1000))
+        hb_wait = self._last_heartbeat + self.settings.heartbeat_interval - time.monotonic()
+        return max(0.0, min(wait, hb_wait))
+
+    def _store_down(self, exc: Exception) -> float:
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            logger.error("beat-claims: store unreachable (%s: %s); nothing is sent unclaimed"
+                         " until it returns. Retrying with backoff; logged once per outage.",
+                         type(exc).__name__, exc)
+        self._backoff = min(MAX_BACKOFF, max(0.5, self._backoff * 2))
+        self._retry_at = time.monotonic() + self._backoff
+        self._ready = False  # re-read anchors and checkpoints: the store may have been wiped
+        self._last_heartbeat = float("-inf")
+        return self._backoff
+
+    # -- heartbeat and sweeps ---------------------------------------------------------
+    def _heartbeat(self) -> None:
+        before = time.time()
+        generation, store_ms = self.store.heartbeat(self.owner, self.settings.heartbeat_ttl)
+        after = time.time()
+        self._offset_ms = store_ms - int((before + after) / 2 * 1000)
+        self._last_heartbeat = time.monotonic()
+        if generation != self._generation:
+            self._generation = generation
+            self._last_released_scan = float("-inf")
+
+    def _heartbeat_if_due(self) -> None:
+        """During a long burst of sends: keep looking alive, but only from this loop."""
+        if time.monotonic() - self._last_heartbeat >= self.settings.heartbeat_interval / 2:
+            self._heartbeat()
+
+    def _sweep(self) -> None:
+        """Take over claims of dead owners and abandoned claims; pick up released runs."""
+        self._last_sweep = time.monotonic()
+        now = self._now()
+        taken: list[Claim] = []
+        for owner, alive, entries in self.store.owners():
+            if owner.id == self.owner.id:
+                stale = [n for n in entries
+                         if n not in self._claiming and not any(k[0] == n for k in self._held)]
+                for name in stale:  # claims whose reply this process never got
+                    if name in self.schedule:
+                        taken += self.store.reclaim(name, owner.id, self.owner, None)
+                self.store.done_claiming(self.owner, stale)
+                continue
+            dead = not alive or process_is_gone(owner.host, owner.pid, owner.started_at) is True
+            for name, since in entries.items():
+                if name not in self.schedule:
+                    continue
+                if dead:
+                    claims = self.store.reclaim(name, owner.id, self.owner, None)
+                else:
+                    reclaim_ms = int(self.policies[name].reclaim_after * 1000)
+                    if since > now - reclaim_ms:
+                        continue
+                    claims = self.store.reclaim(name, owner.id, self.owner, now - reclaim_ms)
+                if claims:
+                    logger.warning("beat-claims: took over %d claim(s) of %r from %s owner %s",
+                                   len(claims), name, "dead" if dead else "slow", owner)
+                taken += claims
+            if dead:
+                self.store.drop_owner(owner.id)
+        if time.monotonic() - self._last_released_scan >= RELEASED_SCAN_EVERY:
+            self._last_released_scan = time.monotonic()
+            requests = [ClaimRequest(name, None) for name in sorted(self.schedule)]
+            for result in self._claim_batch(requests, now):
+                taken += result.claims
+        self._mark_lost(now)
+        if taken:
+            self._hold(taken)
+            self._send(sorted(taken, key=lambda c: (c.due, c.entry)))
+
+    def _mark_lost(self, now: int) -> None:
+        for name, policy in self.policies.items():
+            if policy.run_timeout is not None and name in self._state:
+                lost = self.store.mark_lost(name, now - int(policy.run_timeout * 1000))
+                for due in lost:
+                    logger.warning("beat-claims: %s due %s sent %ss ago with no outcome: lost",
+                                   name, iso(due), policy.run_timeout)
+
+    # -- claiming ---------------------------------------------------------------------
+    def _claim_batch(self, requests: list[ClaimRequest], now: int) -> list[Any]:
+        names = {req.entry for req in requests}
+        self._claiming |= names
+        try:
+            return self.store.claim(self.owner, requests, self.settings.history_limit, now)
+        finally:
+            self._claiming -= names
+
+    def _request(self, name: str, now: int) -> tuple[ClaimRequest, int]:
+        state = self._state[name]
+        policy = self.policies[name]
+        after = state.checkpoint if state.checkpoint is not None else state.anchor
+        keep = max(policy.max_catch_up, self.settings.history_limit) + 1
+        due, total = occurrences.due_between(
+            self.schedule[name].schedule, state.anchor, after, now, keep)
+        decided = plan(policy, due, total, now, int(self.settings.catch_up_grace * 1000),
+                       self.settings.history_limit)
+        if decided.skip or decided.unrecorded:
+            logger.info("beat-claims: %s: %d missed occurrence(s) skipped (catch_up=%s)",
+                        name, len(decided.skip) + decided.unrecorded, policy.catch_up)
+        request = ClaimRequest(name, state, decided.run, decided.skip, policy.overlap)
+        return request, (due[-1] if due else after)
+
+    def _claim_due(self, names: list[str], now: int) -> None:
+        pending = names
+        claims: list[Claim] = []
+        for _attempt in range(5):
+            planned = {name: self._request(name, now) for name in pending}
+            requests = [req for req, _ in planned.values() if req.claim or req.skip]
+            if not requests:
+                break
+            pending = []
+            missing: list[str] = []
+            for result in self._claim_batch(requests, now):
+                if result.missing:
+                    missing.append(result.entry)
+                elif result.conflict is not None:
+                    self._state[result.entry] = result.conflict
+                    pending.append(result.entry)
+                else:
+                    state = self._state[result.entry]
+                    self._state[result.entry] = EntryState(state.anchor,
+                                                           planned[result.entry][1])
+                    claims += result.claims
+                    for due, reason in result.skipped:
+                        if reason == "overlap":
+                            logger.info("beat-claims: %s due %s skipped: previous run still"
+                                        " going (overlap=skip)", result.entry, iso(due))
+            if missing:
+                logger.warning("beat-claims: %d entr(ies) missing from the store (wiped?);"
+                               " re-anchoring: they start from their next occurrence",
+                               len(missing))
+                described = [(n, occurrences.describe(self.schedule[n].schedule))
+                             for n in missing]
+                self._state.update(self.store.ensure_entries(described))
+                pending += missing
+            if not pending:
+                break
+        if claims:
+            self._hold(claims)
+            self._send(sorted(claims, key=lambda c: (c.due, c.entry)))
+
+    def _hold(self, claims: Iterable[Claim]) -> None:
+        for claim in claims:
+            self._held[(claim.entry, claim.due)] = claim
+
+    # -- sending ----------------------------------------------------------------------
+    def _send(self, claims: list[Claim]) -> None:
+        finished: set[str] = set()
+        for claim in claims:
+            key = (claim.entry, claim.due)
+            if key not in self._held:
+                continue
+            self._heartbeat_if_due()
+            entry = self.schedule.get(claim.entry)
+            if entry is None:  # removed from the schedule while claimed: give it back
+                self.store.release(self.owner, [], [key])
+                del self._held[key]
+                continue
+            task_id = task_id_for(claim.entry, claim.due)
+            self.store.remember_task(task_id, claim.entry, claim.due, claim.token,
+                                     self._task_index_ttl(claim.entry))
+            ok, why = self.store.check_before_send(self.owner, claim, task_id)
+            if not ok:
+                logger.warning("beat-claims: not sending %s due %s (token %d): %s",
+                               claim.entry, iso(claim.due), claim.token, why)
+                del self._held[key]
+                finished.add(claim.entry)
+                continue
+            try:
+                self._publish(entry, claim, task_id)
+            except Exception as exc:
+                logger.error("beat-claims: publishing %s due %s failed, released for a later"
+                             " try: %r", claim.entry, iso(claim.due), exc, exc_info=True)
+                self.store.release(self.owner, [], [key])
+            else:
+                self.store.mark_sent(claim)
+            del self._held[key]
+            finished.add(claim.entry)
+        done = {name for name in finished if not any(k[0] == name for k in self._held)}
+        self.store.done_claiming(self.owner, done)
+
+    def _task_index_ttl(self, name: str) -> float:
+        timeout = self.policies[name].run_timeout
+        return max(TASK_INDEX_TTL, 2 * timeout) if timeout else TASK_INDEX_TTL
+
+    def _publish(self, entry: ScheduleEntry, claim: Claim, task_id: str) -> Any:
+        logger.info("Scheduler: Sending due task %s (%s) due %s token %d", entry.name,
+                    entry.task, iso(claim.due), claim.token)
+        # Copy, never mutate, the entry's options and headers (apply_async copies shallowly).
+        options = dict(entry.options)
+        headers = dict(options.get("headers") or {})
+        headers["celery_beat_task"] = True
+        headers[HEADER] = {"entry": entry.name, "due": iso(claim.due), "token": claim.token}
+        options["headers"] = headers
+        options["task_id"] = task_id
+        args = _evaluate_entry_args(entry.args)
+        kwargs = _evaluate_entry_kwargs(entry.kwargs)
+        task = self.app.tasks.get(entry.task)
+        if task is not None:
+            result = task.apply_async(args, kwargs, producer=self.producer, **options)
+        else:
+            result = self.send_task(entry.task, args, kwargs, producer=self.producer, **options)
+        entry.last_run_at = from_ms(claim.due)
+        entry.total_run_count += 1
+        return result
+
+    # -- stop -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release every claim not yet sent. Idempotent, and safe to re-enter from a signal."""
+        if self._closed or self._closing:
+            return
+        self._closing = True
+        try:
+            held = set(self._held)
+            entries = {name for name, _ in held} | self._claiming
+            if isinstance(self.store, RedisStore):
+                # A signal may have cut a command in half: start from fresh connections.
+                self.store.client.connection_pool.disconnect()
+            try:
+                released = self.store.release(self.owner, entries)
+                self.store.done_claiming(self.owner, entries)
+                self.store.forget_owner(self.owner)
+                if released:
+                    logger.info("beat-claims: released %d unsent claim(s)", released)
+            except RedisError as exc:
+                logger.warning("beat-claims: could not release %d claim(s) at stop (%s); they"
+                               " are taken over once this beat's heartbeat expires",
+                               len(held), exc)
+            self._held.clear()
+            self._claiming.clear()
+            self._ready = False
+            self._closed = True
+        finally:
+            self._closing = False
+        super().close()
+
+    @property
+    def info(self) -> str:
+        url = self.settings.url
+        if "@" in url:
+            scheme, rest = url.split("://", 1)
+            url = f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+        return f"{url} (prefix {self.settings.key_prefix!r})"
+
+
+@signals.beat_embedded_init.connect
+def _stop_cleanly_when_embedded(sender: Any = None, **kwargs: Any) -> None:
+    """``worker -B`` runs beat in a child process that is stopped with SIGTERM: exit
+    through the normal path so that close() releases what this beat claimed."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    scheduler = getattr(sender, "scheduler", None)
+    if not isinstance(scheduler, Scheduler):
+        return
+
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit()
+
+    signal.signal(signal.SIGTERM, _exit)

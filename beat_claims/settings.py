@@ -1,0 +1,164 @@
+"""``beat_claims_*`` settings and per-entry ``claims`` overrides, read and validated once.
+
+A bad value fails the beat at start with a message that names the setting (or the entry and
+key) and the value, rather than surfacing later as a confusing runtime error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from celery import Celery
+
+CATCH_UP_POLICIES = ("latest", "all", "none")
+OVERLAP_POLICIES = ("allow", "skip")
+ENTRY_KEYS = ("catch_up", "max_catch_up", "catch_up_window", "overlap", "reclaim_after",
+              "run_timeout")
+
+
+class ConfigurationError(ValueError):
+    """A ``beat_claims_*`` setting or an entry's ``claims`` option is invalid."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What to do with one entry's missed, overlapping and abandoned runs."""
+
+    catch_up: str = "latest"
+    max_catch_up: int = 100
+    catch_up_window: float | None = None
+    overlap: str = "allow"
+    reclaim_after: float = 300.0
+    run_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    url: str
+    key_prefix: str = "beat-claims"
+    heartbeat_interval: float = 5.0
+    catch_up_grace: float = 10.0
+    history_limit: int = 100
+    result_backend_recovery: bool = True
+    policy: Policy = Policy()
+
+    @property
+    def heartbeat_ttl(self) -> float:
+        """A beat whose heartbeat is older than this is dead: three missed renewals."""
+        return 3 * self.heartbeat_interval
+
+    @classmethod
+    def from_app(cls, app: Celery) -> Settings:
+        conf = app.conf
+        url = conf.get("beat_claims_url") or _default_url(conf.get("broker_url") or "")
+        prefix = conf.get("beat_claims_key_prefix") or "beat-claims"
+        if not isinstance(prefix, str) or any(c in prefix for c in "{} \n"):
+            raise ConfigurationError(
+                f"beat_claims_key_prefix={prefix!r}: must be a string without braces or spaces"
+            )
+        policy = Policy(
+            catch_up=_choice("beat_claims_catch_up", conf.get("beat_claims_catch_up", "latest"),
+                             CATCH_UP_POLICIES),
+            max_catch_up=_positive_int("beat_claims_max_catch_up",
+                                       conf.get("beat_claims_max_catch_up", 100)),
+            catch_up_window=_optional_seconds("beat_claims_catch_up_window",
+                                              conf.get("beat_claims_catch_up_window")),
+            overlap=_choice("beat_claims_overlap", conf.get("beat_claims_overlap", "allow"),
+                            OVERLAP_POLICIES),
+            reclaim_after=_seconds("beat_claims_reclaim_after",
+                                   conf.get("beat_claims_reclaim_after", 300)),
+            run_timeout=_optional_seconds("beat_claims_run_timeout",
+                                          conf.get("beat_claims_run_timeout")),
+        )
+        return cls(
+            url=url,
+            key_prefix=prefix,
+            heartbeat_interval=_seconds("beat_claims_heartbeat_interval",
+                                        conf.get("beat_claims_heartbeat_interval", 5.0)),
+            catch_up_grace=_seconds("beat_claims_catch_up_grace",
+                                    conf.get("beat_claims_catch_up_grace", 10.0)),
+            history_limit=_positive_int("beat_claims_history_limit",
+                                        conf.get("beat_claims_history_limit", 100)),
+            result_backend_recovery=bool(conf.get("beat_claims_result_backend_recovery", True)),
+            policy=policy,
+        )
+
+    def policy_for(self, entry_name: str, options: Any) -> Policy:
+        """The entry's policy: the defaults overridden by its ``claims`` dict."""
+        if options is None:
+            return self.policy
+        if not isinstance(options, dict):
+            raise ConfigurationError(
+                f"entry {entry_name!r}: 'claims' must be a dict, got {options!r}")
+        unknown = sorted(set(options) - set(ENTRY_KEYS))
+        if unknown:
+            raise ConfigurationError(
+                f"entry {entry_name!r}: unknown key claims[{unknown[0]!r}]"
+                f" (known: {', '.join(ENTRY_KEYS)})")
+        where = f"entry {entry_name!r}: claims"
+        changes: dict[str, Any] = {}
+        for key, value in options.items():
+            label = f"{where}[{key!r}]"
+            if key == "catch_up":
+                changes[key] = _choice(label, value, CATCH_UP_POLICIES)
+            elif key == "overlap":
+                changes[key] = _choice(label, value, OVERLAP_POLICIES)
+            elif key == "max_catch_up":
+                changes[key] = _positive_int(label, value)
+            elif key == "reclaim_after":
+                changes[key] = _seconds(label, value)
+            else:
+                changes[key] = _optional_seconds(label, value)
+        return replace(self.policy, **changes)
+
+
+def _default_url(broker_url: str) -> str:
+    url = broker_url.split(";")[0].strip()
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return url
+    raise ConfigurationError(
+        "beat_claims_url is not set and the broker is not Redis "
+        f"(broker_url={_redact(url)!r}): set beat_claims_url to a redis:// or rediss:// URL"
+    )
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigurationError(f"{name}={value!r}: must be one of {', '.join(choices)}")
+    return str(value)
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{name}={value!r}: must be a number of seconds")
+    if hasattr(value, "total_seconds"):
+        value = value.total_seconds()
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{name}={value!r}: must be a number of seconds") from None
+
+
+def _seconds(name: str, value: Any) -> float:
+    seconds = _number(name, value)
+    if not seconds > 0:
+        raise ConfigurationError(f"{name}={value!r}: must be greater than 0 seconds")
+    return seconds
+
+
+def _optional_seconds(name: str, value: Any) -> float | None:
+    return None if value is None else _seconds(name, value)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigurationError(f"{name}={value!r}: must be a positive integer")
+    return value

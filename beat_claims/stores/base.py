@@ -1,0 +1,171 @@
+"""The store interface: the shared truth every beat and worker reads and writes.
+
+Each method is one atomic transition (or a batch of independent atomic transitions).
+Every write about a run is a compare-and-set on the run's fencing token; the Scheduler
+and the worker handlers never read-then-write across two calls without a token check.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..runs import Owner, Run
+
+
+@dataclass(frozen=True)
+class EntryState:
+    """What the store holds for one entry: its anchor and checkpoint (UTC ms)."""
+
+    anchor: int
+    checkpoint: int | None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim this beat holds on one occurrence, with its fencing token."""
+
+    entry: str
+    due: int
+    token: int
+    reclaimed: bool = False
+    maybe_sent: bool = False  # taken over from an owner that had passed the check
+
+
+@dataclass
+class ClaimRequest:
+    """One entry's batch: occurrences to claim and to record as skipped, in due order."""
+
+    entry: str
+    expected: EntryState | None  # None: only take released occurrences
+    claim: Sequence[int] = ()
+    skip: Sequence[tuple[int, str]] = ()
+    overlap: str = "allow"
+
+
+@dataclass
+class ClaimResult:
+    entry: str
+    conflict: EntryState | None = None  # the store's state when ours was stale
+    missing: bool = False  # the entry has no anchor in the store (new, or the store was wiped)
+    claims: list[Claim] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    """The worker's answer for one delivery."""
+
+    ok: bool
+    why: str = ""
+    busy_with: tuple[str, int, int] | None = None  # (worker, pid, started_at ms)
+
+
+class Store(abc.ABC):
+    """One backend of the shared truth."""
+
+    @abc.abstractmethod
+    def now_ms(self) -> int:
+        """The store's clock (UTC ms): every beat measures due-ness against it."""
+
+    # -- beat side --------------------------------------------------------------------
+    @abc.abstractmethod
+    def ensure_entries(self, entries: Sequence[tuple[str, str]]) -> dict[str, EntryState]:
+        """Anchor new entries (first beat wins) and read every entry's anchor/checkpoint."""
+
+    @abc.abstractmethod
+    def claim(self, owner: Owner, requests: Sequence[ClaimRequest],
+              history_limit: int, now_ms: int) -> list[ClaimResult]:
+        """Claim occurrences of many entries, one atomic compare-and-set per entry."""
+
+    @abc.abstractmethod
+    def check_before_send(self, owner: Owner, claim: Claim, task_id: str) -> tuple[bool, str]:
+        """Atomically: is ``claim`` still ours? If so mark it as being sent."""
+
+    @abc.abstractmethod
+    def mark_sent(self, claim: Claim) -> bool:
+        """The publish succeeded."""
+
+    @abc.abstractmethod
+    def release(self, owner: Owner, entries: Iterable[str], unsent: Iterable[tuple[str, int]] = ()
+                ) -> int:
+        """Give back claims that were not sent; they are due again. Returns how many.
+
+        Every claim the owner holds in ``entries`` that never reached the check before
+        publish is released (whether or not the owner learnt its token), and each of
+        ``unsent`` (entry, due) too, even past that check: its publish failed.
+        """
+
+    @abc.abstractmethod
+    def heartbeat(self, owner: Owner, ttl: float) -> tuple[int, int]:
+        """Renew the owner's liveness; returns (release generation, store clock in ms).
+
+        The generation changes whenever a beat releases claims, so others look for them.
+        """
+
+    @abc.abstractmethod
+    def forget_owner(self, owner: Owner) -> None:
+        """The owner stopped cleanly: its heartbeat is removed so it is known gone at once."""
+
+    @abc.abstractmethod
+    def done_claiming(self, owner: Owner, entries: Iterable[str]) -> None:
+        """The owner holds no more claims in these entries."""
+
+    @abc.abstractmethod
+    def owners(self) -> list[tuple[Owner, bool, dict[str, int]]]:
+        """Every registered owner, whether its heartbeat is alive, and its claiming entries."""
+
+    @abc.abstractmethod
+    def reclaim(self, entry: str, old_owner: str, new_owner: Owner,
+                cutoff_ms: int | None) -> list[Claim]:
+        """Take over ``old_owner``'s claims in ``entry`` (all of them if cutoff is None)."""
+
+    @abc.abstractmethod
+    def drop_owner(self, owner_id: str) -> None:
+        """Remove a dead owner whose claims were all taken over."""
+
+    @abc.abstractmethod
+    def mark_lost(self, entry: str, cutoff_ms: int) -> list[int]:
+        """Runs of ``entry`` sent before ``cutoff_ms`` with no outcome become lost."""
+
+    # -- worker side ------------------------------------------------------------------
+    @abc.abstractmethod
+    def start(self, entry: str, due: int, token: int, worker: str, pid: int, retries: int,
+              takeover: tuple[str, int] | None = None) -> StartDecision:
+        """Compare-and-set before a delivery executes (the worker's fencing)."""
+
+    @abc.abstractmethod
+    def finish(self, entry: str, due: int, token: int | None, state: str,
+               exc_type: str = "", exc_message: str = "", worker: str = "") -> bool:
+        """Record an outcome; never overwrites a final state."""
+
+    @abc.abstractmethod
+    def remember_task(self, task_id: str, entry: str, due: int, token: int,
+                      ttl: float) -> None:
+        """Index task id -> occurrence, for signals that carry only a task id."""
+
+    @abc.abstractmethod
+    def lookup_task(self, task_id: str) -> tuple[str, int, int] | None:
+        """(entry, due, token) of a task id sent by beat-claims, if known."""
+
+    # -- inspection -------------------------------------------------------------------
+    @abc.abstractmethod
+    def entry_names(self) -> list[str]:
+        """Every entry the store has seen."""
+
+    @abc.abstractmethod
+    def entry_info(self, entry: str) -> dict[str, Any]:
+        """Anchor, checkpoint, token and description of one entry."""
+
+    @abc.abstractmethod
+    def history(self, entry: str, limit: int | None = None) -> list[Run]:
+        """Recent runs of an entry, newest first."""
+
+    @abc.abstractmethod
+    def open_runs(self, entry: str) -> list[Run]:
+        """Runs of an entry that are claimed, due again, sent or started."""
+
+    def close(self) -> None:  # noqa: B027 - optional for backends
+        """Release connections."""

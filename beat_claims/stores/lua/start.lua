@@ -1,0 +1,38 @@
+-- A worker is about to execute a delivery. Compare-and-set on the token: the first
+-- delivery of the current token starts the run; a second one is refused, unless it is a
+-- Celery retry (more retries than recorded) or the process that started the run is gone
+-- (ARGV takeover names it, as the caller found it).
+-- KEYS: runs, live, open. ARGV: due, token, worker, pid, retries, takeover ('' or 'worker|pid').
+-- Returns {'ok'} or {'refused', why} or {'busy', worker, pid, started_at}.
+local run = get_run(KEYS[1], ARGV[1])
+if run == nil then return {'ok', 'untracked'} end
+if run == false then return {'ok', 'corrupt'} end
+if tostring(run.token) ~= ARGV[2] then
+  return {'refused', 'token ' .. ARGV[2] .. ' superseded by ' .. tostring(run.token)}
+end
+if FINAL[run.state] then return {'refused', 'already ' .. run.state} end
+local retries = tonumber(ARGV[5])
+local now = now_ms()
+if run.state == 'started' then
+  local same = run.worker == ARGV[3] and tostring(run.worker_pid) == ARGV[4]
+  local retry = retries > (run.retries or 0)
+  local takeover = ARGV[6] ~= '' and ARGV[6] == (run.worker .. '|' .. tostring(run.worker_pid))
+  if not (retry or takeover) then
+    if same then return {'refused', 'already started by this process'} end
+    return {'busy', run.worker, tostring(run.worker_pid), tostring(run.started_at)}
+  end
+  if takeover then run.deliveries = (run.deliveries or 1) + 1 end
+elseif run.state == 'sending' or run.state == 'sent' then
+  run.deliveries = 1
+else
+  return {'refused', 'not sent (' .. run.state .. ')'}
+end
+run.state = 'started'
+run.worker = ARGV[3]
+run.worker_pid = tonumber(ARGV[4])
+run.retries = retries
+run.started_at = run.started_at or now
+put_run(KEYS[1], ARGV[1], run)
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], run.due, ARGV[1])
+return {'ok'}

@@ -1,0 +1,305 @@
+"""The Redis store: each transition is one Lua script, atomic on the server.
+
+All keys of one entry share a hash tag (``{prefix}:{<digest>}:...``), so every script touches
+a single slot and runs on Redis Cluster too. Records are JSON, never pickle. Owner
+liveness and the task-id index live outside the entries' slots; they are only ever read as
+hints, and every decision taken from them is re-checked by a token compare-and-set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from collections.abc import Iterable, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ..runs import FINAL_STATES, Owner, Run, RunState
+from .base import (
+    Claim,
+    ClaimRequest,
+    ClaimResult,
+    EntryState,
+    StartDecision,
+    Store,
+)
+
+SCRIPTS = ("anchor", "claim", "send", "sent", "release", "reclaim", "start", "finish", "lost")
+
+
+@cache
+def _source(name: str) -> str:
+    lua = resources.files(__package__).joinpath("lua")
+    return lua.joinpath("_prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
+
+
+def connect(url: str, socket_timeout: float = 5.0) -> redis.Redis:
+    """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``; ACL user in the URL).
+
+    Retries are left to beat-claims' own loop: a script that timed out may have run, and
+    the caller reconciles instead of blindly running it twice.
+    """
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=30,
+    )
+
+
+class RedisStore(Store):
+    def __init__(self, client: redis.Redis, prefix: str = "beat-claims") -> None:
+        self.client = client
+        self.prefix = prefix
+        self._scripts = {name: client.register_script(_source(name)) for name in SCRIPTS}
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "beat-claims",
+                 socket_timeout: float = 5.0) -> RedisStore:
+        return cls(connect(url, socket_timeout), prefix)
+
+    # -- keys -------------------------------------------------------------------------
+    def _tag(self, entry: str) -> str:
+        digest = hashlib.blake2b(entry.encode(), digest_size=10).hexdigest()
+        return f"{self.prefix}:{{{digest}}}"
+
+    def _keys(self, entry: str, *names: str) -> list[str]:
+        tag = self._tag(entry)
+        return [f"{tag}:{name}" for name in names]
+
+    def _global(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def _run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+        return self._scripts[name](keys=keys, args=args, client=client or self.client)
+
+    # -- clock ------------------------------------------------------------------------
+    def now_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    # -- beat side --------------------------------------------------------------------
+    def ensure_entries(self, entries: Sequence[tuple[str, str]]) -> dict[str, EntryState]:
+        pipe = self.client.pipeline(transaction=False)
+        for name, description in entries:
+            self._run("anchor", self._keys(name, "entry"), [name, description], pipe)
+            pipe.hset(self._global("entries"), self._tag(name), name)
+        replies = pipe.execute()[::2]
+        return {
+            name: EntryState(int(anchor), int(checkpoint) if checkpoint else None)
+            for (name, _), (anchor, checkpoint) in zip(entries, replies)
+        }
+
+    def claim(self, owner: Owner, requests: Sequence[ClaimRequest],
+              history_limit: int, now_ms: int) -> list[ClaimResult]:
+        pipe = self.client.pipeline(transaction=False)
+        # The owner's note of where it may hold claims is written before the claims, in the
+        # same round trip, so a reclaimer always finds the claims of an owner that died.
+        pipe.zadd(self._global("owner", owner.id, "entries"),
+                  {req.entry: now_ms for req in requests}, nx=True)
+        for req in requests:
+            args: list[Any] = [owner.id]
+            if req.expected is None:
+                args += ["", "*"]
+            else:
+                cp = req.expected.checkpoint
+                args += [str(req.expected.anchor), "" if cp is None else str(cp)]
+            plan = [(due, "claim") for due in req.claim] + list(req.skip)
+            plan.sort()
+            args += [history_limit, req.overlap, len(plan)]
+            for due, action in plan:
+                args += [str(due), action]
+            self._run("claim", self._keys(req.entry, "entry", "runs", "history", "live", "open"),
+                      args, pipe)
+        results = []
+        for req, reply in zip(requests, pipe.execute()[1:]):
+            result = ClaimResult(req.entry)
+            if reply[0] == "conflict":
+                anchor, checkpoint = reply[1], reply[2]
+                if not anchor:
+                    result.missing = True
+                else:
+                    result.conflict = EntryState(int(anchor), int(checkpoint) if checkpoint else None)
+            else:
+                claimed, skipped, taken = reply[1], reply[2], reply[3]
+                result.claims = [Claim(req.entry, int(claimed[i]), int(claimed[i + 1]))
+                                 for i in range(0, len(claimed), 2)]
+                result.claims += [Claim(req.entry, int(taken[i]), int(taken[i + 1]))
+                                  for i in range(0, len(taken), 2)]
+                result.skipped = [(int(skipped[i]), skipped[i + 1])
+                                  for i in range(0, len(skipped), 2)]
+            results.append(result)
+        return results
+
+    def check_before_send(self, owner: Owner, claim: Claim, task_id: str) -> tuple[bool, str]:
+        reply = self._run("send", self._keys(claim.entry, "runs"),
+                          [str(claim.due), str(claim.token), owner.id, task_id])
+        return bool(int(reply[0])), (reply[1] if len(reply) > 1 else "")
+
+    def mark_sent(self, claim: Claim) -> bool:
+        return bool(self._run("sent", self._keys(claim.entry, "runs", "live", "open"),
+                              [str(claim.due), str(claim.token)]))
+
+    def release(self, owner: Owner, entries: Iterable[str], unsent: Iterable[tuple[str, int]] = ()
+                ) -> int:
+        entries, unsent = list(entries), list(unsent)
+        if not entries and not unsent:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for entry in entries:
+            self._run("release", self._keys(entry, "runs", "live"), [owner.id, ""], pipe)
+        for entry, due in unsent:
+            self._run("release", self._keys(entry, "runs", "live"), [owner.id, str(due)], pipe)
+        released = sum(int(r) for r in pipe.execute())
+        if released:
+            self.client.incr(self._global("released"))
+        return released
+
+    def heartbeat(self, owner: Owner, ttl: float) -> tuple[int, int]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self._global("owner", owner.id), "1", px=int(ttl * 1000))
+        pipe.hset(self._global("owners"), owner.id, json.dumps(owner.as_dict()))
+        pipe.get(self._global("released"))
+        pipe.time()
+        _, _, generation, (seconds, micros) = pipe.execute()
+        return int(generation or 0), int(seconds) * 1000 + int(micros) // 1000
+
+    def forget_owner(self, owner: Owner) -> None:
+        self.client.delete(self._global("owner", owner.id))
+
+    def done_claiming(self, owner: Owner, entries: Iterable[str]) -> None:
+        names = list(entries)
+        if names:
+            self.client.zrem(self._global("owner", owner.id, "entries"), *names)
+
+    def owners(self) -> list[tuple[Owner, bool, dict[str, int]]]:
+        registered = self.client.hgetall(self._global("owners"))
+        parsed: list[Owner] = []
+        for raw in registered.values():
+            try:
+                parsed.append(Owner.from_dict(json.loads(raw)))
+            except (ValueError, KeyError, TypeError):
+                continue
+        pipe = self.client.pipeline(transaction=False)
+        for owner in parsed:
+            pipe.exists(self._global("owner", owner.id))
+            pipe.zrange(self._global("owner", owner.id, "entries"), 0, -1, withscores=True)
+        replies = pipe.execute()
+        out = []
+        for i, owner in enumerate(parsed):
+            alive, entries = replies[2 * i], replies[2 * i + 1]
+            out.append((owner, bool(alive), {name: int(score) for name, score in entries}))
+        return out
+
+    def reclaim(self, entry: str, old_owner: str, new_owner: Owner,
+                cutoff_ms: int | None) -> list[Claim]:
+        reply = self._run("reclaim", self._keys(entry, "entry", "runs", "live"),
+                          [old_owner, new_owner.id, "" if cutoff_ms is None else str(cutoff_ms)])
+        return [Claim(entry, int(reply[i]), int(reply[i + 1]), reclaimed=True,
+                      maybe_sent=bool(int(reply[i + 2])))
+                for i in range(0, len(reply), 3)]
+
+    def drop_owner(self, owner_id: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hdel(self._global("owners"), owner_id)
+        pipe.delete(self._global("owner", owner_id, "entries"))
+        pipe.execute()
+
+    def mark_lost(self, entry: str, cutoff_ms: int) -> list[int]:
+        return [int(d) for d in self._run("lost", self._keys(entry, "runs", "open"),
+                                          [str(cutoff_ms)])]
+
+    # -- worker side ------------------------------------------------------------------
+    def start(self, entry: str, due: int, token: int, worker: str, pid: int, retries: int,
+              takeover: tuple[str, int] | None = None) -> StartDecision:
+        reply = self._run("start", self._keys(entry, "runs", "live", "open"), [
+            str(due), str(token), worker, str(pid), str(retries),
+            f"{takeover[0]}|{takeover[1]}" if takeover else "",
+        ])
+        if reply[0] == "ok":
+            return StartDecision(True, reply[1] if len(reply) > 1 else "")
+        if reply[0] == "busy":
+            return StartDecision(False, "busy", (reply[1], int(reply[2]), int(reply[3])))
+        return StartDecision(False, reply[1])
+
+    def finish(self, entry: str, due: int, token: int | None, state: str,
+               exc_type: str = "", exc_message: str = "", worker: str = "") -> bool:
+        return bool(self._run("finish", self._keys(entry, "runs", "live", "open"), [
+            str(due), "" if token is None else str(token), state, exc_type, exc_message, worker,
+        ]))
+
+    def remember_task(self, task_id: str, entry: str, due: int, token: int,
+                      ttl: float) -> None:
+        self.client.set(self._global("task", task_id),
+                        json.dumps({"entry": entry, "due": due, "token": token}),
+                        px=int(ttl * 1000))
+
+    def lookup_task(self, task_id: str) -> tuple[str, int, int] | None:
+        raw = self.client.get(self._global("task", task_id))
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            return str(data["entry"]), int(data["due"]), int(data["token"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    # -- inspection -------------------------------------------------------------------
+    def entry_names(self) -> list[str]:
+        return sorted(self.client.hvals(self._global("entries")))
+
+    def entry_info(self, entry: str) -> dict[str, Any]:
+        data = self.client.hgetall(self._keys(entry, "entry")[0])
+        return {
+            "anchor": int(data["anchor"]) if data.get("anchor") else None,
+            "checkpoint": int(data["checkpoint"]) if data.get("checkpoint") else None,
+            "token": int(data.get("token") or 0),
+            "schedule": data.get("schedule"),
+        }
+
+    def _runs(self, entry: str, dues: Sequence[str]) -> list[Run]:
+        if not dues:
+            return []
+        runs_key = self._keys(entry, "runs")[0]
+        out = []
+        for raw in self.client.hmget(runs_key, list(dues)):
+            if not raw:
+                continue
+            try:
+                out.append(Run.from_record(entry, json.loads(raw)))
+            except (ValueError, KeyError, TypeError):
+                continue  # a corrupt record is shown as missing rather than crashing
+        return out
+
+    def history(self, entry: str, limit: int | None = None) -> list[Run]:
+        end = -1 if limit is None else limit - 1
+        dues = self.client.zrevrange(self._keys(entry, "history")[0], 0, end)
+        return self._runs(entry, dues)
+
+    def open_runs(self, entry: str) -> list[Run]:
+        live, open_ = self._keys(entry, "live", "open")
+        dues = sorted(set(self.client.zrange(live, 0, -1)) | set(self.client.zrange(open_, 0, -1)),
+                      key=int)
+        return self._runs(entry, dues)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def count_states(runs: Iterable[Run]) -> dict[str, int]:
+    counts = {state.value: 0 for state in RunState}
+    for run in runs:
+        counts[run.state.value] += 1
+    return counts
+
+
+__all__ = ["FINAL_STATES", "RedisStore", "connect", "count_states"]
+
