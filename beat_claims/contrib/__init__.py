@@ -1,0 +1,1 @@
+"""Integrations of beat-claims with frameworks."""

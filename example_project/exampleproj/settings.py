@@ -1,0 +1,61 @@
+"""Settings of the beat-claims example project (SQLite, Redis broker, two beats welcome)."""
+
+import os
+from pathlib import Path
+
+from celery.schedules import crontab
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = "example-only-not-secret"
+DEBUG = True
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_celery_results",
+    "beat_claims.contrib.django",
+    "reports",
+]
+
+ROOT_URLCONF = "exampleproj.urls"
+WSGI_APPLICATION = "exampleproj.wsgi.application"
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": BASE_DIR / "db.sqlite3",
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+# -- Celery (read by exampleproj/celery.py with namespace="CELERY") -------------------------
+CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_BEAT_SCHEDULER = "beat_claims.Scheduler"
+
+# beat-claims: the store defaults to the broker's Redis.
+CELERY_BEAT_CLAIMS_HEARTBEAT_INTERVAL = 2
+CELERY_BEAT_CLAIMS_RECLAIM_AFTER = 60
+CELERY_BEAT_CLAIMS_KEY_PREFIX = "example-claims"
+
+CELERY_BEAT_SCHEDULE = {
+    "heartbeat": {
+        "task": "reports.tasks.heartbeat",
+        "schedule": 5.0,
+    },
+    "minutely-report": {
+        "task": "reports.tasks.minutely_report",
+        "schedule": crontab(),  # every minute
+    },
+    "slow-report": {
+        "task": "reports.tasks.slow_report",
+        "schedule": 10.0,
+        # It takes 12 s, so every other occurrence finds the previous one running and is
+        # recorded as skipped rather than sent.
+        "claims": {"catch_up": "all", "overlap": "skip", "run_timeout": 600},
+    },
+}

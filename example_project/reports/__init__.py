@@ -1,0 +1,1 @@
+"""Example tasks run on a schedule by beat-claims."""

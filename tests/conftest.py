@@ -1,0 +1,105 @@
+"""Fixtures: a private redis-server per test session (never the machine's shared one)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server the tests own: they may stop, restart, wipe or freeze it."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server not found: .ci/run installs it (apt-get install redis-server)")
+        self.binary = binary
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="bc-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def broker_url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/1"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir, "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis(port=self.port, socket_timeout=0.5).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+    def restart(self) -> None:
+        """Restart without persistence: the store comes back empty."""
+        self.stop()
+        self.start()
+
+    def client(self, db: int = 0) -> redis.Redis:
+        return redis.Redis(port=self.port, db=db, decode_responses=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def server(redis_server: RedisServer) -> Iterator[RedisServer]:
+    """The session's server, running and empty at the start of the test."""
+    if redis_server.proc is None or redis_server.proc.poll() is not None:
+        redis_server.start()
+    redis_server.client().flushall()
+    yield redis_server
+    if redis_server.proc is None or redis_server.proc.poll() is not None:
+        redis_server.start()
+    else:
+        try:
+            redis_server.client().config_set("replica-read-only", "yes")
+            redis_server.client().execute_command("REPLICAOF", "NO", "ONE")
+        except redis.RedisError:
+            pass
+
+
+@pytest.fixture
+def tmp_dir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")

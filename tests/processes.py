@@ -1,0 +1,125 @@
+"""Real ``celery beat`` and ``celery worker`` processes for the integration tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.1) -> Any:
+    """Poll until ``predicate()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Fleet:
+    """Starts beats and workers against one Redis, and stops every one of them."""
+
+    def __init__(self, redis_url: str, broker_url: str, log_dir: Path,
+                 schedule: dict[str, Any], **env: str) -> None:
+        self.env = {
+            **os.environ,
+            "BC_REDIS_URL": redis_url,
+            "BC_BROKER_URL": broker_url,
+            "BC_SCHEDULE": json.dumps(schedule),
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            **env,
+        }
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[int, Path] = {}
+
+    def _spawn(self, kind: str, args: list[str], **env: str) -> subprocess.Popen[bytes]:
+        n = len(self.procs)
+        log = self.log_dir / f"{kind}-{n}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.proj.app", *args],
+                cwd=ROOT, env={**self.env, **env}, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs.append(proc)
+        self.logs[proc.pid] = log
+        return proc
+
+    def beat(self, **env: str) -> subprocess.Popen[bytes]:
+        return self._spawn("beat", ["beat", "-S", "claims", "--loglevel", "INFO",
+                                    "-s", str(self.log_dir / f"unused-{len(self.procs)}")], **env)
+
+    def worker(self, *extra: str, **env: str) -> subprocess.Popen[bytes]:
+        return self._spawn("worker", ["worker", "--loglevel", "INFO", "-P", "prefork",
+                                      "-c", "2", "--without-gossip", "--without-mingle",
+                                      "-n", f"w{len(self.procs)}@%h", *extra], **env)
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        return self.logs[proc.pid].read_text(errors="replace")
+
+    def wait_log(self, proc: subprocess.Popen[bytes], text: str, timeout: float = 30) -> None:
+        wait_for(lambda: text in self.log(proc), timeout, f"{text!r} in the log of {proc.args}")
+
+    def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM,
+             timeout: float = 20) -> None:
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+                raise AssertionError(f"{proc.args} did not stop on signal {sig}") from None
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(10)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait(5)
+
+
+@contextmanager
+def fleet(redis_url: str, broker_url: str, log_dir: Path, schedule: dict[str, Any],
+          **env: str) -> Iterator[Fleet]:
+    f = Fleet(redis_url, broker_url, log_dir, schedule, **env)
+    try:
+        yield f
+    except BaseException:
+        for pid, path in f.logs.items():
+            sys.stderr.write(f"---- log of pid {pid} ({path.name}) ----\n")
+            sys.stderr.write(path.read_text(errors="replace")[-6000:])
+        raise
+    finally:
+        f.close()
+
+
+def executions(client: Any, what: str = "run") -> list[dict[str, Any]]:
+    rows = [json.loads(raw) for raw in client.lrange("executions", 0, -1)]
+    return [row for row in rows if row["what"] == what]
+
+
+def duplicates(rows: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
+    counts = Counter((row["entry"], row["due"]) for row in rows)
+    return {key: n for key, n in counts.items() if n > 1}

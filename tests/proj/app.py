@@ -1,0 +1,108 @@
+"""The Celery app the integration tests run in real ``celery beat`` and ``worker`` processes.
+
+Configured from the environment so each test can shape the schedule:
+``BC_REDIS_URL`` (store and result backend), ``BC_BROKER_URL``, ``BC_SCHEDULE`` (JSON:
+name -> {"every": seconds} or {"cron": "minute spec"}, optional "task", "claims"),
+``BC_HEARTBEAT`` and ``BC_RECLAIM_AFTER``. Every task records each execution in the
+Redis list ``executions`` so the tests can count them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.schedules import crontab
+
+import beat_claims
+
+REDIS_URL = os.environ.get("BC_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+app = Celery("proj")
+app.conf.update(
+    broker_url=os.environ.get("BC_BROKER_URL", REDIS_URL),
+    result_backend=os.environ.get("BC_RESULT_BACKEND") or None,
+    beat_claims_url=REDIS_URL,
+    beat_claims_heartbeat_interval=float(os.environ.get("BC_HEARTBEAT", "1")),
+    beat_claims_reclaim_after=float(os.environ.get("BC_RECLAIM_AFTER", "300")),
+    beat_claims_catch_up_grace=float(os.environ.get("BC_GRACE", "3")),
+    beat_max_loop_interval=1,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    task_acks_late=os.environ.get("BC_ACKS_LATE") == "1",
+    task_reject_on_worker_lost=os.environ.get("BC_ACKS_LATE") == "1",
+    timezone=os.environ.get("BC_TIMEZONE", "UTC"),
+)
+if os.environ.get("BC_CATCH_UP"):
+    app.conf.beat_claims_catch_up = os.environ["BC_CATCH_UP"]
+
+
+def _schedule() -> dict[str, Any]:
+    spec = json.loads(os.environ.get("BC_SCHEDULE", "{}"))
+    out: dict[str, Any] = {}
+    for name, item in spec.items():
+        sched: Any = (timedelta(seconds=item["every"]) if "every" in item
+                      else crontab(minute=item["cron"]))
+        entry: dict[str, Any] = {"task": item.get("task", "proj.app.record"), "schedule": sched,
+                                 "args": item.get("args", [])}
+        if "claims" in item:
+            entry["claims"] = item["claims"]
+        out[name] = entry
+    return out
+
+
+app.conf.beat_schedule = _schedule()
+beat_claims.install(app)
+
+_store = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+
+def _note(task: Any, what: str, **extra: Any) -> None:
+    meta = getattr(task.request, "beat_claims", None) or {}
+    _store.rpush("executions", json.dumps({
+        "what": what, "entry": meta.get("entry"), "due": meta.get("due"),
+        "token": meta.get("token"), "task_id": task.request.id, "pid": os.getpid(),
+        "retries": task.request.retries, "at": time.time(), **extra,
+    }))
+
+
+@app.task(bind=True)
+def record(self: Any, *args: Any) -> str:
+    _note(self, "run")
+    return "ok"
+
+
+@app.task(bind=True)
+def fail(self: Any) -> None:
+    _note(self, "run")
+    raise ValueError("boom: expected failure")
+
+
+@app.task(bind=True, max_retries=5, default_retry_delay=0.2)
+def flaky(self: Any) -> str:
+    _note(self, "run")
+    if self.request.retries < 2:
+        raise self.retry(countdown=0.2)
+    return "third time"
+
+
+@app.task(bind=True)
+def slow(self: Any, seconds: float = 5.0) -> str:
+    _note(self, "run")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    _note(self, "end")
+    return "slept"
+
+
+@app.task(bind=True, time_limit=1, soft_time_limit=None)
+def hangs(self: Any) -> None:
+    _note(self, "run")
+    while True:
+        time.sleep(0.05)

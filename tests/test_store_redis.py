@@ -1,0 +1,231 @@
+"""The Redis store, script by script, against a real redis-server."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+
+from beat_claims.runs import Owner, RunState
+from beat_claims.stores.base import Claim, ClaimRequest, EntryState
+from beat_claims.stores.redis import RedisStore
+
+from .conftest import RedisServer
+
+
+def owner(n: int = 1) -> Owner:
+    return Owner(id=f"owner-{n}", host="test-host", pid=1000 + n, started_at=1.0)
+
+
+@pytest.fixture
+def store(server: RedisServer) -> RedisStore:
+    return RedisStore.from_url(server.url, "t")
+
+
+def anchored(store: RedisStore, name: str = "e") -> EntryState:
+    return store.ensure_entries([(name, "every 1s")])[name]
+
+
+def claim(store: RedisStore, who: Owner, state: EntryState | None, *dues: int,
+          skip: tuple[tuple[int, str], ...] = (), name: str = "e", overlap: str = "allow"):
+    return store.claim(who, [ClaimRequest(name, state, list(dues), list(skip), overlap)],
+                       100, store.now_ms())[0]
+
+
+def test_anchor_is_set_once_by_the_first_beat(store: RedisStore) -> None:
+    first = anchored(store)
+    time.sleep(0.01)
+    again = anchored(store)
+    assert first == again
+    assert first.checkpoint is None
+    assert abs(first.anchor - store.now_ms()) < 5000
+
+
+def test_claim_returns_fresh_tokens_and_moves_checkpoint_forward(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    result = claim(store, owner(), state, a + 1000, a + 2000)
+    assert [(c.due, c.token) for c in result.claims] == [(a + 1000, 1), (a + 2000, 2)]
+    assert store.entry_info("e")["checkpoint"] == a + 2000
+    # A stale view of the checkpoint is refused, and nothing is written.
+    stale = claim(store, owner(2), state, a + 1000)
+    assert stale.conflict == EntryState(a, a + 2000)
+    assert stale.claims == []
+    assert store.entry_info("e")["token"] == 2
+
+
+def test_checkpoint_never_moves_back(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    claim(store, owner(), state, a + 5000)
+    # Even with the right expected state, an older occurrence is not handed out again.
+    result = claim(store, owner(), EntryState(a, a + 5000), a + 3000)
+    assert result.claims == []
+    assert store.entry_info("e")["checkpoint"] == a + 5000
+
+
+def test_skips_are_recorded_and_history_is_bounded(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    result = store.claim(owner(), [ClaimRequest("e", state, [a + 3000],
+                                                [(a + 1000, "catch_up"), (a + 2000, "catch_up")])],
+                         2, store.now_ms())[0]
+    assert result.skipped == [(a + 1000, "catch_up"), (a + 2000, "catch_up")]
+    history = store.history("e")
+    # Limit 2: the oldest final run was dropped; the claimed one is never dropped.
+    assert [r.due for r in history] == [a + 3000, a + 2000]
+    assert history[0].state is RunState.CLAIMED and history[1].state is RunState.SKIPPED
+
+
+def _race(url: str, anchor: int, barrier: object, n: int, out: object) -> None:
+    store = RedisStore.from_url(url, "t")
+    barrier.wait()  # type: ignore[attr-defined]
+    result = store.claim(owner(n), [ClaimRequest("e", EntryState(anchor, None), [anchor + 1000])],
+                         100, store.now_ms())[0]
+    out.put(len(result.claims))  # type: ignore[attr-defined]
+
+
+def test_concurrent_claims_of_one_occurrence_exactly_one_wins(store: RedisStore,
+                                                              server: RedisServer) -> None:
+    state = anchored(store)
+    ctx = multiprocessing.get_context("fork")
+    n = 12
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(server.url, state.anchor, barrier, i, out))
+             for i in range(n)]
+    for p in procs:
+        p.start()
+    wins = [out.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(10)
+    assert sorted(wins) == [0] * (n - 1) + [1]
+    runs = store.history("e")
+    assert len(runs) == 1 and runs[0].token == 1
+
+
+def test_only_the_token_holder_passes_the_check_before_publish(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    mine = claim(store, owner(1), state, a + 1000).claims[0]
+    # Another beat takes it over (owner 1 looked dead); owner 1's token is superseded.
+    taken = store.reclaim("e", owner(1).id, owner(2), None)
+    assert [(c.due, c.token) for c in taken] == [(a + 1000, 2)]
+    ok, why = store.check_before_send(owner(1), mine, "tid")
+    assert not ok and why == "superseded"
+    ok, _ = store.check_before_send(owner(2), taken[0], "tid")
+    assert ok
+    assert store.mark_sent(taken[0])
+    assert store.history("e")[0].state is RunState.SENT
+    # A stale owner can never mark it sent either.
+    assert not store.mark_sent(mine)
+
+
+def test_release_only_by_owner_and_released_runs_stay_due(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    claim(store, owner(1), state, a + 1000, a + 2000)
+    assert store.release(owner(2), ["e"]) == 0
+    assert store.release(owner(1), ["e"]) == 2
+    assert {r.state for r in store.history("e")} == {RunState.DUE}
+    assert store.release(owner(1), ["e"]) == 0  # idempotent
+    # Anyone's next claim call takes them, with new tokens, even with no new occurrence.
+    result = store.claim(owner(3), [ClaimRequest("e", None)], 100, store.now_ms())[0]
+    assert sorted((c.due, c.token) for c in result.claims) == [(a + 1000, 3), (a + 2000, 4)]
+
+
+def test_reclaim_after_cutoff_spares_younger_claims(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    claim(store, owner(1), state, a + 1000)
+    now = store.now_ms()
+    assert store.reclaim("e", owner(1).id, owner(2), now - 60_000) == []
+    assert len(store.reclaim("e", owner(1).id, owner(2), now + 1000)) == 1
+
+
+def test_worker_start_is_a_compare_and_set_on_the_token(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    c = claim(store, owner(1), state, a + 1000).claims[0]
+    store.check_before_send(owner(1), c, "tid")
+    # The worker can be faster than mark_sent.
+    assert store.start("e", c.due, c.token, "w1@h", 11, 0).ok
+    assert store.mark_sent(c)
+    assert store.history("e")[0].state is RunState.STARTED
+    # A second delivery of the same token while the first process is running: busy.
+    second = store.start("e", c.due, c.token, "w2@h", 22, 0)
+    assert not second.ok and second.busy_with is not None and second.busy_with[:2] == ("w1@h", 11)
+    # A retry (more retries than recorded) continues the same run.
+    assert store.start("e", c.due, c.token, "w1@h", 11, 1).ok
+    # A superseded token never starts.
+    bad = store.start("e", c.due, c.token - 1, "w3@h", 33, 0)
+    assert not bad.ok and "superseded" in bad.why
+
+
+def test_outcomes_never_overwrite_a_final_state_nor_touch_the_checkpoint(
+        store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    old, new = claim(store, owner(1), state, a + 1000, a + 2000).claims
+    for c in (old, new):
+        store.check_before_send(owner(1), c, "tid")
+        store.mark_sent(c)
+        assert store.start("e", c.due, c.token, "w@h", 1, 0).ok
+    assert store.finish("e", new.due, new.token, "done")
+    assert store.finish("e", old.due, old.token, "done")  # late outcome of the older run
+    assert not store.finish("e", old.due, old.token, "failed", "X", "again")
+    assert not store.finish("e", old.due, None, "failed")
+    assert store.entry_info("e")["checkpoint"] == a + 2000
+    states = {r.due: r.state for r in store.history("e")}
+    assert states == {a + 1000: RunState.DONE, a + 2000: RunState.DONE}
+
+
+def test_sent_runs_without_outcome_become_lost(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    c = claim(store, owner(1), state, a + 1000).claims[0]
+    store.check_before_send(owner(1), c, "tid")
+    store.mark_sent(c)
+    assert store.mark_lost("e", store.now_ms() - 60_000) == []
+    assert store.mark_lost("e", store.now_ms() + 1) == [a + 1000]
+    assert store.history("e")[0].state is RunState.LOST
+    assert not store.finish("e", c.due, c.token, "done")  # lost is final
+
+
+def test_overlap_skip_is_decided_atomically_in_the_store(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    c = claim(store, owner(1), state, a + 1000, overlap="skip").claims[0]
+    store.check_before_send(owner(1), c, "tid")
+    store.mark_sent(c)
+    second = claim(store, owner(2), EntryState(a, a + 1000), a + 2000, overlap="skip")
+    assert second.claims == [] and second.skipped == [(a + 2000, "overlap")]
+    store.finish("e", c.due, c.token, "done")
+    third = claim(store, owner(2), EntryState(a, a + 2000), a + 3000, overlap="skip")
+    assert [x.due for x in third.claims] == [a + 3000]
+
+
+def test_corrupt_record_is_skipped_not_fatal(store: RedisStore, server: RedisServer) -> None:
+    state = anchored(store)
+    a = state.anchor
+    claim(store, owner(1), state, a + 1000)
+    runs_key = store._keys("e", "runs")[0]
+    server.client().hset(runs_key, str(a + 1000), "{not json")
+    result = store.claim(owner(2), [ClaimRequest("e", EntryState(a, a + 1000), [a + 2000])], 100,
+                         store.now_ms())[0]
+    assert [x.due for x in result.claims] == [a + 2000]
+    assert [r.due for r in store.history("e")] == [a + 2000]
+    assert not store.start("e", a + 1000, 1, "w", 1, 0).why.startswith("token")
+
+
+def test_keys_of_one_entry_share_a_hash_slot(store: RedisStore) -> None:
+    from redis.crc import key_slot
+
+    keys = store._keys("weird {name}", "entry", "runs", "history", "live", "open")
+    assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+def test_unused_claim_type_is_frozen() -> None:
+    c = Claim("e", 1, 1)
+    with pytest.raises(AttributeError):
+        c.token = 2  # type: ignore[misc]
