@@ -48,7 +48,7 @@ def _schedule() -> dict[str, Any]:
     for name, item in spec.items():
         sched: Any = (timedelta(seconds=item["every"]) if "every" in item
                       else crontab(minute=item["cron"]))
-        entry: dict[str, Any] = {"task": item.get("task", "proj.app.record"), "schedule": sched,
+        entry: dict[str, Any] = {"task": "proj." + item.get("task", "record"), "schedule": sched,
                                  "args": item.get("args", [])}
         if "claims" in item:
             entry["claims"] = item["claims"]
@@ -71,19 +71,19 @@ def _note(task: Any, what: str, **extra: Any) -> None:
     }))
 
 
-@app.task(bind=True)
+@app.task(bind=True, name="proj.record")
 def record(self: Any, *args: Any) -> str:
     _note(self, "run")
     return "ok"
 
 
-@app.task(bind=True)
+@app.task(bind=True, name="proj.fail")
 def fail(self: Any) -> None:
     _note(self, "run")
     raise ValueError("boom: expected failure")
 
 
-@app.task(bind=True, max_retries=5, default_retry_delay=0.2)
+@app.task(bind=True, name="proj.flaky", max_retries=5, default_retry_delay=0.2)
 def flaky(self: Any) -> str:
     _note(self, "run")
     if self.request.retries < 2:
@@ -91,7 +91,7 @@ def flaky(self: Any) -> str:
     return "third time"
 
 
-@app.task(bind=True)
+@app.task(bind=True, name="proj.slow")
 def slow(self: Any, seconds: float = 5.0) -> str:
     _note(self, "run")
     deadline = time.monotonic() + seconds
@@ -101,7 +101,7 @@ def slow(self: Any, seconds: float = 5.0) -> str:
     return "slept"
 
 
-@app.task(bind=True, time_limit=1, soft_time_limit=None)
+@app.task(bind=True, name="proj.hangs", time_limit=1)
 def hangs(self: Any) -> None:
     _note(self, "run")
     while True:

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Run the example: one worker and two beats sharing one schedule, then show what ran.
+#
+#   ./run.sh                      # venv in .venv, Redis at redis://127.0.0.1:6379/0
+#   REDIS_URL=redis://host:6379/3 ./run.sh
+#   BC_NO_VENV=1 ./run.sh         # use the current python instead of .venv
+#   RUN_SECONDS=60 ./run.sh       # run longer than the default 20 s
+#
+# If Redis is not reachable and redis-server is installed, a throwaway one is started on
+# port 6399 (no persistence). Everything started here is stopped on exit.
+set -euo pipefail
+set -m  # each background job in its own process group, so the cleanup can reach children
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$HERE"
+
+RUN_SECONDS="${RUN_SECONDS:-20}"
+LOG_DIR="${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/beat-claims-example.XXXXXX")}"
+mkdir -p "$LOG_DIR"
+PIDS=()
+
+log() { printf '==> %s\n' "$*"; }
+
+# -- python ---------------------------------------------------------------------------
+if [ "${BC_NO_VENV:-0}" = "1" ]; then
+    PY="$(command -v python3 || command -v python)"
+    if ! "$PY" -c "import beat_claims, django, django_celery_results" 2>/dev/null; then
+        log "installing beat-claims[django] into $PY"
+        "$PY" -m pip install -q -e '..[django]'
+    fi
+else
+    if [ ! -x .venv/bin/python ]; then
+        log "creating .venv"
+        "$(command -v python3 || command -v python)" -m venv .venv
+    fi
+    PY="$HERE/.venv/bin/python"
+    log "installing beat-claims[django] into .venv"
+    "$PY" -m pip install -q --upgrade pip
+    "$PY" -m pip install -q -e '..[django]'
+fi
+BIN="$(dirname "$PY")"
+CELERY=("$PY" -m celery -A exampleproj)
+[ -x "$BIN/celery" ] && CELERY=("$BIN/celery" -A exampleproj)
+
+# -- cleanup: SIGTERM everything we started, then force what is left ----------------------
+stop_all() {
+    local pid waited
+    [ "${#PIDS[@]}" -eq 0 ] && return 0
+    for pid in "${PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    # A warm worker shutdown waits for running tasks (slow_report takes 12 s).
+    for waited in $(seq 1 60); do
+        local alive=0
+        for pid in "${PIDS[@]}"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
+        done
+        [ "$alive" = 0 ] && break
+        sleep 0.5
+    done
+    for pid in "${PIDS[@]}"; do
+        if kill -0 -- "-$pid" 2>/dev/null; then
+            echo "    pid $pid (or its children) did not stop; killing its process group" >&2
+            kill -KILL -- "-$pid" 2>/dev/null || true
+        fi
+    done
+    wait 2>/dev/null || true
+    PIDS=()
+}
+trap 'stop_all' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+start() {  # start NAME CMD...: run in the background, log to $LOG_DIR/NAME.log
+    local name="$1"
+    shift
+    "$@" >"$LOG_DIR/$name.log" 2>&1 &
+    PIDS+=("$!")
+    log "started $name (pid $!), log: $LOG_DIR/$name.log"
+}
+
+# -- redis ----------------------------------------------------------------------------
+redis_ok() {
+    "$PY" - "$1" <<'PYEOF' >/dev/null 2>&1
+import sys, redis
+redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1, socket_timeout=1).ping()
+PYEOF
+}
+
+export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
+if ! redis_ok "$REDIS_URL"; then
+    FALLBACK="redis://127.0.0.1:6399/0"
+    if redis_ok "$FALLBACK"; then
+        log "Redis not reachable at $REDIS_URL; using the one already on port 6399"
+    elif command -v redis-server >/dev/null 2>&1; then
+        log "Redis not reachable at $REDIS_URL; starting redis-server on port 6399"
+        start redis redis-server --port 6399 --bind 127.0.0.1 --save "" --appendonly no
+        for _ in $(seq 1 50); do redis_ok "$FALLBACK" && break; sleep 0.1; done
+        redis_ok "$FALLBACK" || { echo "redis-server did not start" >&2; exit 1; }
+    else
+        echo "Redis is not reachable at $REDIS_URL and redis-server is not installed." >&2
+        echo "Start Redis, or set REDIS_URL." >&2
+        exit 1
+    fi
+    export REDIS_URL="$FALLBACK"
+fi
+log "Redis: $REDIS_URL"
+
+# -- django ---------------------------------------------------------------------------
+export DJANGO_SETTINGS_MODULE=exampleproj.settings
+"$PY" manage.py migrate --noinput -v 0
+log "database migrated"
+
+# -- one worker, two beats ------------------------------------------------------------
+start worker "${CELERY[@]}" worker -l info -c 4 -n "example-worker@%h"
+start beat1 "${CELERY[@]}" beat -S claims -l info
+start beat2 "${CELERY[@]}" beat -S claims -l info
+
+log "running for ${RUN_SECONDS}s"
+sleep "$RUN_SECONDS"
+
+log "celery -A exampleproj claims status"
+"${CELERY[@]}" claims status || true
+
+log "stopping (SIGTERM)"
+stop_all
+
+log "worker log: tasks that ran"
+for task in heartbeat minutely_report slow_report; do
+    printf '    %-16s %s\n' "$task" "$(grep -c "reports.tasks.$task\[.*\] succeeded" \
+        "$LOG_DIR/worker.log" || true)"
+done
+printf '    %-16s %s\n' "refused" "$(grep -c "refusing delivery" "$LOG_DIR/worker.log" || true)"
+for beat in beat1 beat2; do
+    printf '    %-16s %s sent\n' "$beat" "$(grep -c "Sending due task" "$LOG_DIR/$beat.log" || true)"
+done
+log "logs kept in $LOG_DIR"
+exit 0

@@ -1,0 +1,87 @@
+"""Several real ``celery beat`` processes and a real worker: every occurrence exactly once."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from beat_claims.runs import iso
+from beat_claims.stores.redis import RedisStore
+
+from .conftest import RedisServer
+from .processes import duplicates, executions, fleet, wait_for
+
+pytestmark = pytest.mark.integration
+
+SCHEDULE = {
+    "every-1s": {"every": 1},
+    "every-2s": {"every": 2},
+    "every-3s": {"every": 3},
+    "each-minute": {"cron": "*"},
+}
+
+
+def expected(store: RedisStore, start_ms: int, end_ms: int) -> set[tuple[str, str]]:
+    """Every occurrence of the interval entries due in [start, end], from the stored anchors."""
+    out = set()
+    for name, spec in SCHEDULE.items():
+        if "every" not in spec:
+            continue
+        anchor = store.entry_info(name)["anchor"]
+        period = spec["every"] * 1000
+        k = max(1, -(-(start_ms - anchor) // period))
+        while anchor + k * period <= end_ms:
+            out.add((name, iso(anchor + k * period)))
+            k += 1
+    return out
+
+
+def test_three_beats_one_worker_every_occurrence_exactly_once(
+        server: RedisServer, tmp_path: Path) -> None:
+    client = server.client()
+    store = RedisStore.from_url(server.url, "beat-claims")
+    with fleet(server.url, server.broker_url(), tmp_path, SCHEDULE) as f:
+        f.worker()
+        beats = [f.beat() for _ in range(3)]
+        wait_for(lambda: len(executions(client)) >= 3, 40, "first executions")
+        t0 = store.now_ms()
+        time.sleep(30)
+        t1 = store.now_ms()
+        # Everything due up to t1 - 2 s has been sent and run by now (or soon).
+        want = expected(store, t0, t1 - 2000)
+        wait_for(lambda: want <= {(r["entry"], r["due"]) for r in executions(client)}, 15,
+                 "every expected occurrence to run")
+        rows = executions(client)
+        assert duplicates(rows) == {}
+        got = {(r["entry"], r["due"]) for r in rows}
+        assert want - got == set()
+        assert any(r["entry"] == "each-minute" for r in rows) or t1 - t0 < 60_000
+        # All three beats took part in sending.
+        senders = [b for b in beats if "Sending due task" in f.log(b)]
+        assert len(senders) >= 2
+
+        # SIGTERM one beat, SIGKILL another, start a new one.
+        f.stop(beats[0], signal.SIGTERM)
+        assert "released" in f.log(beats[0]) or "Sending" in f.log(beats[0])
+        f.stop(beats[1], signal.SIGKILL)
+        f.beat()
+        t2 = store.now_ms()
+        time.sleep(20)
+        t3 = store.now_ms()
+        want2 = expected(store, t2, t3 - 2000)
+        # Runs the killed beat had claimed are taken over once its heartbeat expires (3 s).
+        wait_for(lambda: want2 <= {(r["entry"], r["due"]) for r in executions(client)}, 20,
+                 "every occurrence after the stop and the kill to run")
+        rows = executions(client)
+        assert duplicates(rows) == {}
+        got = {(r["entry"], r["due"]) for r in rows}
+        assert want2 - got == set()
+        assert want - got == set()
+        # The store agrees: every recorded run of the interval entries is done, once.
+        for name in ("every-1s", "every-2s", "every-3s"):
+            states = [r.state.value for r in store.history(name)
+                      if t0 <= r.due <= t3 - 5000]
+            assert states and set(states) == {"done"}, (name, states)
