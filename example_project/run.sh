@@ -17,7 +17,8 @@ cd "$HERE"
 RUN_SECONDS="${RUN_SECONDS:-20}"
 LOG_DIR="${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/beat-claims-example.XXXXXX")}"
 mkdir -p "$LOG_DIR"
-PIDS=()
+PIDS=()          # celery processes
+SERVICE_PIDS=()  # a redis-server started here
 
 log() { printf '==> %s\n' "$*"; }
 
@@ -43,29 +44,35 @@ CELERY=("$PY" -m celery -A exampleproj)
 [ -x "$BIN/celery" ] && CELERY=("$BIN/celery" -A exampleproj)
 
 # -- cleanup: SIGTERM everything we started, then force what is left ----------------------
-stop_all() {
-    local pid waited
-    [ "${#PIDS[@]}" -eq 0 ] && return 0
-    for pid in "${PIDS[@]}"; do
+stop_group() {  # stop_group PID...: SIGTERM, wait for a warm shutdown, then SIGKILL
+    local pid alive
+    [ "$#" -eq 0 ] && return 0
+    for pid in "$@"; do
         kill -TERM "$pid" 2>/dev/null || true
     done
     # A warm worker shutdown waits for running tasks (slow_report takes 12 s).
-    for waited in $(seq 1 60); do
-        local alive=0
-        for pid in "${PIDS[@]}"; do
+    for _ in $(seq 1 60); do
+        alive=0
+        for pid in "$@"; do
             kill -0 "$pid" 2>/dev/null && alive=1
         done
         [ "$alive" = 0 ] && break
         sleep 0.5
     done
-    for pid in "${PIDS[@]}"; do
+    for pid in "$@"; do
         if kill -0 -- "-$pid" 2>/dev/null; then
             echo "    pid $pid (or its children) did not stop; killing its process group" >&2
             kill -KILL -- "-$pid" 2>/dev/null || true
         fi
+        wait "$pid" 2>/dev/null || true
     done
-    wait 2>/dev/null || true
+}
+stop_all() {
+    # Celery first, Redis last: the worker records outcomes while it shuts down.
+    stop_group ${PIDS[@]+"${PIDS[@]}"}
     PIDS=()
+    stop_group ${SERVICE_PIDS[@]+"${SERVICE_PIDS[@]}"}
+    SERVICE_PIDS=()
 }
 trap 'stop_all' EXIT
 trap 'exit 130' INT
@@ -94,7 +101,9 @@ if ! redis_ok "$REDIS_URL"; then
         log "Redis not reachable at $REDIS_URL; using the one already on port 6399"
     elif command -v redis-server >/dev/null 2>&1; then
         log "Redis not reachable at $REDIS_URL; starting redis-server on port 6399"
-        start redis redis-server --port 6399 --bind 127.0.0.1 --save "" --appendonly no
+        redis-server --port 6399 --bind 127.0.0.1 --save "" --appendonly no \
+            >"$LOG_DIR/redis.log" 2>&1 &
+        SERVICE_PIDS+=("$!")
         for _ in $(seq 1 50); do redis_ok "$FALLBACK" && break; sleep 0.1; done
         redis_ok "$FALLBACK" || { echo "redis-server did not start" >&2; exit 1; }
     else

@@ -1,0 +1,284 @@
+"""The Scheduler, tick by tick in this process, against a real redis-server and broker."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from beat_claims.runs import RunState, iso, task_id_for
+from beat_claims.settings import ConfigurationError
+
+from .conftest import RedisServer
+from .inprocess import make, make_app, messages, occurrences_sent, run_for
+from .processes import wait_for
+
+
+def no_duplicates(sent: list[tuple[str, str]]) -> None:
+    dup = {k: n for k, n in Counter(sent).items() if n > 1}
+    assert dup == {}
+
+
+def test_sends_with_claim_header_and_derived_task_id_without_mutating_options(
+        server: RedisServer) -> None:
+    options = {"headers": {"mine": 1}, "queue": "celery"}
+    app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1),
+                                  "options": options}})
+    s = make(app)
+    run_for(2.6, s)
+    msgs = messages(server)
+    assert len(msgs) >= 2
+    m = msgs[0]
+    assert set(m["claims"]) == {"entry", "due", "token"}
+    assert m["claims"]["entry"] == "e" and m["claims"]["due"].endswith("Z")
+    due_ms = s.store.history("e")[-1].due
+    assert msgs[0]["claims"]["due"] == iso(due_ms)
+    assert m["id"] == task_id_for("e", due_ms)
+    assert m["headers"]["mine"] == 1
+    assert options == {"headers": {"mine": 1}, "queue": "celery"}
+    assert s.schedule["e"].options == options
+    s.close()
+
+
+def test_two_schedulers_send_each_occurrence_once(server: RedisServer) -> None:
+    app = make_app(server, {
+        "a": {"task": "t.noop", "schedule": timedelta(seconds=1)},
+        "b": {"task": "t.noop", "schedule": timedelta(seconds=0.5)},
+    })
+    one, two = make(app), make(app)
+    run_for(4, one, two)
+    sent = occurrences_sent(server)
+    assert len(sent) >= 8
+    no_duplicates(sent)
+    # Consecutive occurrences: nothing missed.
+    for name, period in (("a", 1000), ("b", 500)):
+        dues = sorted(r.due for r in one.store.history(name))
+        assert all(b - a == period for a, b in zip(dues, dues[1:]))
+    one.close()
+    two.close()
+
+
+def test_close_releases_unsent_claims_idempotently_even_when_reentered(
+        server: RedisServer) -> None:
+    app = make_app(server)
+    a = make(app)
+    held: list[Any] = []
+    a._send = lambda claims: held.extend(claims)  # type: ignore[method-assign]
+    run_for(1.6, a)
+    assert held, "a claim was made"
+    # close() re-entered from a signal handler while it releases: the nested call is a no-op.
+    real_release = a.store.release
+    calls = []
+
+    def release_reentered(*args: Any, **kwargs: Any) -> int:
+        calls.append(1)
+        a.close()
+        return real_release(*args, **kwargs)
+
+    a.store.release = release_reentered  # type: ignore[method-assign]
+    a.close()
+    a.close()
+    assert len(calls) == 1
+    states = {r.due: r.state for r in a.store.history("every-1s")}
+    assert set(states.values()) == {RunState.DUE}
+    assert messages(server) == []
+    # The same Scheduler object, started again, sends what it released: once each.
+    del a._send
+    a.store.release = real_release  # type: ignore[method-assign]
+    run_for(1.2, a)
+    sent = occurrences_sent(server)
+    no_duplicates(sent)
+    assert {iso(d) for d in states} <= {due for _, due in sent}
+    a.close()
+
+
+def test_released_runs_are_sent_by_another_beat_at_once(server: RedisServer) -> None:
+    app = make_app(server, beat_claims_heartbeat_interval=5)
+    a, b = make(app), make(app)
+    run_for(0.3, b)  # b is up and has looked at the store once
+    a._send = lambda claims: None  # type: ignore[method-assign]
+    run_for(1.6, a)
+    released = [r.due for r in a.store.history("every-1s") if r.state is RunState.CLAIMED]
+    assert released
+    a.close()
+    # b has not restarted and its sweep is 5 s away: the release notice makes it look now.
+    wait_for(lambda: (b.tick() is not None and
+                      {iso(d) for d in released} <= {due for _, due in occurrences_sent(server)}),
+             4, "b to send what a released")
+    no_duplicates(occurrences_sent(server))
+    b.close()
+
+
+def test_a_claim_that_waits_past_reclaim_after_is_not_sent_by_its_stale_owner(
+        server: RedisServer) -> None:
+    """Hard case 2: A claims, is delayed past reclaim_after; B takes over and sends;
+    A resumes and its check before publish refuses."""
+    app = make_app(server, beat_claims_reclaim_after=1.0, beat_claims_heartbeat_interval=0.3)
+    a, b = make(app), make(app)
+    stalled: list[Any] = []
+    real_send = a._send
+    a._send = lambda claims: stalled.extend(claims)  # type: ignore[method-assign]
+    run_for(1.3, a)
+    assert stalled
+    # A is alive (same process) but slow: B waits for reclaim_after, then takes over.
+    wait_for(lambda: b.tick() is not None and len(occurrences_sent(server)) >= len(stalled),
+             6, "b to reclaim and send")
+    taken = {(c.entry, iso(c.due)) for c in stalled}
+    assert taken <= set(occurrences_sent(server))
+    before = occurrences_sent(server)
+    real_send(stalled)  # A wakes up and tries to send what it had claimed
+    assert occurrences_sent(server) == before
+    no_duplicates(occurrences_sent(server))
+    a.close()
+    b.close()
+
+
+def test_abandoned_claim_is_reclaimed_by_a_long_lived_beat_without_restart(
+        server: RedisServer) -> None:
+    """Hard case 5: B saw A's live claim earlier; once it is abandoned B takes it over."""
+    app = make_app(server, beat_claims_reclaim_after=2.0, beat_claims_heartbeat_interval=0.3)
+    a, b = make(app), make(app)
+    a._send = lambda claims: None  # type: ignore[method-assign]
+    run_for(1.2, a)
+    claimed = [r.due for r in a.store.history("every-1s") if r.state is RunState.CLAIMED]
+    assert claimed
+    run_for(0.5, b)  # b sees the live, young claim and leaves it
+    assert iso(claimed[0]) not in {d for _, d in occurrences_sent(server)}
+    wait_for(lambda: b.tick() is not None and
+             iso(claimed[0]) in {d for _, d in occurrences_sent(server)}, 6,
+             "b to take over the abandoned claim")
+    no_duplicates(occurrences_sent(server))
+    b.close()
+
+
+def test_publish_error_releases_the_claim_and_it_is_sent_later(
+        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    app = make_app(server)
+    s = make(app)
+    real = s._publish
+    failures = []
+
+    def broken(*args: Any) -> Any:
+        if not failures:
+            failures.append(1)
+            raise ConnectionError("broker said no")
+        return real(*args)
+
+    s._publish = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR):
+        run_for(2.5, s)
+    assert "broker said no" in caplog.text and "released" in caplog.text
+    sent = occurrences_sent(server)
+    no_duplicates(sent)
+    history = {iso(r.due): r.state for r in s.store.history("every-1s")}
+    assert set(d for _, d in sent) == {d for d, st in history.items() if st is RunState.SENT}
+    first = min(history)
+    assert (("every-1s", first) in sent), "the failed occurrence was sent on a later try"
+    s.close()
+
+
+def test_store_outage_sends_nothing_logs_once_and_catches_up(
+        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Hard case 6: the store refuses writes (read-only replica): nothing sent unclaimed."""
+    app = make_app(server, beat_claims_catch_up="all")
+    s = make(app)
+    run_for(1.5, s)
+    before = len(occurrences_sent(server))
+    admin = server.client()
+    admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # read-only, unreachable master
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery.beat.claims"):
+            run_for(4, s)
+        assert len(occurrences_sent(server)) == before
+        assert caplog.text.count("store unreachable") == 1
+    finally:
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+    with caplog.at_level(logging.WARNING, logger="celery.beat.claims"):
+        run_for(3.5, s)
+    assert "store reachable again" in caplog.text
+    sent = occurrences_sent(server)
+    no_duplicates(sent)
+    dues = sorted(r.due for r in s.store.history("every-1s"))
+    assert all(b - a == 1000 for a, b in zip(dues, dues[1:])), "caught up, oldest first"
+    assert {r.state for r in s.store.history("every-1s")} <= {RunState.SENT, RunState.CLAIMED}
+    s.close()
+
+
+def test_store_wiped_does_not_rerun_what_already_ran(server: RedisServer) -> None:
+    """Hard case 7: Redis restarted without persistence."""
+    app = make_app(server)
+    s = make(app)
+    run_for(2.2, s)
+    sent_before = occurrences_sent(server)
+    last = max(d for _, d in sent_before)
+    server.restart()
+    run_for(3, s)
+    sent_after = occurrences_sent(server)  # the broker db was wiped too: only new sends
+    assert sent_after, "entries start again from their next occurrence"
+    assert all(d > last for _, d in sent_after)
+    s.close()
+
+
+def test_catch_up_all_and_latest_after_every_beat_was_down(server: RedisServer) -> None:
+    """Hard case 4 (in process; tests/test_hard_cases.py runs it with real beats)."""
+    app = make_app(server, {
+        "all": {"task": "t.noop", "schedule": timedelta(seconds=1),
+                "claims": {"catch_up": "all"}},
+        "latest": {"task": "t.noop", "schedule": timedelta(seconds=1)},
+    }, beat_claims_catch_up_grace=0.5)
+    s = make(app)
+    run_for(1.3, s)
+    s.close()
+    time.sleep(3.6)  # three occurrences fall due while no beat runs
+    t = make(app)
+    run_for(0.4, t)
+    hist_all = sorted(t.store.history("all"), key=lambda r: r.due)
+    assert [r.state for r in hist_all].count(RunState.SKIPPED) == 0
+    assert all(b.due - a.due == 1000 for a, b in zip(hist_all, hist_all[1:]))
+    sent_all = [d for e, d in occurrences_sent(server) if e == "all"]
+    assert sent_all == sorted(sent_all) and len(sent_all) == len(hist_all)
+    hist_latest = sorted(t.store.history("latest"), key=lambda r: r.due)
+    skipped = [r for r in hist_latest if r.state is RunState.SKIPPED]
+    assert len(skipped) >= 2 and all(r.reason == "catch_up" for r in skipped)
+    t.close()
+
+
+def test_bad_entry_policy_fails_at_start(server: RedisServer) -> None:
+    app = make_app(server, {"x": {"task": "t.noop", "schedule": 5.0,
+                                  "claims": {"overlap": "sometimes"}}})
+    with pytest.raises(ConfigurationError, match=r"'x'.*overlap.*'sometimes'"):
+        make(app)
+
+
+def test_sigterm_handler_reentry_is_safe(server: RedisServer) -> None:
+    """close() called from a signal handler in the middle of close()."""
+    app = make_app(server)
+    s = make(app)
+    run_for(1.2, s)
+    fired = []
+
+    def handler(signum: int, frame: Any) -> None:
+        fired.append(signum)
+        s.close()
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        real = s.store.forget_owner
+
+        def forget(owner: Any) -> None:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)
+            real(owner)
+
+        s.store.forget_owner = forget  # type: ignore[method-assign]
+        s.close()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert fired
+    assert s._closed
