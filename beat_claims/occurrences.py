@@ -36,7 +36,7 @@ def is_interval(sched: Any) -> bool:
 
 def period_ms(sched: schedule) -> int:
     run_every: timedelta = sched.run_every
-    ms = int(round(run_every.total_seconds() * 1000))
+    ms = round(run_every.total_seconds() * 1000)
     if ms <= 0:
         raise UnsupportedSchedule(f"interval {run_every!r} is not positive")
     return ms
@@ -63,7 +63,7 @@ def next_after(sched: Any, anchor_ms: int, after_ms: int) -> int:
     for _ in range(1440):
         frozen = _frozen_now(sched, probe)
         remaining = frozen.remaining_estimate(from_ms(probe))
-        nxt = probe + int(round(remaining.total_seconds() * 1000))
+        nxt = probe + round(remaining.total_seconds() * 1000)
         if nxt > after_ms:
             return nxt
         # A wall-clock instant that repeats (DST ending) or a schedule that answers "now":

@@ -52,7 +52,7 @@ def to_ms(dt: datetime) -> int:
     """An aware datetime as integer UTC milliseconds (naive datetimes are taken as UTC)."""
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
-    return int(round(dt.timestamp() * 1000))
+    return round(dt.timestamp() * 1000)
 
 
 def from_ms(ms: int) -> datetime:

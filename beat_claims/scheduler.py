@@ -78,7 +78,7 @@ class Scheduler(BaseScheduler):
         )
         self.policies: dict[str, Policy] = {}
         self._state: dict[str, EntryState] = {}
-        self._heap: list[tuple[int, str]] = []  # type: ignore[assignment]
+        self._heap: list[tuple[int, str]] = []
         self._held: dict[tuple[str, int], Claim] = {}  # claimed, not yet sent
         self._claiming: set[str] = set()  # entries with a claim call in flight
         self._offset_ms = 0
@@ -93,7 +93,8 @@ class Scheduler(BaseScheduler):
         self._closing = False
         self._ready = False
         super().__init__(app, *args, **kwargs)
-        self.max_interval = min(self.max_interval, self.settings.heartbeat_interval)
+        self.max_interval: float = min(float(self.max_interval),
+                                       self.settings.heartbeat_interval)
 
     # -- setup ------------------------------------------------------------------------
     def setup_schedule(self) -> None:

@@ -100,7 +100,7 @@ def patch_task(task: Task) -> None:
             original(self, task_id, args, kwargs)
 
     before_start.__module__ = __name__
-    cls.before_start = before_start  # type: ignore[method-assign]
+    cls.before_start = before_start
     setattr(cls, _MARK, True)
 
 
@@ -137,13 +137,11 @@ def fence(task: Task) -> None:
     retries = int(request.retries or 0)
     try:
         decision = store.start(entry, due, token, worker, pid, retries)
-        if not decision.ok and decision.busy_with is not None:
-            if _starter_gone(task, request.id, *decision.busy_with):
-                logger.warning("beat-claims: %s due %s: the process that started it (%s pid"
-                               " %d) is gone; running this redelivery", entry, due,
-                               decision.busy_with[0], decision.busy_with[1])
-                decision = store.start(entry, due, token, worker, pid, retries,
-                                       takeover=decision.busy_with[:2])
+        busy = decision.busy_with
+        if not decision.ok and busy is not None and _starter_gone(task, request.id, *busy):
+            logger.warning("beat-claims: %s due %s: the process that started it (%s pid %d)"
+                           " is gone; running this redelivery", entry, _iso(due), *busy[:2])
+            decision = store.start(entry, due, token, worker, pid, retries, takeover=busy[:2])
     except RedisError as exc:
         logger.error("beat-claims: store unreachable before starting %s (%s); running it"
                      " unfenced", request.id, exc)
@@ -162,7 +160,7 @@ def _starter_gone(task: Task, task_id: str, worker: str, pid: int, started_at: i
         return here
     try:
         replies = task.app.control.inspect([worker], timeout=1.0).active() or {}
-    except Exception:  # noqa: BLE001 - a broker hiccup: assume alive, refuse
+    except Exception:
         return False
     if worker not in replies:
         return True  # its node does not answer: gone
@@ -183,10 +181,10 @@ def _iso(due: int) -> str:
 # -- outcomes ---------------------------------------------------------------------------
 def _resolve(task: Any, task_id: str | None) -> tuple[str, int, int | None] | None:
     request = getattr(task, "request", None)
-    if request is not None and (task_id is None or getattr(request, "id", None) == task_id):
-        claim = claim_of(request)
-        if claim is not None:
-            return claim
+    claim = claim_of(request) if request is not None and (
+        task_id is None or getattr(request, "id", None) == task_id) else None
+    if claim is not None:
+        return claim
     store = _context.get()
     if store is None or not task_id:
         return None

@@ -27,7 +27,8 @@ class RedisServer:
     def __init__(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            pytest.fail("redis-server not found: .ci/run installs it (apt-get install redis-server)")
+            pytest.fail("redis-server not found: .ci/run installs it"
+                        " (apt-get install redis-server)")
         self.binary = binary
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="bc-redis-")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -93,10 +94,8 @@ class Fleet:
                     os.killpg(proc.pid, signal.SIGTERM)
                     proc.wait(10)
                 except (ProcessLookupError, subprocess.TimeoutExpired):
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
                     proc.wait(5)
 
 

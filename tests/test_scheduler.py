@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -59,7 +60,7 @@ def test_two_schedulers_send_each_occurrence_once(server: RedisServer) -> None:
     # Consecutive occurrences: nothing missed.
     for name, period in (("a", 1000), ("b", 500)):
         dues = sorted(r.due for r in one.store.history(name))
-        assert all(b - a == period for a, b in zip(dues, dues[1:]))
+        assert all(b - a == period for a, b in itertools.pairwise(dues))
     one.close()
     two.close()
 
@@ -205,7 +206,7 @@ def test_store_outage_sends_nothing_logs_once_and_catches_up(
     sent = occurrences_sent(server)
     no_duplicates(sent)
     dues = sorted(r.due for r in s.store.history("every-1s"))
-    assert all(b - a == 1000 for a, b in zip(dues, dues[1:])), "caught up, oldest first"
+    assert all(b - a == 1000 for a, b in itertools.pairwise(dues)), "caught up, oldest first"
     assert {r.state for r in s.store.history("every-1s")} <= {RunState.SENT, RunState.CLAIMED}
     s.close()
 
@@ -240,7 +241,7 @@ def test_catch_up_all_and_latest_after_every_beat_was_down(server: RedisServer) 
     run_for(0.4, t)
     hist_all = sorted(t.store.history("all"), key=lambda r: r.due)
     assert [r.state for r in hist_all].count(RunState.SKIPPED) == 0
-    assert all(b.due - a.due == 1000 for a, b in zip(hist_all, hist_all[1:]))
+    assert all(b.due - a.due == 1000 for a, b in itertools.pairwise(hist_all))
     sent_all = [d for e, d in occurrences_sent(server) if e == "all"]
     assert sent_all == sorted(sent_all) and len(sent_all) == len(hist_all)
     hist_latest = sorted(t.store.history("latest"), key=lambda r: r.due)

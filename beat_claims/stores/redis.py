@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-
 from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib import resources
@@ -127,7 +126,8 @@ class RedisStore(Store):
                 if not anchor:
                     result.missing = True
                 else:
-                    result.conflict = EntryState(int(anchor), int(checkpoint) if checkpoint else None)
+                    cp = int(checkpoint) if checkpoint else None
+                    result.conflict = EntryState(int(anchor), cp)
             else:
                 claimed, skipped, taken = reply[1], reply[2], reply[3]
                 result.claims = [Claim(req.entry, int(claimed[i]), int(claimed[i + 1]))
