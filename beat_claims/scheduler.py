@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 
 from . import occurrences
 from .catch_up import plan
-from .runs import HEADER, Owner, from_ms, iso, process_is_gone, task_id_for
+from .runs import HEADER, Owner, RunState, from_ms, iso, process_is_gone, task_id_for
 from .settings import ConfigurationError, Policy, Settings
 from .stores.base import Claim, ClaimRequest, EntryState, Store
 from .stores.redis import RedisStore
@@ -35,6 +35,9 @@ TASK_INDEX_TTL = 7 * 24 * 3600.0
 #: A full look for released occurrences, in case a release notice was lost.
 RELEASED_SCAN_EVERY = 60.0
 MAX_BACKOFF = 30.0
+#: Result backend states that settle a run.
+BACKEND_STATES = {"SUCCESS": RunState.DONE, "FAILURE": RunState.FAILED,
+                  "REVOKED": RunState.CANCELLED}
 
 
 class ClaimsEntry(ScheduleEntry):
@@ -85,6 +88,7 @@ class Scheduler(BaseScheduler):
         self._last_heartbeat = float("-inf")
         self._last_sweep = float("-inf")
         self._last_released_scan = float("-inf")
+        self._last_recovery = float("-inf")
         self._generation: int | None = None
         self._outage_since: float | None = None
         self._backoff = 0.0
@@ -255,17 +259,50 @@ class Scheduler(BaseScheduler):
             for result in self._claim_batch(requests, now):
                 taken += result.claims
         self._mark_lost(now)
+        self._recover_outcomes(now)
         if taken:
             self._hold(taken)
             self._send(sorted(taken, key=lambda c: (c.due, c.entry)))
 
     def _mark_lost(self, now: int) -> None:
-        for name, policy in self.policies.items():
-            if policy.run_timeout is not None and name in self._state:
-                lost = self.store.mark_lost(name, now - int(policy.run_timeout * 1000))
-                for due in lost:
-                    logger.warning("beat-claims: %s due %s sent %ss ago with no outcome: lost",
-                                   name, iso(due), policy.run_timeout)
+        cutoffs = {name: now - int(policy.run_timeout * 1000)
+                   for name, policy in self.policies.items()
+                   if policy.run_timeout is not None and name in self._state}
+        for name, dues in self.store.mark_lost(cutoffs).items():
+            for due in dues:
+                logger.warning("beat-claims: %s due %s: no outcome within run_timeout=%ss:"
+                               " recorded lost", name, iso(due), self.policies[name].run_timeout)
+
+    def _recover_outcomes(self, now: int) -> None:
+        """Runs still ``sent``/``started`` whose outcome no worker reported: ask the result
+        backend by task id (works for workers without beat-claims' hooks)."""
+        if not self.settings.result_backend_recovery or not self.app.conf.result_backend:
+            return
+        if time.monotonic() - self._last_recovery < 10 * self.settings.heartbeat_interval:
+            return
+        self._last_recovery = time.monotonic()
+        settle_ms = int(2 * self.settings.heartbeat_interval * 1000)
+        for name, runs in self.store.open_runs(sorted(self._state)).items():
+            for run in runs:
+                if run.state not in (RunState.SENT, RunState.STARTED) or not run.task_id:
+                    continue
+                if (run.sent_at or now) > now - settle_ms:
+                    continue
+                try:
+                    result = self.app.AsyncResult(run.task_id)
+                    backend_state = result.state
+                    outcome = BACKEND_STATES.get(backend_state)
+                    if outcome is None:
+                        continue
+                    exc = result.result if outcome is RunState.FAILED else None
+                except Exception as exc2:
+                    logger.debug("beat-claims: result backend lookup failed: %r", exc2)
+                    return
+                if self.store.finish(name, run.due, None, outcome.value,
+                                     type(exc).__name__ if exc is not None else "",
+                                     str(exc)[:500] if exc is not None else ""):
+                    logger.info("beat-claims: %s due %s: %s (from the result backend)",
+                                name, iso(run.due), outcome.value)
 
     # -- claiming ---------------------------------------------------------------------
     def _claim_batch(self, requests: list[ClaimRequest], now: int) -> list[Any]:

@@ -127,8 +127,8 @@ class Store(abc.ABC):
         """Remove a dead owner whose claims were all taken over."""
 
     @abc.abstractmethod
-    def mark_lost(self, entry: str, cutoff_ms: int) -> list[int]:
-        """Runs of ``entry`` sent before ``cutoff_ms`` with no outcome become lost."""
+    def mark_lost(self, cutoffs: dict[str, int]) -> dict[str, list[int]]:
+        """Per entry: runs sent before its cutoff (ms) with no outcome become lost."""
 
     # -- worker side ------------------------------------------------------------------
     @abc.abstractmethod
@@ -164,8 +164,8 @@ class Store(abc.ABC):
         """Recent runs of an entry, newest first."""
 
     @abc.abstractmethod
-    def open_runs(self, entry: str) -> list[Run]:
-        """Runs of an entry that are claimed, due again, sent or started."""
+    def open_runs(self, entries: Sequence[str]) -> dict[str, list[Run]]:
+        """Per entry: runs that are claimed, due again, being sent, sent or started."""
 
     def close(self) -> None:  # noqa: B027 - optional for backends
         """Release connections."""

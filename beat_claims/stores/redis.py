@@ -213,9 +213,14 @@ class RedisStore(Store):
         pipe.delete(self._global("owner", owner_id, "entries"))
         pipe.execute()
 
-    def mark_lost(self, entry: str, cutoff_ms: int) -> list[int]:
-        return [int(d) for d in self._run("lost", self._keys(entry, "runs", "open"),
-                                          [str(cutoff_ms)])]
+    def mark_lost(self, cutoffs: dict[str, int]) -> dict[str, list[int]]:
+        if not cutoffs:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for entry, cutoff in cutoffs.items():
+            self._run("lost", self._keys(entry, "runs", "open"), [str(cutoff)], pipe)
+        return {entry: [int(d) for d in reply]
+                for entry, reply in zip(cutoffs, pipe.execute()) if reply}
 
     # -- worker side ------------------------------------------------------------------
     def start(self, entry: str, due: int, token: int, worker: str, pid: int, retries: int,
@@ -268,30 +273,41 @@ class RedisStore(Store):
     def _runs(self, entry: str, dues: Sequence[str]) -> list[Run]:
         if not dues:
             return []
-        runs_key = self._keys(entry, "runs")[0]
-        out = []
-        for raw in self.client.hmget(runs_key, list(dues)):
-            if not raw:
-                continue
-            try:
-                out.append(Run.from_record(entry, json.loads(raw)))
-            except (ValueError, KeyError, TypeError):
-                continue  # a corrupt record is shown as missing rather than crashing
-        return out
+        return _parse(entry, self.client.hmget(self._keys(entry, "runs")[0], list(dues)))
 
     def history(self, entry: str, limit: int | None = None) -> list[Run]:
         end = -1 if limit is None else limit - 1
         dues = self.client.zrevrange(self._keys(entry, "history")[0], 0, end)
         return self._runs(entry, dues)
 
-    def open_runs(self, entry: str) -> list[Run]:
-        live, open_ = self._keys(entry, "live", "open")
-        dues = sorted(set(self.client.zrange(live, 0, -1)) | set(self.client.zrange(open_, 0, -1)),
-                      key=int)
-        return self._runs(entry, dues)
+    def open_runs(self, entries: Sequence[str]) -> dict[str, list[Run]]:
+        pipe = self.client.pipeline(transaction=False)
+        for entry in entries:
+            live, open_ = self._keys(entry, "live", "open")
+            pipe.zrange(live, 0, -1)
+            pipe.zrange(open_, 0, -1)
+        replies = pipe.execute()
+        wanted = {entry: sorted(set(replies[2 * i]) | set(replies[2 * i + 1]), key=int)
+                  for i, entry in enumerate(entries)}
+        wanted = {entry: dues for entry, dues in wanted.items() if dues}
+        for entry, dues in wanted.items():
+            pipe.hmget(self._keys(entry, "runs")[0], dues)
+        return {entry: _parse(entry, raws) for entry, raws in zip(wanted, pipe.execute())}
 
     def close(self) -> None:
         self.client.close()
+
+
+def _parse(entry: str, raws: Iterable[str | None]) -> list[Run]:
+    out = []
+    for raw in raws:
+        if not raw:
+            continue
+        try:
+            out.append(Run.from_record(entry, json.loads(raw)))
+        except (ValueError, KeyError, TypeError):
+            continue  # a corrupt record is shown as missing rather than crashing
+    return out
 
 
 def count_states(runs: Iterable[Run]) -> dict[str, int]:

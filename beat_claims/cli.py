@@ -1,0 +1,62 @@
+"""``celery -A APP claims ...``: see what every beat claimed, sent and recorded."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from celery.bin.base import CeleryCommand, handle_preload_options
+
+from . import inspect
+
+
+def _app(ctx: click.Context) -> Any:
+    return ctx.obj.app
+
+
+@click.group()
+@click.pass_context
+@handle_preload_options
+def claims(ctx: click.Context) -> None:
+    """Inspect beat-claims: entries, claims, outcomes and history."""
+
+
+@claims.command(cls=CeleryCommand)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Every entry: next run, last outcome, current claims, counts by state."""
+    doc = inspect.status(_app(ctx))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    alive = sum(1 for o in doc["owners"] if o["alive"])
+    click.echo(f"beats alive: {alive} of {len(doc['owners'])} registered")
+    header = f"{'ENTRY':30} {'NEXT DUE':26} {'LAST':10} {'LAST DUE':26} CLAIMS  COUNTS"
+    click.echo(header)
+    for e in doc["entries"]:
+        last = e["last_run"] or {}
+        counts = " ".join(f"{k}={v}" for k, v in e["counts"].items() if v)
+        click.echo(f"{e['name'][:30]:30} {e['next_due'] or '-':26} {last.get('state', '-'):10}"
+                   f" {last.get('due') or '-':26} {len(e['claims']):6}  {counts}")
+
+
+@claims.command(cls=CeleryCommand)
+@click.argument("entry")
+@click.option("--limit", type=int, default=20, show_default=True, help="Newest N runs.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_context
+def history(ctx: click.Context, entry: str, limit: int, as_json: bool) -> None:
+    """The runs of ENTRY, newest first."""
+    doc = inspect.history(_app(ctx), entry, limit)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"{'DUE':26} {'STATE':10} {'TOKEN':>5} {'WORKER':24} DETAIL")
+    for run in doc["runs"]:
+        detail = run["reason"] or run["exc_type"] or ""
+        if run["exc_message"]:
+            detail += f": {run['exc_message']}"
+        click.echo(f"{run['due']:26} {run['state']:10} {run['token']:>5}"
+                   f" {run['worker'] or '-':24} {detail}")
