@@ -186,8 +186,8 @@ def test_sent_runs_without_outcome_become_lost(store: RedisStore) -> None:
     c = claim(store, owner(1), state, a + 1000).claims[0]
     store.check_before_send(owner(1), c, "tid")
     store.mark_sent(c)
-    assert store.mark_lost("e", store.now_ms() - 60_000) == []
-    assert store.mark_lost("e", store.now_ms() + 1) == [a + 1000]
+    assert store.mark_lost({"e": store.now_ms() - 60_000}) == {}
+    assert store.mark_lost({"e": store.now_ms() + 1}) == {"e": [a + 1000]}
     assert store.history("e")[0].state is RunState.LOST
     assert not store.finish("e", c.due, c.token, "done")  # lost is final
 
