@@ -191,7 +191,9 @@ def _child(kind: str, index: int, cfg: dict[str, Any], ready_q: Any, start_at: A
            stop: Any, result_q: Any) -> None:
     import logging
 
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.WARNING,
+                        format=f"%(asctime)s {kind}[{index}] pid %(process)d %(levelname)s"
+                               " %(name)s: %(message)s")
     counters = _Counters()
     app = _make_app(cfg)
     t0 = time.time()

@@ -68,6 +68,7 @@ stop_group() {  # stop_group PID...: SIGTERM, wait for a warm shutdown, then SIG
     done
 }
 stop_all() {
+    if [ -n "${SLEEP_PID:-}" ]; then kill "$SLEEP_PID" 2>/dev/null || true; fi
     # Celery first, Redis last: the worker records outcomes while it shuts down.
     stop_group ${PIDS[@]+"${PIDS[@]}"}
     PIDS=()
@@ -126,7 +127,10 @@ start beat1 "${CELERY[@]}" beat -S claims -l info
 start beat2 "${CELERY[@]}" beat -S claims -l info
 
 log "running for ${RUN_SECONDS}s"
-sleep "$RUN_SECONDS"
+# In the background and waited for, so that Ctrl-C or SIGTERM stops everything at once.
+sleep "$RUN_SECONDS" &
+SLEEP_PID=$!
+wait "$SLEEP_PID" || true
 
 log "celery -A exampleproj claims status"
 "${CELERY[@]}" claims status || true

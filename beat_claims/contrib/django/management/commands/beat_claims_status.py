@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import io
 import json
+from contextlib import redirect_stdout
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -11,25 +14,32 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ...apps import celery_app
 
 
+def _module(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        raise CommandError(f"{name} is missing: this version of beat-claims cannot show"
+                           " status") from None
+
+
 class Command(BaseCommand):
-    help = "Show each beat-claims entry, its next and recent runs, and the live beats."
+    help = "Every beat-claims entry: next run, last outcome, current claims, counts by state."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--json", action="store_true", help="print JSON")
+        parser.add_argument("--json", action="store_true", help="Print one JSON document.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            inspect = importlib.import_module("beat_claims.inspect")
-        except ModuleNotFoundError as exc:
-            if exc.name != "beat_claims.inspect":
-                raise
-            raise CommandError("beat_claims.inspect is missing: this version of beat-claims"
-                               " cannot show status yet") from None
-        if not hasattr(inspect, "status"):
-            raise CommandError("beat_claims.inspect has no status(app) function")
-        data = inspect.status(celery_app())
-        formatter = getattr(inspect, "format_status", None)
-        if options["json"] or formatter is None:
-            self.stdout.write(json.dumps(data, indent=2, default=str))
-        else:
-            self.stdout.write(formatter(data))
+        app = celery_app()
+        if options["json"]:
+            doc = _module("beat_claims.inspect").status(app)
+            self.stdout.write(json.dumps(doc, indent=2, default=str))
+            return
+        # The table is the CLI's own, so both always print the same thing.
+        cli = _module("beat_claims.cli")
+        out = io.StringIO()
+        with redirect_stdout(out):
+            cli.claims.main(["status"], prog_name="beat_claims_status",
+                            obj=SimpleNamespace(app=app), standalone_mode=False)
+        self.stdout.write(out.getvalue(), ending="")
