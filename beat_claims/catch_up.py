@@ -10,6 +10,8 @@ when they fell due) and the entry's policy decides:
 ``none``    missed ones are skipped; only on-time ones run.
 
 ``catch_up_window`` skips missed occurrences older than the window whatever the policy.
+With ``overlap="skip"`` at most one occurrence of a batch runs (the newest): the others
+would overlap it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ def plan(policy: Policy, due: list[int], total: int, now_ms: int, grace_ms: int,
     else:
         result.run = on_time
         result.skip += [(d, "catch_up") for d in missed]
+    if policy.overlap == "skip" and len(result.run) > 1:
+        # Sent together they would overlap: the newest runs, the others are skipped.
+        result.skip += [(d, "overlap") for d in result.run[:-1]]
+        result.run = result.run[-1:]
     result.skip.sort()
     if len(result.skip) > record_limit:
         result.unrecorded += len(result.skip) - record_limit

@@ -227,14 +227,17 @@ class Scheduler(BaseScheduler):
         self._last_sweep = time.monotonic()
         now = self._now()
         taken: list[Claim] = []
-        for owner, alive, entries in self.store.owners():
+        # Our own note last: claims taken over in this sweep are not stale.
+        for owner, alive, entries in sorted(self.store.owners(),
+                                            key=lambda o: o[0].id == self.owner.id):
             if owner.id == self.owner.id:
-                stale = [n for n in entries
-                         if n not in self._claiming and not any(k[0] == n for k in self._held)]
+                busy = {c.entry for c in taken} | {k[0] for k in self._held} | self._claiming
+                stale = [n for n in entries if n not in busy]
                 for name in stale:  # claims whose reply this process never got
                     if name in self.schedule:
                         taken += self.store.reclaim(name, owner.id, self.owner, None)
-                self.store.done_claiming(self.owner, stale)
+                self.store.done_claiming(self.owner, [n for n in stale
+                                                      if n not in {c.entry for c in taken}])
                 continue
             dead = not alive or process_is_gone(owner.host, owner.pid, owner.started_at) is True
             for name, since in entries.items():
@@ -309,9 +312,14 @@ class Scheduler(BaseScheduler):
         names = {req.entry for req in requests}
         self._claiming |= names
         try:
-            return self.store.claim(self.owner, requests, self.settings.history_limit, now)
+            results = self.store.claim(self.owner, requests, self.settings.history_limit, now)
         finally:
             self._claiming -= names
+        # Entries where nothing was claimed: this owner holds nothing there.
+        empty = [r.entry for r in results if not r.claims
+                 and not any(k[0] == r.entry for k in self._held)]
+        self.store.done_claiming(self.owner, empty)
+        return results
 
     def _request(self, name: str, now: int) -> tuple[ClaimRequest, int]:
         state = self._state[name]
@@ -374,9 +382,9 @@ class Scheduler(BaseScheduler):
     # -- sending ----------------------------------------------------------------------
     def _send(self, claims: list[Claim]) -> None:
         finished: set[str] = set()
-        for claim in claims:
-            key = (claim.entry, claim.due)
-            if key not in self._held:
+        for key in dict.fromkeys((c.entry, c.due) for c in claims):
+            claim = self._held.get(key)
+            if claim is None:
                 continue
             self._heartbeat_if_due()
             entry = self.schedule.get(claim.entry)
@@ -446,7 +454,9 @@ class Scheduler(BaseScheduler):
                 self.store.client.connection_pool.disconnect()
             try:
                 released = self.store.release(self.owner, entries)
-                self.store.done_claiming(self.owner, entries)
+                # The owner's note of its entries stays: a claim past its check before
+                # publish (state "sending") is not released, and other beats take it over
+                # at once now that this owner's heartbeat is gone.
                 self.store.forget_owner(self.owner)
                 if released:
                     logger.info("beat-claims: released %d unsent claim(s)", released)

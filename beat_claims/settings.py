@@ -38,7 +38,7 @@ class Settings:
     url: str
     key_prefix: str = "beat-claims"
     heartbeat_interval: float = 5.0
-    catch_up_grace: float = 10.0
+    catch_up_grace: float = 2.0
     history_limit: int = 100
     result_backend_recovery: bool = True
     policy: Policy = Policy()
@@ -77,7 +77,7 @@ class Settings:
             heartbeat_interval=_seconds("beat_claims_heartbeat_interval",
                                         conf.get("beat_claims_heartbeat_interval", 5.0)),
             catch_up_grace=_seconds("beat_claims_catch_up_grace",
-                                    conf.get("beat_claims_catch_up_grace", 10.0)),
+                                    conf.get("beat_claims_catch_up_grace", 2.0)),
             history_limit=_positive_int("beat_claims_history_limit",
                                         conf.get("beat_claims_history_limit", 100)),
             result_backend_recovery=bool(conf.get("beat_claims_result_backend_recovery", True)),

@@ -25,9 +25,10 @@ log() { printf '==> %s\n' "$*"; }
 # -- python ---------------------------------------------------------------------------
 if [ "${BC_NO_VENV:-0}" = "1" ]; then
     PY="$(command -v python3 || command -v python)"
-    if ! "$PY" -c "import beat_claims, django, django_celery_results" 2>/dev/null; then
-        log "installing beat-claims[django] into $PY"
-        "$PY" -m pip install -q -e '..[django]'
+    if ! "$PY" -c "import beat_claims, django, django_celery_results, kombu.transport.redis" \
+            2>/dev/null; then
+        log "installing requirements.txt (beat-claims[django]) into $PY"
+        "$PY" -m pip install -q -r requirements.txt
     fi
 else
     if [ ! -x .venv/bin/python ]; then
@@ -35,9 +36,8 @@ else
         "$(command -v python3 || command -v python)" -m venv .venv
     fi
     PY="$HERE/.venv/bin/python"
-    log "installing beat-claims[django] into .venv"
-    "$PY" -m pip install -q --upgrade pip
-    "$PY" -m pip install -q -e '..[django]'
+    log "installing requirements.txt (beat-claims[django]) into .venv"
+    "$PY" -m pip install -q -r requirements.txt
 fi
 BIN="$(dirname "$PY")"
 CELERY=("$PY" -m celery -A exampleproj)

@@ -97,6 +97,22 @@ def server(redis_server: RedisServer) -> Iterator[RedisServer]:
             pass
 
 
+@pytest.fixture(scope="session")
+def broker_server() -> Iterator[RedisServer]:
+    """A second server, for tests that take the store down but need the broker up."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def broker(broker_server: RedisServer) -> RedisServer:
+    broker_server.client().flushall()
+    return broker_server
+
+
 @pytest.fixture
 def tmp_dir(tmp_path: Path) -> Path:
     return tmp_path

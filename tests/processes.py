@@ -65,9 +65,10 @@ class Fleet:
         return self._spawn("beat", ["beat", "-S", "claims", "--loglevel", "INFO",
                                     "-s", str(self.log_dir / f"unused-{len(self.procs)}")], **env)
 
-    def worker(self, *extra: str, **env: str) -> subprocess.Popen[bytes]:
+    def worker(self, *extra: str, concurrency: int = 2, **env: str) -> subprocess.Popen[bytes]:
         return self._spawn("worker", ["worker", "--loglevel", "INFO", "-P", "prefork",
-                                      "-c", "2", "--without-gossip", "--without-mingle",
+                                      "-c", str(concurrency), "--without-gossip",
+                                      "--without-mingle",
                                       "-n", f"w{len(self.procs)}@%h", *extra], **env)
 
     def log(self, proc: subprocess.Popen[bytes]) -> str:

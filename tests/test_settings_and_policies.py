@@ -102,3 +102,10 @@ def test_skips_beyond_the_record_limit_are_counted_not_listed() -> None:
     due = [NOW - k * 1000 for k in range(50, 10, -1)]
     p = plan(Policy(catch_up="latest"), due, 1000, NOW, GRACE, 5)
     assert len(p.skip) == 5 and p.unrecorded == 1000 - 40 + 34
+
+
+def test_overlap_skip_runs_only_the_newest_of_a_catch_up_batch() -> None:
+    due = [NOW - 300_000, NOW - 200_000, NOW - 1_000]
+    p = plan(Policy(catch_up="all", overlap="skip"), due, 3, NOW, GRACE, 100)
+    assert p.run == [NOW - 1_000]
+    assert p.skip == [(NOW - 300_000, "overlap"), (NOW - 200_000, "overlap")]

@@ -87,9 +87,10 @@ class RedisStore(Store):
 
     # -- beat side --------------------------------------------------------------------
     def ensure_entries(self, entries: Sequence[tuple[str, str]]) -> dict[str, EntryState]:
+        now = str(self.now_ms())
         pipe = self.client.pipeline(transaction=False)
         for name, description in entries:
-            self._run("anchor", self._keys(name, "entry"), [name, description], pipe)
+            self._run("anchor", self._keys(name, "entry"), [name, description, now], pipe)
             pipe.hset(self._global("entries"), self._tag(name), name)
         replies = pipe.execute()[::2]
         return {
@@ -174,6 +175,8 @@ class RedisStore(Store):
 
     def forget_owner(self, owner: Owner) -> None:
         self.client.delete(self._global("owner", owner.id))
+        if not self.client.zcard(self._global("owner", owner.id, "entries")):
+            self.client.hdel(self._global("owners"), owner.id)
 
     def done_claiming(self, owner: Owner, entries: Iterable[str]) -> None:
         names = list(entries)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from datetime import timedelta
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 from celery.schedules import crontab
 
 import beat_claims
@@ -59,7 +60,24 @@ def _schedule() -> dict[str, Any]:
 app.conf.beat_schedule = _schedule()
 beat_claims.install(app)
 
-_store = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+_store = redis.Redis.from_url(os.environ.get("BC_EXEC_URL", REDIS_URL), decode_responses=True)
+_paused: list[int] = []
+
+
+@signals.before_task_publish.connect
+def _stall_publish(**kwargs: Any) -> None:
+    """Test hooks, by environment, in beat processes: a publish that stalls.
+
+    ``BC_PAUSE_FIRST_PUBLISH=1``: the first publish stops the whole process (SIGSTOP), as a
+    paused VM would; ``BC_BLOCK_PUBLISH=1``: every publish blocks until the process is
+    signalled, as a broker that stopped answering would.
+    """
+    if os.environ.get("BC_PAUSE_FIRST_PUBLISH") == "1" and not _paused:
+        _paused.append(1)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if os.environ.get("BC_BLOCK_PUBLISH") == "1":
+        while True:
+            time.sleep(0.1)
 
 
 def _note(task: Any, what: str, **extra: Any) -> None:
@@ -99,6 +117,17 @@ def slow(self: Any, seconds: float = 5.0) -> str:
         time.sleep(0.05)
     _note(self, "end")
     return "slept"
+
+
+@app.task(bind=True, name="proj.alternating")
+def alternating(self: Any) -> str:
+    """Occurrences due on an even second take 2.5 s: outcomes arrive out of order."""
+    _note(self, "run")
+    due = (getattr(self.request, "beat_claims", None) or {}).get("due", "")
+    if due and int(due[17:19]) % 2 == 0:
+        time.sleep(2.5)
+    _note(self, "end")
+    return "ok"
 
 
 @app.task(bind=True, name="proj.hangs", time_limit=1)
