@@ -112,7 +112,7 @@ def test_4_catch_up_all_and_latest_after_all_beats_were_down(
     schedule = {"all": {"every": 1, "claims": {"catch_up": "all"}},
                 "latest": {"every": 1}}
     with fleet(server.url, server.broker_url(), tmp_path, schedule, BC_GRACE="0.5") as f:
-        f.worker()
+        f.worker(concurrency=1)  # one process: runs in the order they were sent
         first = f.beat()
         wait_for(lambda: len(executions(client)) >= 2, 20, "first runs")
         f.stop(first)
@@ -129,6 +129,8 @@ def test_4_catch_up_all_and_latest_after_all_beats_were_down(
     assert {r.state for r in missed_all} == {RunState.DONE}
     ran = [r["due"] for r in rows if r["entry"] == "all"]
     assert ran == sorted(ran), "caught up oldest first"
+    by_send = sorted(missed_all, key=lambda r: r.sent_at)
+    assert [r.due for r in by_send] == sorted(r.due for r in missed_all)
     assert consecutive([r.due for r in store.history("all")], 1000)
     after_stop = sorted((r for r in store.history("latest") if r.due > stopped_at),
                         key=lambda r: r.due)
