@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import timedelta, timezone
 from typing import Any
 
 from celery.schedules import BaseSchedule, crontab, schedule
@@ -50,6 +50,13 @@ def _frozen_now(sched: BaseSchedule, at_ms: int) -> BaseSchedule:
     return frozen
 
 
+def _tz(sched: BaseSchedule) -> Any:
+    try:
+        return sched.tz
+    except Exception:
+        return timezone.utc
+
+
 def next_after(sched: Any, anchor_ms: int, after_ms: int) -> int:
     """The first occurrence strictly after ``after_ms`` (and after the anchor)."""
     after_ms = max(after_ms, anchor_ms)
@@ -62,7 +69,9 @@ def next_after(sched: Any, anchor_ms: int, after_ms: int) -> int:
     probe = after_ms
     for _ in range(1440):
         frozen = _frozen_now(sched, probe)
-        remaining = frozen.remaining_estimate(from_ms(probe))
+        # Celery's beat hands schedules instants in the app's timezone; older Celery
+        # versions do crontab arithmetic in whatever timezone they are given.
+        remaining = frozen.remaining_estimate(from_ms(probe).astimezone(_tz(sched)))
         nxt = probe + round(remaining.total_seconds() * 1000)
         if nxt > after_ms:
             return nxt

@@ -367,6 +367,7 @@ def run_one(kind: str, beats: int, args: argparse.Namespace, server: RedisServer
         sends_per_second=None if not seconds else round(n / seconds, 1),
         sent_before_start=early,
         published=sent,
+        published_per_beat=[len(r["publishes"]) for r in sorted(results, key=lambda r: r["index"])],
         queued=queue["total"],
         queue=queue,
         exactly_n=(queue["total"] == n and queue["entries_sent"] == n),
