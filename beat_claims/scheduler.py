@@ -172,14 +172,14 @@ class Scheduler(BaseScheduler):
         if mono - self._last_sweep >= self.settings.heartbeat_interval:
             self._sweep()
         now = self._now()
-        due: list[str] = []
+        due: dict[str, None] = {}  # ordered, unique
         while self._heap and self._heap[0][0] <= now:
             _, name = heapq.heappop(self._heap)
-            if name in self.schedule and name not in due:
-                due.append(name)
+            if name in self.schedule:
+                due[name] = None
         if due:
             try:
-                self._claim_due(due, now)
+                self._claim_due(list(due), now)
             finally:
                 queued = {name for _, name in self._heap}
                 for name in due:
@@ -231,7 +231,7 @@ class Scheduler(BaseScheduler):
         for owner, alive, entries in sorted(self.store.owners(),
                                             key=lambda o: o[0].id == self.owner.id):
             if owner.id == self.owner.id:
-                busy = {c.entry for c in taken} | {k[0] for k in self._held} | self._claiming
+                busy = {c.entry for c in taken} | self._held_entries() | self._claiming
                 stale = [n for n in entries if n not in busy]
                 for name in stale:  # claims whose reply this process never got
                     if name in self.schedule:
@@ -316,8 +316,8 @@ class Scheduler(BaseScheduler):
         finally:
             self._claiming -= names
         # Entries where nothing was claimed: this owner holds nothing there.
-        empty = [r.entry for r in results if not r.claims
-                 and not any(k[0] == r.entry for k in self._held)]
+        holding = self._held_entries()
+        empty = [r.entry for r in results if not r.claims and r.entry not in holding]
         self.store.done_claiming(self.owner, empty)
         return results
 
@@ -375,45 +375,59 @@ class Scheduler(BaseScheduler):
             self._hold(claims)
             self._send(sorted(claims, key=lambda c: (c.due, c.entry)))
 
+    def _held_entries(self) -> set[str]:
+        return {entry for entry, _ in self._held}
+
     def _hold(self, claims: Iterable[Claim]) -> None:
         for claim in claims:
             self._held[(claim.entry, claim.due)] = claim
 
     # -- sending ----------------------------------------------------------------------
     def _send(self, claims: list[Claim]) -> None:
+        """Check, publish and mark each claim: one store round trip per send.
+
+        The "sent" mark of one run travels with the check of the next; a beat that dies in
+        between leaves that run ``sending``, which other beats take over (and the worker's
+        fencing runs it once).
+        """
         finished: set[str] = set()
-        for key in dict.fromkeys((c.entry, c.due) for c in claims):
-            claim = self._held.get(key)
-            if claim is None:
-                continue
-            self._heartbeat_if_due()
-            entry = self.schedule.get(claim.entry)
-            if entry is None:  # removed from the schedule while claimed: give it back
-                self.store.release(self.owner, [], [key])
-                del self._held[key]
-                continue
-            task_id = task_id_for(claim.entry, claim.due)
-            self.store.remember_task(task_id, claim.entry, claim.due, claim.token,
-                                     self._task_index_ttl(claim.entry))
-            ok, why = self.store.check_before_send(self.owner, claim, task_id)
-            if not ok:
-                logger.warning("beat-claims: not sending %s due %s (token %d): %s",
-                               claim.entry, iso(claim.due), claim.token, why)
+        published: Claim | None = None
+        try:
+            for key in dict.fromkeys((c.entry, c.due) for c in claims):
+                claim = self._held.get(key)
+                if claim is None:
+                    continue
+                self._heartbeat_if_due()
+                entry = self.schedule.get(claim.entry)
+                if entry is None:  # removed from the schedule while claimed: give it back
+                    self.store.release(self.owner, [], [key])
+                    del self._held[key]
+                    continue
+                task_id = task_id_for(claim.entry, claim.due)
+                sent, published = published, None
+                ok, why = self.store.check_before_send(
+                    self.owner, claim, task_id, self._task_index_ttl(claim.entry), sent)
+                if not ok:
+                    logger.warning("beat-claims: not sending %s due %s (token %d): %s",
+                                   claim.entry, iso(claim.due), claim.token, why)
+                    del self._held[key]
+                    finished.add(claim.entry)
+                    continue
+                try:
+                    self._publish(entry, claim, task_id)
+                except Exception as exc:
+                    logger.error("beat-claims: publishing %s due %s failed, released for a"
+                                 " later try: %r", claim.entry, iso(claim.due), exc,
+                                 exc_info=True)
+                    self.store.release(self.owner, [], [key])
+                else:
+                    published = claim
                 del self._held[key]
                 finished.add(claim.entry)
-                continue
-            try:
-                self._publish(entry, claim, task_id)
-            except Exception as exc:
-                logger.error("beat-claims: publishing %s due %s failed, released for a later"
-                             " try: %r", claim.entry, iso(claim.due), exc, exc_info=True)
-                self.store.release(self.owner, [], [key])
-            else:
-                self.store.mark_sent(claim)
-            del self._held[key]
-            finished.add(claim.entry)
-        done = {name for name in finished if not any(k[0] == name for k in self._held)}
-        self.store.done_claiming(self.owner, done)
+        finally:
+            if published is not None:
+                self.store.mark_sent(published)
+        self.store.done_claiming(self.owner, finished - self._held_entries())
 
     def _task_index_ttl(self, name: str) -> float:
         timeout = self.policies[name].run_timeout

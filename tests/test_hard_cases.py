@@ -190,3 +190,24 @@ def test_7_store_wiped_does_not_rerun_what_ran(
     assert duplicates(rows) == {}
     after = [(r["entry"], r["due"]) for r in rows][len(before):]
     assert all(due > last[entry] for entry, due in after if entry in last)
+
+
+def test_claims_of_a_killed_beat_on_this_host_are_taken_over_before_its_heartbeat_expires(
+        server: RedisServer, tmp_path: Path) -> None:
+    """Same host, pid gone: known dead at once, whatever its heartbeat TTL (here 90 s)."""
+    store = RedisStore.from_url(server.url, "beat-claims")
+    client = server.client()
+    with fleet(server.url, server.broker_url(), tmp_path, {"e": {"every": 2}}) as f:
+        f.worker()
+        victim = f.beat(BC_HEARTBEAT="30", BC_BLOCK_PUBLISH="1")
+        f.wait_log(victim, "Sending due task", 20)
+        stuck = next(r for r in store.history("e") if r.state is RunState.SENDING)
+        survivor = f.beat()
+        time.sleep(1.5)
+        f.stop(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        f.wait_log(survivor, "from dead owner", 10)
+        assert time.monotonic() - killed_at < 10  # not the 90 s heartbeat TTL
+        wait_for(lambda: iso(stuck.due) in {r["due"] for r in executions(client)}, 15,
+                 "the taken-over run")
+        assert duplicates(executions(client)) == {}

@@ -85,3 +85,28 @@ def test_three_beats_one_worker_every_occurrence_exactly_once(
             states = [r.state.value for r in store.history(name)
                       if t0 <= r.due <= t3 - 5000]
             assert states and set(states) == {"done"}, (name, states)
+
+
+def test_worker_with_embedded_beat_releases_unsent_claims_on_shutdown(
+        server: RedisServer, tmp_path: Path) -> None:
+    """``worker -B``: the embedded beat is stopped with the worker and gives back what it
+    claimed and did not send; a standalone beat then sends those runs, once each."""
+    store = RedisStore.from_url(server.url, "beat-claims")
+    client = server.client()
+    schedule = {f"e{i}": {"every": 2} for i in range(4)}
+    with fleet(server.url, server.broker_url(), tmp_path, schedule) as f:
+        embedded = f.worker("-B", "-s", str(tmp_path / "unused-schedule"),
+                            BC_BLOCK_PUBLISH="1")  # blocks inside its first publish
+        f.wait_log(embedded, "Sending due task", 30)
+        claimed = {(r.entry, r.due) for name in schedule for r in store.history(name)}
+        assert len(claimed) == 4
+        f.stop(embedded, signal.SIGTERM, timeout=30)
+        assert "released 3 unsent claim(s)" in f.log(embedded)
+        states = sorted(r.state.value for name in schedule for r in store.history(name))
+        assert states == ["due", "due", "due", "sending"]
+        f.worker()
+        f.beat()
+        wait_for(lambda: {(e, iso(d)) for e, d in claimed}
+                 <= {(r["entry"], r["due"]) for r in executions(client)}, 30,
+                 "every claimed occurrence to run")
+        assert duplicates(executions(client)) == {}

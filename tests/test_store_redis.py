@@ -111,9 +111,9 @@ def test_only_the_token_holder_passes_the_check_before_publish(store: RedisStore
     # Another beat takes it over (owner 1 looked dead); owner 1's token is superseded.
     taken = store.reclaim("e", owner(1).id, owner(2), None)
     assert [(c.due, c.token) for c in taken] == [(a + 1000, 2)]
-    ok, why = store.check_before_send(owner(1), mine, "tid")
+    ok, why = store.check_before_send(owner(1), mine, "tid", 60)
     assert not ok and why == "superseded"
-    ok, _ = store.check_before_send(owner(2), taken[0], "tid")
+    ok, _ = store.check_before_send(owner(2), taken[0], "tid", 60)
     assert ok
     assert store.mark_sent(taken[0])
     assert store.history("e")[0].state is RunState.SENT
@@ -147,7 +147,7 @@ def test_worker_start_is_a_compare_and_set_on_the_token(store: RedisStore) -> No
     state = anchored(store)
     a = state.anchor
     c = claim(store, owner(1), state, a + 1000).claims[0]
-    store.check_before_send(owner(1), c, "tid")
+    store.check_before_send(owner(1), c, "tid", 60)
     # The worker can be faster than mark_sent.
     assert store.start("e", c.due, c.token, "w1@h", 11, 0).ok
     assert store.mark_sent(c)
@@ -168,7 +168,7 @@ def test_outcomes_never_overwrite_a_final_state_nor_touch_the_checkpoint(
     a = state.anchor
     old, new = claim(store, owner(1), state, a + 1000, a + 2000).claims
     for c in (old, new):
-        store.check_before_send(owner(1), c, "tid")
+        store.check_before_send(owner(1), c, "tid", 60)
         store.mark_sent(c)
         assert store.start("e", c.due, c.token, "w@h", 1, 0).ok
     assert store.finish("e", new.due, new.token, "done")
@@ -184,7 +184,7 @@ def test_sent_runs_without_outcome_become_lost(store: RedisStore) -> None:
     state = anchored(store)
     a = state.anchor
     c = claim(store, owner(1), state, a + 1000).claims[0]
-    store.check_before_send(owner(1), c, "tid")
+    store.check_before_send(owner(1), c, "tid", 60)
     store.mark_sent(c)
     assert store.mark_lost({"e": store.now_ms() - 60_000}) == {}
     assert store.mark_lost({"e": store.now_ms() + 1}) == {"e": [a + 1000]}
@@ -196,7 +196,7 @@ def test_overlap_skip_is_decided_atomically_in_the_store(store: RedisStore) -> N
     state = anchored(store)
     a = state.anchor
     c = claim(store, owner(1), state, a + 1000, overlap="skip").claims[0]
-    store.check_before_send(owner(1), c, "tid")
+    store.check_before_send(owner(1), c, "tid", 60)
     store.mark_sent(c)
     second = claim(store, owner(2), EntryState(a, a + 1000), a + 2000, overlap="skip")
     assert second.claims == [] and second.skipped == [(a + 2000, "overlap")]
@@ -229,3 +229,15 @@ def test_unused_claim_type_is_frozen() -> None:
     c = Claim("e", 1, 1)
     with pytest.raises(AttributeError):
         c.token = 2  # type: ignore[misc]
+
+
+def test_check_before_send_indexes_the_task_and_marks_the_previous_sent(
+        store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    first, second = claim(store, owner(1), state, a + 1000, a + 2000).claims
+    assert store.check_before_send(owner(1), first, "t1", 60)[0]
+    assert store.check_before_send(owner(1), second, "t2", 60, sent=first)[0]
+    states = {r.due: r.state for r in store.history("e")}
+    assert states == {a + 1000: RunState.SENT, a + 2000: RunState.SENDING}
+    assert store.lookup_task("t2") == ("e", a + 2000, second.token)

@@ -181,3 +181,36 @@ def test_cli_json_matches_the_store(server: RedisServer, tmp_path: Path) -> None
     assert set(failed) >= {"entry", "due", "state", "token", "owner", "task_id", "sent_at",
                            "started_at", "finished_at", "worker", "exc_type", "exc_message"}
     assert "ok" in text and "boom" in text
+
+
+def test_outcomes_recovered_from_the_result_backend_when_workers_lack_the_hooks(
+        server: RedisServer, tmp_path: Path) -> None:
+    store = RedisStore.from_url(server.url, "beat-claims")
+    schedule = {"ok": {"every": 1}, "boom": {"every": 1, "task": "fail"}}
+    backend = f"redis://127.0.0.1:{server.port}/2"
+    with fleet(server.url, server.broker_url(), tmp_path, schedule,
+               BC_RESULT_BACKEND=backend) as f:
+        f.worker(BC_NO_INSTALL="1")
+        beat = f.beat()
+        ok = first_final(store, "ok", 40)
+        boom = first_final(store, "boom", 40)
+        assert "from the result backend" in f.log(beat)
+    assert ok.state is RunState.DONE
+    assert boom.state is RunState.FAILED and boom.exc_type == "ValueError"
+    assert ok.started_at is None  # no worker hook ran: the backend told us
+
+
+def test_run_without_outcome_past_run_timeout_is_lost(server: RedisServer,
+                                                      tmp_path: Path) -> None:
+    store = RedisStore.from_url(server.url, "beat-claims")
+    schedule = {"slow": {"every": 30, "task": "slow", "args": [6],
+                         "claims": {"run_timeout": 1}}}
+    with fleet(server.url, server.broker_url(), tmp_path, schedule) as f:
+        worker = f.worker()
+        beat = f.beat()
+        run = first_final(store, "slow", 45)
+        assert run.state is RunState.LOST
+        f.wait_log(beat, "recorded lost", 5)
+        f.wait_log(worker, "succeeded", 15)
+        # The late success does not overwrite the final state.
+        assert next(r for r in store.history("slow") if r.due == run.due).state is RunState.LOST

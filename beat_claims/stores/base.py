@@ -81,8 +81,13 @@ class Store(abc.ABC):
         """Claim occurrences of many entries, one atomic compare-and-set per entry."""
 
     @abc.abstractmethod
-    def check_before_send(self, owner: Owner, claim: Claim, task_id: str) -> tuple[bool, str]:
-        """Atomically: is ``claim`` still ours? If so mark it as being sent."""
+    def check_before_send(self, owner: Owner, claim: Claim, task_id: str, index_ttl: float,
+                          sent: Claim | None = None) -> tuple[bool, str]:
+        """Atomically: is ``claim`` still ours? If so mark it as being sent.
+
+        Also indexes ``task_id`` (for signals that carry only a task id) and, in the same
+        round trip, marks ``sent`` (the previous claim, whose publish succeeded) as sent.
+        """
 
     @abc.abstractmethod
     def mark_sent(self, claim: Claim) -> bool:
@@ -140,11 +145,6 @@ class Store(abc.ABC):
     def finish(self, entry: str, due: int, token: int | None, state: str,
                exc_type: str = "", exc_message: str = "", worker: str = "") -> bool:
         """Record an outcome; never overwrites a final state."""
-
-    @abc.abstractmethod
-    def remember_task(self, task_id: str, entry: str, due: int, token: int,
-                      ttl: float) -> None:
-        """Index task id -> occurrence, for signals that carry only a task id."""
 
     @abc.abstractmethod
     def lookup_task(self, task_id: str) -> tuple[str, int, int] | None:

@@ -140,14 +140,25 @@ class RedisStore(Store):
             results.append(result)
         return results
 
-    def check_before_send(self, owner: Owner, claim: Claim, task_id: str) -> tuple[bool, str]:
-        reply = self._run("send", self._keys(claim.entry, "runs"),
-                          [str(claim.due), str(claim.token), owner.id, task_id])
+    def check_before_send(self, owner: Owner, claim: Claim, task_id: str, index_ttl: float,
+                          sent: Claim | None = None) -> tuple[bool, str]:
+        pipe = self.client.pipeline(transaction=False)
+        if sent is not None:
+            self._mark_sent(sent, pipe)
+        pipe.set(self._global("task", task_id),
+                 json.dumps({"entry": claim.entry, "due": claim.due, "token": claim.token}),
+                 px=int(index_ttl * 1000))
+        self._run("send", self._keys(claim.entry, "runs"),
+                  [str(claim.due), str(claim.token), owner.id, task_id], pipe)
+        reply = pipe.execute()[-1]
         return bool(int(reply[0])), (reply[1] if len(reply) > 1 else "")
 
+    def _mark_sent(self, claim: Claim, client: Any = None) -> Any:
+        return self._run("sent", self._keys(claim.entry, "runs", "live", "open"),
+                         [str(claim.due), str(claim.token)], client)
+
     def mark_sent(self, claim: Claim) -> bool:
-        return bool(self._run("sent", self._keys(claim.entry, "runs", "live", "open"),
-                              [str(claim.due), str(claim.token)]))
+        return bool(self._mark_sent(claim))
 
     def release(self, owner: Owner, entries: Iterable[str], unsent: Iterable[tuple[str, int]] = ()
                 ) -> int:
@@ -243,12 +254,6 @@ class RedisStore(Store):
         return bool(self._run("finish", self._keys(entry, "runs", "live", "open"), [
             str(due), "" if token is None else str(token), state, exc_type, exc_message, worker,
         ]))
-
-    def remember_task(self, task_id: str, entry: str, due: int, token: int,
-                      ttl: float) -> None:
-        self.client.set(self._global("task", task_id),
-                        json.dumps({"entry": entry, "due": due, "token": token}),
-                        px=int(ttl * 1000))
 
     def lookup_task(self, task_id: str) -> tuple[str, int, int] | None:
         raw = self.client.get(self._global("task", task_id))

@@ -32,6 +32,7 @@ app.conf.update(
     beat_claims_heartbeat_interval=float(os.environ.get("BC_HEARTBEAT", "1")),
     beat_claims_reclaim_after=float(os.environ.get("BC_RECLAIM_AFTER", "300")),
     beat_claims_catch_up_grace=float(os.environ.get("BC_GRACE", "3")),
+    beat_scheduler="beat_claims.Scheduler",
     beat_max_loop_interval=1,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
@@ -58,7 +59,8 @@ def _schedule() -> dict[str, Any]:
 
 
 app.conf.beat_schedule = _schedule()
-beat_claims.install(app)
+if os.environ.get("BC_NO_INSTALL") != "1":  # a worker without the hooks
+    beat_claims.install(app)
 
 _store = redis.Redis.from_url(os.environ.get("BC_EXEC_URL", REDIS_URL), decode_responses=True)
 _paused: list[int] = []
