@@ -71,13 +71,17 @@ class RedisServer:
         return redis.Redis(port=self.port, db=db, decode_responses=True)
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
+def _own_server() -> Iterator[RedisServer]:
     server = RedisServer()
     server.start()
     yield server
     server.stop()
     shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    yield from _own_server()
 
 
 @pytest.fixture
@@ -100,11 +104,7 @@ def server(redis_server: RedisServer) -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def broker_server() -> Iterator[RedisServer]:
     """A second server, for tests that take the store down but need the broker up."""
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
+    yield from _own_server()
 
 
 @pytest.fixture

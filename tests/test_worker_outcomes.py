@@ -203,7 +203,7 @@ def test_outcomes_recovered_from_the_result_backend_when_workers_lack_the_hooks(
 def test_run_without_outcome_past_run_timeout_is_lost(server: RedisServer,
                                                       tmp_path: Path) -> None:
     store = RedisStore.from_url(server.url, "beat-claims")
-    schedule = {"slow": {"every": 30, "task": "slow", "args": [6],
+    schedule = {"slow": {"every": 6, "task": "slow", "args": [4],
                          "claims": {"run_timeout": 1}}}
     with fleet(server.url, server.broker_url(), tmp_path, schedule) as f:
         worker = f.worker()
