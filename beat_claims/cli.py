@@ -28,18 +28,21 @@ def claims(ctx: click.Context) -> None:
 def status(ctx: click.Context, as_json: bool) -> None:
     """Every entry: next run, last outcome, current claims, counts by state."""
     doc = inspect.status(_app(ctx))
-    if as_json:
-        click.echo(json.dumps(doc, indent=2))
-        return
+    click.echo(json.dumps(doc, indent=2) if as_json else status_table(doc))
+
+
+def status_table(doc: dict[str, Any]) -> str:
+    """The status document as a table for people."""
     alive = sum(1 for o in doc["owners"] if o["alive"])
-    click.echo(f"beats alive: {alive} of {len(doc['owners'])} registered")
-    header = f"{'ENTRY':30} {'NEXT DUE':26} {'LAST':10} {'LAST DUE':26} CLAIMS  COUNTS"
-    click.echo(header)
+    lines = [f"beats alive: {alive} of {len(doc['owners'])} registered",
+             f"{'ENTRY':30} {'NEXT DUE':26} {'LAST':10} {'LAST DUE':26} CLAIMS  COUNTS"]
     for e in doc["entries"]:
         last = e["last_run"] or {}
         counts = " ".join(f"{k}={v}" for k, v in e["counts"].items() if v)
-        click.echo(f"{e['name'][:30]:30} {e['next_due'] or '-':26} {last.get('state', '-'):10}"
-                   f" {last.get('due') or '-':26} {len(e['claims']):6}  {counts}")
+        lines.append(f"{e['name'][:30]:30} {e['next_due'] or '-':26}"
+                     f" {last.get('state', '-'):10} {last.get('due') or '-':26}"
+                     f" {len(e['claims']):6}  {counts}")
+    return "\n".join(lines)
 
 
 @claims.command(cls=CeleryCommand)

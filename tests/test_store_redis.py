@@ -241,3 +241,10 @@ def test_check_before_send_indexes_the_task_and_marks_the_previous_sent(
     states = {r.due: r.state for r in store.history("e")}
     assert states == {a + 1000: RunState.SENT, a + 2000: RunState.SENDING}
     assert store.lookup_task("t2") == ("e", a + 2000, second.token)
+
+
+def test_batches_survive_a_script_flush(store: RedisStore, server: RedisServer) -> None:
+    state = anchored(store)
+    server.client().script_flush()
+    result = claim(store, owner(1), state, state.anchor + 1000)
+    assert [c.due for c in result.claims] == [state.anchor + 1000]

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.client import Pipeline
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from ..runs import FINAL_STATES, Owner, Run, RunState
@@ -59,6 +61,7 @@ class RedisStore(Store):
         self.client = client
         self.prefix = prefix
         self._scripts = {name: client.register_script(_source(name)) for name in SCRIPTS}
+        self._shas = {name: hashlib.sha1(_source(name).encode()).hexdigest() for name in SCRIPTS}
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "beat-claims",
@@ -78,7 +81,25 @@ class RedisStore(Store):
         return ":".join((self.prefix, *parts))
 
     def _run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+        if isinstance(client, Pipeline):
+            # EVALSHA directly: redis-py would otherwise ask SCRIPT EXISTS on every execute.
+            return client.evalsha(self._shas[name], len(keys), *keys, *args)
         return self._scripts[name](keys=keys, args=args, client=client or self.client)
+
+    def _batch(self, build: Callable[[Pipeline], None]) -> list[Any]:
+        """One round trip. If the server lost our scripts (restart, SCRIPT FLUSH), none of
+        them ran: load them and send the batch again."""
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            build(pipe)
+            try:
+                return list(pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                for name in SCRIPTS:
+                    self.client.script_load(_source(name))
+        raise AssertionError("unreachable")
 
     # -- clock ------------------------------------------------------------------------
     def now_ms(self) -> int:
@@ -88,11 +109,13 @@ class RedisStore(Store):
     # -- beat side --------------------------------------------------------------------
     def ensure_entries(self, entries: Sequence[tuple[str, str]]) -> dict[str, EntryState]:
         now = str(self.now_ms())
-        pipe = self.client.pipeline(transaction=False)
-        for name, description in entries:
-            self._run("anchor", self._keys(name, "entry"), [name, description, now], pipe)
-            pipe.hset(self._global("entries"), self._tag(name), name)
-        replies = pipe.execute()[::2]
+
+        def build(pipe: Pipeline) -> None:
+            for name, description in entries:
+                self._run("anchor", self._keys(name, "entry"), [name, description, now], pipe)
+                pipe.hset(self._global("entries"), self._tag(name), name)
+
+        replies = self._batch(build)[::2]
         return {
             name: EntryState(int(anchor), int(checkpoint) if checkpoint else None)
             for (name, _), (anchor, checkpoint) in zip(entries, replies)
@@ -100,11 +123,7 @@ class RedisStore(Store):
 
     def claim(self, owner: Owner, requests: Sequence[ClaimRequest],
               history_limit: int, now_ms: int) -> list[ClaimResult]:
-        pipe = self.client.pipeline(transaction=False)
-        # The owner's note of where it may hold claims is written before the claims, in the
-        # same round trip, so a reclaimer always finds the claims of an owner that died.
-        pipe.zadd(self._global("owner", owner.id, "entries"),
-                  {req.entry: now_ms for req in requests}, nx=True)
+        calls = []
         for req in requests:
             args: list[Any] = [owner.id]
             if req.expected is None:
@@ -117,10 +136,19 @@ class RedisStore(Store):
             args += [history_limit, req.overlap, len(plan)]
             for due, action in plan:
                 args += [str(due), action]
-            self._run("claim", self._keys(req.entry, "entry", "runs", "history", "live", "open"),
-                      args, pipe)
+            calls.append((self._keys(req.entry, "entry", "runs", "history", "live", "open"),
+                          args))
+
+        def build(pipe: Pipeline) -> None:
+            # The owner's note of where it may hold claims is written before the claims, in
+            # the same round trip, so a reclaimer always finds the claims of a dead owner.
+            pipe.zadd(self._global("owner", owner.id, "entries"),
+                      {req.entry: now_ms for req in requests}, nx=True)
+            for keys, args in calls:
+                self._run("claim", keys, args, pipe)
+
         results = []
-        for req, reply in zip(requests, pipe.execute()[1:]):
+        for req, reply in zip(requests, self._batch(build)[1:]):
             result = ClaimResult(req.entry)
             if reply[0] == "conflict":
                 anchor, checkpoint = reply[1], reply[2]
@@ -142,15 +170,16 @@ class RedisStore(Store):
 
     def check_before_send(self, owner: Owner, claim: Claim, task_id: str, index_ttl: float,
                           sent: Claim | None = None) -> tuple[bool, str]:
-        pipe = self.client.pipeline(transaction=False)
-        if sent is not None:
-            self._mark_sent(sent, pipe)
-        pipe.set(self._global("task", task_id),
-                 json.dumps({"entry": claim.entry, "due": claim.due, "token": claim.token}),
-                 px=int(index_ttl * 1000))
-        self._run("send", self._keys(claim.entry, "runs"),
-                  [str(claim.due), str(claim.token), owner.id, task_id], pipe)
-        reply = pipe.execute()[-1]
+        def build(pipe: Pipeline) -> None:
+            if sent is not None:
+                self._mark_sent(sent, pipe)
+            pipe.set(self._global("task", task_id),
+                     json.dumps({"entry": claim.entry, "due": claim.due, "token": claim.token}),
+                     px=int(index_ttl * 1000))
+            self._run("send", self._keys(claim.entry, "runs"),
+                      [str(claim.due), str(claim.token), owner.id, task_id], pipe)
+
+        reply = self._batch(build)[-1]
         return bool(int(reply[0])), (reply[1] if len(reply) > 1 else "")
 
     def _mark_sent(self, claim: Claim, client: Any = None) -> Any:
@@ -165,12 +194,14 @@ class RedisStore(Store):
         entries, unsent = list(entries), list(unsent)
         if not entries and not unsent:
             return 0
-        pipe = self.client.pipeline(transaction=False)
-        for entry in entries:
-            self._run("release", self._keys(entry, "runs", "live"), [owner.id, ""], pipe)
-        for entry, due in unsent:
-            self._run("release", self._keys(entry, "runs", "live"), [owner.id, str(due)], pipe)
-        released = sum(int(r) for r in pipe.execute())
+        def build(pipe: Pipeline) -> None:
+            for entry in entries:
+                self._run("release", self._keys(entry, "runs", "live"), [owner.id, ""], pipe)
+            for entry, due in unsent:
+                self._run("release", self._keys(entry, "runs", "live"), [owner.id, str(due)],
+                          pipe)
+
+        released = sum(int(r) for r in self._batch(build))
         if released:
             self.client.incr(self._global("released"))
         return released
@@ -230,11 +261,12 @@ class RedisStore(Store):
     def mark_lost(self, cutoffs: dict[str, int]) -> dict[str, list[int]]:
         if not cutoffs:
             return {}
-        pipe = self.client.pipeline(transaction=False)
-        for entry, cutoff in cutoffs.items():
-            self._run("lost", self._keys(entry, "runs", "open"), [str(cutoff)], pipe)
+        def build(pipe: Pipeline) -> None:
+            for entry, cutoff in cutoffs.items():
+                self._run("lost", self._keys(entry, "runs", "open"), [str(cutoff)], pipe)
+
         return {entry: [int(d) for d in reply]
-                for entry, reply in zip(cutoffs, pipe.execute()) if reply}
+                for entry, reply in zip(cutoffs, self._batch(build)) if reply}
 
     # -- worker side ------------------------------------------------------------------
     def start(self, entry: str, due: int, token: int, worker: str, pid: int, retries: int,

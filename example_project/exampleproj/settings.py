@@ -25,7 +25,7 @@ WSGI_APPLICATION = "exampleproj.wsgi.application"
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": BASE_DIR / "db.sqlite3",
+        "NAME": os.environ.get("EXAMPLE_DB", BASE_DIR / "db.sqlite3"),
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -1,0 +1,51 @@
+"""The Django integration, through the example project: settings through the CELERY
+namespace, the worker side installed by the app config, the status command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from beat_claims.stores.redis import RedisStore
+
+from .conftest import RedisServer
+from .processes import ROOT
+
+pytest.importorskip("django")
+PROJECT = ROOT / "example_project"
+
+
+def manage(server: RedisServer, *args: str, tmp: Any) -> str:
+    env = {**os.environ, "REDIS_URL": server.url, "PYTHONPATH": str(PROJECT),
+           "EXAMPLE_DB": str(tmp / "db.sqlite3")}
+    out = subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_settings_reach_celery_and_the_worker_side_is_installed(server: RedisServer,
+                                                                tmp_path: Any) -> None:
+    out = manage(server, "shell", "-c", (
+        "from exampleproj.celery import app; import beat_claims.worker as w;"
+        "from beat_claims.settings import Settings; s = Settings.from_app(app);"
+        "print(w._context.app is app, s.heartbeat_interval, s.key_prefix,"
+        " app.conf.beat_scheduler)"), tmp=tmp_path)
+    assert out.split() == ["True", "2.0", "example-claims", "beat_claims.Scheduler"]
+
+
+def test_status_command_matches_the_store(server: RedisServer, tmp_path: Any) -> None:
+    store = RedisStore.from_url(server.url, "example-claims")
+    store.ensure_entries([("heartbeat", "every 5s")])
+    doc = json.loads(manage(server, "beat_claims_status", "--json", tmp=tmp_path))
+    names = {e["name"] for e in doc["entries"]}
+    assert "heartbeat" in names
+    entry = next(e for e in doc["entries"] if e["name"] == "heartbeat")
+    assert entry["in_schedule"] and entry["next_due"] is not None
+    table = manage(server, "beat_claims_status", tmp=tmp_path)
+    assert "heartbeat" in table and "ENTRY" in table
