@@ -66,9 +66,10 @@ def iso(ms: int | None) -> str | None:
     return from_ms(int(ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def task_id_for(entry: str, due_ms: int) -> str:
-    """The task id of an occurrence: stable across beats and across re-sends."""
-    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{entry}\x00{due_ms}"))
+def task_id_for(entry: str, due_ms: int, prefix: str = "beat-claims") -> str:
+    """The task id of an occurrence: stable across beats and across re-sends. The key
+    prefix is part of it, so two apps sharing a result backend never share an id."""
+    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{prefix}\x00{entry}\x00{due_ms}"))
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def process_is_gone(host: str, pid: int, started_at: float) -> bool | None:
         return True
     except psutil.Error:
         return None
-    return created > started_at + 1.0
+    return started_at > 0 and created > started_at + 1.0
 
 
 @dataclass

@@ -25,7 +25,7 @@ from . import occurrences
 from .catch_up import plan
 from .runs import HEADER, Owner, RunState, from_ms, iso, process_is_gone, task_id_for
 from .settings import ConfigurationError, Policy, Settings
-from .stores.base import Claim, ClaimRequest, EntryState, Store
+from .stores.base import Claim, ClaimRequest, ClaimResult, EntryState, Store
 from .stores.redis import RedisStore
 
 logger = get_logger("celery.beat.claims")
@@ -83,6 +83,7 @@ class Scheduler(BaseScheduler):
         self._state: dict[str, EntryState] = {}
         self._heap: list[tuple[int, str]] = []
         self._held: dict[tuple[str, int], Claim] = {}  # claimed, not yet sent
+        self._unmarked: list[Claim] = []  # published; the "sent" mark is still to be stored
         self._claiming: set[str] = set()  # entries with a claim call in flight
         self._offset_ms = 0
         self._last_heartbeat = float("-inf")
@@ -95,6 +96,7 @@ class Scheduler(BaseScheduler):
         self._retry_at = 0.0
         self._closed = False
         self._closing = False
+        self._in_tick = False
         self._ready = False
         super().__init__(app, *args, **kwargs)
         self.max_interval: float = min(float(self.max_interval),
@@ -112,6 +114,11 @@ class Scheduler(BaseScheduler):
                 occurrences.next_after(entry.schedule, 0, 0)
             except occurrences.UnsupportedSchedule as exc:
                 raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
+        for name, policy in self.policies.items():
+            if policy.overlap == "skip" and policy.run_timeout is None:
+                logger.warning("beat-claims: entry %r has overlap=skip and no run_timeout: a"
+                               " run whose outcome is never reported would skip every later"
+                               " occurrence. Set claims['run_timeout'].", name)
         logger.info("beat-claims: owner %s, %d entries, store %s", self.owner,
                     len(self.schedule), self.info)
 
@@ -150,10 +157,13 @@ class Scheduler(BaseScheduler):
         mono = time.monotonic()
         if mono < self._retry_at:
             return self._retry_at - mono
+        self._in_tick = True
         try:
             self._tick()
         except RedisError as exc:
             return self._store_down(exc)
+        finally:
+            self._in_tick = False
         if self._outage_since is not None:
             logger.warning("beat-claims: store reachable again after %.1fs; catching up by"
                            " policy", time.monotonic() - self._outage_since)
@@ -226,46 +236,53 @@ class Scheduler(BaseScheduler):
         """Take over claims of dead owners and abandoned claims; pick up released runs."""
         self._last_sweep = time.monotonic()
         now = self._now()
-        taken: list[Claim] = []
+        if self._unmarked:  # published, but the "sent" mark did not reach the store
+            self._flush_unmarked()
         # Our own note last: claims taken over in this sweep are not stale.
         for owner, alive, entries in sorted(self.store.owners(),
                                             key=lambda o: o[0].id == self.owner.id):
             if owner.id == self.owner.id:
-                busy = {c.entry for c in taken} | self._held_entries() | self._claiming
+                busy = self._held_entries() | self._claiming
+                busy |= {c.entry for c in self._unmarked}
                 stale = [n for n in entries if n not in busy]
-                for name in stale:  # claims whose reply this process never got
-                    if name in self.schedule:
-                        taken += self.store.reclaim(name, owner.id, self.owner, None)
-                self.store.done_claiming(self.owner, [n for n in stale
-                                                      if n not in {c.entry for c in taken}])
+                if stale:  # claims whose reply this process never got
+                    self._take_over(owner, stale, None, "this process's unanswered")
                 continue
             dead = not alive or process_is_gone(owner.host, owner.pid, owner.started_at) is True
-            for name, since in entries.items():
-                if name not in self.schedule:
-                    continue
-                if dead:
-                    claims = self.store.reclaim(name, owner.id, self.owner, None)
-                else:
-                    reclaim_ms = int(self.policies[name].reclaim_after * 1000)
-                    if since > now - reclaim_ms:
-                        continue
-                    claims = self.store.reclaim(name, owner.id, self.owner, now - reclaim_ms)
-                if claims:
-                    logger.warning("beat-claims: took over %d claim(s) of %r from %s owner %s",
-                                   len(claims), name, "dead" if dead else "slow", owner)
-                taken += claims
             if dead:
+                self._take_over(owner, list(entries), None, "dead")
                 self.store.drop_owner(owner.id)
+                continue
+            for name, since in entries.items():
+                policy = self.policies.get(name)
+                if policy is None:
+                    continue
+                reclaim_ms = int(policy.reclaim_after * 1000)
+                if since <= now - reclaim_ms:
+                    self._take_over(owner, [name], now - reclaim_ms, "slow")
         if time.monotonic() - self._last_released_scan >= RELEASED_SCAN_EVERY:
             self._last_released_scan = time.monotonic()
             requests = [ClaimRequest(name, None) for name in sorted(self.schedule)]
             for result in self._claim_batch(requests, now):
-                taken += result.claims
+                self._hold(result.claims)
         self._mark_lost(now)
         self._recover_outcomes(now)
-        if taken:
-            self._hold(taken)
-            self._send(sorted(taken, key=lambda c: (c.due, c.entry)))
+        if self._held:
+            self._send(sorted(self._held.values(), key=lambda c: (c.due, c.entry)))
+
+    def _take_over(self, owner: Owner, names: list[str], cutoff: int | None, why: str) -> None:
+        """Reclaim ``owner``'s claims in ``names``; what this beat cannot send (an entry it
+        does not have, e.g. during a rolling deploy) is released for a beat that has it."""
+        claims = self.store.reclaim(names, owner.id, self.owner, cutoff)
+        foreign = [(c.entry, c.due) for c in claims if c.entry not in self.schedule]
+        if foreign:
+            self.store.release(self.owner, [], foreign)
+        mine = [c for c in claims if c.entry in self.schedule]
+        for name in sorted({c.entry for c in mine}):
+            count = sum(1 for c in mine if c.entry == name)
+            logger.warning("beat-claims: took over %d claim(s) of %r from %s owner %s",
+                           count, name, why, owner)
+        self._hold(mine)
 
     def _mark_lost(self, now: int) -> None:
         cutoffs = {name: now - int(policy.run_timeout * 1000)
@@ -301,14 +318,15 @@ class Scheduler(BaseScheduler):
                 except Exception as exc2:
                     logger.debug("beat-claims: result backend lookup failed: %r", exc2)
                     return
-                if self.store.finish(name, run.due, None, outcome.value,
+                self._heartbeat_if_due()
+                if self.store.finish(name, run.due, run.token, outcome.value,
                                      type(exc).__name__ if exc is not None else "",
                                      str(exc)[:500] if exc is not None else ""):
                     logger.info("beat-claims: %s due %s: %s (from the result backend)",
                                 name, iso(run.due), outcome.value)
 
     # -- claiming ---------------------------------------------------------------------
-    def _claim_batch(self, requests: list[ClaimRequest], now: int) -> list[Any]:
+    def _claim_batch(self, requests: list[ClaimRequest], now: int) -> list[ClaimResult]:
         names = {req.entry for req in requests}
         self._claiming |= names
         try:
@@ -340,7 +358,13 @@ class Scheduler(BaseScheduler):
         pending = names
         claims: list[Claim] = []
         for _attempt in range(5):
-            planned = {name: self._request(name, now) for name in pending}
+            planned = {}
+            for name in pending:
+                try:
+                    planned[name] = self._request(name, now)
+                except Exception:
+                    logger.exception("beat-claims: cannot compute the due runs of %r; trying"
+                                     " again later", name)
             requests = [req for req, _ in planned.values() if req.claim or req.skip]
             if not requests:
                 break
@@ -403,10 +427,14 @@ class Scheduler(BaseScheduler):
                     self.store.release(self.owner, [], [key])
                     del self._held[key]
                     continue
-                task_id = task_id_for(claim.entry, claim.due)
+                task_id = task_id_for(claim.entry, claim.due, self.settings.key_prefix)
                 sent, published = published, None
+                if sent is not None:
+                    self._unmarked.append(sent)
                 ok, why = self.store.check_before_send(
                     self.owner, claim, task_id, self._task_index_ttl(claim.entry), sent)
+                if sent is not None:
+                    self._unmarked.remove(sent)
                 if not ok:
                     logger.warning("beat-claims: not sending %s due %s (token %d): %s",
                                    claim.entry, iso(claim.due), claim.token, why)
@@ -426,8 +454,17 @@ class Scheduler(BaseScheduler):
                 finished.add(claim.entry)
         finally:
             if published is not None:
-                self.store.mark_sent(published)
-        self.store.done_claiming(self.owner, finished - self._held_entries())
+                self._unmarked.append(published)
+            self._flush_unmarked()
+        self.store.done_claiming(self.owner, finished - self._held_entries()
+                                 - {c.entry for c in self._unmarked})
+
+    def _flush_unmarked(self) -> None:
+        """Store the "sent" marks still owed. Until they are stored, this beat does not
+        treat those runs as its own unanswered claims (which would send them again)."""
+        while self._unmarked:
+            self.store.mark_sent(self._unmarked[0])
+            self._unmarked.pop(0)
 
     def _task_index_ttl(self, name: str) -> float:
         timeout = self.policies[name].run_timeout
@@ -456,8 +493,13 @@ class Scheduler(BaseScheduler):
 
     # -- stop -------------------------------------------------------------------------
     def close(self) -> None:
-        """Release every claim not yet sent. Idempotent, and safe to re-enter from a signal."""
-        if self._closed or self._closing:
+        """Release every claim not yet sent. Idempotent, and safe to re-enter from a signal.
+
+        Called from Celery's signal handler in the middle of a tick, it does nothing: the
+        handler raises SystemExit, the tick unwinds (no Redis command is cut in half), and
+        Celery calls close() again on its way out, which releases.
+        """
+        if self._closed or self._closing or self._in_tick:
             return
         self._closing = True
         try:
@@ -467,6 +509,7 @@ class Scheduler(BaseScheduler):
                 # A signal may have cut a command in half: start from fresh connections.
                 self.store.client.connection_pool.disconnect()
             try:
+                self._flush_unmarked()
                 released = self.store.release(self.owner, entries)
                 # The owner's note of its entries stays: a claim past its check before
                 # publish (state "sending") is not released, and other beats take it over
@@ -475,9 +518,9 @@ class Scheduler(BaseScheduler):
                 if released:
                     logger.info("beat-claims: released %d unsent claim(s)", released)
             except RedisError as exc:
-                logger.warning("beat-claims: could not release %d claim(s) at stop (%s); they"
-                               " are taken over once this beat's heartbeat expires",
-                               len(held), exc)
+                logger.warning("beat-claims: could not release the claims in %d entr(ies) at"
+                               " stop (%s); they are taken over once this beat's heartbeat"
+                               " expires", len(entries), exc)
             self._held.clear()
             self._claiming.clear()
             self._ready = False

@@ -14,6 +14,7 @@ import socket
 from datetime import datetime
 from typing import Any
 
+import psutil
 from celery import Celery, Task, signals
 from celery.app.trace import task_has_custom
 from celery.exceptions import Ignore
@@ -135,13 +136,15 @@ def fence(task: Task) -> None:
     worker = request.hostname or socket.gethostname()
     pid = os.getpid()
     retries = int(request.retries or 0)
+    created = _process_created()
     try:
-        decision = store.start(entry, due, token, worker, pid, retries)
+        decision = store.start(entry, due, token, worker, pid, retries, created=created)
         busy = decision.busy_with
         if not decision.ok and busy is not None and _starter_gone(task, request.id, *busy):
             logger.warning("beat-claims: %s due %s: the process that started it (%s pid %d)"
                            " is gone; running this redelivery", entry, _iso(due), *busy[:2])
-            decision = store.start(entry, due, token, worker, pid, retries, takeover=busy[:2])
+            decision = store.start(entry, due, token, worker, pid, retries,
+                                   takeover=(busy[0], busy[1]), created=created)
     except RedisError as exc:
         logger.error("beat-claims: store unreachable before starting %s (%s); running it"
                      " unfenced", request.id, exc)
@@ -153,9 +156,18 @@ def fence(task: Task) -> None:
         raise Ignore()
 
 
-def _starter_gone(task: Task, task_id: str, worker: str, pid: int, started_at: int) -> bool:
-    """Is the process that started this run gone? Same host: by pid; else ask its node."""
-    here = process_is_gone(_host_of(worker), pid, started_at / 1000)
+def _process_created() -> float:
+    """This process's start time, by its own clock: compared only with this host's."""
+    try:
+        return float(psutil.Process(os.getpid()).create_time())
+    except psutil.Error:
+        return 0.0
+
+
+def _starter_gone(task: Task, task_id: str, worker: str, pid: int, created: float) -> bool:
+    """Is the process that started this run gone? Same host: by pid and process start
+    time (a pid now held by a younger process was reused); else ask its node."""
+    here = process_is_gone(_host_of(worker), pid, created)
     if here is not None:
         return here
     try:
@@ -188,7 +200,11 @@ def _resolve(task: Any, task_id: str | None) -> tuple[str, int, int | None] | No
     store = _context.get()
     if store is None or not task_id:
         return None
-    found = store.lookup_task(task_id)
+    try:
+        found = store.lookup_task(task_id)
+    except RedisError as exc:
+        logger.error("beat-claims: store unreachable, cannot look up task %s: %s", task_id, exc)
+        return None
     return (found[0], found[1], None) if found else None
 
 

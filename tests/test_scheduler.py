@@ -40,7 +40,7 @@ def test_sends_with_claim_header_and_derived_task_id_without_mutating_options(
     assert m["claims"]["entry"] == "e" and m["claims"]["due"].endswith("Z")
     due_ms = s.store.history("e")[-1].due
     assert msgs[0]["claims"]["due"] == iso(due_ms)
-    assert m["id"] == task_id_for("e", due_ms)
+    assert m["id"] == task_id_for("e", due_ms, "beat-claims")
     assert m["headers"]["mine"] == 1
     assert options == {"headers": {"mine": 1}, "queue": "celery"}
     assert s.schedule["e"].options == options
@@ -128,10 +128,9 @@ def test_a_claim_that_waits_past_reclaim_after_is_not_sent_by_its_stale_owner(
     run_for(1.3, a)
     assert stalled
     # A is alive (same process) but slow: B waits for reclaim_after, then takes over.
-    wait_for(lambda: b.tick() is not None and len(occurrences_sent(server)) >= len(stalled),
-             6, "b to reclaim and send")
     taken = {(c.entry, iso(c.due)) for c in stalled}
-    assert taken <= set(occurrences_sent(server))
+    wait_for(lambda: b.tick() is not None and taken <= set(occurrences_sent(server)),
+             6, "b to reclaim and send")
     before = occurrences_sent(server)
     real_send(stalled)  # A wakes up and tries to send what it had claimed
     assert occurrences_sent(server) == before
@@ -283,3 +282,26 @@ def test_sigterm_handler_reentry_is_safe(server: RedisServer) -> None:
         signal.signal(signal.SIGUSR1, old)
     assert fired
     assert s._closed
+
+
+def test_a_taken_over_claim_survives_the_death_of_the_beat_that_took_it(
+        server: RedisServer) -> None:
+    """The beat that takes a claim over notes it before it holds it: if that beat dies
+    too, a third one finds the claim."""
+    app = make_app(server, beat_claims_heartbeat_interval=0.3)
+    a, b, c = make(app), make(app), make(app)
+    for s in (a, b):
+        s._send = lambda claims: None  # type: ignore[method-assign]
+    run_for(1.3, a)
+    claimed = [r.due for r in a.store.history("every-1s") if r.state is RunState.CLAIMED]
+    assert claimed
+    a.store.forget_owner(a.owner)  # a dies (no release)
+    a._closed = True
+    wait_for(lambda: b.tick() is not None and any(
+        r.owner == b.owner.id for r in b.store.history("every-1s")), 5, "b to take over")
+    b.store.forget_owner(b.owner)  # b dies before sending what it took over
+    b._closed = True
+    wait_for(lambda: c.tick() is not None and iso(claimed[0]) in
+             {d for _, d in occurrences_sent(server)}, 6, "c to take over from b")
+    no_duplicates(occurrences_sent(server))
+    c.close()

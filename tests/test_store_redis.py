@@ -109,7 +109,7 @@ def test_only_the_token_holder_passes_the_check_before_publish(store: RedisStore
     a = state.anchor
     mine = claim(store, owner(1), state, a + 1000).claims[0]
     # Another beat takes it over (owner 1 looked dead); owner 1's token is superseded.
-    taken = store.reclaim("e", owner(1).id, owner(2), None)
+    taken = store.reclaim(["e"], owner(1).id, owner(2), None)
     assert [(c.due, c.token) for c in taken] == [(a + 1000, 2)]
     ok, why = store.check_before_send(owner(1), mine, "tid", 60)
     assert not ok and why == "superseded"
@@ -139,8 +139,8 @@ def test_reclaim_after_cutoff_spares_younger_claims(store: RedisStore) -> None:
     a = state.anchor
     claim(store, owner(1), state, a + 1000)
     now = store.now_ms()
-    assert store.reclaim("e", owner(1).id, owner(2), now - 60_000) == []
-    assert len(store.reclaim("e", owner(1).id, owner(2), now + 1000)) == 1
+    assert store.reclaim(["e"], owner(1).id, owner(2), now - 60_000) == []
+    assert len(store.reclaim(["e"], owner(1).id, owner(2), now + 1000)) == 1
 
 
 def test_worker_start_is_a_compare_and_set_on_the_token(store: RedisStore) -> None:
@@ -248,3 +248,61 @@ def test_batches_survive_a_script_flush(store: RedisStore, server: RedisServer) 
     server.client().script_flush()
     result = claim(store, owner(1), state, state.anchor + 1000)
     assert [c.due for c in result.claims] == [state.anchor + 1000]
+
+
+def _sent(store: RedisStore, state: EntryState, *dues: int) -> list[Claim]:
+    claims = claim(store, owner(1), state, *dues).claims
+    for c in claims:
+        store.check_before_send(owner(1), c, f"t{c.due}", 60)
+        store.mark_sent(c)
+    return claims
+
+
+def test_a_delivery_whose_record_was_trimmed_is_refused(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    c = _sent(store, state, a + 1000)[0]
+    assert store.finish("e", c.due, c.token, "done")
+    store.client.hdel(store._keys("e", "runs")[0], str(c.due))  # trimmed
+    refused = store.start("e", c.due, c.token, "w@h", 1, 0)
+    assert not refused.ok and "trimmed" in refused.why
+    # Beyond the checkpoint (a wiped store), an unknown run is not ours to refuse.
+    assert store.start("e", a + 99_000, 1, "w@h", 1, 0).ok
+
+
+def test_a_late_delivery_of_a_run_presumed_lost_still_runs(store: RedisStore) -> None:
+    state = anchored(store)
+    c = _sent(store, state, state.anchor + 1000)[0]
+    assert store.mark_lost({"e": store.now_ms() + 1}) == {"e": [c.due]}
+    assert store.start("e", c.due, c.token, "w@h", 1, 0).ok
+    assert store.finish("e", c.due, c.token, "done")
+    run = store.history("e")[0]
+    assert run.state is RunState.DONE and run.extra.get("revived") is True
+
+
+def test_a_holder_may_check_again_after_a_lost_reply(store: RedisStore) -> None:
+    state = anchored(store)
+    c = claim(store, owner(1), state, state.anchor + 1000).claims[0]
+    assert store.check_before_send(owner(1), c, "t", 60)[0]
+    assert store.check_before_send(owner(1), c, "t", 60)[0]  # the first reply was lost
+    assert not store.check_before_send(owner(2), c, "t", 60)[0]
+
+
+def test_reclaiming_a_run_being_sent_counts_from_its_check(store: RedisStore) -> None:
+    state = anchored(store)
+    c = claim(store, owner(1), state, state.anchor + 1000).claims[0]
+    time.sleep(0.05)
+    cutoff = store.now_ms()
+    time.sleep(0.05)
+    store.check_before_send(owner(1), c, "t", 60)  # checked after the cutoff
+    assert store.reclaim(["e"], owner(1).id, owner(2), cutoff) == []
+
+
+def test_reclaim_notes_the_new_owner_and_clears_the_dead_note(store: RedisStore) -> None:
+    state = anchored(store)
+    claim(store, owner(1), state, state.anchor + 1000)
+    assert store.reclaim(["e"], owner(1).id, owner(2), None)
+    notes = {o.id: names for o, _, names in store.owners()}
+    assert notes == {} or "e" not in notes.get(owner(1).id, {})
+    entries = store.client.zrange(store._global("owner", owner(2).id, "entries"), 0, -1)
+    assert entries == ["e"]

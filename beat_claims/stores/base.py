@@ -60,7 +60,7 @@ class StartDecision:
 
     ok: bool
     why: str = ""
-    busy_with: tuple[str, int, int] | None = None  # (worker, pid, started_at ms)
+    busy_with: tuple[str, int, float] | None = None  # (worker, pid, its process start time)
 
 
 class Store(abc.ABC):
@@ -123,13 +123,15 @@ class Store(abc.ABC):
         """Every registered owner, whether its heartbeat is alive, and its claiming entries."""
 
     @abc.abstractmethod
-    def reclaim(self, entry: str, old_owner: str, new_owner: Owner,
+    def reclaim(self, entries: Sequence[str], old_owner: str, new_owner: Owner,
                 cutoff_ms: int | None) -> list[Claim]:
-        """Take over ``old_owner``'s claims in ``entry`` (all of them if cutoff is None)."""
+        """Take over ``old_owner``'s claims in ``entries``: all of them when it is known dead
+        (cutoff None; the entries then leave its note), else those claimed (or, when being
+        sent, checked) before the cutoff. The new owner notes the entries first."""
 
     @abc.abstractmethod
     def drop_owner(self, owner_id: str) -> None:
-        """Remove a dead owner whose claims were all taken over."""
+        """Unregister a dead owner, if its note is empty and its heartbeat still absent."""
 
     @abc.abstractmethod
     def mark_lost(self, cutoffs: dict[str, int]) -> dict[str, list[int]]:
@@ -138,7 +140,7 @@ class Store(abc.ABC):
     # -- worker side ------------------------------------------------------------------
     @abc.abstractmethod
     def start(self, entry: str, due: int, token: int, worker: str, pid: int, retries: int,
-              takeover: tuple[str, int] | None = None) -> StartDecision:
+              takeover: tuple[str, int] | None = None, created: float = 0.0) -> StartDecision:
         """Compare-and-set before a delivery executes (the worker's fencing)."""
 
     @abc.abstractmethod

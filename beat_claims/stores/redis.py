@@ -244,19 +244,34 @@ class RedisStore(Store):
             out.append((owner, bool(alive), {name: int(score) for name, score in entries}))
         return out
 
-    def reclaim(self, entry: str, old_owner: str, new_owner: Owner,
+    def reclaim(self, entries: Sequence[str], old_owner: str, new_owner: Owner,
                 cutoff_ms: int | None) -> list[Claim]:
-        reply = self._run("reclaim", self._keys(entry, "entry", "runs", "live"),
-                          [old_owner, new_owner.id, "" if cutoff_ms is None else str(cutoff_ms)])
-        return [Claim(entry, int(reply[i]), int(reply[i + 1]), reclaimed=True,
+        names = list(entries)
+        if not names:
+            return []
+        cutoff = "" if cutoff_ms is None else str(cutoff_ms)
+
+        def build(pipe: Pipeline) -> None:
+            pipe.zadd(self._global("owner", new_owner.id, "entries"),
+                      dict.fromkeys(names, self.now_ms()), nx=True)
+            for name in names:
+                self._run("reclaim", self._keys(name, "entry", "runs", "live"),
+                          [old_owner, new_owner.id, cutoff], pipe)
+            if cutoff_ms is None:  # only the entries processed here leave the dead note
+                pipe.zrem(self._global("owner", old_owner, "entries"), *names)
+
+        replies = self._batch(build)[1:len(names) + 1]
+        return [Claim(name, int(reply[i]), int(reply[i + 1]), reclaimed=True,
                       maybe_sent=bool(int(reply[i + 2])))
-                for i in range(0, len(reply), 3)]
+                for name, reply in zip(names, replies) for i in range(0, len(reply), 3)]
 
     def drop_owner(self, owner_id: str) -> None:
         pipe = self.client.pipeline(transaction=False)
-        pipe.hdel(self._global("owners"), owner_id)
-        pipe.delete(self._global("owner", owner_id, "entries"))
-        pipe.execute()
+        pipe.zcard(self._global("owner", owner_id, "entries"))
+        pipe.exists(self._global("owner", owner_id))
+        noted, alive = pipe.execute()
+        if not noted and not alive:
+            self.client.hdel(self._global("owners"), owner_id)
 
     def mark_lost(self, cutoffs: dict[str, int]) -> dict[str, list[int]]:
         if not cutoffs:
@@ -270,15 +285,15 @@ class RedisStore(Store):
 
     # -- worker side ------------------------------------------------------------------
     def start(self, entry: str, due: int, token: int, worker: str, pid: int, retries: int,
-              takeover: tuple[str, int] | None = None) -> StartDecision:
-        reply = self._run("start", self._keys(entry, "runs", "live", "open"), [
+              takeover: tuple[str, int] | None = None, created: float = 0.0) -> StartDecision:
+        reply = self._run("start", self._keys(entry, "runs", "live", "open", "entry"), [
             str(due), str(token), worker, str(pid), str(retries),
-            f"{takeover[0]}|{takeover[1]}" if takeover else "",
+            f"{takeover[0]}|{takeover[1]}" if takeover else "", repr(created),
         ])
         if reply[0] == "ok":
             return StartDecision(True, reply[1] if len(reply) > 1 else "")
         if reply[0] == "busy":
-            return StartDecision(False, "busy", (reply[1], int(reply[2]), int(reply[3])))
+            return StartDecision(False, "busy", (reply[1], int(reply[2]), float(reply[3])))
         return StartDecision(False, reply[1])
 
     def finish(self, entry: str, due: int, token: int | None, state: str,
