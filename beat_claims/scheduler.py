@@ -427,6 +427,16 @@ class Scheduler(BaseScheduler):
                     self.store.release(self.owner, [], [key])
                     del self._held[key]
                     continue
+                window = self.policies[claim.entry].catch_up_window
+                if window is not None and claim.due < self._now() - int(window * 1000):
+                    # Released or taken over long ago (or held through an outage): the
+                    # window applies to these too.
+                    self.store.skip(self.owner, claim, "catch_up_window")
+                    logger.info("beat-claims: %s due %s skipped: older than catch_up_window",
+                                claim.entry, iso(claim.due))
+                    del self._held[key]
+                    finished.add(claim.entry)
+                    continue
                 task_id = task_id_for(claim.entry, claim.due, self.settings.key_prefix)
                 sent, published = published, None
                 if sent is not None:

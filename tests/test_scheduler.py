@@ -305,3 +305,22 @@ def test_a_taken_over_claim_survives_the_death_of_the_beat_that_took_it(
              {d for _, d in occurrences_sent(server)}, 6, "c to take over from b")
     no_duplicates(occurrences_sent(server))
     c.close()
+
+
+def test_catch_up_window_also_applies_to_released_runs(server: RedisServer) -> None:
+    app = make_app(server, {"w": {"task": "t.noop", "schedule": timedelta(seconds=1),
+                                  "claims": {"catch_up_window": 1.5}}})
+    a = make(app)
+    a._send = lambda claims: None  # type: ignore[method-assign]
+    run_for(1.3, a)
+    released = [r.due for r in a.store.history("w") if r.state is RunState.CLAIMED]
+    assert released
+    a.close()
+    time.sleep(2.0)  # the released run is now older than the window
+    b = make(app)
+    run_for(0.5, b)
+    runs = {r.due: r for r in b.store.history("w")}
+    assert all(runs[d].state is RunState.SKIPPED and runs[d].reason == "catch_up_window"
+               for d in released)
+    assert iso(released[0]) not in {d for _, d in occurrences_sent(server)}
+    b.close()

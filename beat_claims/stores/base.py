@@ -90,6 +90,10 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    def skip(self, owner: Owner, claim: Claim, reason: str) -> bool:
+        """The holder records a claimed run as skipped instead of sending it."""
+
+    @abc.abstractmethod
     def mark_sent(self, claim: Claim) -> bool:
         """The publish succeeded."""
 

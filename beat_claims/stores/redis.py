@@ -31,7 +31,8 @@ from .base import (
     Store,
 )
 
-SCRIPTS = ("anchor", "claim", "send", "sent", "release", "reclaim", "start", "finish", "lost")
+SCRIPTS = ("anchor", "claim", "send", "sent", "release", "reclaim", "start", "finish", "lost",
+           "skip")
 
 
 @cache
@@ -185,6 +186,10 @@ class RedisStore(Store):
     def _mark_sent(self, claim: Claim, client: Any = None) -> Any:
         return self._run("sent", self._keys(claim.entry, "runs", "live", "open"),
                          [str(claim.due), str(claim.token)], client)
+
+    def skip(self, owner: Owner, claim: Claim, reason: str) -> bool:
+        return bool(self._run("skip", self._keys(claim.entry, "runs", "live"),
+                              [str(claim.due), str(claim.token), owner.id, reason]))
 
     def mark_sent(self, claim: Claim) -> bool:
         return bool(self._mark_sent(claim))
