@@ -80,6 +80,8 @@ def test_three_beats_one_worker_every_occurrence_exactly_once(
         got = {(r["entry"], r["due"]) for r in rows}
         assert want2 - got == set()
         assert want - got == set()
+        print(f"fleet: {len(rows)} executions, {len(want | want2)} expected occurrences,"
+              f" {len(duplicates(rows))} duplicated, {len((want | want2) - got)} missing")
         # The store agrees: every recorded run of the interval entries is done, once.
         for name in ("every-1s", "every-2s", "every-3s"):
             states = [r.state.value for r in store.history(name)
