@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Callable
 from datetime import timedelta, timezone
 from typing import Any
 
@@ -119,8 +118,6 @@ def describe(sched: Any) -> str:
         return f"every {period_ms(sched) / 1000:g}s"
     return repr(sched)
 
-
-NowFn = Callable[[], int]
 
 __all__ = [
     "UnsupportedSchedule",

@@ -75,7 +75,6 @@ def install(app: Celery) -> None:
     signals.task_revoked.connect(_on_revoked, weak=False)
     signals.task_rejected.connect(_on_rejected, weak=False)
     signals.task_internal_error.connect(_on_internal_error, weak=False)
-    signals.task_retry.connect(_on_retry, weak=False)
     install._connected = True  # type: ignore[attr-defined]
 
 
@@ -111,6 +110,11 @@ def claim_of(request: Any) -> tuple[str, int, int] | None:
     if meta is None:
         headers = getattr(request, "headers", None) or {}
         meta = headers.get(HEADER) if isinstance(headers, dict) else None
+    return parse_header(meta)
+
+
+def parse_header(meta: Any) -> tuple[str, int, int] | None:
+    """(entry, due ms, token) from the value of a ``beat_claims`` header."""
     if not isinstance(meta, dict):
         return None
     try:
@@ -244,11 +248,8 @@ def _on_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
     if request is None:
         return
     task_id = getattr(request, "id", None)
-    where = None
     headers = getattr(request, "request_dict", None) or {}
-    meta = headers.get(HEADER) if isinstance(headers, dict) else None
-    if meta is not None:
-        where = claim_of(type("R", (), {HEADER: meta})())
+    where = parse_header(headers.get(HEADER)) if isinstance(headers, dict) else None
     _record(where or _resolve(None, task_id), RunState.CANCELLED,
             worker=getattr(request, "hostname", "") or "")
 
@@ -256,10 +257,6 @@ def _on_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
 def _on_rejected(message: Any = None, exc: Any = None, **kwargs: Any) -> None:
     headers = getattr(message, "headers", None) or {}
     task_id = headers.get("id")
-    where = claim_of(type("R", (), {HEADER: headers.get(HEADER)})()) if HEADER in headers \
-        else _resolve(None, task_id)
+    where = parse_header(headers.get(HEADER)) or _resolve(None, task_id)
     _record(where, RunState.CANCELLED, exc)
 
-
-def _on_retry(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
-    """A retry keeps the run ``started``: the final attempt's outcome is the one recorded."""

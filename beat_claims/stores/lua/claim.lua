@@ -64,8 +64,8 @@ for _, due in ipairs(redis.call('ZRANGE', live, 0, -1)) do
     put_run(runs, due, run)
     taken[#taken + 1] = due
     taken[#taken + 1] = token
-  elseif run == false then
-    redis.call('ZREM', live, due)  -- a corrupt record cannot be claimed; history keeps it
+  elseif not run then
+    redis.call('ZREM', live, due)  -- a missing or corrupt record cannot be claimed
   end
 end
 -- Keep the history bounded; runs that are not final are never dropped.
