@@ -50,3 +50,36 @@ def test_status_command_matches_the_store(server: RedisServer, tmp_path: Any) ->
     assert entry["in_schedule"] and entry["next_due"] is not None
     table = manage(server, "beat_claims_status", tmp=tmp_path)
     assert "heartbeat" in table and "ENTRY" in table
+
+
+def test_outcomes_recovered_from_django_celery_results(server: RedisServer,
+                                                       tmp_path: Any) -> None:
+    """Workers without the hooks: the beat reads outcomes from the django-db backend."""
+    from .processes import wait_for
+
+    manage(server, "migrate", "-v", "0", tmp=tmp_path)
+    env = {**os.environ, "REDIS_URL": server.url, "PYTHONPATH": str(PROJECT),
+           "EXAMPLE_DB": str(tmp_path / "db.sqlite3"), "EXAMPLE_NO_HOOKS": "1",
+           "EXAMPLE_HEARTBEAT": "0.5"}
+    store = RedisStore.from_url(server.url, "example-claims")
+    procs = []
+    try:
+        for args in (["worker", "-c", "1", "--without-gossip", "--without-mingle"],
+                     ["beat", "-s", str(tmp_path / "unused")]):
+            log = (tmp_path / f"{args[0]}.log").open("wb")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "exampleproj", *args, "-l", "INFO"],
+                cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        run = wait_for(lambda: next((r for r in store.history("heartbeat")
+                                     if r.state.value == "done"), None), 60,
+                       "an outcome recovered from django-celery-results")
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    assert run.started_at is None  # no worker hook recorded it: the backend did
+    assert "from the result backend" in (tmp_path / "beat.log").read_text()

@@ -18,6 +18,8 @@ INSTALLED_APPS = [
     "beat_claims.contrib.django",
     "reports",
 ]
+if os.environ.get("EXAMPLE_NO_HOOKS") == "1":  # a fleet whose workers lack the hooks
+    INSTALLED_APPS.remove("beat_claims.contrib.django")
 
 ROOT_URLCONF = "exampleproj.urls"
 WSGI_APPLICATION = "exampleproj.wsgi.application"
@@ -38,7 +40,7 @@ CELERY_RESULT_BACKEND = "django-db"
 CELERY_BEAT_SCHEDULER = "beat_claims.Scheduler"
 
 # beat-claims: the store defaults to the broker's Redis.
-CELERY_BEAT_CLAIMS_HEARTBEAT_INTERVAL = 2
+CELERY_BEAT_CLAIMS_HEARTBEAT_INTERVAL = float(os.environ.get("EXAMPLE_HEARTBEAT", "2"))
 CELERY_BEAT_CLAIMS_RECLAIM_AFTER = 60
 CELERY_BEAT_CLAIMS_KEY_PREFIX = "example-claims"
 
