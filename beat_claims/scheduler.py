@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery, signals
+from celery.backends.base import DisabledBackend
+from celery.backends.rpc import RPCBackend
 from celery.beat import ScheduleEntry, _evaluate_entry_args, _evaluate_entry_kwargs
 from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
@@ -190,11 +192,9 @@ class Scheduler(BaseScheduler):
         if due:
             try:
                 self._claim_due(list(due), now)
-            finally:
-                queued = {name for _, name in self._heap}
+            finally:  # each popped entry goes back once, at its next due instant
                 for name in due:
-                    if name not in queued:
-                        self._push(name)
+                    self._push(name)
 
     def _sleep_for(self) -> float:
         now = self._now()
@@ -298,6 +298,8 @@ class Scheduler(BaseScheduler):
         backend by task id (works for workers without beat-claims' hooks)."""
         if not self.settings.result_backend_recovery or not self.app.conf.result_backend:
             return
+        if isinstance(self.app.backend, (DisabledBackend, RPCBackend)):
+            return  # results go to the sender's reply queue: nothing to look up here
         if time.monotonic() - self._last_recovery < 10 * self.settings.heartbeat_interval:
             return
         self._last_recovery = time.monotonic()
@@ -463,11 +465,12 @@ class Scheduler(BaseScheduler):
                 del self._held[key]
                 finished.add(claim.entry)
         finally:
+            # Owed, not flushed here: a store error must not replace an exception (such as
+            # the SystemExit of a stop) that is already on its way out.
             if published is not None:
                 self._unmarked.append(published)
-            self._flush_unmarked()
-        self.store.done_claiming(self.owner, finished - self._held_entries()
-                                 - {c.entry for c in self._unmarked})
+        self._flush_unmarked()
+        self.store.done_claiming(self.owner, finished - self._held_entries())
 
     def _flush_unmarked(self) -> None:
         """Store the "sent" marks still owed. Until they are stored, this beat does not
