@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +58,31 @@ class _Context:
 
 
 _context = _Context()
+
+
+class _Outage:
+    """Log a store outage once per outage in this process, not once per task."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def down(self, what: str, exc: Exception) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            logger.error("beat-claims: store unreachable (%s: %s): %s; further failures are"
+                         " logged at debug level until it returns", type(exc).__name__, exc,
+                         what)
+        else:
+            logger.debug("beat-claims: store still unreachable: %s", what)
+
+    def up(self) -> None:
+        if self.since is not None:
+            logger.warning("beat-claims: store reachable again after %.1fs",
+                           time.monotonic() - self.since)
+            self.since = None
+
+
+_outage = _Outage()
 
 
 def install(app: Celery) -> None:
@@ -150,9 +176,9 @@ def fence(task: Task) -> None:
             decision = store.start(entry, due, token, worker, pid, retries,
                                    takeover=(busy[0], busy[1]), created=created)
     except RedisError as exc:
-        logger.error("beat-claims: store unreachable before starting %s (%s); running it"
-                     " unfenced", request.id, exc)
+        _outage.down(f"running {entry} due {_iso(due)} (task {request.id}) unfenced", exc)
         return
+    _outage.up()
     setattr(request, _MARK, True)
     if not decision.ok:
         logger.warning("beat-claims: refusing delivery of %s due %s token %d (task %s): %s",
@@ -207,7 +233,7 @@ def _resolve(task: Any, task_id: str | None) -> tuple[str, int, int | None] | No
     try:
         found = store.lookup_task(task_id)
     except RedisError as exc:
-        logger.error("beat-claims: store unreachable, cannot look up task %s: %s", task_id, exc)
+        _outage.down(f"cannot look up task {task_id}", exc)
         return None
     return (found[0], found[1], None) if found else None
 
@@ -223,8 +249,9 @@ def _record(where: tuple[str, int, int | None] | None, state: RunState, exc: Any
     try:
         store.finish(entry, due, token, state.value, exc_type, message, worker)
     except RedisError as exc2:
-        logger.error("beat-claims: could not record %s of %s due %s: %s", state.value, entry,
-                     _iso(due), exc2)
+        _outage.down(f"could not record {state.value} of {entry} due {_iso(due)}", exc2)
+    else:
+        _outage.up()
 
 
 def _on_success(sender: Any = None, **kwargs: Any) -> None:
