@@ -336,7 +336,7 @@ class Scheduler(BaseScheduler):
         finally:
             self._claiming -= names
         # Entries where nothing was claimed: this owner holds nothing there.
-        holding = self._held_entries()
+        holding = self._held_entries() | {c.entry for c in self._unmarked}
         empty = [r.entry for r in results if not r.claims and r.entry not in holding]
         self.store.done_claiming(self.owner, empty)
         return results
@@ -515,6 +515,7 @@ class Scheduler(BaseScheduler):
         if self._closed or self._closing or self._in_tick:
             return
         self._closing = True
+        blocked = _block_stop_signals()  # a second Ctrl-C must not cut the release short
         try:
             held = set(self._held)
             entries = {name for name, _ in held} | self._claiming
@@ -540,6 +541,7 @@ class Scheduler(BaseScheduler):
             self._closed = True
         finally:
             self._closing = False
+            _unblock(blocked)
         super().close()
 
     @property
@@ -549,6 +551,22 @@ class Scheduler(BaseScheduler):
             scheme, rest = url.split("://", 1)
             url = f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
         return f"{url} (prefix {self.settings.key_prefix!r})"
+
+
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def _block_stop_signals() -> set[signal.Signals] | None:
+    """Hold SIGTERM/SIGINT (delivered once unblocked) while close() releases claims.
+    Returns the previous mask, to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+
+
+def _unblock(previous: set[signal.Signals] | None) -> None:
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @signals.beat_embedded_init.connect

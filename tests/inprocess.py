@@ -18,10 +18,10 @@ from .conftest import RedisServer
 
 
 def make_app(server: RedisServer, schedule: dict[str, Any] | None = None,
-             **conf: Any) -> Celery:
+             broker: RedisServer | None = None, **conf: Any) -> Celery:
     app = Celery("inproc", set_as_current=False)
     app.conf.update(
-        broker_url=server.broker_url(),
+        broker_url=(broker or server).broker_url(),
         beat_claims_url=server.url,
         beat_claims_heartbeat_interval=0.5,
         beat_claims_catch_up_grace=2,
@@ -47,6 +47,7 @@ def run_for(seconds: float, *schedulers: Scheduler) -> None:
 
 
 def messages(server: RedisServer) -> list[dict[str, Any]]:
+    """``server``: the one whose db 1 is the broker."""
     """Every task message published to the broker's default queue, oldest first."""
     raw = server.client(db=1).lrange("celery", 0, -1)
     out = []

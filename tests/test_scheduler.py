@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from beat_claims import occurrences
 from beat_claims.runs import RunState, iso, task_id_for
 from beat_claims.settings import ConfigurationError
 
@@ -184,26 +185,29 @@ def test_publish_error_releases_the_claim_and_it_is_sent_later(
 
 
 def test_store_outage_sends_nothing_logs_once_and_catches_up(
-        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
-    """Hard case 6: the store refuses writes (read-only replica): nothing sent unclaimed."""
-    app = make_app(server, beat_claims_catch_up="all")
+        server: RedisServer, broker: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Hard case 6: the store refuses writes (read-only replica): nothing sent unclaimed.
+    The broker is another server, so it would accept what the beat sent."""
+    app = make_app(server, broker=broker, beat_claims_catch_up="all")
     s = make(app)
     run_for(1.5, s)
-    before = len(occurrences_sent(server))
+    before = len(occurrences_sent(broker))
+    assert before >= 1
     admin = server.client()
     admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # read-only, unreachable master
     try:
         with caplog.at_level(logging.WARNING, logger="celery.beat.claims"):
             run_for(4, s)
-        assert len(occurrences_sent(server)) == before
+        assert len(occurrences_sent(broker)) == before
         assert caplog.text.count("store unreachable") == 1
     finally:
         admin.execute_command("REPLICAOF", "NO", "ONE")
     with caplog.at_level(logging.WARNING, logger="celery.beat.claims"):
         run_for(3.5, s)
     assert "store reachable again" in caplog.text
-    sent = occurrences_sent(server)
+    sent = occurrences_sent(broker)
     no_duplicates(sent)
+    assert len(sent) >= before + 5  # the outage's occurrences, caught up
     dues = sorted(r.due for r in s.store.history("every-1s"))
     assert all(b - a == 1000 for a, b in itertools.pairwise(dues)), "caught up, oldest first"
     assert {r.state for r in s.store.history("every-1s")} <= {RunState.SENT, RunState.CLAIMED}
@@ -256,32 +260,69 @@ def test_bad_entry_policy_fails_at_start(server: RedisServer) -> None:
         make(app)
 
 
-def test_sigterm_handler_reentry_is_safe(server: RedisServer) -> None:
-    """close() called from a signal handler in the middle of close()."""
+def test_a_second_stop_signal_during_close_does_not_cut_the_release_short(
+        server: RedisServer) -> None:
+    """Celery's handler calls close() and raises SystemExit; a second SIGTERM arriving while
+    close() releases is held until the release is done."""
     app = make_app(server)
     s = make(app)
-    run_for(1.2, s)
+    s._send = lambda claims: None  # type: ignore[method-assign]
+    run_for(1.3, s)
+    assert s._held
     fired = []
 
-    def handler(signum: int, frame: Any) -> None:
+    def celery_like_handler(signum: int, frame: Any) -> None:
         fired.append(signum)
         s.close()
+        raise SystemExit()
 
-    old = signal.signal(signal.SIGUSR1, handler)
+    old = signal.signal(signal.SIGTERM, celery_like_handler)
+    real_release = s.store.release
+
+    def release_then_signal(*args: Any, **kwargs: Any) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives in the middle of close()
+        time.sleep(0.05)
+        return real_release(*args, **kwargs)
+
+    s.store.release = release_then_signal  # type: ignore[method-assign]
     try:
-        real = s.store.forget_owner
-
-        def forget(owner: Any) -> None:
-            os.kill(os.getpid(), signal.SIGUSR1)
-            time.sleep(0.05)
-            real(owner)
-
-        s.store.forget_owner = forget  # type: ignore[method-assign]
-        s.close()
+        with pytest.raises(SystemExit):
+            s.close()  # the held signal is delivered once close() has finished
     finally:
-        signal.signal(signal.SIGUSR1, old)
-    assert fired
-    assert s._closed
+        signal.signal(signal.SIGTERM, old)
+    assert fired and s._closed
+    assert {r.state for r in s.store.history("every-1s")} == {RunState.DUE}
+    assert not s.store.client.exists(f"beat-claims:owner:{s.owner.id}")
+
+
+def test_a_claim_whose_reply_was_lost_is_taken_back_and_survives_a_death(
+        server: RedisServer) -> None:
+    """A claim this beat made but never heard of (a timed-out reply) is taken back from
+    itself; the entry stays in its note until sent, so if it dies another beat finds it."""
+    from beat_claims.stores.base import ClaimRequest
+
+    app = make_app(server, beat_claims_heartbeat_interval=0.3)
+    a, b = make(app), make(app)
+    run_for(0.3, a)
+    state = a.store.ensure_entries([("every-1s", "every 1s")])["every-1s"]
+    after = state.checkpoint if state.checkpoint is not None else state.anchor
+    orphan_due = occurrences.next_after(a.schedule["every-1s"].schedule, state.anchor, after)
+    # a's claim goes through, but a never hears of it (as if the reply timed out).
+    made = a.store.claim(a.owner, [ClaimRequest("every-1s", state, [orphan_due])], 100,
+                         a.store.now_ms())[0]
+    assert [c.due for c in made.claims] == [orphan_due]
+    a._send = lambda claims: None  # type: ignore[method-assign]  # dies before sending
+    token = made.claims[0].token
+    wait_for(lambda: a.tick() is not None and any(
+        r.due == orphan_due and r.token != token for r in a.store.history("every-1s")), 5,
+        "a to take its unanswered claim back")
+    assert a.store.client.zscore(f"beat-claims:owner:{a.owner.id}:entries", "every-1s")
+    a.store.forget_owner(a.owner)
+    a._closed = True
+    wait_for(lambda: b.tick() is not None and iso(orphan_due) in
+             {d for _, d in occurrences_sent(server)}, 6, "b to take it over and send it")
+    no_duplicates(occurrences_sent(server))
+    b.close()
 
 
 def test_a_taken_over_claim_survives_the_death_of_the_beat_that_took_it(

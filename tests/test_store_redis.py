@@ -273,11 +273,37 @@ def test_a_delivery_whose_record_was_trimmed_is_refused(store: RedisStore) -> No
 def test_a_late_delivery_of_a_run_presumed_lost_still_runs(store: RedisStore) -> None:
     state = anchored(store)
     c = _sent(store, state, state.anchor + 1000)[0]
-    assert store.mark_lost({"e": store.now_ms() + 1}) == {"e": [c.due]}
-    assert store.start("e", c.due, c.token, "w@h", 1, 0).ok
+    lost_at = store.now_ms() + 1
+    assert store.mark_lost({"e": lost_at}) == {"e": [c.due]}
+    time.sleep(0.01)
+    assert store.start("e", c.due, c.token, "w@h", 1, 0, created=50.0).ok
+    # Its run_timeout counts again from the late start: the next sweep does not re-lose it.
+    assert store.mark_lost({"e": lost_at}) == {}
+    # A second delivery while it runs is still a duplicate.
+    assert not store.start("e", c.due, c.token, "w2@h", 2, 0, created=60.0).ok
     assert store.finish("e", c.due, c.token, "done")
     run = store.history("e")[0]
     assert run.state is RunState.DONE and run.extra.get("revived") is True
+
+
+def test_a_run_lost_while_running_refuses_a_second_delivery(store: RedisStore) -> None:
+    state = anchored(store)
+    c = _sent(store, state, state.anchor + 1000)[0]
+    assert store.start("e", c.due, c.token, "w1@h", 11, 0, created=100.0).ok
+    assert store.mark_lost({"e": store.now_ms() + 1}) == {"e": [c.due]}
+    second = store.start("e", c.due, c.token, "w2@h", 22, 0, created=200.0)
+    assert not second.ok and second.busy_with == ("w1@h", 11, 100.0)
+
+
+def test_same_node_name_and_pid_but_a_new_process_is_not_the_same_process(
+        store: RedisStore) -> None:
+    state = anchored(store)
+    c = _sent(store, state, state.anchor + 1000)[0]
+    assert store.start("e", c.due, c.token, "w1@h", 7, 0, created=100.0).ok
+    again = store.start("e", c.due, c.token, "w1@h", 7, 0, created=999.0)
+    assert not again.ok and again.busy_with == ("w1@h", 7, 100.0)  # judged by the caller
+    same = store.start("e", c.due, c.token, "w1@h", 7, 0, created=100.0)
+    assert not same.ok and "this process" in same.why
 
 
 def test_a_holder_may_check_again_after_a_lost_reply(store: RedisStore) -> None:

@@ -262,7 +262,9 @@ class RedisStore(Store):
             for name in names:
                 self._run("reclaim", self._keys(name, "entry", "runs", "live"),
                           [old_owner, new_owner.id, cutoff], pipe)
-            if cutoff_ms is None:  # only the entries processed here leave the dead note
+            if cutoff_ms is None and old_owner != new_owner.id:
+                # Only the entries processed here leave the dead owner's note (and never the
+                # note of this owner, which now holds them).
                 pipe.zrem(self._global("owner", old_owner, "entries"), *names)
 
         replies = self._batch(build)[1:len(names) + 1]

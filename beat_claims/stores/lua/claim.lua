@@ -68,12 +68,14 @@ for _, due in ipairs(redis.call('ZRANGE', live, 0, -1)) do
     redis.call('ZREM', live, due)  -- a missing or corrupt record cannot be claimed
   end
 end
--- Keep the history bounded; runs that are not final are never dropped.
+-- Keep the history bounded; runs that are not final are never dropped, and a run presumed
+-- lost is kept a week (its delivery may still turn up and must find its record).
 local excess = redis.call('ZCARD', history) - limit
 if excess > 0 then
   for _, due in ipairs(redis.call('ZRANGE', history, 0, excess - 1)) do
     local run = get_run(runs, due)
-    if run == nil or run == false or FINAL[run.state] then
+    if run == nil or run == false or (FINAL[run.state] and (run.state ~= 'lost'
+        or now - (run.finished_at or 0) > 604800000)) then
       redis.call('HDEL', runs, due)
       redis.call('ZREM', history, due)
     end

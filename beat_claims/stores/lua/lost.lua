@@ -7,7 +7,7 @@ for _, due in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   local run = get_run(KEYS[1], due)
   if not run or FINAL[run.state] then
     redis.call('ZREM', KEYS[2], due)
-  elseif (run.sent_at or run.sending_at or now) <= cutoff then
+  elseif (run.revived_at or run.sent_at or run.sending_at or now) <= cutoff then
     run.state = 'lost'
     run.finished_at = now
     put_run(KEYS[1], due, run)

@@ -21,8 +21,11 @@ end
 if FINAL[run.state] and run.state ~= 'lost' then return {'refused', 'already ' .. run.state} end
 local retries = tonumber(ARGV[5])
 local now = now_ms()
-if run.state == 'started' then
+if run.state == 'started' or (run.state == 'lost' and run.started_at) then
+  -- The same process only if its start time matches too: a restarted worker may get the
+  -- same node name and pid.
   local same = run.worker == ARGV[3] and tostring(run.worker_pid) == ARGV[4]
+      and math.abs((tonumber(run.worker_created) or 0) - tonumber(ARGV[7])) < 0.01
   local retry = retries > (run.retries or 0)
   local takeover = ARGV[6] ~= '' and ARGV[6] == (run.worker .. '|' .. tostring(run.worker_pid))
   if not (retry or takeover) then
@@ -32,12 +35,14 @@ if run.state == 'started' then
   if takeover then run.deliveries = (run.deliveries or 1) + 1 end
 elseif run.state == 'sending' or run.state == 'sent' or run.state == 'lost' then
   run.deliveries = 1
-  if run.state == 'lost' then
-    run.revived = true
-    run.finished_at = nil
-  end
 else
   return {'refused', 'not sent (' .. run.state .. ')'}
+end
+if run.state == 'lost' then
+  -- Presumed lost, and it was not: its run_timeout counts again from now.
+  run.revived = true
+  run.revived_at = now
+  run.finished_at = nil
 end
 run.state = 'started'
 run.worker = ARGV[3]
