@@ -21,7 +21,8 @@ from .stores.redis import RedisStore
 
 def open_store(app: Celery) -> Store:
     settings = Settings.from_app(app)
-    return RedisStore.from_url(settings.url, settings.key_prefix)
+    return RedisStore.from_url(settings.url, settings.key_prefix,
+                               sentinel_master=settings.sentinel_master)
 
 
 def _schedules(app: Celery) -> dict[str, Any]:

@@ -80,6 +80,7 @@ class Scheduler(BaseScheduler):
         self.store: Store = store or RedisStore.from_url(
             self.settings.url, self.settings.key_prefix,
             socket_timeout=max(1.0, self.settings.heartbeat_interval),
+            sentinel_master=self.settings.sentinel_master,
         )
         self.policies: dict[str, Policy] = {}
         self._state: dict[str, EntryState] = {}
@@ -556,7 +557,7 @@ class Scheduler(BaseScheduler):
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
-def _block_stop_signals() -> set[signal.Signals] | None:
+def _block_stop_signals() -> set[int | signal.Signals] | None:
     """Hold SIGTERM/SIGINT (delivered once unblocked) while close() releases claims.
     Returns the previous mask, to restore."""
     if threading.current_thread() is not threading.main_thread():
@@ -564,7 +565,7 @@ def _block_stop_signals() -> set[signal.Signals] | None:
     return signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
 
 
-def _unblock(previous: set[signal.Signals] | None) -> None:
+def _unblock(previous: set[int | signal.Signals] | None) -> None:
     if previous is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 

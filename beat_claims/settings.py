@@ -41,6 +41,7 @@ class Settings:
     catch_up_grace: float = 2.0
     history_limit: int = 100
     result_backend_recovery: bool = True
+    sentinel_master: str | None = None
     policy: Policy = Policy()
 
     @property
@@ -52,6 +53,12 @@ class Settings:
     def from_app(cls, app: Celery) -> Settings:
         conf = app.conf
         url = conf.get("beat_claims_url") or _default_url(conf.get("broker_url") or "")
+        master = conf.get("beat_claims_sentinel_master") or (
+            (conf.get("broker_transport_options") or {}).get("master_name"))
+        if url.startswith("sentinel://") and not master:
+            raise ConfigurationError(
+                f"beat_claims_sentinel_master is not set for the Sentinel URL {_redact(url)!r}"
+                " (nor broker_transport_options['master_name'])")
         prefix = conf.get("beat_claims_key_prefix") or "beat-claims"
         if not isinstance(prefix, str) or any(c in prefix for c in "{} \n"):
             raise ConfigurationError(
@@ -81,6 +88,7 @@ class Settings:
             history_limit=_positive_int("beat_claims_history_limit",
                                         conf.get("beat_claims_history_limit", 100)),
             result_backend_recovery=bool(conf.get("beat_claims_result_backend_recovery", True)),
+            sentinel_master=master,
             policy=policy,
         )
 
@@ -115,11 +123,12 @@ class Settings:
 
 def _default_url(broker_url: str) -> str:
     url = broker_url.split(";")[0].strip()
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        return url
+    if url.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
+        return broker_url.strip() if url.startswith("sentinel://") else url
     raise ConfigurationError(
         "beat_claims_url is not set and the broker is not Redis "
-        f"(broker_url={_redact(url)!r}): set beat_claims_url to a redis:// or rediss:// URL"
+        f"(broker_url={_redact(url)!r}): set beat_claims_url to a redis://, rediss:// or"
+        " sentinel:// URL"
     )
 
 

@@ -52,7 +52,8 @@ class _Context:
                 logger.error("beat-claims: worker side disabled: %s", exc)
                 self.broken = True
                 return None
-            self.store = RedisStore.from_url(settings.url, settings.key_prefix)
+            self.store = RedisStore.from_url(settings.url, settings.key_prefix,
+                                             sentinel_master=settings.sentinel_master)
             self.pid = os.getpid()
         return self.store
 

@@ -14,12 +14,14 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.client import Pipeline
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from ..runs import FINAL_STATES, Owner, Run, RunState
 from .base import (
@@ -41,20 +43,44 @@ def _source(name: str) -> str:
     return lua.joinpath("_prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
-def connect(url: str, socket_timeout: float = 5.0) -> redis.Redis:
-    """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``; ACL user in the URL).
+def connect(url: str, socket_timeout: float = 5.0,
+            sentinel_master: str | None = None) -> redis.Redis:
+    """A client for ``url``: ``redis://``, ``rediss://``, ``unix://`` (ACL user and password
+    in the URL), or ``sentinel://host:port;sentinel://host2:port/db`` (as Celery's broker
+    URLs), which follows the master named ``sentinel_master`` across failovers.
 
     Retries are left to beat-claims' own loop: a script that timed out may have run, and
     the caller reconciles instead of blindly running it twice.
     """
-    return redis.Redis.from_url(
-        url,
-        decode_responses=True,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=socket_timeout,
-        retry=Retry(NoBackoff(), 0),
-        health_check_interval=30,
-    )
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": socket_timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 30,
+    }
+    if not url.startswith("sentinel://"):
+        return redis.Redis.from_url(url, **options)
+    nodes, db, username, password = _parse_sentinel(url)
+    sentinel = Sentinel(nodes, sentinel_kwargs={"socket_timeout": socket_timeout},
+                        socket_timeout=socket_timeout)
+    return sentinel.master_for(sentinel_master or "", db=db, username=username,
+                               password=password, **options)
+
+
+def _parse_sentinel(url: str) -> tuple[list[tuple[str, int]], int, str | None, str | None]:
+    """``sentinel://[user:password@]host:port[;sentinel://host:port...][/db]``."""
+    nodes: list[tuple[str, int]] = []
+    db, username, password = 0, None, None
+    for part in url.split(";"):
+        parsed = urlsplit(part.strip())
+        if parsed.hostname:
+            nodes.append((parsed.hostname, parsed.port or 26379))
+        username = username or parsed.username or None
+        password = password or parsed.password or None
+        if parsed.path.strip("/"):
+            db = int(parsed.path.strip("/"))
+    return nodes, db, username, password
 
 
 class RedisStore(Store):
@@ -65,9 +91,9 @@ class RedisStore(Store):
         self._shas = {name: hashlib.sha1(_source(name).encode()).hexdigest() for name in SCRIPTS}
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "beat-claims",
-                 socket_timeout: float = 5.0) -> RedisStore:
-        return cls(connect(url, socket_timeout), prefix)
+    def from_url(cls, url: str, prefix: str = "beat-claims", socket_timeout: float = 5.0,
+                 sentinel_master: str | None = None) -> RedisStore:
+        return cls(connect(url, socket_timeout, sentinel_master), prefix)
 
     # -- keys -------------------------------------------------------------------------
     def _tag(self, entry: str) -> str:
