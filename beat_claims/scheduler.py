@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from . import occurrences
 from .catch_up import plan
+from .metrics import Metrics
 from .runs import HEADER, Owner, RunState, from_ms, iso, process_is_gone, task_id_for
 from .settings import ConfigurationError, Policy, Settings
 from .stores.base import Claim, ClaimRequest, ClaimResult, EntryState, Store
@@ -82,6 +83,7 @@ class Scheduler(BaseScheduler):
             socket_timeout=max(1.0, self.settings.heartbeat_interval),
             sentinel_master=self.settings.sentinel_master,
         )
+        self.metrics = Metrics()
         self.policies: dict[str, Policy] = {}
         self._state: dict[str, EntryState] = {}
         self._heap: list[tuple[int, str]] = []
@@ -122,6 +124,8 @@ class Scheduler(BaseScheduler):
                 logger.warning("beat-claims: entry %r has overlap=skip and no run_timeout: a"
                                " run whose outcome is never reported would skip every later"
                                " occurrence. Set claims['run_timeout'].", name)
+        if self.settings.metrics_port is not None:
+            self.metrics.start(self.settings.metrics_port)
         logger.info("beat-claims: owner %s, %d entries, store %s", self.owner,
                     len(self.schedule), self.info)
 
@@ -167,6 +171,8 @@ class Scheduler(BaseScheduler):
             return self._store_down(exc)
         finally:
             self._in_tick = False
+        self.metrics.store_up(True)
+        self.metrics.held(len(self._held))
         if self._outage_since is not None:
             logger.warning("beat-claims: store reachable again after %.1fs; catching up by"
                            " policy", time.monotonic() - self._outage_since)
@@ -206,6 +212,7 @@ class Scheduler(BaseScheduler):
         return max(0.0, min(wait, hb_wait))
 
     def _store_down(self, exc: Exception) -> float:
+        self.metrics.store_up(False)
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             logger.error("beat-claims: store unreachable (%s: %s); nothing is sent unclaimed"
@@ -224,6 +231,7 @@ class Scheduler(BaseScheduler):
         after = time.time()
         self._offset_ms = store_ms - int((before + after) / 2 * 1000)
         self._last_heartbeat = time.monotonic()
+        self.metrics.heartbeat()
         if generation != self._generation:
             self._generation = generation
             self._last_released_scan = float("-inf")
@@ -283,6 +291,7 @@ class Scheduler(BaseScheduler):
             count = sum(1 for c in mine if c.entry == name)
             logger.warning("beat-claims: took over %d claim(s) of %r from %s owner %s",
                            count, name, why, owner)
+        self.metrics.count("taken_over", len(mine))
         self._hold(mine)
 
     def _mark_lost(self, now: int) -> None:
@@ -384,6 +393,8 @@ class Scheduler(BaseScheduler):
                     self._state[result.entry] = EntryState(state.anchor,
                                                            planned[result.entry][1])
                     claims += result.claims
+                    self.metrics.count("claimed", len(result.claims))
+                    self.metrics.count("skipped", len(result.skipped))
                     for due, reason in result.skipped:
                         if reason == "overlap":
                             logger.info("beat-claims: %s due %s skipped: previous run still"
@@ -435,6 +446,7 @@ class Scheduler(BaseScheduler):
                     # Released or taken over long ago (or held through an outage): the
                     # window applies to these too.
                     self.store.skip(self.owner, claim, "catch_up_window")
+                    self.metrics.count("skipped")
                     logger.info("beat-claims: %s due %s skipped: older than catch_up_window",
                                 claim.entry, iso(claim.due))
                     del self._held[key]
@@ -449,6 +461,7 @@ class Scheduler(BaseScheduler):
                 if sent is not None:
                     self._unmarked.remove(sent)
                 if not ok:
+                    self.metrics.count("not_sent")
                     logger.warning("beat-claims: not sending %s due %s (token %d): %s",
                                    claim.entry, iso(claim.due), claim.token, why)
                     del self._held[key]
@@ -461,8 +474,10 @@ class Scheduler(BaseScheduler):
                                  " later try: %r", claim.entry, iso(claim.due), exc,
                                  exc_info=True)
                     self.store.release(self.owner, [], [key])
+                    self.metrics.count("publish_failed")
                 else:
                     published = claim
+                    self.metrics.count("sent")
                 del self._held[key]
                 finished.add(claim.entry)
         finally:
@@ -531,6 +546,7 @@ class Scheduler(BaseScheduler):
                 # at once now that this owner's heartbeat is gone.
                 self.store.forget_owner(self.owner)
                 if released:
+                    self.metrics.count("released", released)
                     logger.info("beat-claims: released %d unsent claim(s)", released)
             except RedisError as exc:
                 logger.warning("beat-claims: could not release the claims in %d entr(ies) at"

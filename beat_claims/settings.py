@@ -42,6 +42,7 @@ class Settings:
     history_limit: int = 100
     result_backend_recovery: bool = True
     sentinel_master: str | None = None
+    metrics_port: int | None = None
     policy: Policy = Policy()
 
     @property
@@ -89,6 +90,9 @@ class Settings:
                                         conf.get("beat_claims_history_limit", 100)),
             result_backend_recovery=bool(conf.get("beat_claims_result_backend_recovery", True)),
             sentinel_master=master,
+            metrics_port=(None if conf.get("beat_claims_metrics_port") is None else
+                          _positive_int("beat_claims_metrics_port",
+                                        conf.get("beat_claims_metrics_port"))),
             policy=policy,
         )
 
