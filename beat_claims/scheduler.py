@@ -531,7 +531,7 @@ class Scheduler(BaseScheduler):
         if self._closed or self._closing or self._in_tick:
             return
         self._closing = True
-        blocked = _block_stop_signals()  # a second Ctrl-C must not cut the release short
+        deferred = _hold_stop_signals()
         try:
             held = set(self._held)
             entries = {name for name, _ in held} | self._claiming
@@ -558,7 +558,7 @@ class Scheduler(BaseScheduler):
             self._closed = True
         finally:
             self._closing = False
-            _unblock(blocked)
+            _deliver_held(deferred)
         super().close()
 
     @property
@@ -573,17 +573,33 @@ class Scheduler(BaseScheduler):
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
-def _block_stop_signals() -> set[int | signal.Signals] | None:
-    """Hold SIGTERM/SIGINT (delivered once unblocked) while close() releases claims.
-    Returns the previous mask, to restore."""
+Held = tuple[dict[Any, Any], list[int]]
+
+
+def _hold_stop_signals() -> Held | None:
+    """Defer SIGTERM/SIGINT while close() releases claims: a second Ctrl-C must not cut
+    the release short. (Blocking the signal in this thread is not enough: another thread
+    may take it, and Python runs the handler here all the same.)"""
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    pending: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        pending.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in _STOP_SIGNALS}
+    return previous, pending
 
 
-def _unblock(previous: set[int | signal.Signals] | None) -> None:
-    if previous is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+def _deliver_held(held: Held | None) -> None:
+    """Put the previous handlers back, then deliver what arrived meanwhile, once each."""
+    if held is None:
+        return
+    previous, pending = held
+    for sig, handler in previous.items():
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    for sig in dict.fromkeys(pending):
+        signal.raise_signal(sig)
 
 
 @signals.beat_embedded_init.connect
