@@ -73,6 +73,9 @@ def test_outcomes_recovered_from_django_celery_results(server: RedisServer,
         run = wait_for(lambda: next((r for r in store.history("heartbeat")
                                      if r.state.value == "done"), None), 60,
                        "an outcome recovered from django-celery-results")
+        # The beat writes its log line just after the store: wait for it before stopping.
+        wait_for(lambda: "from the result backend" in (tmp_path / "beat.log").read_text(), 10,
+                 "the beat to log the recovery")
     finally:
         for proc in procs:
             proc.terminate()

@@ -194,7 +194,7 @@ def test_outcomes_recovered_from_the_result_backend_when_workers_lack_the_hooks(
         beat = f.beat()
         ok = first_final(store, "ok", 40)
         boom = first_final(store, "boom", 40)
-        assert "from the result backend" in f.log(beat)
+        f.wait_log(beat, "from the result backend", 10)
     assert ok.state is RunState.DONE
     assert boom.state is RunState.FAILED and boom.exc_type == "ValueError"
     assert ok.started_at is None  # no worker hook ran: the backend told us
