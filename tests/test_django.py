@@ -40,6 +40,18 @@ def test_settings_reach_celery_and_the_worker_side_is_installed(server: RedisSer
     assert last.split() == ["True", "2.0", "example-claims", "beat_claims.Scheduler"]
 
 
+def test_worker_start_adds_fencing_to_the_projects_tasks(server: RedisServer,
+                                                         tmp_path: Any) -> None:
+    out = manage(server, "shell", "-c", (
+        "from exampleproj.celery import app; from celery import signals;"
+        "app.loader.import_default_modules();"
+        "signals.worker_init.send(sender=None);"
+        "t = app.tasks['reports.tasks.heartbeat'];"
+        "print(type(t).__dict__.get('_beat_claims_fenced'),"
+        " type(t).before_start.__module__)"), tmp=tmp_path)
+    assert out.strip().splitlines()[-1].split() == ["True", "beat_claims.worker"]
+
+
 def test_status_command_matches_the_store(server: RedisServer, tmp_path: Any) -> None:
     store = RedisStore.from_url(server.url, "example-claims")
     store.ensure_entries([("heartbeat", "every 5s")])

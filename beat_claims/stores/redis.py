@@ -23,7 +23,7 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from ..runs import FINAL_STATES, Owner, Run, RunState
+from ..runs import Owner, Run
 from .base import (
     Claim,
     ClaimRequest,
@@ -398,12 +398,4 @@ def _parse(entry: str, raws: Iterable[str | None]) -> list[Run]:
     return out
 
 
-def count_states(runs: Iterable[Run]) -> dict[str, int]:
-    counts = {state.value: 0 for state in RunState}
-    for run in runs:
-        counts[run.state.value] += 1
-    return counts
-
-
-__all__ = ["FINAL_STATES", "RedisStore", "connect", "count_states"]
-
+__all__ = ["RedisStore", "connect"]
