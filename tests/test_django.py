@@ -29,27 +29,30 @@ def manage(server: RedisServer, *args: str, tmp: Any) -> str:
     return out.stdout
 
 
+def shell(server: RedisServer, code: str, tmp: Any) -> list[str]:
+    """The last line ``manage.py shell -c`` printed (Django 5.2 prints a notice first)."""
+    return manage(server, "shell", "-c", code, tmp=tmp).strip().splitlines()[-1].split()
+
+
 def test_settings_reach_celery_and_the_worker_side_is_installed(server: RedisServer,
                                                                 tmp_path: Any) -> None:
-    out = manage(server, "shell", "-c", (
+    assert shell(server, (
         "from exampleproj.celery import app; import beat_claims.worker as w;"
         "from beat_claims.settings import Settings; s = Settings.from_app(app);"
         "print(w._context.app is app, s.heartbeat_interval, s.key_prefix,"
-        " app.conf.beat_scheduler)"), tmp=tmp_path)
-    last = out.strip().splitlines()[-1]  # Django 5.2 prints an import notice first
-    assert last.split() == ["True", "2.0", "example-claims", "beat_claims.Scheduler"]
+        " app.conf.beat_scheduler)"), tmp_path) == [
+        "True", "2.0", "example-claims", "beat_claims.Scheduler"]
 
 
 def test_worker_start_adds_fencing_to_the_projects_tasks(server: RedisServer,
                                                          tmp_path: Any) -> None:
-    out = manage(server, "shell", "-c", (
+    assert shell(server, (
         "from exampleproj.celery import app; from celery import signals;"
         "app.loader.import_default_modules();"
         "signals.worker_init.send(sender=None);"
         "t = app.tasks['reports.tasks.heartbeat'];"
         "print(type(t).__dict__.get('_beat_claims_fenced'),"
-        " type(t).before_start.__module__)"), tmp=tmp_path)
-    assert out.strip().splitlines()[-1].split() == ["True", "beat_claims.worker"]
+        " type(t).before_start.__module__)"), tmp_path) == ["True", "beat_claims.worker"]
 
 
 def test_status_command_matches_the_store(server: RedisServer, tmp_path: Any) -> None:
