@@ -424,67 +424,58 @@ class Scheduler(BaseScheduler):
     def _send(self, claims: list[Claim]) -> None:
         """Check, publish and mark each claim: one store round trip per send.
 
-        The "sent" mark of one run travels with the check of the next; a beat that dies in
-        between leaves that run ``sending``, which other beats take over (and the worker's
-        fencing runs it once).
+        The "sent" marks owed travel with the check of the next claim; a beat that dies in
+        between leaves those runs ``sending``, which other beats take over (and the worker's
+        fencing runs each once). A claim is owed as soon as its publish returns; an exception
+        on its way out (the SystemExit of a stop) leaves it owed, and close() stores it.
         """
         finished: set[str] = set()
-        published: Claim | None = None
-        try:
-            for key in dict.fromkeys((c.entry, c.due) for c in claims):
-                claim = self._held.get(key)
-                if claim is None:
-                    continue
-                self._heartbeat_if_due()
-                entry = self.schedule.get(claim.entry)
-                if entry is None:  # removed from the schedule while claimed: give it back
-                    self.store.release(self.owner, [], [key])
-                    del self._held[key]
-                    continue
-                window = self.policies[claim.entry].catch_up_window
-                if window is not None and claim.due < self._now() - int(window * 1000):
-                    # Released or taken over long ago (or held through an outage): the
-                    # window applies to these too.
-                    self.store.skip(self.owner, claim, "catch_up_window")
-                    self.metrics.count("skipped")
-                    logger.info("beat-claims: %s due %s skipped: older than catch_up_window",
-                                claim.entry, iso(claim.due))
-                    del self._held[key]
-                    finished.add(claim.entry)
-                    continue
-                task_id = task_id_for(claim.entry, claim.due, self.settings.key_prefix)
-                sent, published = published, None
-                if sent is not None:
-                    self._unmarked.append(sent)
-                ok, why = self.store.check_before_send(
-                    self.owner, claim, task_id, self._task_index_ttl(claim.entry), sent)
-                if sent is not None:
-                    self._unmarked.remove(sent)
-                if not ok:
-                    self.metrics.count("not_sent")
-                    logger.warning("beat-claims: not sending %s due %s (token %d): %s",
-                                   claim.entry, iso(claim.due), claim.token, why)
-                    del self._held[key]
-                    finished.add(claim.entry)
-                    continue
-                try:
-                    self._publish(entry, claim, task_id)
-                except Exception as exc:
-                    logger.error("beat-claims: publishing %s due %s failed, released for a"
-                                 " later try: %r", claim.entry, iso(claim.due), exc,
-                                 exc_info=True)
-                    self.store.release(self.owner, [], [key])
-                    self.metrics.count("publish_failed")
-                else:
-                    published = claim
-                    self.metrics.count("sent")
+        for key in dict.fromkeys((c.entry, c.due) for c in claims):
+            claim = self._held.get(key)
+            if claim is None:
+                continue
+            self._heartbeat_if_due()
+            entry = self.schedule.get(claim.entry)
+            if entry is None:  # removed from the schedule while claimed: give it back
+                self.store.release(self.owner, [], [key])
+                del self._held[key]
+                continue
+            window = self.policies[claim.entry].catch_up_window
+            if window is not None and claim.due < self._now() - int(window * 1000):
+                # Released or taken over long ago (or held through an outage): the
+                # window applies to these too.
+                self.store.skip(self.owner, claim, "catch_up_window")
+                self.metrics.count("skipped")
+                logger.info("beat-claims: %s due %s skipped: older than catch_up_window",
+                            claim.entry, iso(claim.due))
                 del self._held[key]
                 finished.add(claim.entry)
-        finally:
-            # Owed, not flushed here: a store error must not replace an exception (such as
-            # the SystemExit of a stop) that is already on its way out.
-            if published is not None:
-                self._unmarked.append(published)
+                continue
+            task_id = task_id_for(claim.entry, claim.due, self.settings.key_prefix)
+            ok, why = self.store.check_before_send(
+                self.owner, claim, task_id, self._task_index_ttl(claim.entry),
+                tuple(self._unmarked))
+            self._unmarked.clear()  # stored with the check (an error leaves them owed)
+            if not ok:
+                self.metrics.count("not_sent")
+                logger.warning("beat-claims: not sending %s due %s (token %d): %s",
+                               claim.entry, iso(claim.due), claim.token, why)
+                del self._held[key]
+                finished.add(claim.entry)
+                continue
+            try:
+                self._publish(entry, claim, task_id)
+            except Exception as exc:
+                logger.error("beat-claims: publishing %s due %s failed, released for a"
+                             " later try: %r", claim.entry, iso(claim.due), exc,
+                             exc_info=True)
+                self.store.release(self.owner, [], [key])
+                self.metrics.count("publish_failed")
+            else:
+                self._unmarked.append(claim)
+                self.metrics.count("sent")
+            del self._held[key]
+            finished.add(claim.entry)
         self._flush_unmarked()
         self.store.done_claiming(self.owner, finished - self._held_entries())
 

@@ -237,7 +237,7 @@ def test_check_before_send_indexes_the_task_and_marks_the_previous_sent(
     a = state.anchor
     first, second = claim(store, owner(1), state, a + 1000, a + 2000).claims
     assert store.check_before_send(owner(1), first, "t1", 60)[0]
-    assert store.check_before_send(owner(1), second, "t2", 60, sent=first)[0]
+    assert store.check_before_send(owner(1), second, "t2", 60, sent=[first])[0]
     states = {r.due: r.state for r in store.history("e")}
     assert states == {a + 1000: RunState.SENT, a + 2000: RunState.SENDING}
     assert store.lookup_task("t2") == ("e", a + 2000, second.token)

@@ -82,11 +82,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def check_before_send(self, owner: Owner, claim: Claim, task_id: str, index_ttl: float,
-                          sent: Claim | None = None) -> tuple[bool, str]:
+                          sent: Sequence[Claim] = ()) -> tuple[bool, str]:
         """Atomically: is ``claim`` still ours? If so mark it as being sent.
 
         Also indexes ``task_id`` (for signals that carry only a task id) and, in the same
-        round trip, marks ``sent`` (the previous claim, whose publish succeeded) as sent.
+        round trip, marks ``sent`` (earlier claims whose publish succeeded) as sent.
         """
 
     @abc.abstractmethod

@@ -196,10 +196,10 @@ class RedisStore(Store):
         return results
 
     def check_before_send(self, owner: Owner, claim: Claim, task_id: str, index_ttl: float,
-                          sent: Claim | None = None) -> tuple[bool, str]:
+                          sent: Sequence[Claim] = ()) -> tuple[bool, str]:
         def build(pipe: Pipeline) -> None:
-            if sent is not None:
-                self._mark_sent(sent, pipe)
+            for done in sent:
+                self._mark_sent(done, pipe)
             pipe.set(self._global("task", task_id),
                      json.dumps({"entry": claim.entry, "due": claim.due, "token": claim.token}),
                      px=int(index_ttl * 1000))
