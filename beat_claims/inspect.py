@@ -36,10 +36,15 @@ def _schedules(app: Celery) -> dict[str, Any]:
     return out
 
 
-def status(app: Celery, store: Store | None = None) -> dict[str, Any]:
-    """One JSON-ready document describing every entry the store knows."""
+def status(app: Celery, store: Store | None = None,
+           schedules: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One JSON-ready document describing every entry the store knows.
+
+    ``schedules`` (entry name -> Celery schedule) gives the next occurrences; by default
+    they are read from ``beat_schedule``. A database schedule source passes its own.
+    """
     store = store or open_store(app)
-    schedules = _schedules(app)
+    schedules = _schedules(app) if schedules is None else schedules
     owners = store.owners()
     alive = {owner.id: is_alive for owner, is_alive, _ in owners}
     entries = []

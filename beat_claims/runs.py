@@ -191,5 +191,6 @@ class Run:
             "exc_message": self.exc_message,
             "reclaimed_from": self.reclaimed_from,
         }
-        data.update({k: v for k, v in self.extra.items() if k == "retries"})
+        data.update({k: v for k, v in self.extra.items()
+                 if k in ("retries", "manual", "requested_by", "released_by")})
         return data

@@ -110,15 +110,7 @@ class Scheduler(BaseScheduler):
     # -- setup ------------------------------------------------------------------------
     def setup_schedule(self) -> None:
         super().setup_schedule()
-        self.policies = {
-            name: self.settings.policy_for(name, getattr(entry, "claims", None))
-            for name, entry in self.schedule.items()
-        }
-        for name, entry in self.schedule.items():
-            try:
-                occurrences.next_after(entry.schedule, 0, 0)
-            except occurrences.UnsupportedSchedule as exc:
-                raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
+        self._read_policies()
         for name, policy in self.policies.items():
             if policy.overlap == "skip" and policy.run_timeout is None:
                 logger.warning("beat-claims: entry %r has overlap=skip and no run_timeout: a"
@@ -128,6 +120,29 @@ class Scheduler(BaseScheduler):
             self.metrics.start(self.settings.metrics_port)
         logger.info("beat-claims: owner %s, %d entries, store %s", self.owner,
                     len(self.schedule), self.info)
+
+    def _read_policies(self) -> None:
+        self.policies = {
+            name: self.settings.policy_for(name, getattr(entry, "claims", None))
+            for name, entry in self.schedule.items()
+        }
+        for name, entry in self.schedule.items():
+            try:
+                occurrences.next_after(entry.schedule, 0, 0)
+            except occurrences.UnsupportedSchedule as exc:
+                raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
+
+    def entries_changed(self) -> None:
+        """The schedule was changed in place (a schedule source that is edited while beat
+        runs, such as a database): read policies again and, at the next tick, anchor new
+        entries and rebuild the heap of due instants."""
+        self._read_policies()
+        self._ready = False
+
+    def bounds(self, name: str) -> tuple[int | None, int | None]:
+        """(not before, not after) in UTC ms: occurrences outside are never due. A schedule
+        source with start times or expiry dates overrides this."""
+        return None, None
 
     def _prepare(self) -> None:
         """Anchor and read every entry; build the heap of next due instants."""
@@ -143,13 +158,26 @@ class Scheduler(BaseScheduler):
         state = self._state.get(name)
         if state is None:
             return
-        after = state.checkpoint if state.checkpoint is not None else state.anchor
+        after = self._after(name, state)
         try:
             nxt = occurrences.next_after(self.schedule[name].schedule, state.anchor, after)
         except Exception:
             logger.exception("beat-claims: cannot compute the next run of %r", name)
             nxt = self._now() + int(self.max_interval * 1000)
+        if nxt is None:
+            return  # the schedule has no more occurrences (a one-off time that has passed)
+        until = self.bounds(name)[1]
+        if until is not None and nxt > until:
+            return
         heapq.heappush(self._heap, (nxt, name))
+
+    def _after(self, name: str, state: EntryState) -> int:
+        """The instant after which the entry's next occurrences are looked for."""
+        after = state.checkpoint if state.checkpoint is not None else state.anchor
+        not_before = self.bounds(name)[0]
+        if not_before is not None and not_before - 1 > after:
+            after = not_before - 1
+        return after
 
     # -- clock ------------------------------------------------------------------------
     def _now(self) -> int:
@@ -354,10 +382,12 @@ class Scheduler(BaseScheduler):
     def _request(self, name: str, now: int) -> tuple[ClaimRequest, int]:
         state = self._state[name]
         policy = self.policies[name]
-        after = state.checkpoint if state.checkpoint is not None else state.anchor
+        after = self._after(name, state)
         keep = max(policy.max_catch_up, self.settings.history_limit) + 1
+        until = self.bounds(name)[1]
         due, total = occurrences.due_between(
-            self.schedule[name].schedule, state.anchor, after, now, keep)
+            self.schedule[name].schedule, state.anchor, after,
+            now if until is None else min(now, until), keep)
         decided = plan(policy, due, total, now, int(self.settings.catch_up_grace * 1000),
                        self.settings.history_limit)
         if decided.skip or decided.unrecorded:

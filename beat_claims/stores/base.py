@@ -156,6 +156,20 @@ class Store(abc.ABC):
     def lookup_task(self, task_id: str) -> tuple[str, int, int] | None:
         """(entry, due, token) of a task id sent by beat-claims, if known."""
 
+    # -- operators --------------------------------------------------------------------
+    @abc.abstractmethod
+    def request_run(self, entry: str, requested_by: str) -> int | None:
+        """Record a run of ``entry`` due now, for a beat to claim and send like any other.
+
+        Returns its due instant, or None when the store does not know the entry. The
+        checkpoint is not touched: scheduled occurrences are unaffected.
+        """
+
+    @abc.abstractmethod
+    def free_claim(self, entry: str, due: int, released_by: str) -> bool:
+        """Release a claimed (or being sent) run whoever holds it: it is due again, and the
+        holder's token is superseded at the next claim."""
+
     # -- inspection -------------------------------------------------------------------
     @abc.abstractmethod
     def entry_names(self) -> list[str]:

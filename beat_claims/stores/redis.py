@@ -34,7 +34,7 @@ from .base import (
 )
 
 SCRIPTS = ("anchor", "claim", "send", "sent", "release", "reclaim", "start", "finish", "lost",
-           "skip")
+           "skip", "request", "free")
 
 
 @cache
@@ -344,6 +344,21 @@ class RedisStore(Store):
             return str(data["entry"]), int(data["due"]), int(data["token"])
         except (ValueError, KeyError, TypeError):
             return None
+
+    # -- operators --------------------------------------------------------------------
+    def request_run(self, entry: str, requested_by: str) -> int | None:
+        keys = self._keys(entry, "entry", "runs", "history", "live")
+        due = self._run("request", keys, [requested_by])
+        if not due:
+            return None
+        self.client.incr(self._global("released"))
+        return int(due)
+
+    def free_claim(self, entry: str, due: int, released_by: str) -> bool:
+        freed = bool(self._run("free", self._keys(entry, "runs"), [str(due), released_by]))
+        if freed:
+            self.client.incr(self._global("released"))
+        return freed
 
     # -- inspection -------------------------------------------------------------------
     def entry_names(self) -> list[str]:
