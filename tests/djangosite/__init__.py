@@ -1,0 +1,1 @@
+"""A Django site for the Django integration tests (pytest-django), PostgreSQL by default."""

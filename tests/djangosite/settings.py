@@ -1,0 +1,71 @@
+"""Settings of the test Django site.
+
+The database is the local PostgreSQL (``BC_DJANGO_DB=sqlite`` for SQLite); pytest-django
+creates and drops its own test database. Real ``celery beat``/``worker`` subprocesses read
+the same settings, with ``BC_DJANGO_DB_NAME`` naming the test database they must use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+ROOT_URLCONF = "tests.djangosite.urls"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_celery_results",
+    "django_celery_beat",
+    "beat_claims.contrib.django",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+
+if os.environ.get("BC_DJANGO_DB") == "sqlite":
+    DATABASES = {"default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("BC_DJANGO_DB_NAME", str(BASE_DIR / "test.sqlite3")),
+    }}
+else:
+    DATABASES = {"default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("BC_DJANGO_DB_NAME", "beat_claims"),
+        "USER": os.environ.get("BC_PGUSER", "postgres"),
+        "HOST": os.environ.get("BC_PGHOST", "127.0.0.1"),
+        "PORT": os.environ.get("BC_PGPORT", "5432"),
+        "TEST": {"NAME": "test_beat_claims"},
+    }}
+
+# -- Celery, through the CELERY namespace -------------------------------------------------
+CELERY_BROKER_URL = os.environ.get("BC_BROKER_URL", "redis://127.0.0.1:6379/15")
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_BEAT_CLAIMS_URL = os.environ.get("BC_REDIS_URL", "redis://127.0.0.1:6379/15")
+CELERY_BEAT_CLAIMS_HEARTBEAT_INTERVAL = 1.0
+CELERY_BEAT_MAX_LOOP_INTERVAL = 1
+BEAT_CLAIMS_CELERY_APP = "tests.djangosite.celery:app"
