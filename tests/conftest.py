@@ -120,3 +120,11 @@ def tmp_dir(tmp_path: Path) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """pytest-django has set Django up in this process by now. Child processes must not
+    inherit its settings module: Celery turns on its Django fixup for any app when the
+    variable is set. Tests that start Django processes name their settings explicitly."""
+    os.environ.pop("DJANGO_SETTINGS_MODULE", None)

@@ -22,6 +22,7 @@ PROJECT = ROOT / "example_project"
 
 def manage(server: RedisServer, *args: str, tmp: Any) -> str:
     env = {**os.environ, "REDIS_URL": server.url, "PYTHONPATH": str(PROJECT),
+           "DJANGO_SETTINGS_MODULE": "exampleproj.settings",
            "EXAMPLE_DB": str(tmp / "db.sqlite3")}
     out = subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT, env=env,
                          capture_output=True, text=True, timeout=120)
@@ -74,6 +75,7 @@ def test_outcomes_recovered_from_django_celery_results(server: RedisServer,
 
     manage(server, "migrate", "-v", "0", tmp=tmp_path)
     env = {**os.environ, "REDIS_URL": server.url, "PYTHONPATH": str(PROJECT),
+           "DJANGO_SETTINGS_MODULE": "exampleproj.settings",
            "EXAMPLE_DB": str(tmp_path / "db.sqlite3"), "EXAMPLE_NO_HOOKS": "1",
            "EXAMPLE_HEARTBEAT": "0.5"}
     store = RedisStore.from_url(server.url, "example-claims")
