@@ -35,8 +35,13 @@ logger = get_logger("celery.beat.claims")
 
 #: How long the task-id index outlives a send, at least.
 TASK_INDEX_TTL = 7 * 24 * 3600.0
-#: A full look for released occurrences, in case a release notice was lost.
+#: How often a beat looks for release notices when the release generation did not move.
 RELEASED_SCAN_EVERY = 60.0
+#: Claims checked before publish in one store round trip.
+SEND_BATCH = 100
+#: Entries claimed in one round trip when many are due at once; beats sharing a burst
+#: each start at their own share and then help with the rest, a chunk at a time.
+CLAIM_CHUNK = 100
 MAX_BACKOFF = 30.0
 #: Result backend states that settle a run.
 BACKEND_STATES = {"SUCCESS": RunState.DONE, "FAILURE": RunState.FAILED,
@@ -89,6 +94,9 @@ class Scheduler(BaseScheduler):
         self._heap: list[tuple[int, str]] = []
         self._held: dict[tuple[str, int], Claim] = {}  # claimed, not yet sent
         self._unmarked: list[Claim] = []  # published; the "sent" mark is still to be stored
+        self._checked: list[Claim] = []  # passed the check before publish; not yet published
+        self._peers: list[str] = []  # ids of the live beats, as of the last sweep
+        self._full_scan = True  # look for released runs in every entry at the next sweep
         self._claiming: set[str] = set()  # entries with a claim call in flight
         self._offset_ms = 0
         self._last_heartbeat = float("-inf")
@@ -152,6 +160,7 @@ class Scheduler(BaseScheduler):
         self._heap = []
         for name in names:
             self._push(name)
+        self._full_scan = True  # the store may have been wiped or restored meanwhile
         self._ready = True
 
     def _push(self, name: str) -> None:
@@ -276,8 +285,9 @@ class Scheduler(BaseScheduler):
         if self._unmarked:  # published, but the "sent" mark did not reach the store
             self._flush_unmarked()
         # Our own note last: claims taken over in this sweep are not stale.
-        for owner, alive, entries in sorted(self.store.owners(),
-                                            key=lambda o: o[0].id == self.owner.id):
+        owners = self.store.owners()
+        self._peers = sorted(o.id for o, alive, _ in owners if alive or o.id == self.owner.id)
+        for owner, alive, entries in sorted(owners, key=lambda o: o[0].id == self.owner.id):
             if owner.id == self.owner.id:
                 busy = self._held_entries() | self._claiming
                 busy |= {c.entry for c in self._unmarked}
@@ -298,14 +308,25 @@ class Scheduler(BaseScheduler):
                 if since <= now - reclaim_ms:
                     self._take_over(owner, [name], now - reclaim_ms, "slow")
         if time.monotonic() - self._last_released_scan >= RELEASED_SCAN_EVERY:
-            self._last_released_scan = time.monotonic()
-            requests = [ClaimRequest(name, None) for name in sorted(self.schedule)]
-            for result in self._claim_batch(requests, now):
-                self._hold(result.claims)
+            self._pick_up_released(now)
         self._mark_lost(now)
         self._recover_outcomes(now)
         if self._held:
             self._send(sorted(self._held.values(), key=lambda c: (c.due, c.entry)))
+
+    def _pick_up_released(self, now: int) -> None:
+        """Claim runs that stopped beats released (or operators requested): where the
+        notices say, or in every entry after a (re)start, in case the store was restored."""
+        self._last_released_scan = time.monotonic()
+        notices = self.store.released_in()
+        names = sorted(self.schedule) if self._full_scan else sorted(
+            name for name in notices if name in self.schedule)
+        if names:
+            for result in self._claim_batch([ClaimRequest(name, None) for name in names], now):
+                self._hold(result.claims)
+        # Each claim above took every released run of its entry: those notices are done.
+        self.store.picked_up({name: notices[name] for name in names if name in notices})
+        self._full_scan = False
 
     def _take_over(self, owner: Owner, names: list[str], cutoff: int | None, why: str) -> None:
         """Reclaim ``owner``'s claims in ``names``; what this beat cannot send (an entry it
@@ -397,6 +418,27 @@ class Scheduler(BaseScheduler):
         return request, (due[-1] if due else after)
 
     def _claim_due(self, names: list[str], now: int) -> None:
+        """Claim and send what is due, a chunk at a time, so that beats share a burst."""
+        for chunk in self._shares(names):
+            claims = self._claim_chunk(chunk, now)
+            if claims:
+                self._hold(claims)
+                self._send(sorted(claims, key=lambda c: (c.due, c.entry)))
+
+    def _shares(self, names: list[str]) -> list[list[str]]:
+        """Chunks of ``names`` in the order this beat claims them: its own share of the live
+        beats' first, then the others' shares from their far end, to meet them halfway."""
+        if len(names) <= CLAIM_CHUNK:
+            return [names]
+        order = names
+        if len(self._peers) > 1 and self.owner.id in self._peers:
+            order = sorted(names)
+            rank, n = self._peers.index(self.owner.id), len(self._peers)
+            start, end = rank * len(order) // n, (rank + 1) * len(order) // n
+            order = order[start:end] + (order[end:] + order[:start])[::-1]
+        return [order[i:i + CLAIM_CHUNK] for i in range(0, len(order), CLAIM_CHUNK)]
+
+    def _claim_chunk(self, names: list[str], now: int) -> list[Claim]:
         pending = names
         claims: list[Claim] = []
         for _attempt in range(5):
@@ -439,9 +481,7 @@ class Scheduler(BaseScheduler):
                 pending += missing
             if not pending:
                 break
-        if claims:
-            self._hold(claims)
-            self._send(sorted(claims, key=lambda c: (c.due, c.entry)))
+        return claims
 
     def _held_entries(self) -> set[str]:
         return {entry for entry, _ in self._held}
@@ -452,69 +492,85 @@ class Scheduler(BaseScheduler):
 
     # -- sending ----------------------------------------------------------------------
     def _send(self, claims: list[Claim]) -> None:
-        """Check, publish and mark each claim: one store round trip per send.
+        """Check, publish and mark claims: one store round trip per batch of sends.
 
-        The "sent" marks owed travel with the check of the next claim; a beat that dies in
-        between leaves those runs ``sending``, which other beats take over (and the worker's
-        fencing runs each once). A claim is owed as soon as its publish returns; an exception
-        on its way out (the SystemExit of a stop) leaves it owed, and close() stores it.
+        Each batch is checked in one round trip, immediately before its publishes; the
+        "sent" marks owed travel with the next batch's check. A beat that dies in between
+        leaves those runs ``sending``, which other beats take over (and the worker's
+        fencing runs each once). A claim is owed as soon as its publish returns; an
+        exception on its way out (the SystemExit of a stop) leaves it owed, and close()
+        stores it; claims checked and not yet published are released by close().
         """
         finished: set[str] = set()
-        for key in dict.fromkeys((c.entry, c.due) for c in claims):
-            claim = self._held.get(key)
-            if claim is None:
-                continue
+        keys = list(dict.fromkeys((c.entry, c.due) for c in claims))
+        for start in range(0, len(keys), SEND_BATCH):
             self._heartbeat_if_due()
-            entry = self.schedule.get(claim.entry)
-            if entry is None:  # removed from the schedule while claimed: give it back
-                self.store.release(self.owner, [], [key])
-                del self._held[key]
+            batch = [claim for key in keys[start:start + SEND_BATCH]
+                     if (claim := self._sendable(key, finished)) is not None]
+            if not batch:
                 continue
-            window = self.policies[claim.entry].catch_up_window
-            if window is not None and claim.due < self._now() - int(window * 1000):
-                # Released or taken over long ago (or held through an outage): the
-                # window applies to these too.
-                self.store.skip(self.owner, claim, "catch_up_window")
-                self.metrics.count("skipped")
-                logger.info("beat-claims: %s due %s skipped: older than catch_up_window",
-                            claim.entry, iso(claim.due))
-                del self._held[key]
-                finished.add(claim.entry)
-                continue
-            task_id = task_id_for(claim.entry, claim.due, self.settings.key_prefix)
-            ok, why = self.store.check_before_send(
-                self.owner, claim, task_id, self._task_index_ttl(claim.entry),
-                tuple(self._unmarked))
+            items = [(c, task_id_for(c.entry, c.due, self.settings.key_prefix),
+                      self._task_index_ttl(c.entry)) for c in batch]
+            answers = self.store.check_many(self.owner, items, tuple(self._unmarked))
             self._unmarked.clear()  # stored with the check (an error leaves them owed)
-            if not ok:
+            go: list[tuple[Claim, str]] = []
+            for (claim, task_id, _), (ok, why) in zip(items, answers):
+                if ok:
+                    go.append((claim, task_id))
+                    continue
                 self.metrics.count("not_sent")
                 logger.warning("beat-claims: not sending %s due %s (token %d): %s",
                                claim.entry, iso(claim.due), claim.token, why)
+                del self._held[(claim.entry, claim.due)]
+                finished.add(claim.entry)
+            self._checked = [claim for claim, _ in go]
+            for claim, task_id in go:
+                self._checked.pop(0)  # from here on, it may be published
+                key = (claim.entry, claim.due)
+                try:
+                    self._publish(self.schedule[claim.entry], claim, task_id)
+                except Exception as exc:
+                    logger.error("beat-claims: publishing %s due %s failed, released for a"
+                                 " later try: %r", claim.entry, iso(claim.due), exc,
+                                 exc_info=True)
+                    self.store.release(self.owner, [], [key])
+                    self.metrics.count("publish_failed")
+                else:
+                    self._unmarked.append(claim)
+                    self.metrics.count("sent")
                 del self._held[key]
                 finished.add(claim.entry)
-                continue
-            try:
-                self._publish(entry, claim, task_id)
-            except Exception as exc:
-                logger.error("beat-claims: publishing %s due %s failed, released for a"
-                             " later try: %r", claim.entry, iso(claim.due), exc,
-                             exc_info=True)
-                self.store.release(self.owner, [], [key])
-                self.metrics.count("publish_failed")
-            else:
-                self._unmarked.append(claim)
-                self.metrics.count("sent")
-            del self._held[key]
-            finished.add(claim.entry)
         self._flush_unmarked()
         self.store.done_claiming(self.owner, finished - self._held_entries())
+
+    def _sendable(self, key: tuple[str, int], finished: set[str]) -> Claim | None:
+        """The held claim for ``key`` if it is to be sent; give back or skip it otherwise."""
+        claim = self._held.get(key)
+        if claim is None:
+            return None
+        if claim.entry not in self.schedule:  # removed from the schedule while claimed
+            self.store.release(self.owner, [], [key])
+            del self._held[key]
+            return None
+        window = self.policies[claim.entry].catch_up_window
+        if window is not None and claim.due < self._now() - int(window * 1000):
+            # Released or taken over long ago (or held through an outage): the window
+            # applies to these too.
+            self.store.skip(self.owner, claim, "catch_up_window")
+            self.metrics.count("skipped")
+            logger.info("beat-claims: %s due %s skipped: older than catch_up_window",
+                        claim.entry, iso(claim.due))
+            del self._held[key]
+            finished.add(claim.entry)
+            return None
+        return claim
 
     def _flush_unmarked(self) -> None:
         """Store the "sent" marks still owed. Until they are stored, this beat does not
         treat those runs as its own unanswered claims (which would send them again)."""
-        while self._unmarked:
-            self.store.mark_sent(self._unmarked[0])
-            self._unmarked.pop(0)
+        if self._unmarked:
+            self.store.mark_all_sent(self._unmarked)
+            self._unmarked.clear()
 
     def _task_index_ttl(self, name: str) -> float:
         timeout = self.policies[name].run_timeout
@@ -527,6 +583,7 @@ class Scheduler(BaseScheduler):
         options = dict(entry.options)
         headers = dict(options.get("headers") or {})
         headers["celery_beat_task"] = True
+        headers["periodic_task_name"] = entry.name  # django-celery-results records it
         headers[HEADER] = {"entry": entry.name, "due": iso(claim.due), "token": claim.token}
         options["headers"] = headers
         options["task_id"] = task_id
@@ -561,7 +618,10 @@ class Scheduler(BaseScheduler):
                 self.store.client.connection_pool.disconnect()
             try:
                 self._flush_unmarked()
-                released = self.store.release(self.owner, entries)
+                # Checked but never handed to the broker: safe to give back even though they
+                # passed the check (the one being published when the stop came is not here).
+                unsent = [(c.entry, c.due) for c in self._checked]
+                released = self.store.release(self.owner, entries, unsent)
                 # The owner's note of its entries stays: a claim past its check before
                 # publish (state "sending") is not released, and other beats take it over
                 # at once now that this owner's heartbeat is gone.
@@ -574,6 +634,7 @@ class Scheduler(BaseScheduler):
                                " stop (%s); they are taken over once this beat's heartbeat"
                                " expires", len(entries), exc)
             self._held.clear()
+            self._checked.clear()
             self._claiming.clear()
             self._ready = False
             self._closed = True

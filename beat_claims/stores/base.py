@@ -81,13 +81,19 @@ class Store(abc.ABC):
         """Claim occurrences of many entries, one atomic compare-and-set per entry."""
 
     @abc.abstractmethod
-    def check_before_send(self, owner: Owner, claim: Claim, task_id: str, index_ttl: float,
-                          sent: Sequence[Claim] = ()) -> tuple[bool, str]:
-        """Atomically: is ``claim`` still ours? If so mark it as being sent.
+    def check_many(self, owner: Owner, items: Sequence[tuple[Claim, str, float]],
+                   sent: Sequence[Claim] = ()) -> list[tuple[bool, str]]:
+        """Atomically for each (claim, task id, index ttl): is the claim still ours? If so
+        mark it as being sent. One answer (ok, why not) per item, in order.
 
-        Also indexes ``task_id`` (for signals that carry only a task id) and, in the same
+        Also indexes each task id (for signals that carry only a task id) and, in the same
         round trip, marks ``sent`` (earlier claims whose publish succeeded) as sent.
         """
+
+    def check_before_send(self, owner: Owner, claim: Claim, task_id: str, index_ttl: float,
+                          sent: Sequence[Claim] = ()) -> tuple[bool, str]:
+        """:meth:`check_many` for one claim."""
+        return self.check_many(owner, [(claim, task_id, index_ttl)], sent)[0]
 
     @abc.abstractmethod
     def skip(self, owner: Owner, claim: Claim, reason: str) -> bool:
@@ -98,6 +104,10 @@ class Store(abc.ABC):
         """The publish succeeded."""
 
     @abc.abstractmethod
+    def mark_all_sent(self, claims: Sequence[Claim]) -> int:
+        """:meth:`mark_sent` for many claims in one round trip; how many were marked."""
+
+    @abc.abstractmethod
     def release(self, owner: Owner, entries: Iterable[str], unsent: Iterable[tuple[str, int]] = ()
                 ) -> int:
         """Give back claims that were not sent; they are due again. Returns how many.
@@ -106,6 +116,16 @@ class Store(abc.ABC):
         publish is released (whether or not the owner learnt its token), and each of
         ``unsent`` (entry, due) too, even past that check: its publish failed.
         """
+
+    @abc.abstractmethod
+    def released_in(self) -> dict[str, int]:
+        """Entries where runs were released (or requested) and may wait for a beat, each
+        with a count that moves at every new release there."""
+
+    @abc.abstractmethod
+    def picked_up(self, seen: dict[str, int]) -> None:
+        """A beat claimed what was released in these entries: drop the notices it read,
+        unless their count moved since (a newer release keeps its notice)."""
 
     @abc.abstractmethod
     def heartbeat(self, owner: Owner, ttl: float) -> tuple[int, int]:

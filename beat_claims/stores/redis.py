@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import resources
@@ -34,7 +35,7 @@ from .base import (
 )
 
 SCRIPTS = ("anchor", "claim", "send", "sent", "release", "reclaim", "start", "finish", "lost",
-           "skip", "request", "free")
+           "skip", "request", "free", "noticed")
 
 
 @cache
@@ -89,6 +90,7 @@ class RedisStore(Store):
         self.prefix = prefix
         self._scripts = {name: client.register_script(_source(name)) for name in SCRIPTS}
         self._shas = {name: hashlib.sha1(_source(name).encode()).hexdigest() for name in SCRIPTS}
+        self._local = threading.local()
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "beat-claims", socket_timeout: float = 5.0,
@@ -117,16 +119,34 @@ class RedisStore(Store):
         """One round trip. If the server lost our scripts (restart, SCRIPT FLUSH), none of
         them ran: load them and send the batch again."""
         for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
-            build(pipe)
+            pipe = self._pipeline()
             try:
+                build(pipe)
                 return list(pipe.execute())
             except NoScriptError:
                 if attempt == 2:
                     raise
                 for name in SCRIPTS:
                     self.client.script_load(_source(name))
+            finally:
+                pipe.reset()  # an error while building must not leave commands queued
         raise AssertionError("unreachable")
+
+    def _pipeline(self) -> Pipeline:
+        """This thread's pipeline, reused: building one costs more than the round trip it
+        saves (redis-py copies its response callbacks into every new client object)."""
+        pipe: Pipeline | None = getattr(self._local, "pipe", None)
+        if pipe is None:
+            pipe = self._local.pipe = self.client.pipeline(transaction=False)
+        return pipe
+
+    def _notice(self, pipe: Pipeline, entries: Iterable[str]) -> None:
+        """Tell other beats, in the same round trip as the release, where to look."""
+        names = list(entries)
+        for name in names:
+            pipe.hincrby(self._global("released-in"), name, 1)
+        if names:
+            pipe.incr(self._global("released"))
 
     # -- clock ------------------------------------------------------------------------
     def now_ms(self) -> int:
@@ -195,19 +215,21 @@ class RedisStore(Store):
             results.append(result)
         return results
 
-    def check_before_send(self, owner: Owner, claim: Claim, task_id: str, index_ttl: float,
-                          sent: Sequence[Claim] = ()) -> tuple[bool, str]:
+    def check_many(self, owner: Owner, items: Sequence[tuple[Claim, str, float]],
+                   sent: Sequence[Claim] = ()) -> list[tuple[bool, str]]:
         def build(pipe: Pipeline) -> None:
             for done in sent:
                 self._mark_sent(done, pipe)
-            pipe.set(self._global("task", task_id),
-                     json.dumps({"entry": claim.entry, "due": claim.due, "token": claim.token}),
-                     px=int(index_ttl * 1000))
-            self._run("send", self._keys(claim.entry, "runs"),
-                      [str(claim.due), str(claim.token), owner.id, task_id], pipe)
+            for claim, task_id, index_ttl in items:
+                pipe.set(self._global("task", task_id),
+                         json.dumps({"entry": claim.entry, "due": claim.due,
+                                     "token": claim.token}),
+                         px=int(index_ttl * 1000))
+                self._run("send", self._keys(claim.entry, "runs"),
+                          [str(claim.due), str(claim.token), owner.id, task_id], pipe)
 
-        reply = self._batch(build)[-1]
-        return bool(int(reply[0])), (reply[1] if len(reply) > 1 else "")
+        replies = self._batch(build)[len(sent) + 1::2]
+        return [(bool(int(r[0])), (r[1] if len(r) > 1 else "")) for r in replies]
 
     def _mark_sent(self, claim: Claim, client: Any = None) -> Any:
         return self._run("sent", self._keys(claim.entry, "runs", "live", "open"),
@@ -220,22 +242,37 @@ class RedisStore(Store):
     def mark_sent(self, claim: Claim) -> bool:
         return bool(self._mark_sent(claim))
 
+    def mark_all_sent(self, claims: Sequence[Claim]) -> int:
+        def build(pipe: Pipeline) -> None:
+            for claim in claims:
+                self._mark_sent(claim, pipe)
+
+        return sum(int(r) for r in self._batch(build)) if claims else 0
+
     def release(self, owner: Owner, entries: Iterable[str], unsent: Iterable[tuple[str, int]] = ()
                 ) -> int:
         entries, unsent = list(entries), list(unsent)
         if not entries and not unsent:
             return 0
+
         def build(pipe: Pipeline) -> None:
             for entry in entries:
                 self._run("release", self._keys(entry, "runs", "live"), [owner.id, ""], pipe)
             for entry, due in unsent:
                 self._run("release", self._keys(entry, "runs", "live"), [owner.id, str(due)],
                           pipe)
+            self._notice(pipe, dict.fromkeys(entries + [entry for entry, _ in unsent]))
 
-        released = sum(int(r) for r in self._batch(build))
-        if released:
-            self.client.incr(self._global("released"))
-        return released
+        return sum(int(r) for r in self._batch(build)[:len(entries) + len(unsent)])
+
+    def released_in(self) -> dict[str, int]:
+        return {name: int(count)
+                for name, count in self.client.hgetall(self._global("released-in")).items()}
+
+    def picked_up(self, seen: dict[str, int]) -> None:
+        if seen:
+            args = [part for name, count in seen.items() for part in (name, str(count))]
+            self._run("noticed", [self._global("released-in")], args)
 
     def heartbeat(self, owner: Owner, ttl: float) -> tuple[int, int]:
         pipe = self.client.pipeline(transaction=False)
@@ -347,18 +384,20 @@ class RedisStore(Store):
 
     # -- operators --------------------------------------------------------------------
     def request_run(self, entry: str, requested_by: str) -> int | None:
-        keys = self._keys(entry, "entry", "runs", "history", "live")
-        due = self._run("request", keys, [requested_by])
-        if not due:
-            return None
-        self.client.incr(self._global("released"))
-        return int(due)
+        def build(pipe: Pipeline) -> None:
+            self._run("request", self._keys(entry, "entry", "runs", "history", "live"),
+                      [requested_by], pipe)
+            self._notice(pipe, [entry])
+
+        due = self._batch(build)[0]
+        return int(due) if due else None
 
     def free_claim(self, entry: str, due: int, released_by: str) -> bool:
-        freed = bool(self._run("free", self._keys(entry, "runs"), [str(due), released_by]))
-        if freed:
-            self.client.incr(self._global("released"))
-        return freed
+        def build(pipe: Pipeline) -> None:
+            self._run("free", self._keys(entry, "runs"), [str(due), released_by], pipe)
+            self._notice(pipe, [entry])
+
+        return bool(self._batch(build)[0])
 
     # -- inspection -------------------------------------------------------------------
     def entry_names(self) -> list[str]:

@@ -1,4 +1,5 @@
-"""The Django app config: installs the beat-claims worker side on the project's Celery app."""
+"""The Django app config: installs the beat-claims worker side on the project's Celery app
+and registers the system checks."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 
 def celery_app() -> Any:
@@ -19,7 +21,11 @@ def celery_app() -> Any:
     if path:
         from celery.utils.imports import symbol_by_name
 
-        return symbol_by_name(path)
+        try:
+            return symbol_by_name(path)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ImproperlyConfigured(
+                f"BEAT_CLAIMS_CELERY_APP={path!r} cannot be imported: {exc}") from exc
     from celery import current_app
 
     return current_app._get_current_object()
@@ -33,4 +39,7 @@ class BeatClaimsConfig(AppConfig):
     def ready(self) -> None:
         import beat_claims
 
+        from . import checks
+
+        checks.register()
         beat_claims.install(celery_app())

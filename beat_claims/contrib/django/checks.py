@@ -1,0 +1,120 @@
+"""System checks (``manage.py check``): the beat-claims configuration, as a beat reads it.
+
+A beat refuses to start on a bad setting; these checks say so earlier, in the terms of
+the Django settings (``CELERY_BEAT_CLAIMS_*``), with an id to silence or grep:
+
+- ``beat_claims.E001``: no store URL (``CELERY_BEAT_CLAIMS_URL`` unset, broker not Redis);
+- ``beat_claims.E002``: an invalid ``CELERY_BEAT_CLAIMS_*`` setting;
+- ``beat_claims.E003``: an entry of ``CELERY_BEAT_SCHEDULE`` with invalid ``claims``
+  options or a schedule beat-claims cannot compute;
+- ``beat_claims.W001``: the store cannot be reached (within ``STORE_TIMEOUT`` seconds).
+
+W001 is a warning, not an error: checks run before ``migrate`` and ``runserver`` too, and
+those must work while Redis is down. ``BEAT_CLAIMS_CHECK_STORE = False`` skips the ping.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core import checks
+
+#: Seconds the reachability check waits for the store: ``check`` must not hang.
+STORE_TIMEOUT = 1.0
+TAG = "beat_claims"
+
+
+def mask(url: str) -> str:
+    """The URL with any user and password replaced by ``***``."""
+    return re.sub(r"://[^@/;]*@", "://***@", url)
+
+
+def register() -> None:
+    """Register the checks once (``AppConfig.ready`` may run more than once in tests)."""
+    checks.register(check_configuration, TAG)
+
+
+def check_configuration(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from beat_claims.settings import ConfigurationError, Settings
+
+    from .apps import celery_app
+
+    app = celery_app()
+    if _url_missing(app.conf):
+        return [checks.Error(
+            "beat-claims has no store: CELERY_BEAT_CLAIMS_URL is not set and the broker"
+            f" ({mask(str(app.conf.get('broker_url') or '')) or 'none'}) is not Redis.",
+            hint="Set CELERY_BEAT_CLAIMS_URL to a redis://, rediss:// or sentinel:// URL.",
+            id="beat_claims.E001")]
+    try:
+        settings = Settings.from_app(app)
+    except ConfigurationError as exc:
+        return [checks.Error(f"Invalid beat-claims setting: {exc}",
+                             hint="Settings are read as CELERY_<NAME> (upper case), e.g."
+                                  " CELERY_BEAT_CLAIMS_CATCH_UP = 'latest'.",
+                             id="beat_claims.E002")]
+    errors = _check_entries(app, settings)
+    if errors or not getattr(django_settings, "BEAT_CLAIMS_CHECK_STORE", True):
+        return errors
+    return _check_store(settings)
+
+
+def _url_missing(conf: Any) -> bool:
+    from beat_claims.settings import ConfigurationError, _default_url
+
+    if conf.get("beat_claims_url"):
+        return False
+    try:
+        _default_url(str(conf.get("broker_url") or ""))
+    except ConfigurationError:
+        return True
+    return False
+
+
+def _check_entries(app: Any, settings: Any) -> list[checks.CheckMessage]:
+    """Each ``beat_schedule`` entry as the beat will read it: ``claims`` and schedule."""
+    from celery.beat import ScheduleEntry
+
+    from beat_claims import occurrences
+    from beat_claims.settings import ConfigurationError
+
+    errors: list[checks.CheckMessage] = []
+    for name, spec in (app.conf.beat_schedule or {}).items():
+        try:
+            spec = dict(spec)
+            settings.policy_for(name, spec.pop("claims", None))
+            schedule = ScheduleEntry(**dict(spec, name=name, app=app)).schedule
+            occurrences.next_after(schedule, 0, 0)
+        except ConfigurationError as exc:
+            errors.append(checks.Error(f"Invalid beat-claims option: {exc}",
+                                       obj=f"CELERY_BEAT_SCHEDULE[{name!r}]",
+                                       id="beat_claims.E003"))
+        except Exception as exc:
+            errors.append(checks.Error(
+                f"CELERY_BEAT_SCHEDULE[{name!r}]: beat-claims cannot read this entry:"
+                f" {type(exc).__name__}: {exc}", obj=f"CELERY_BEAT_SCHEDULE[{name!r}]",
+                id="beat_claims.E003"))
+    return errors
+
+
+def _check_store(settings: Any) -> list[checks.CheckMessage]:
+    from beat_claims.stores.redis import connect
+
+    client = None
+    try:
+        client = connect(settings.url, socket_timeout=STORE_TIMEOUT,
+                         sentinel_master=settings.sentinel_master)
+        client.ping()
+    except Exception as exc:
+        return [checks.Warning(
+            f"beat-claims cannot reach its store at {mask(settings.url)}:"
+            f" {type(exc).__name__}: {exc}",
+            hint="Beats send nothing while the store is unreachable. Start Redis or fix"
+                 " CELERY_BEAT_CLAIMS_URL; BEAT_CLAIMS_CHECK_STORE = False skips this check.",
+            id="beat_claims.W001")]
+    finally:
+        if client is not None:
+            client.close()
+    return []

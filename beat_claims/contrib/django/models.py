@@ -1,0 +1,30 @@
+"""An unmanaged model: no table, only something for the admin to register and permissions.
+
+Entries and runs live in the beat-claims store (Redis), not in the database; the admin
+reads them from there. The model gives the admin its place in the index and gives Django
+the permissions operators are granted: view, release a claim, trigger a run.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Entry(models.Model):
+    """A schedule entry as the store knows it (never saved: ``managed = False``)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+
+    class Meta:
+        managed = False
+        db_table = "beat_claims_entry_unmanaged"
+        verbose_name = "entry"
+        verbose_name_plural = "entries"
+        default_permissions = ("view",)
+        permissions = [
+            ("release_claim", "Can release a stuck claim"),
+            ("trigger_run", "Can trigger a run now"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

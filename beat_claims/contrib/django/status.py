@@ -1,0 +1,79 @@
+"""What the admin and ``manage.py beat_claims`` read: the store, and the schedules that
+give each entry its next occurrence.
+
+Everything comes from the store (Redis) through :mod:`beat_claims.inspect`, the same
+documents ``celery claims`` prints; nothing is read from database tables, except the
+schedules themselves when the django-celery-beat database scheduler is in use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+from django.apps import apps as django_apps
+
+from beat_claims import inspect
+from beat_claims.settings import Settings
+from beat_claims.stores.base import Store
+from beat_claims.stores.redis import RedisStore
+
+from .apps import celery_app
+
+#: Socket timeout of the web process's store client: a page must not hang on Redis.
+STORE_TIMEOUT = 2.0
+DATABASE_SCHEDULER = "beat_claims.contrib.django.database_scheduler"
+
+_stores: dict[tuple[str, str, str | None], Store] = {}
+_lock = threading.Lock()
+
+
+def store_for(app: Any = None) -> Store:
+    """The store of ``app`` (default: the project's Celery app), one client per process."""
+    settings = Settings.from_app(app or celery_app())
+    key = (settings.url, settings.key_prefix, settings.sentinel_master)
+    with _lock:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = RedisStore.from_url(
+                settings.url, settings.key_prefix, socket_timeout=STORE_TIMEOUT,
+                sentinel_master=settings.sentinel_master)
+    return store
+
+
+def uses_database_scheduler(app: Any) -> bool:
+    """Whether ``beat_scheduler`` names beat-claims' django-celery-beat scheduler (by path
+    or by its ``celery.beat_schedulers`` alias)."""
+    from celery.utils.imports import load_extension_class_names
+
+    scheduler = app.conf.get("beat_scheduler") or ""
+    if not isinstance(scheduler, str):
+        scheduler = f"{scheduler.__module__}:{scheduler.__qualname__}"
+    aliases = dict(load_extension_class_names("celery.beat_schedulers") or ())
+    return str(aliases.get(scheduler, scheduler)).startswith(DATABASE_SCHEDULER)
+
+
+def schedules(app: Any) -> dict[str, Any] | None:
+    """Entry name -> Celery schedule from the database when the database scheduler is in
+    use; None (read ``beat_schedule``) otherwise, or when its helper is not available."""
+    if not django_apps.is_installed("django_celery_beat") or not uses_database_scheduler(app):
+        return None
+    try:
+        module = importlib.import_module(DATABASE_SCHEDULER)
+    except ImportError:
+        return None
+    helper = getattr(module, "schedules_from_db", None)
+    return None if helper is None else dict(helper())
+
+
+def status(app: Any = None) -> dict[str, Any]:
+    """The ``celery claims status`` document of the project's app."""
+    app = app or celery_app()
+    return inspect.status(app, store_for(app), schedules=schedules(app))
+
+
+def history(entry: str, limit: int | None = None, app: Any = None) -> dict[str, Any]:
+    """The ``celery claims history ENTRY`` document of the project's app."""
+    app = app or celery_app()
+    return inspect.history(app, entry, limit, store=store_for(app))
