@@ -1,0 +1,791 @@
+#!/usr/bin/env python
+"""Chaos run: a fleet of real beats and workers under kills, a store crash and a paused beat.
+
+Why: the unit and integration tests pin each failure case alone; this run mixes them, for
+minutes, in real ``celery beat`` / ``celery worker`` processes, and judges beat-claims only by
+what actually executed (a ledger the task writes itself) against what the schedule says
+was due. It fails (exit code 1) on any duplicate execution or any miss the store cannot
+explain.
+
+The fleet: ``--beats`` beats (3) and ``--workers`` prefork workers (2, two processes each)
+of ``bench/chaos_app.py``, on ``--entries`` interval entries (10) with periods of 1 to 5 s,
+catch-up policy ``all``, heartbeat ``--heartbeat`` (1 s), ``--reclaim-after`` (10 s). Two
+private redis-servers: the store (``appendonly yes``, ``appendfsync always``: a restart
+keeps the state) and the broker (never restarted; its queue is not part of the test).
+
+The chaos, seeded by ``--seed``, for ``--duration`` seconds (300):
+
+* every 5 to 15 s a random beat is sent SIGKILL or SIGTERM, at a due instant plus a few
+  milliseconds (so it is often in the middle of a claim or a send), and a replacement is
+  started at once;
+* once, the store's redis-server is killed (SIGKILL) and started again ``--store-down``
+  seconds later on the same port with the same data directory;
+* once, a beat is paused with SIGSTOP for ``--pause`` seconds (reclaim_after + 2 by
+  default), then resumed with SIGCONT. The pause is armed in the app: the first beat that
+  publishes after the arming stops itself inside the publish, after its check before
+  publish (its claim is ``sending``), as a VM paused in the middle of a publish would; when
+  no beat publishes within 10 s the run stops a random beat itself.
+
+Then the chaos stops and the fleet drains: the run waits until every occurrence due before
+the end of the chaos has executed, for at most the documented worst delay (reclaim_after +
+heartbeat TTL) plus ``--margin``. Beats and workers are stopped, and the ledger is compared
+with the schedule (interval anchors read from the store): occurrences due, executed,
+duplicates (executed more than once), missed (never executed; explained when the store
+records them ``skipped`` by a policy), the delay (execution start - due) and which chaos
+event the worst delay overlapped.
+
+Usage: python bench/chaos.py [--duration 300] [--seed 1] [--keep] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import heapq
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: beat_claims from this checkout
+    sys.path.insert(0, str(ROOT))
+
+from beat_claims.runs import iso, to_ms  # noqa: E402
+from beat_claims.stores.redis import RedisStore  # noqa: E402
+
+APP = "bench.chaos_app"
+PERIODS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
+PAUSE_ARM_TIMEOUT = 10.0
+
+
+@dataclass
+class Config:
+    """One chaos run. Times in seconds."""
+
+    duration: float = 300.0
+    seed: int = 1
+    beats: int = 3
+    workers: int = 2
+    concurrency: int = 2
+    entries: int = 10
+    heartbeat: float = 1.0
+    reclaim_after: float = 10.0
+    pause: float | None = None  # default: reclaim_after + 2
+    store_down: float = 2.0
+    kill_every: tuple[float, float] = (5.0, 15.0)
+    margin: float = 20.0
+    workdir: Path | None = None
+    verbose: bool = True
+
+    @property
+    def pause_seconds(self) -> float:
+        return self.pause if self.pause is not None else self.reclaim_after + 2.0
+
+    @property
+    def heartbeat_ttl(self) -> float:
+        return 3 * self.heartbeat
+
+    def schedule(self) -> dict[str, float]:
+        """Entry name -> period: mixed periods of 1 to 5 s."""
+        periods = [PERIODS[i % len(PERIODS)] for i in range(self.entries)]
+        return {f"e{i:02d}-every-{p:g}s": p for i, p in enumerate(periods)}
+
+
+@dataclass
+class Event:
+    """Something the chaos did, with the wall-clock interval it covers."""
+
+    kind: str  # sigkill | sigterm | store_restart | pause
+    start: float
+    end: float
+    detail: str
+
+    def overlaps(self, lo: float, hi: float) -> bool:
+        return self.start <= hi and self.end >= lo
+
+
+@dataclass
+class Result:
+    """What the run measured. ``ok`` is False on a duplicate or an unexplained miss."""
+
+    config: dict[str, Any]
+    due: int = 0
+    executed: int = 0
+    executions: int = 0
+    duplicates: dict[str, int] = field(default_factory=dict)
+    missed: list[dict[str, Any]] = field(default_factory=list)
+    missed_unexplained: int = 0
+    off_schedule: list[str] = field(default_factory=list)
+    reanchored: list[str] = field(default_factory=list)
+    worst_delay_s: float = 0.0
+    worst: dict[str, Any] = field(default_factory=dict)
+    p50_delay_s: float = 0.0
+    p99_delay_s: float = 0.0
+    late_over_2s: int = 0
+    drain_s: float = 0.0
+    drain_deadline_s: float = 0.0
+    events: list[Event] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    workdir: str = ""
+    version: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return (not self.duplicates and self.missed_unexplained == 0
+                and not self.off_schedule and not self.reanchored)
+
+    def figures(self) -> dict[str, Any]:
+        """The one-line JSON summary."""
+        kinds = Counter(e.kind for e in self.events)
+        return {
+            "ok": self.ok,
+            "beat_claims": self.version,
+            "duration_s": self.config["duration"],
+            "seed": self.config["seed"],
+            "due": self.due,
+            "executed": self.executed,
+            "executions": self.executions,
+            "duplicates": len(self.duplicates),
+            "missed": len(self.missed),
+            "missed_unexplained": self.missed_unexplained,
+            "off_schedule": len(self.off_schedule),
+            "worst_delay_s": round(self.worst_delay_s, 3),
+            "worst_delay_entry": self.worst.get("entry"),
+            "worst_delay_due": self.worst.get("due"),
+            "worst_delay_cause": self.worst.get("cause"),
+            "p50_delay_s": round(self.p50_delay_s, 3),
+            "p99_delay_s": round(self.p99_delay_s, 3),
+            "late_over_2s": self.late_over_2s,
+            "drain_s": round(self.drain_s, 1),
+            "sigkill": kinds["sigkill"],
+            "sigterm": kinds["sigterm"],
+            "store_restarts": kinds["store_restart"],
+            "pauses": kinds["pause"],
+            **self.counts,
+        }
+
+
+# -- processes ----------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.1) -> Any:
+    """Poll until ``predicate()`` is truthy; raise after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM,
+                 timeout: float = 20.0) -> None:
+    """Signal the process (its whole session) and wait; SIGKILL it if it does not exit."""
+    if proc.poll() is not None:
+        return
+    _kill_group(proc, signal.SIGCONT)
+    _kill_group(proc, sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, signal.SIGKILL)
+        proc.wait(10)
+
+
+class RedisServer:
+    """A private redis-server on a fixed port and data directory, so it can be restarted."""
+
+    def __init__(self, name: str, workdir: Path, persistent: bool) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("redis-server not found on PATH (apt-get install redis-server)")
+        self.binary = binary
+        self.name = name
+        self.port = free_port()
+        self.dir = workdir / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.persistent = persistent
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def client(self, db: int = 0) -> redis.Redis:
+        return redis.Redis(port=self.port, db=db, decode_responses=True, socket_timeout=5)
+
+    def start(self) -> None:
+        persistence = (["--appendonly", "yes", "--appendfsync", "always"] if self.persistent
+                       else ["--appendonly", "no"])
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             *persistence, "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log"),
+             "--loglevel", "notice"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+
+        def up() -> bool:
+            try:
+                return bool(redis.Redis(port=self.port, socket_timeout=0.5).ping())
+            except redis.RedisError:
+                return False
+
+        wait_for(up, 30, f"redis-server {self.name} on port {self.port}", 0.05)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, sig, 15)
+            self.proc = None
+
+
+@dataclass
+class Proc:
+    """A beat or worker of the fleet."""
+
+    kind: str
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def state(self) -> str:
+        """The kernel's state letter (``T``: stopped)."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return "X"
+        return stat.rsplit(")", 1)[1].split()[0]
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+class Fleet:
+    """Starts beats and workers of the chaos app; knows every process it ever started."""
+
+    def __init__(self, cfg: Config, store: RedisServer, broker: RedisServer,
+                 workdir: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        self.env = {
+            **env,
+            "CHAOS_STORE_URL": store.url(0),
+            "CHAOS_BROKER_URL": broker.url(0),
+            "CHAOS_LEDGER": str(workdir / "ledger.jsonl"),
+            "CHAOS_SCHEDULE": json.dumps(cfg.schedule()),
+            "CHAOS_HEARTBEAT": str(cfg.heartbeat),
+            "CHAOS_RECLAIM_AFTER": str(cfg.reclaim_after),
+            "CHAOS_PAUSE_FILE": str(workdir / "pause-armed"),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        self.cfg = cfg
+        self.workdir = workdir
+        self.logs = workdir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: list[Proc] = []
+        self.counter = Counter[str]()
+
+    def _spawn(self, kind: str, args: list[str]) -> Proc:
+        self.counter[kind] += 1
+        name = f"{kind}-{self.counter[kind]}"
+        log = self.logs / f"{name}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", APP, *args], cwd=ROOT, env=self.env,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        proc = Proc(kind, name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def beat(self) -> Proc:
+        n = self.counter["beat"] + 1
+        return self._spawn("beat", ["beat", "-S", "beat_claims.Scheduler", "--loglevel", "INFO",
+                                    "-s", str(self.workdir / f"unused-schedule-{n}")])
+
+    def worker(self) -> Proc:
+        n = self.counter["worker"] + 1
+        return self._spawn("worker", ["worker", "--loglevel", "INFO", "-P", "prefork",
+                                      "-c", str(self.cfg.concurrency), "--without-gossip",
+                                      "--without-mingle", "-n", f"chaos-w{n}@%h"])
+
+    def live(self, kind: str) -> list[Proc]:
+        return [p for p in self.procs if p.kind == kind and p.alive()]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.alive():
+                _kill_group(proc.popen, signal.SIGCONT)
+                _kill_group(proc.popen, signal.SIGKILL)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(10)
+
+
+# -- the ledger and the schedule -------------------------------------------------------
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("entry") and row.get("due"):
+            row["due_ms"] = to_ms(datetime.fromisoformat(row["due"].replace("Z", "+00:00")))
+            rows.append(row)
+    return rows
+
+
+def due_occurrences(anchors: dict[str, int], periods: dict[str, float],
+                    until_ms: int) -> set[tuple[str, int]]:
+    """Every occurrence from each entry's first (anchor + period) up to ``until_ms``."""
+    out = set()
+    for name, anchor in anchors.items():
+        period = round(periods[name] * 1000)
+        due = anchor + period
+        while due <= until_ms:
+            out.add((name, due))
+            due += period
+    return out
+
+
+def next_due_instant(anchors: dict[str, int], periods: dict[str, float], after_s: float
+                     ) -> float:
+    """The first due instant of any entry after ``after_s`` (epoch seconds)."""
+    after_ms = int(after_s * 1000)
+    best = None
+    for name, anchor in anchors.items():
+        period = round(periods[name] * 1000)
+        k = max(1, (after_ms - anchor) // period + 1)
+        due = anchor + k * period
+        best = due if best is None else min(best, due)
+    return (best if best is not None else after_ms) / 1000
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+_TAKEOVER = re.compile(r"took over (\d+) claim\(s\) of '[^']*' from (.+?) owner ")
+_RELEASED = re.compile(r"released (\d+) unsent claim\(s\)")
+
+
+def log_counts(fleet: Fleet) -> dict[str, int]:
+    """What the processes' logs say happened: takeovers by cause, releases, refusals."""
+    counts: Counter[str] = Counter()
+    for proc in fleet.procs:
+        text = proc.text()
+        if proc.kind == "beat":
+            for n, why in _TAKEOVER.findall(text):
+                key = {"dead": "taken_over_dead", "slow": "taken_over_reclaim_after"}.get(
+                    why, "taken_over_unanswered")
+                counts[key] += int(n)
+            counts["released_at_stop"] += sum(int(n) for n in _RELEASED.findall(text))
+            counts["not_sent_superseded"] += text.count("beat-claims: not sending")
+            counts["beat_store_outages"] += text.count("beat-claims: store unreachable")
+        else:
+            counts["refused_deliveries"] += text.count("beat-claims: refusing delivery")
+            counts["worker_store_outages"] += text.count("beat-claims: store unreachable")
+        counts["traceback_lines"] += text.count("Traceback (most recent call last)")
+    return dict(counts)
+
+
+def measured_version() -> str:
+    """The commit of beat_claims this run measured, ``-dirty`` with local changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "beat_claims"],
+                               cwd=ROOT, text=True, capture_output=True, timeout=10
+                               ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + ("-dirty" if dirty else "")
+
+
+# -- the run --------------------------------------------------------------------------------
+class Chaos:
+    """Runs the fleet, the chaos, the drain and the analysis of one run."""
+
+    def __init__(self, cfg: Config, workdir: Path) -> None:
+        self.cfg = cfg
+        self.workdir = workdir
+        self.rng = random.Random(cfg.seed)
+        self.store = RedisServer("store", workdir, persistent=True)
+        self.broker = RedisServer("broker", workdir, persistent=False)
+        self.fleet = Fleet(cfg, self.store, self.broker, workdir)
+        self.ledger = workdir / "ledger.jsonl"
+        self.pause_file = workdir / "pause-armed"
+        self.periods = cfg.schedule()
+        self.events: list[Event] = []
+        self.anchors: dict[str, int] = {}
+        self.t0 = time.time()
+        self.paused: Proc | None = None
+
+    def say(self, message: str) -> None:
+        if self.cfg.verbose:
+            sys.stderr.write(f"[chaos {time.time() - self.t0:7.1f}s] {message}\n")
+            sys.stderr.flush()
+
+    def read_anchors(self) -> dict[str, int]:
+        store = RedisStore.from_url(self.store.url(0))
+        try:
+            anchors = {}
+            for name in self.periods:
+                anchor = store.entry_info(name)["anchor"]
+                if anchor is not None:
+                    anchors[name] = anchor
+            return anchors
+        finally:
+            store.close()
+
+    # -- phases ---------------------------------------------------------------------
+    def start(self) -> None:
+        self.store.start()
+        self.broker.start()
+        workers = [self.fleet.worker() for _ in range(self.cfg.workers)]
+        for worker in workers:
+            wait_for(lambda w=worker: "ready." in w.text() or not w.alive(), 90,
+                     f"{worker.name} to be ready")
+            if not worker.alive():
+                raise RuntimeError(f"{worker.name} exited:\n{worker.text()[-3000:]}")
+        for _ in range(self.cfg.beats):
+            self.fleet.beat()
+        self.anchors = wait_for(
+            lambda: (a := self.read_anchors()) and len(a) == len(self.periods) and a, 60,
+            "the entries to be anchored")
+        wait_for(lambda: read_ledger(self.ledger), 60, "the first execution")
+        self.say(f"fleet up: {self.cfg.beats} beats, {self.cfg.workers} workers x"
+                 f" {self.cfg.concurrency}, {len(self.periods)} entries; store port"
+                 f" {self.store.port}, broker port {self.broker.port}")
+
+    def kill_one(self) -> None:
+        victims = [b for b in self.fleet.live("beat") if b is not self.paused]
+        if not victims:
+            self.fleet.beat()
+            return
+        victim = self.rng.choice(victims)
+        sig = self.rng.choice((signal.SIGKILL, signal.SIGTERM))
+        # At a due instant plus a few ms: the victim is likely claiming or sending.
+        at = next_due_instant(self.anchors, self.periods, time.time())
+        at += self.rng.uniform(0.0, 0.04)
+        time.sleep(max(0.0, at - time.time()))
+        if not victim.alive():
+            return
+        os.kill(victim.pid, sig)
+        now = time.time()
+        replacement = self.fleet.beat()
+        kind = "sigkill" if sig == signal.SIGKILL else "sigterm"
+        self.events.append(Event(kind, now, now + self.cfg.heartbeat_ttl + self.cfg.heartbeat,
+                                 f"{kind.upper()} {victim.name} (pid {victim.pid}),"
+                                 f" replaced by {replacement.name}"))
+        self.say(f"{kind.upper()} {victim.name} pid {victim.pid}; started {replacement.name}")
+
+    def pause_one(self) -> float:
+        """Pause a beat; returns when to resume it."""
+        self.pause_file.touch()
+        mode = "inside a publish"
+        try:
+            self.paused = wait_for(
+                lambda: next((b for b in self.fleet.live("beat") if b.state() == "T"), None),
+                PAUSE_ARM_TIMEOUT, "a beat to stop itself in a publish", 0.02)
+        except TimeoutError:
+            try:
+                self.pause_file.unlink()
+            except FileNotFoundError:  # a beat disarmed it just now: it is stopping
+                self.paused = wait_for(
+                    lambda: next((b for b in self.fleet.live("beat") if b.state() == "T"),
+                                 None), 5, "the beat that disarmed the pause to stop", 0.02)
+            else:
+                self.paused = self.rng.choice(self.fleet.live("beat"))
+                os.kill(self.paused.pid, signal.SIGSTOP)
+                mode = "between ticks"
+        start = time.time()
+        self.events.append(Event("pause", start, start + self.cfg.pause_seconds,
+                                 f"SIGSTOP {self.paused.name} (pid {self.paused.pid}) {mode}"
+                                 f" for {self.cfg.pause_seconds:g}s"))
+        self.say(f"SIGSTOP {self.paused.name} pid {self.paused.pid} ({mode})")
+        return start + self.cfg.pause_seconds
+
+    def resume(self) -> None:
+        if self.paused is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.paused.pid, signal.SIGCONT)
+            self.say(f"SIGCONT {self.paused.name}")
+            self.paused = None
+
+    def restart_store(self) -> None:
+        start = time.time()
+        self.store.stop(signal.SIGKILL)
+        time.sleep(self.cfg.store_down)  # the outage itself: a chosen length, not a wait
+        self.store.start()
+        end = time.time()
+        self.events.append(Event("store_restart", start, end,
+                                 f"store redis-server SIGKILL, restarted after {end - start:.1f}s"
+                                 " (appendfsync always)"))
+        self.say(f"store restarted after {end - start:.1f}s down")
+
+    def chaos(self) -> float:
+        """Run the chaos for the configured duration; returns its end (epoch seconds)."""
+        cfg = self.cfg
+        start = time.time()
+        end = start + cfg.duration
+        lo, hi = cfg.kill_every
+        plan: list[tuple[float, int, str]] = [
+            (start + self.rng.uniform(lo, hi), 0, "kill"),
+            (start + cfg.duration * self.rng.uniform(0.15, 0.35), 1, "pause"),
+            (start + cfg.duration * self.rng.uniform(0.6, 0.8), 2, "store"),
+        ]
+        heapq.heapify(plan)
+        seq = 3
+        while plan and plan[0][0] < end:
+            at, _, what = heapq.heappop(plan)
+            time.sleep(max(0.0, at - time.time()))
+            if what == "store" and self.paused is not None:
+                heapq.heappush(plan, (time.time() + 3.0, seq, "store"))  # one thing at a time
+            elif what == "kill":
+                self.kill_one()
+                heapq.heappush(plan, (time.time() + self.rng.uniform(lo, hi), seq, "kill"))
+            elif what == "pause":
+                heapq.heappush(plan, (self.pause_one(), seq, "resume"))
+            elif what == "resume":
+                self.resume()
+            elif what == "store":
+                self.restart_store()
+            seq += 1
+        time.sleep(max(0.0, end - time.time()))
+        self.resume()
+        for beat in self.fleet.procs:
+            if beat.kind == "beat" and beat.alive() and beat.state() == "T":
+                os.kill(beat.pid, signal.SIGCONT)
+        self.say("chaos over")
+        return end
+
+    def drain(self, end: float, result: Result) -> None:
+        """Wait until every occurrence due before ``end`` has executed (bounded)."""
+        end_ms = int(end * 1000)
+        deadline = self.cfg.reclaim_after + self.cfg.heartbeat_ttl + self.cfg.margin
+        result.drain_deadline_s = deadline
+        began = time.time()
+        want = due_occurrences(self.read_anchors(), self.periods, end_ms)
+
+        def done() -> bool:
+            got = {(r["entry"], r["due_ms"]) for r in read_ledger(self.ledger)}
+            return want <= got
+
+        with contextlib.suppress(TimeoutError):
+            wait_for(done, deadline, "the fleet to drain", 0.2)
+        result.drain_s = time.time() - began
+        self.say(f"drained in {result.drain_s:.1f}s (deadline {deadline:.0f}s)")
+
+    def stop_fleet(self) -> None:
+        for beat in self.fleet.live("beat"):
+            stop_process(beat.popen, signal.SIGTERM)
+        broker = self.broker.client(0)
+        last = {"size": -1, "since": time.monotonic()}
+
+        def quiet() -> bool:
+            """Nothing queued or reserved, and the ledger unchanged for 2 s."""
+            size = self.ledger.stat().st_size if self.ledger.exists() else 0
+            if broker.llen("celery") or broker.hlen("unacked") or size != last["size"]:
+                last.update(size=size, since=time.monotonic())
+                return False
+            return time.monotonic() - last["since"] >= 2.0
+
+        with contextlib.suppress(TimeoutError):
+            wait_for(quiet, 60, "the queues to empty", 0.2)
+        for worker in self.fleet.live("worker"):
+            stop_process(worker.popen, signal.SIGTERM, 30)
+
+    def analyse(self, end: float, result: Result) -> None:
+        end_ms = int(end * 1000)
+        anchors = self.read_anchors()
+        result.reanchored = sorted(n for n in self.anchors if anchors.get(n) != self.anchors[n])
+        rows = read_ledger(self.ledger)
+        result.executions = len(rows)
+        by_key: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for row in rows:
+            by_key.setdefault((row["entry"], row["due_ms"]), []).append(row)
+        want = due_occurrences(anchors, self.periods, end_ms)
+        result.due = len(want)
+        result.executed = len(want & set(by_key))
+        result.duplicates = {f"{e} due {iso(d)}": len(v) for (e, d), v in by_key.items()
+                             if len(v) > 1}
+        grid = due_occurrences(anchors, self.periods, max((d for _, d in by_key), default=0))
+        result.off_schedule = sorted(f"{e} due {iso(d)}" for e, d in set(by_key) - grid)
+        store = RedisStore.from_url(self.store.url(0))
+        try:
+            records = {name: {r.due: r for r in store.history(name)} for name in self.periods}
+            # An execution whose token is not the one the store recorded for the run ran
+            # without the store knowing (unfenced: the store was down when it started).
+            result.counts["executions_with_other_token"] = sum(
+                1 for (entry, due), execs in by_key.items() for r in execs
+                if (run := records.get(entry, {}).get(due)) is not None
+                and r.get("token") != run.token)
+            for entry, due in sorted(want - set(by_key), key=lambda k: (k[1], k[0])):
+                run = records.get(entry, {}).get(due)
+                state = run.state.value if run is not None else "no record"
+                explained = run is not None and state == "skipped" and bool(run.reason)
+                result.missed.append({
+                    "entry": entry, "due": iso(due), "state": state,
+                    "reason": run.reason if run is not None else None,
+                    "explained": explained,
+                    "record": run.as_dict() if run is not None else None,
+                })
+            result.missed_unexplained = sum(1 for m in result.missed if not m["explained"])
+            delays = {key: min(r["at"] for r in by_key[key]) - key[1] / 1000
+                      for key in want & set(by_key)}
+            if delays:
+                values = list(delays.values())
+                result.p50_delay_s = percentile(values, 0.50)
+                result.p99_delay_s = percentile(values, 0.99)
+                result.late_over_2s = sum(1 for v in values if v > 2.0)
+                (entry, due), worst = max(delays.items(), key=lambda kv: kv[1])
+                result.worst_delay_s = worst
+                started = due / 1000 + worst
+                causes = [e.detail for e in self.events if e.overlaps(due / 1000 - 1, started)]
+                run = records.get(entry, {}).get(due)
+                result.worst = {
+                    "entry": entry, "due": iso(due), "delay_s": round(worst, 3),
+                    "cause": "; ".join(causes) or "none (load)",
+                    "record": run.as_dict() if run is not None else None,
+                }
+        finally:
+            store.close()
+        result.events = list(self.events)
+        result.counts.update(log_counts(self.fleet))
+
+    def run(self) -> Result:
+        result = Result(config={**asdict(self.cfg), "workdir": str(self.workdir)},
+                        workdir=str(self.workdir), version=measured_version())
+        try:
+            self.start()
+            end = self.chaos()
+            self.drain(end, result)
+            self.stop_fleet()
+            self.analyse(end, result)
+        finally:
+            self.fleet.close()
+            self.store.stop()
+            self.broker.stop()
+        return result
+
+
+def run(cfg: Config) -> Result:
+    """One chaos run in ``cfg.workdir`` (a new temporary directory when None)."""
+    workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix="beat-claims-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    return Chaos(cfg, workdir).run()
+
+
+def summary(result: Result) -> str:
+    f = result.figures()
+    lines = [
+        f"chaos run: {f['duration_s']:g}s, seed {f['seed']}, beat_claims {result.version},"
+        f" workdir {result.workdir}",
+        f"  chaos:      {f['sigkill']} SIGKILL + {f['sigterm']} SIGTERM of beats,"
+        f" {f['store_restarts']} store restart(s), {f['pauses']} SIGSTOP pause(s)",
+    ]
+    lines += [f"    {time.strftime('%H:%M:%S', time.localtime(e.start))} {e.detail}"
+              for e in result.events if e.kind in ("pause", "store_restart")]
+    lines += [
+        f"  due:        {f['due']} occurrences (first after each anchor .. end of chaos)",
+        f"  executed:   {f['executed']} ({f['executions']} executions in the ledger)",
+        f"  duplicates: {f['duplicates']} {list(result.duplicates)[:5] or ''}",
+        f"  missed:     {f['missed']} ({f['missed_unexplained']} unexplained)",
+        f"  off-schedule executions: {f['off_schedule']}; re-anchored entries:"
+        f" {len(result.reanchored)}",
+        f"  delay:      p50 {f['p50_delay_s']:.3f}s, p99 {f['p99_delay_s']:.3f}s,"
+        f" worst {f['worst_delay_s']:.3f}s ({f['worst_delay_entry']} due"
+        f" {f['worst_delay_due']}), {f['late_over_2s']} later than 2s",
+        f"  worst delay overlapped: {f['worst_delay_cause']}",
+        f"  drain:      {f['drain_s']:.1f}s (deadline {result.drain_deadline_s:.0f}s)",
+        "  logs:       " + ", ".join(f"{k}={v}" for k, v in sorted(result.counts.items())),
+    ]
+    for miss in result.missed[:10]:
+        lines.append(f"  MISSED {miss['entry']} due {miss['due']}: {miss['state']}"
+                     f" {miss['reason'] or ''} {json.dumps(miss['record'])}")
+    lines.append("  result:     " + ("OK" if result.ok else "FAILED"))
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=300.0, help="chaos seconds (300)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--beats", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--entries", type=int, default=10)
+    parser.add_argument("--heartbeat", type=float, default=1.0)
+    parser.add_argument("--reclaim-after", type=float, default=10.0)
+    parser.add_argument("--pause", type=float, default=None,
+                        help="SIGSTOP length (default reclaim_after + 2)")
+    parser.add_argument("--store-down", type=float, default=2.0)
+    parser.add_argument("--margin", type=float, default=20.0,
+                        help="drain deadline beyond reclaim_after + heartbeat TTL")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="logs, ledger and redis data (default: a new temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the workdir after success")
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    args = parser.parse_args(argv)
+    cfg = Config(duration=args.duration, seed=args.seed, beats=args.beats,
+                 workers=args.workers, concurrency=args.concurrency, entries=args.entries,
+                 heartbeat=args.heartbeat, reclaim_after=args.reclaim_after, pause=args.pause,
+                 store_down=args.store_down, margin=args.margin, workdir=args.workdir,
+                 verbose=not args.json)
+    return cfg, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, args = parse_args(argv)
+    result = run(cfg)
+    if not args.json:
+        print(summary(result))
+    print(json.dumps(result.figures()))
+    if result.ok and not args.keep and cfg.workdir is None:
+        shutil.rmtree(result.workdir, ignore_errors=True)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
