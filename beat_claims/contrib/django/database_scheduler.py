@@ -1,0 +1,443 @@
+"""Entries from django-celery-beat's tables, sent by any number of beats, each occurrence once.
+
+``celery -A proj beat -S beat_claims.contrib.django.DatabaseScheduler``
+
+The entries are the enabled ``PeriodicTask`` rows (interval, crontab with its own timezone,
+solar, clocked), keyed by name, plus the project's ``beat_schedule`` (which wins on a name
+clash). The store stays the truth: every occurrence is claimed there before it is sent, as
+with the plain Scheduler; the database only says what the entries are. The rows are read
+again when django-celery-beat's change marker (``PeriodicTasks``) moves, checked at most
+every ``max_interval`` seconds, and in full every five minutes whatever the marker says.
+
+Row fields map onto the scheduler's hooks: ``start_time`` and ``expires`` are ``bounds()``;
+``one_off`` bounds the entry to its first occurrence (so with many beats it runs once); a
+clocked row's instant is one occurrence. After a send the row's ``last_run_at`` and
+``total_run_count`` are updated, in batches and best effort, for the admin; a one-off row is
+disabled as django-celery-beat does. Nothing read back from those fields decides what runs,
+except that a one-off row that already ran is not run again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from celery import Celery
+from celery.utils.log import get_logger
+from django.db import connections
+from kombu.utils.json import loads
+
+from ... import occurrences
+from ...runs import from_ms, to_ms
+from ...scheduler import ClaimsEntry, Scheduler
+from ...settings import ConfigurationError
+from ...stores.base import Claim, EntryState
+
+logger = get_logger("celery.beat.claims")
+
+#: The rows are read in full this often even when the change marker did not move (a change
+#: made with ``QuerySet.update()`` does not move it), as django-celery-beat does.
+FULL_READ_EVERY = 300.0
+#: ``last_run_at``/``total_run_count`` are written back at most this often (one-off rows are
+#: disabled at the next tick).
+WRITE_BACK_EVERY = 5.0
+
+
+@dataclass(frozen=True)
+class RowBounds:
+    """What the row says about when its entry may have occurrences (UTC ms)."""
+
+    pk: Any
+    not_before: int | None  # start_time
+    not_after: int | None  # the instant before ``expires``
+    one_off: bool  # only the first occurrence at or after ``armed_at`` (and start_time)
+    armed_at: int | None  # one-off rows: when the row was last saved (a re-enable re-arms it)
+    clocked: bool
+
+
+@dataclass
+class _Sent:
+    due: int
+    count: int
+    one_off: bool
+
+
+def _django_ready() -> None:
+    """Celery's Django fixup sets Django up before beat starts; do it if something did not."""
+    from django.apps import apps
+
+    if not apps.ready:
+        import django
+
+        django.setup()
+
+
+def _models() -> tuple[Any, Any]:
+    _django_ready()
+    from django_celery_beat.models import PeriodicTask, PeriodicTasks
+
+    return PeriodicTask, PeriodicTasks
+
+
+def _close_stale_connections() -> None:
+    """What django-celery-beat does with ``close_old_connections()`` before each use, except
+    inside a caller's transaction (a test's), where dropping the connection would break it."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
+
+
+def _ms(value: datetime | None) -> int | None:
+    """A model datetime in UTC ms; naive ones (``USE_TZ = False``) are in Django's zone."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        from django.utils import timezone
+
+        value = timezone.make_aware(value, timezone.get_default_timezone())
+    return to_ms(value)
+
+
+def _db_datetime(ms: int) -> datetime:
+    from django.conf import settings
+    from django.utils import timezone
+
+    value = from_ms(ms)
+    if not getattr(settings, "USE_TZ", False):
+        value = timezone.make_naive(value, timezone.get_default_timezone())
+    return value
+
+
+def entry_from_row(row: Any, app: Celery, claims: dict[str, Any] | None = None
+                   ) -> tuple[ClaimsEntry, RowBounds]:
+    """The schedule entry of one ``PeriodicTask`` row, as django-celery-beat's ``ModelEntry``
+    builds it (task, JSON args/kwargs, queue/exchange/routing_key/priority, expires as a
+    message option, headers with ``periodic_task_name``), and the row's bounds.
+
+    Raises ValueError (with the reason) for a row that cannot be run.
+    """
+    scheduler = row.scheduler
+    if scheduler is None:
+        raise ValueError("no schedule (interval, crontab, solar or clocked) is set")
+    sched = scheduler.schedule
+    try:
+        args = loads(row.args or "[]")
+        kwargs = loads(row.kwargs or "{}")
+        headers = loads(row.headers or "{}")
+    except ValueError as exc:
+        raise ValueError(f"args, kwargs or headers are not JSON: {exc}") from None
+    if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(
+            headers, dict):
+        raise ValueError("args must be a JSON list, kwargs and headers JSON objects")
+    try:
+        occurrences.next_after(sched, 0, 0)
+    except Exception as exc:
+        raise ValueError(f"schedule {sched!r}: {exc}") from None
+    options: dict[str, Any] = {}
+    for option in ("queue", "exchange", "routing_key", "priority"):
+        value = getattr(row, option)
+        if value is not None:
+            options[option] = value
+    if row.expires_:
+        options["expires"] = row.expires_
+    headers["periodic_task_name"] = row.name
+    options["headers"] = headers
+    entry = ClaimsEntry(name=row.name, task=row.task, schedule=sched, args=args,
+                        kwargs=kwargs, options=options, total_run_count=row.total_run_count,
+                        last_run_at=row.last_run_at, app=app, claims=claims)
+    clocked = occurrences.clocked_instant(entry.schedule) is not None
+    one_off = bool(row.one_off) or clocked  # a clocked time is one occurrence anyway
+    expires = _ms(row.expires)
+    bounds = RowBounds(
+        pk=row.pk,
+        not_before=_ms(row.start_time),
+        not_after=None if expires is None else expires - 1,
+        one_off=one_off,
+        armed_at=_ms(row.date_changed) if one_off and not clocked else None,
+        clocked=clocked,
+    )
+    return entry, bounds
+
+
+def already_ran(row: Any, bounds: RowBounds, sched: Any) -> bool:
+    """A one-off row that ran and is not disabled yet: django-celery-beat's mark (a run count
+    on an enabled one-off row), or a last run at or after the instant it was armed for."""
+    if not bounds.one_off:
+        return False
+    if row.total_run_count > 0:
+        return True
+    last = _ms(row.last_run_at)
+    if last is None:
+        return False
+    armed = occurrences.clocked_instant(sched) if bounds.clocked else bounds.armed_at
+    return armed is not None and last >= armed
+
+
+def schedules_from_db(enabled_only: bool = True) -> dict[str, Any]:
+    """Entry name -> Celery schedule of the ``PeriodicTask`` rows (for status pages: with
+    ``inspect.status(app, schedules=...)`` they give the next occurrences). Rows without a
+    usable schedule are left out."""
+    PeriodicTask, _ = _models()
+    rows = PeriodicTask.objects.enabled() if enabled_only else PeriodicTask.objects.all()
+    out: dict[str, Any] = {}
+    for row in rows.prefetch_related("interval", "crontab", "solar", "clocked"):
+        try:
+            out[row.name] = row.schedule
+        except Exception:
+            continue
+    return out
+
+
+class DatabaseScheduler(Scheduler):
+    """django-celery-beat's ``PeriodicTask`` rows as entries, claimed like any other entry."""
+
+    def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
+        self._rows: dict[str, RowBounds] = {}  # database entries by name
+        self._static: dict[str, ClaimsEntry] = {}  # beat_schedule's entries
+        self._entry_claims: dict[str, dict[str, Any]] = {}
+        self._stamp: Any = None  # PeriodicTasks.last_change() at the last read
+        self._loaded = False
+        self._last_full_read = float("-inf")
+        self._next_check = 0.0
+        self._next_write = 0.0
+        self._sent: dict[Any, _Sent] = {}  # row pk -> runs to write back
+        self._to_disable: set[Any] = set()  # one-off rows found already run
+        self._first: dict[tuple[str, int, int | None], int | None] = {}
+        self._db_down_since: float | None = None
+        self._noted: set[tuple[str, str]] = set()  # row problems already logged
+        self._in_db = False
+        super().__init__(app, *args, **kwargs)
+        self._next_check = time.monotonic() + self.max_interval
+
+    # -- reading the rows -------------------------------------------------------------
+    def setup_schedule(self) -> None:
+        _django_ready()
+        self._entry_claims = self._read_entry_claims()
+        super().setup_schedule()  # beat_schedule's entries, policies, metrics
+        for name, entry in self.schedule.items():
+            if getattr(entry, "claims", None) is None and name in self._entry_claims:
+                entry.claims = self._entry_claims[name]
+        self._static = dict(self.schedule)
+        self.entries_changed()
+        self._refresh(force=True)
+
+    def _read_entry_claims(self) -> dict[str, dict[str, Any]]:
+        """``beat_claims_entry_claims``: entry name -> ``claims`` dict, for rows (which have
+        no place for one). Validated here, at start, like every other setting."""
+        mapping = self.app.conf.get("beat_claims_entry_claims") or {}
+        if not isinstance(mapping, dict):
+            raise ConfigurationError(
+                f"beat_claims_entry_claims={mapping!r}: must be a dict of entry name ->"
+                " claims dict")
+        for name, claims in mapping.items():
+            self.settings.policy_for(str(name), claims)
+        return {str(name): claims for name, claims in mapping.items()}
+
+    def _refresh(self, force: bool = False) -> None:
+        """Read the rows again if they changed (or in full every FULL_READ_EVERY seconds);
+        on a database error keep the last known entries and log once per outage."""
+        self._next_check = time.monotonic() + self.max_interval
+        PeriodicTask, PeriodicTasks = _models()
+        self._in_db = True
+        try:
+            _close_stale_connections()
+            stamp = PeriodicTasks.last_change()
+            full = force or not self._loaded or (
+                time.monotonic() - self._last_full_read >= FULL_READ_EVERY)
+            if not full and stamp == self._stamp:
+                self._database_up()
+                return
+            rows = list(PeriodicTask.objects.enabled().order_by("name"))
+        except Exception as exc:
+            self._database_down(exc)
+            return
+        finally:
+            self._in_db = False
+        self._database_up()
+        if stamp != self._stamp and self._loaded:
+            logger.info("beat-claims: the database schedule changed; reading it again")
+        self._stamp = stamp
+        self._last_full_read = time.monotonic()
+        self._loaded = True
+        entries: dict[str, ClaimsEntry] = {}
+        bounds: dict[str, RowBounds] = {}
+        for row in rows:
+            if row.name in self._static:
+                self._note(row.name, "shadowed", "beat-claims: PeriodicTask %r has the name of"
+                           " a beat_schedule entry: the beat_schedule entry is used", row.name)
+                continue
+            try:
+                entry, row_bounds = entry_from_row(row, self.app,
+                                                   self._entry_claims.get(row.name))
+            except Exception as exc:
+                self._note(row.name, f"{row.date_changed}", "beat-claims: PeriodicTask %r is"
+                           " not scheduled: %s", row.name, exc)
+                continue
+            if already_ran(row, row_bounds, entry.schedule):
+                self._to_disable.add(row.pk)  # as django-celery-beat does with such rows
+                continue
+            entries[row.name] = entry
+            bounds[row.name] = row_bounds
+        self._apply(entries, bounds)
+
+    def _apply(self, entries: dict[str, ClaimsEntry], bounds: dict[str, RowBounds]) -> None:
+        """Replace the schedule's contents in place if anything differs, and tell the base
+        scheduler (it anchors new entries and rebuilds its heap at the next tick)."""
+        merged: dict[str, Any] = {**entries, **self._static}
+        current = self.schedule
+        same = bounds == self._rows and set(merged) == set(current) and all(
+            merged[name] is current[name] or (
+                current[name].editable_fields_equal(merged[name]))
+            for name in merged)
+        if same:
+            return
+        self._rows = bounds
+        self._first.clear()
+        current.clear()
+        current.update(merged)
+        self.entries_changed()
+        logger.info("beat-claims: %d entries (%d from the database)", len(merged), len(entries))
+
+    def _note(self, name: str, key: str, message: str, *args: Any) -> None:
+        if (name, key) not in self._noted:
+            self._noted.add((name, key))
+            logger.warning(message, *args)
+
+    def _database_down(self, exc: Exception) -> None:
+        if self._db_down_since is None:
+            self._db_down_since = time.monotonic()
+            logger.error("beat-claims: the database schedule cannot be read or written (%s:"
+                         " %s); keeping the last known %d entries. Logged once per outage.",
+                         type(exc).__name__, exc, len(self.schedule))
+
+    def _database_up(self) -> None:
+        if self._db_down_since is not None:
+            logger.warning("beat-claims: the database is reachable again after %.1fs",
+                           time.monotonic() - self._db_down_since)
+            self._db_down_since = None
+
+    # -- the row's fields as bounds ---------------------------------------------------
+    def bounds(self, name: str) -> tuple[int | None, int | None]:
+        """``start_time`` and ``expires``; a one-off row ends at its first occurrence."""
+        row = self._rows.get(name)
+        if row is None:
+            return super().bounds(name)
+        lower, upper = row.not_before, row.not_after
+        if row.one_off:
+            first = self._first_occurrence(name, row)
+            if first is None or (upper is not None and first > upper):
+                return lower, -1  # nothing is due, ever
+            upper = first
+        return lower, upper
+
+    def _first_occurrence(self, name: str, row: RowBounds) -> int | None:
+        """The one occurrence of a one-off row: its first at or after start_time and after
+        the row was last saved (re-enabling it in the admin arms it again)."""
+        state = self._entry_state(name)
+        if state is None:
+            return None
+        lower = max((t for t in (row.not_before, row.armed_at) if t is not None), default=None)
+        key = (name, state.anchor, lower)
+        if key not in self._first:
+            after = -1 if lower is None else lower - 1
+            self._first[key] = occurrences.next_after(self.schedule[name].schedule,
+                                                      state.anchor, after)
+        return self._first[key]
+
+    def _entry_state(self, name: str) -> EntryState | None:
+        states: dict[str, EntryState] = getattr(self, "_state", {})
+        return states.get(name)
+
+    def _after(self, name: str, state: EntryState) -> int:
+        """A clocked instant that passed before the store first saw the entry (created just
+        before it was due, or while no beat ran) is a missed occurrence, not a hidden one:
+        the catch-up policy decides (``latest``, the default, runs it once, late)."""
+        row = self._rows.get(name)
+        if row is not None and row.clocked and state.checkpoint is None:
+            return -1 if row.not_before is None else row.not_before - 1
+        return super()._after(name, state)
+
+    # -- the loop ---------------------------------------------------------------------
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if time.monotonic() >= self._next_check:
+            self._refresh()
+        wait = super().tick(*args, **kwargs)
+        if self._to_disable or (self._sent and (
+                time.monotonic() >= self._next_write
+                or any(s.one_off for s in self._sent.values()))):
+            self._write_back()
+        return max(0.0, min(wait, self._next_check - time.monotonic()))
+
+    def _publish(self, entry: Any, claim: Claim, task_id: str) -> Any:
+        result = super()._publish(entry, claim, task_id)
+        row = self._rows.get(entry.name)
+        if row is not None:
+            sent = self._sent.get(row.pk)
+            if sent is None:
+                self._sent[row.pk] = _Sent(claim.due, 1, row.one_off)
+            else:
+                sent.due, sent.count = max(sent.due, claim.due), sent.count + 1
+        return result
+
+    def _write_back(self) -> None:
+        """Show the runs in the admin: ``last_run_at`` (the newest occurrence sent, never
+        moved back) and ``total_run_count`` (each beat adds what it sent). A one-off row is
+        disabled with its count reset, as django-celery-beat does, and the change marker moved
+        so the other beats drop it at once. Best effort: on an error, tried again later."""
+        from django.db.models import Case, DateTimeField, F, Q, Value, When
+
+        PeriodicTask, PeriodicTasks = _models()
+        self._next_write = time.monotonic() + WRITE_BACK_EVERY
+        disabled = False
+        self._in_db = True
+        try:
+            _close_stale_connections()
+            for pk in sorted(self._to_disable, key=str):
+                PeriodicTask.objects.filter(pk=pk).update(enabled=False, total_run_count=0)
+                self._to_disable.discard(pk)
+                disabled = True
+            for pk in sorted(self._sent, key=str):
+                sent = self._sent[pk]
+                last = _db_datetime(sent.due)
+                rows = PeriodicTask.objects.filter(pk=pk)
+                if sent.one_off:
+                    rows.update(enabled=False, total_run_count=0, last_run_at=last)
+                    disabled = True
+                else:
+                    newer = Q(last_run_at__isnull=True) | Q(last_run_at__lt=last)
+                    rows.update(
+                        last_run_at=Case(When(newer, then=Value(last)),
+                                         default=F("last_run_at"),
+                                         output_field=DateTimeField()),
+                        total_run_count=F("total_run_count") + sent.count)
+                del self._sent[pk]
+            if disabled:
+                PeriodicTasks.update_changed()
+        except Exception as exc:
+            self._database_down(exc)
+        else:
+            self._database_up()
+        finally:
+            self._in_db = False
+
+    def sync(self) -> None:
+        """Celery calls this every ``beat_sync_every`` and at close: write back what is owed."""
+        if (self._sent or self._to_disable) and not self._in_db:
+            self._write_back()
+
+    def close(self) -> None:
+        """A stop signal in the middle of a database call does nothing here: Celery calls
+        close() again on its way out, once the call has unwound."""
+        if self._in_db:
+            return
+        super().close()
+
+    @property
+    def info(self) -> str:
+        return f"{super().info}, entries from django-celery-beat's PeriodicTask"
+
+
+__all__ = ["DatabaseScheduler", "RowBounds", "already_ran", "entry_from_row",
+           "schedules_from_db"]
