@@ -15,16 +15,20 @@ keeps the state) and the broker (never restarted; its queue is not part of the t
 
 The chaos, seeded by ``--seed``, for ``--duration`` seconds (300):
 
-* every 5 to 15 s a random beat is sent SIGKILL or SIGTERM, at a due instant plus a few
-  milliseconds (so it is often in the middle of a claim or a send), and a replacement is
-  started at once;
+* every 5 to 15 s a random beat is sent SIGKILL or SIGTERM, at a due instant plus 0 to
+  15 ms (so it is often in the middle of a claim or a send), and a replacement is started
+  at once;
 * once, the store's redis-server is killed (SIGKILL) and started again ``--store-down``
   seconds later on the same port with the same data directory;
 * once, a beat is paused with SIGSTOP for ``--pause`` seconds (reclaim_after + 2 by
-  default), then resumed with SIGCONT. The pause is armed in the app: the first beat that
-  publishes after the arming stops itself inside the publish, after its check before
-  publish (its claim is ``sending``), as a VM paused in the middle of a publish would; when
-  no beat publishes within 10 s the run stops a random beat itself.
+  default), then resumed with SIGCONT. That beat replaces a killed one and is armed in the
+  app: it stops itself inside its first publish, after its check before publish (its
+  claims are ``sending``), as a VM paused in the middle of a publish would (when it has not
+  published within 30 s, the run stops it itself). Its heartbeat is ``--pause-heartbeat``
+  (reclaim_after / 2), whose TTL outlives the pause: it stays alive to the store, so its
+  claims are taken over by ``reclaim_after`` (with the fleet's 1 s heartbeat, expiry after
+  3 s would come first), and when it wakes it publishes what it had checked: the workers
+  must refuse those stale deliveries.
 
 Then the chaos stops and the fleet drains: the run waits until every occurrence due before
 the end of the chaos has executed, for at most the documented worst delay (reclaim_after +
@@ -71,7 +75,7 @@ from beat_claims.stores.redis import RedisStore  # noqa: E402
 
 APP = "bench.chaos_app"
 PERIODS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
-PAUSE_ARM_TIMEOUT = 10.0
+PAUSE_ARM_TIMEOUT = 30.0
 
 
 @dataclass
@@ -87,6 +91,7 @@ class Config:
     heartbeat: float = 1.0
     reclaim_after: float = 10.0
     pause: float | None = None  # default: reclaim_after + 2
+    pause_heartbeat: float | None = None  # the paused beat's; default: reclaim_after / 2
     store_down: float = 2.0
     kill_every: tuple[float, float] = (5.0, 15.0)
     margin: float = 20.0
@@ -96,6 +101,10 @@ class Config:
     @property
     def pause_seconds(self) -> float:
         return self.pause if self.pause is not None else self.reclaim_after + 2.0
+
+    @property
+    def pause_heartbeat_seconds(self) -> float:
+        return self.pause_heartbeat or self.reclaim_after / 2
 
     @property
     def heartbeat_ttl(self) -> float:
@@ -307,7 +316,7 @@ class Fleet:
             "CHAOS_SCHEDULE": json.dumps(cfg.schedule()),
             "CHAOS_HEARTBEAT": str(cfg.heartbeat),
             "CHAOS_RECLAIM_AFTER": str(cfg.reclaim_after),
-            "CHAOS_PAUSE_FILE": str(workdir / "pause-armed"),
+            "CHAOS_PAUSE_FILE": "",
             "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
             "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
@@ -319,23 +328,24 @@ class Fleet:
         self.procs: list[Proc] = []
         self.counter = Counter[str]()
 
-    def _spawn(self, kind: str, args: list[str]) -> Proc:
+    def _spawn(self, kind: str, args: list[str], **env: str) -> Proc:
         self.counter[kind] += 1
         name = f"{kind}-{self.counter[kind]}"
         log = self.logs / f"{name}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", APP, *args], cwd=ROOT, env=self.env,
+                [sys.executable, "-m", "celery", "-A", APP, *args], cwd=ROOT,
+                env={**self.env, **env},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         proc = Proc(kind, name, popen, log)
         self.procs.append(proc)
         return proc
 
-    def beat(self) -> Proc:
+    def beat(self, **env: str) -> Proc:
         n = self.counter["beat"] + 1
         return self._spawn("beat", ["beat", "-S", "beat_claims.Scheduler", "--loglevel", "INFO",
-                                    "-s", str(self.workdir / f"unused-schedule-{n}")])
+                                    "-s", str(self.workdir / f"unused-schedule-{n}")], **env)
 
     def worker(self) -> Proc:
         n = self.counter["worker"] + 1
@@ -406,6 +416,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 _TAKEOVER = re.compile(r"took over (\d+) claim\(s\) of '[^']*' from (.+?) owner ")
+_OWNER = re.compile(r"beat-claims: owner \S+?:\d+/([0-9a-f]{8})")
 _RELEASED = re.compile(r"released (\d+) unsent claim\(s\)")
 
 
@@ -454,7 +465,6 @@ class Chaos:
         self.broker = RedisServer("broker", workdir, persistent=False)
         self.fleet = Fleet(cfg, self.store, self.broker, workdir)
         self.ledger = workdir / "ledger.jsonl"
-        self.pause_file = workdir / "pause-armed"
         self.periods = cfg.schedule()
         self.events: list[Event] = []
         self.anchors: dict[str, int] = {}
@@ -498,53 +508,63 @@ class Chaos:
                  f" {self.cfg.concurrency}, {len(self.periods)} entries; store port"
                  f" {self.store.port}, broker port {self.broker.port}")
 
-    def kill_one(self) -> None:
+    def kill_one(self, note: str = "", **replacement_env: str) -> Proc:
+        """SIGKILL or SIGTERM a random beat (not the paused one); start a replacement."""
         victims = [b for b in self.fleet.live("beat") if b is not self.paused]
         if not victims:
-            self.fleet.beat()
-            return
+            return self.fleet.beat(**replacement_env)
         victim = self.rng.choice(victims)
         sig = self.rng.choice((signal.SIGKILL, signal.SIGTERM))
-        # At a due instant plus a few ms: the victim is likely claiming or sending.
+        # At a due instant plus a few ms: the victim is often claiming or sending then.
         at = next_due_instant(self.anchors, self.periods, time.time())
-        at += self.rng.uniform(0.0, 0.04)
+        at += self.rng.uniform(0.0, 0.015)
         time.sleep(max(0.0, at - time.time()))
-        if not victim.alive():
-            return
-        os.kill(victim.pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim.pid, sig)
         now = time.time()
-        replacement = self.fleet.beat()
+        replacement = self.fleet.beat(**replacement_env)
         kind = "sigkill" if sig == signal.SIGKILL else "sigterm"
         self.events.append(Event(kind, now, now + self.cfg.heartbeat_ttl + self.cfg.heartbeat,
                                  f"{kind.upper()} {victim.name} (pid {victim.pid}),"
-                                 f" replaced by {replacement.name}"))
-        self.say(f"{kind.upper()} {victim.name} pid {victim.pid}; started {replacement.name}")
+                                 f" replaced by {replacement.name}{note}"))
+        self.say(f"{kind.upper()} {victim.name} pid {victim.pid}; started"
+                 f" {replacement.name}{note}")
+        return replacement
 
     def pause_one(self) -> float:
-        """Pause a beat; returns when to resume it."""
-        self.pause_file.touch()
-        mode = "inside a publish"
+        """Replace a beat by one armed to stop itself (SIGSTOP) inside its first publish;
+        returns when to resume it (SIGCONT).
+
+        The armed beat's heartbeat is ``pause_heartbeat``: with a TTL longer than the pause
+        it stays alive to the store while stopped, so its claims are taken over by
+        ``reclaim_after`` (case 5 of the README) rather than by heartbeat expiry, which
+        would come first with the fleet's own heartbeat.
+        """
+        cfg = self.cfg
+        hb = cfg.pause_heartbeat_seconds
+        armed = self.workdir / f"pause-armed-{len(self.fleet.procs)}"
+        armed.touch()
+        beat = self.kill_one(f" (armed to pause, heartbeat {hb:g}s)", CHAOS_PAUSE_FILE=str(armed),
+                             CHAOS_HEARTBEAT=str(hb))
+        self.paused = beat
+        mode = "inside its first publish"
         try:
-            self.paused = wait_for(
-                lambda: next((b for b in self.fleet.live("beat") if b.state() == "T"), None),
-                PAUSE_ARM_TIMEOUT, "a beat to stop itself in a publish", 0.02)
+            wait_for(lambda: beat.state() == "T" or not beat.alive(), PAUSE_ARM_TIMEOUT,
+                     f"{beat.name} to stop itself in a publish", 0.02)
         except TimeoutError:
             try:
-                self.pause_file.unlink()
-            except FileNotFoundError:  # a beat disarmed it just now: it is stopping
-                self.paused = wait_for(
-                    lambda: next((b for b in self.fleet.live("beat") if b.state() == "T"),
-                                 None), 5, "the beat that disarmed the pause to stop", 0.02)
+                armed.unlink()
+            except FileNotFoundError:  # it disarmed the pause just now: it is stopping
+                wait_for(lambda: beat.state() == "T", 5, f"{beat.name} to stop", 0.02)
             else:
-                self.paused = self.rng.choice(self.fleet.live("beat"))
-                os.kill(self.paused.pid, signal.SIGSTOP)
-                mode = "between ticks"
+                os.kill(beat.pid, signal.SIGSTOP)
+                mode = "between ticks (it did not publish in time)"
         start = time.time()
-        self.events.append(Event("pause", start, start + self.cfg.pause_seconds,
-                                 f"SIGSTOP {self.paused.name} (pid {self.paused.pid}) {mode}"
-                                 f" for {self.cfg.pause_seconds:g}s"))
-        self.say(f"SIGSTOP {self.paused.name} pid {self.paused.pid} ({mode})")
-        return start + self.cfg.pause_seconds
+        self.events.append(Event("pause", start, start + cfg.pause_seconds,
+                                 f"SIGSTOP {beat.name} (pid {beat.pid}) {mode}"
+                                 f" for {cfg.pause_seconds:g}s"))
+        self.say(f"SIGSTOP {beat.name} pid {beat.pid} ({mode})")
+        return start + cfg.pause_seconds
 
     def resume(self) -> None:
         if self.paused is not None:
@@ -681,18 +701,41 @@ class Chaos:
                 result.late_over_2s = sum(1 for v in values if v > 2.0)
                 (entry, due), worst = max(delays.items(), key=lambda kv: kv[1])
                 result.worst_delay_s = worst
-                started = due / 1000 + worst
-                causes = [e.detail for e in self.events if e.overlaps(due / 1000 - 1, started)]
                 run = records.get(entry, {}).get(due)
                 result.worst = {
                     "entry": entry, "due": iso(due), "delay_s": round(worst, 3),
-                    "cause": "; ".join(causes) or "none (load)",
+                    "cause": self.cause(due, due / 1000 + worst, run),
                     "record": run.as_dict() if run is not None else None,
                 }
         finally:
             store.close()
         result.events = list(self.events)
         result.counts.update(log_counts(self.fleet))
+
+    def owner_names(self) -> dict[str, str]:
+        """Owner id prefix (8 hex digits) -> the beat's name, from the beats' start lines."""
+        names = {}
+        for proc in self.fleet.procs:
+            if proc.kind == "beat":
+                for prefix in _OWNER.findall(proc.text()):
+                    names[prefix] = proc.name
+        return names
+
+    def cause(self, due_ms: int, started: float, run: Any) -> str:
+        """Which chaos event held this occurrence back: the beat it was taken over from or
+        released by (from the run's record), else the events that overlapped its wait."""
+        holder, how = None, ""
+        if run is not None and run.reclaimed_from:
+            holder, how = self.owner_names().get(run.reclaimed_from[:8]), "taken over from"
+        elif run is not None and run.extra.get("released_by"):
+            holder = self.owner_names().get(str(run.extra["released_by"])[:8])
+            how = "released by"
+        if holder is not None:
+            events = [e.detail for e in self.events if re.search(rf"\b{holder}\b", e.detail)
+                      and e.start <= started]
+            return f"{how} {holder}: " + (events[-1] if events else "no chaos event")
+        overlapping = [e.detail for e in self.events if e.overlaps(due_ms / 1000 - 1, started)]
+        return "; ".join(overlapping) or "no chaos event (load)"
 
     def run(self) -> Result:
         result = Result(config={**asdict(self.cfg), "workdir": str(self.workdir)},
@@ -760,6 +803,8 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     parser.add_argument("--reclaim-after", type=float, default=10.0)
     parser.add_argument("--pause", type=float, default=None,
                         help="SIGSTOP length (default reclaim_after + 2)")
+    parser.add_argument("--pause-heartbeat", type=float, default=None,
+                        help="heartbeat of the paused beat (default reclaim_after / 2)")
     parser.add_argument("--store-down", type=float, default=2.0)
     parser.add_argument("--margin", type=float, default=20.0,
                         help="drain deadline beyond reclaim_after + heartbeat TTL")
@@ -771,6 +816,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     cfg = Config(duration=args.duration, seed=args.seed, beats=args.beats,
                  workers=args.workers, concurrency=args.concurrency, entries=args.entries,
                  heartbeat=args.heartbeat, reclaim_after=args.reclaim_after, pause=args.pause,
+                 pause_heartbeat=args.pause_heartbeat,
                  store_down=args.store_down, margin=args.margin, workdir=args.workdir,
                  verbose=not args.json)
     return cfg, args
