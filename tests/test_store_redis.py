@@ -332,3 +332,60 @@ def test_reclaim_notes_the_new_owner_and_clears_the_dead_note(store: RedisStore)
     assert notes == {} or "e" not in notes.get(owner(1).id, {})
     entries = store.client.zrange(store._global("owner", owner(2).id, "entries"), 0, -1)
     assert entries == ["e"]
+
+
+def test_check_many_answers_each_claim_in_one_round_trip(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    first, second, third = claim(store, owner(1), state, a + 1000, a + 2000, a + 3000).claims
+    store.reclaim(["e"], owner(1).id, owner(2), None)  # owner 1 looked dead
+    answers = store.check_many(owner(1), [(c, f"t{c.due}", 60) for c in (first, second)])
+    assert answers == [(False, "superseded"), (False, "superseded")]
+    mine = [c for c in claim(store, owner(2), None).claims]  # nothing new: all held by 2
+    assert mine == []
+    held = {r.due: r for r in store.history("e")}
+    assert {r.owner for r in held.values()} == {owner(2).id}
+    ok = store.check_many(owner(2), [(Claim("e", d, held[d].token), f"t{d}", 60)
+                                     for d in (a + 1000, third.due)])
+    assert ok == [(True, ""), (True, "")]
+    assert store.mark_all_sent([Claim("e", a + 1000, held[a + 1000].token)]) == 1
+    assert {r.due: r.state for r in store.history("e")}[a + 1000] is RunState.SENT
+
+
+def test_release_leaves_a_notice_that_only_a_pickup_of_that_release_clears(
+        store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    claim(store, owner(1), state, a + 1000)
+    assert store.release(owner(1), ["e"]) == 1
+    seen = store.released_in()
+    assert seen == {"e": 1}
+    # Another release comes in after the notices were read: its notice must survive.
+    claim(store, owner(2), None)
+    store.release(owner(2), ["e"])
+    store.picked_up(seen)
+    assert store.released_in() == {"e": 2}
+    store.picked_up(store.released_in())
+    assert store.released_in() == {}
+
+
+def test_operators_request_a_run_and_free_a_stuck_claim(store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    assert store.request_run("unknown", "admin:x") is None
+    due = store.request_run("e", "admin:alice")
+    assert due is not None
+    run = store.history("e")[0]
+    assert (run.due, run.state, run.as_dict()["manual"]) == (due, RunState.DUE, True)
+    assert store.entry_info("e")["checkpoint"] is None  # scheduled runs are unaffected
+    assert "e" in store.released_in()
+    # A beat claims the manual run like a released one, with a fresh token.
+    taken = claim(store, owner(1), None).claims
+    assert [c.due for c in taken] == [due]
+    # That beat gets stuck: an operator frees the claim; its token no longer passes.
+    assert store.free_claim("e", due, "admin:alice")
+    assert not store.free_claim("e", due, "admin:alice")  # already due again
+    assert not store.check_before_send(owner(1), taken[0], "t", 60)[0]
+    again = claim(store, owner(2), None).claims
+    assert [(c.due, c.token > taken[0].token) for c in again] == [(due, True)]
+    assert claim(store, owner(2), state, a + 1000).claims[0].due == a + 1000
