@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Run the example: one worker and two beats sharing one schedule, then show what ran.
+# Run the example: one worker and two beats sharing one schedule, and the Django admin
+# (runserver) that shows what they claimed and sent; then show what ran.
 #
 #   ./run.sh                      # venv in .venv, Redis at redis://127.0.0.1:6379/0
 #   REDIS_URL=redis://host:6379/3 ./run.sh
 #   BC_NO_VENV=1 ./run.sh         # use the current python instead of .venv
 #   RUN_SECONDS=60 ./run.sh       # run longer than the default 20 s
+#   RUN_SECONDS=0 ./run.sh        # run until Ctrl-C (to browse the admin)
+#   ADMIN_ADDR=0.0.0.0:8080 ./run.sh   # where runserver listens (default 127.0.0.1:8000)
+#
+# The admin user is created from DJANGO_SUPERUSER_USERNAME and DJANGO_SUPERUSER_PASSWORD
+# (Django's createsuperuser reads them) when both are set and the user does not exist yet.
 #
 # If Redis is not reachable and redis-server is installed, a throwaway one is started on
 # port 6399 (no persistence). Everything started here is stopped on exit.
@@ -120,17 +126,40 @@ log "Redis: $REDIS_URL"
 export DJANGO_SETTINGS_MODULE=exampleproj.settings
 "$PY" manage.py migrate --noinput -v 0
 log "database migrated"
+if [ -n "${DJANGO_SUPERUSER_USERNAME:-}" ] && [ -n "${DJANGO_SUPERUSER_PASSWORD:-}" ]; then
+    if "$PY" manage.py createsuperuser --noinput --email "${DJANGO_SUPERUSER_EMAIL:-admin@example.com}" \
+            >/dev/null 2>&1; then
+        log "admin user '$DJANGO_SUPERUSER_USERNAME' created"
+    else
+        log "admin user '$DJANGO_SUPERUSER_USERNAME' already exists (or could not be created)"
+    fi
+else
+    log "no admin user created: set DJANGO_SUPERUSER_USERNAME and DJANGO_SUPERUSER_PASSWORD,"
+    log "or run: (cd example_project && python manage.py createsuperuser)"
+fi
 
 # -- one worker, two beats ------------------------------------------------------------
 start worker "${CELERY[@]}" worker -l info -c 4 -n "example-worker@%h"
 start beat1 "${CELERY[@]}" beat -S claims -l info
 start beat2 "${CELERY[@]}" beat -S claims -l info
+ADMIN_ADDR="${ADMIN_ADDR:-127.0.0.1:8000}"
+start web "$PY" manage.py runserver --noreload "$ADMIN_ADDR"
+log "admin: http://$ADMIN_ADDR/admin/beat_claims/entry/"
 
-log "running for ${RUN_SECONDS}s"
-# In the background and waited for, so that Ctrl-C or SIGTERM stops everything at once.
-sleep "$RUN_SECONDS" &
+if [ "$RUN_SECONDS" = "0" ]; then
+    log "running until Ctrl-C"
+    SLEEP_ARG=infinity
+else
+    log "running for ${RUN_SECONDS}s"
+    SLEEP_ARG="$RUN_SECONDS"
+fi
+# In the background and waited for, so that SIGTERM stops everything at once; Ctrl-C ends
+# the wait and goes on to the status below.
+sleep "$SLEEP_ARG" &
 SLEEP_PID=$!
+trap 'kill "$SLEEP_PID" 2>/dev/null || true' INT
 wait "$SLEEP_PID" || true
+trap 'exit 130' INT
 
 log "celery -A exampleproj claims status"
 "${CELERY[@]}" claims status || true

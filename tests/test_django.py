@@ -1,5 +1,7 @@
-"""The Django integration, through the example project: settings through the CELERY
-namespace, the worker side installed by the app config, the status command."""
+"""The Django integration, through the example project (real ``manage.py`` processes):
+settings through the CELERY namespace, the worker side installed by the app config, the
+system checks and the ``beat_claims`` command. The admin, the checks' failure modes and
+outcomes from django-celery-results are tested in process: tests/test_django_*.py."""
 
 from __future__ import annotations
 
@@ -56,50 +58,25 @@ def test_worker_start_adds_fencing_to_the_projects_tasks(server: RedisServer,
         " type(t).before_start.__module__)"), tmp_path) == ["True", "beat_claims.worker"]
 
 
-def test_status_command_matches_the_store(server: RedisServer, tmp_path: Any) -> None:
+def test_status_and_history_commands_match_the_store(server: RedisServer,
+                                                    tmp_path: Any) -> None:
     store = RedisStore.from_url(server.url, "example-claims")
     store.ensure_entries([("heartbeat", "every 5s")])
-    doc = json.loads(manage(server, "beat_claims_status", "--json", tmp=tmp_path))
+    doc = json.loads(manage(server, "beat_claims", "status", "--json", tmp=tmp_path))
     names = {e["name"] for e in doc["entries"]}
     assert "heartbeat" in names
     entry = next(e for e in doc["entries"] if e["name"] == "heartbeat")
     assert entry["in_schedule"] and entry["next_due"] is not None
-    table = manage(server, "beat_claims_status", tmp=tmp_path)
+    table = manage(server, "beat_claims", "status", tmp=tmp_path)
     assert "heartbeat" in table and "ENTRY" in table
+    due = store.request_run("heartbeat", requested_by="test")
+    history = json.loads(manage(server, "beat_claims", "history", "heartbeat", "--json",
+                                tmp=tmp_path))
+    assert [(r["due_ms"], r["state"], r.get("manual")) for r in history["runs"]] == [
+        (due, "due", True)]
 
 
-def test_outcomes_recovered_from_django_celery_results(server: RedisServer,
-                                                       tmp_path: Any) -> None:
-    """Workers without the hooks: the beat reads outcomes from the django-db backend."""
-    from .processes import wait_for
-
-    manage(server, "migrate", "-v", "0", tmp=tmp_path)
-    env = {**os.environ, "REDIS_URL": server.url, "PYTHONPATH": str(PROJECT),
-           "DJANGO_SETTINGS_MODULE": "exampleproj.settings",
-           "EXAMPLE_DB": str(tmp_path / "db.sqlite3"), "EXAMPLE_NO_HOOKS": "1",
-           "EXAMPLE_HEARTBEAT": "0.5"}
-    store = RedisStore.from_url(server.url, "example-claims")
-    procs = []
-    try:
-        for args in (["worker", "-c", "1", "--without-gossip", "--without-mingle"],
-                     ["beat", "-s", str(tmp_path / "unused")]):
-            log = (tmp_path / f"{args[0]}.log").open("wb")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "exampleproj", *args, "-l", "INFO"],
-                cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT))
-        run = wait_for(lambda: next((r for r in store.history("heartbeat")
-                                     if r.state.value == "done"), None), 60,
-                       "an outcome recovered from django-celery-results")
-        # The beat writes its log line just after the store: wait for it before stopping.
-        wait_for(lambda: "from the result backend" in (tmp_path / "beat.log").read_text(), 10,
-                 "the beat to log the recovery")
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    assert run.started_at is None  # no worker hook recorded it: the backend did
-    assert "from the result backend" in (tmp_path / "beat.log").read_text()
+def test_the_example_project_passes_its_checks(server: RedisServer, tmp_path: Any) -> None:
+    """Its settings are valid and its store answers: no beat_claims message at all."""
+    out = manage(server, "check", "--fail-level", "WARNING", tmp=tmp_path)
+    assert "no issues" in out

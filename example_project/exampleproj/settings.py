@@ -1,4 +1,8 @@
-"""Settings of the beat-claims example project (SQLite, Redis broker, two beats welcome)."""
+"""Settings of the beat-claims example project (SQLite, Redis broker, two beats welcome).
+
+The admin (``/admin/``) shows what the beats claimed and sent, read from Redis, under
+"beat-claims > Entries"; django-celery-results' task results link from each run.
+"""
 
 import os
 from pathlib import Path
@@ -12,14 +16,38 @@ DEBUG = True
 ALLOWED_HOSTS = ["*"]
 
 INSTALLED_APPS = [
-    "django.contrib.contenttypes",
+    "django.contrib.admin",
     "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_celery_results",
     "beat_claims.contrib.django",
     "reports",
 ]
 if os.environ.get("EXAMPLE_NO_HOOKS") == "1":  # a fleet whose workers lack the hooks
     INSTALLED_APPS.remove("beat_claims.contrib.django")
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+STATIC_URL = "static/"
 
 ROOT_URLCONF = "exampleproj.urls"
 WSGI_APPLICATION = "exampleproj.wsgi.application"
@@ -37,6 +65,7 @@ TIME_ZONE = "UTC"
 # -- Celery (read by exampleproj/celery.py with namespace="CELERY") -------------------------
 CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_RESULT_BACKEND = "django-db"
+CELERY_RESULT_EXTENDED = True  # task results record the entry name (periodic_task_name)
 CELERY_BEAT_SCHEDULER = "beat_claims.Scheduler"
 
 # beat-claims: the store defaults to the broker's Redis.

@@ -1,5 +1,6 @@
-"""No views: the example is about the beats and the worker."""
+"""The admin: beat-claims entries, claims and runs under /admin/beat_claims/entry/."""
 
-from django.urls import URLPattern
+from django.contrib import admin
+from django.urls import path
 
-urlpatterns: list[URLPattern] = []
+urlpatterns = [path("admin/", admin.site.urls)]

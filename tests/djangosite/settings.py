@@ -19,6 +19,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 ROOT_URLCONF = "tests.djangosite.urls"
+STATIC_URL = "static/"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -59,13 +60,17 @@ else:
         "USER": os.environ.get("BC_PGUSER", "postgres"),
         "HOST": os.environ.get("BC_PGHOST", "127.0.0.1"),
         "PORT": os.environ.get("BC_PGPORT", "5432"),
-        "TEST": {"NAME": "test_beat_claims"},
+        # BC_DJANGO_TEST_DB: a separate test database for a concurrent test session.
+        "TEST": {"NAME": os.environ.get("BC_DJANGO_TEST_DB", "test_beat_claims")},
     }}
 
 # -- Celery, through the CELERY namespace -------------------------------------------------
-CELERY_BROKER_URL = os.environ.get("BC_BROKER_URL", "redis://127.0.0.1:6379/15")
+# Tests point these at their private redis-server (BC_* in child processes, app.conf in
+# this one). The defaults are a port nothing listens on, never the machine's shared Redis.
+UNREACHABLE = "redis://127.0.0.1:1/15"
+CELERY_BROKER_URL = os.environ.get("BC_BROKER_URL", UNREACHABLE)
 CELERY_RESULT_BACKEND = "django-db"
-CELERY_BEAT_CLAIMS_URL = os.environ.get("BC_REDIS_URL", "redis://127.0.0.1:6379/15")
+CELERY_BEAT_CLAIMS_URL = os.environ.get("BC_REDIS_URL", UNREACHABLE)
 CELERY_BEAT_CLAIMS_HEARTBEAT_INTERVAL = 1.0
 CELERY_BEAT_MAX_LOOP_INTERVAL = 1
 BEAT_CLAIMS_CELERY_APP = "tests.djangosite.celery:app"

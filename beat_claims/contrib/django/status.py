@@ -55,8 +55,9 @@ def uses_database_scheduler(app: Any) -> bool:
 
 
 def schedules(app: Any) -> dict[str, Any] | None:
-    """Entry name -> Celery schedule from the database when the database scheduler is in
-    use; None (read ``beat_schedule``) otherwise, or when its helper is not available."""
+    """Entry name -> Celery schedule when the database scheduler is in use: its rows, and
+    ``beat_schedule`` over them (as that scheduler merges them). None (read
+    ``beat_schedule`` only) otherwise, or when its helper is not available."""
     if not django_apps.is_installed("django_celery_beat") or not uses_database_scheduler(app):
         return None
     try:
@@ -64,7 +65,9 @@ def schedules(app: Any) -> dict[str, Any] | None:
     except ImportError:
         return None
     helper = getattr(module, "schedules_from_db", None)
-    return None if helper is None else dict(helper())
+    if helper is None:
+        return None
+    return {**dict(helper()), **inspect._schedules(app)}
 
 
 def status(app: Any = None) -> dict[str, Any]:
