@@ -34,7 +34,6 @@ from django_celery_beat.models import (
     CrontabSchedule,
     IntervalSchedule,
     PeriodicTask,
-    PeriodicTasks,
     SolarSchedule,
 )
 from django_celery_beat.tzcrontab import TzAwareCrontab
@@ -258,25 +257,27 @@ def test_database_outage_keeps_the_last_schedule_and_is_logged_once(
         caplog: pytest.LogCaptureFixture) -> None:
     row("kept", interval=every(0.5))
     s = scheduler(server)
+    module = sys.modules[DatabaseScheduler.__module__]
 
-    def down(*args: Any, **kwargs: Any) -> Any:
+    def down() -> None:
         raise OperationalError("connection refused (test)")
 
     with caplog.at_level(logging.INFO, logger="celery.beat.claims"):
         with monkeypatch.context() as patch:
-            patch.setattr(PeriodicTasks, "last_change", classmethod(down))
-            for _ in range(4):
-                s._next_check = 0.0
-                s.tick()
+            patch.setattr(module, "_close_stale_connections", down)
+            patch.setattr(module, "WRITE_BACK_EVERY", 0.0)
+            run_for(1.6, s)  # reads and write-backs fail; sends go on
             assert set(s.schedule) == {"kept"}
-        errors = [r for r in caplog.records if "cannot be read" in r.getMessage()]
-        assert len(errors) == 1 and "connection refused (test)" in errors[0].getMessage()
-        run_for(0.8, s)  # sends go on meanwhile
-        assert sent_dues(server, "kept")
+            sent = sent_dues(server, "kept")
+            assert len(sent) >= 2
+            errors = [r for r in caplog.records if "cannot be read" in r.getMessage()]
+            assert len(errors) == 1 and "connection refused (test)" in errors[0].getMessage()
         s._next_check = 0.0
-        s.tick()
+        run_for(0.3, s)
         assert "reachable again" in caplog.text
     s.close()
+    kept = PeriodicTask.objects.get(name="kept")  # nothing written back twice or lost
+    assert kept.total_run_count == len(sent_dues(server, "kept"))
 
 
 # -- policies, status ---------------------------------------------------------------

@@ -308,9 +308,12 @@ class DatabaseScheduler(Scheduler):
     def _database_down(self, exc: Exception) -> None:
         if self._db_down_since is None:
             self._db_down_since = time.monotonic()
+            from django.db import Error
+
             logger.error("beat-claims: the database schedule cannot be read or written (%s:"
                          " %s); keeping the last known %d entries. Logged once per outage.",
-                         type(exc).__name__, exc, len(self.schedule))
+                         type(exc).__name__, exc, len(self.schedule),
+                         exc_info=not isinstance(exc, Error))
 
     def _database_up(self) -> None:
         if self._db_down_since is not None:
@@ -364,10 +367,13 @@ class DatabaseScheduler(Scheduler):
         if time.monotonic() >= self._next_check:
             self._refresh()
         wait = super().tick(*args, **kwargs)
-        if self._to_disable or (self._sent and (
-                time.monotonic() >= self._next_write
-                or any(s.one_off for s in self._sent.values()))):
-            self._write_back()
+        if self._to_disable or self._sent:
+            # One-off rows are disabled at once, unless the database is down (then, like the
+            # rest, at most every WRITE_BACK_EVERY: a tick must not wait on it each time).
+            urgent = bool(self._to_disable) or any(s.one_off for s in self._sent.values())
+            if time.monotonic() >= self._next_write or (
+                    urgent and self._db_down_since is None):
+                self._write_back()
         return max(0.0, min(wait, self._next_check - time.monotonic()))
 
     def _publish(self, entry: Any, claim: Claim, task_id: str) -> Any:
