@@ -257,3 +257,13 @@ def test_next_occurrences_of_database_entries(client: Client, store: RedisStore,
     assert entries["db-entry"]["in_schedule"] and entries["db-entry"]["next_due"]
     # beat_schedule's entries too, as that scheduler runs them along with the rows.
     assert entries["hourly-report"]["in_schedule"] and entries["hourly-report"]["next_due"]
+
+
+def test_any_entry_name_has_a_page(client: Client, store: RedisStore, app: Celery) -> None:
+    name = "reports/daily 1:_x?"
+    store.ensure_entries([(name, "every 1s")])
+    login(client)
+    changelist = client.get(url("changelist"))
+    assert url("change", name) in changelist.content.decode().replace("&amp;", "&")
+    detail = client.get(url("change", name))
+    assert detail.status_code == 200 and detail.context["entry"]["name"] == name
