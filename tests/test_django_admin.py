@@ -135,6 +135,8 @@ def test_pages_need_staff_and_the_view_permission(client: Client, beat: Schedule
     assert url("changelist") not in client.get(reverse("admin:index")).content.decode()
     login(client, username="viewer")
     assert url("changelist") in client.get(reverse("admin:index")).content.decode()
+    app_index = client.get(reverse("admin:app_list", kwargs={"app_label": "beat_claims"}))
+    assert app_index.status_code == 200 and url("changelist") in app_index.content.decode()
 
 
 def test_actions_need_post_their_permission_and_csrf(store: RedisStore,
