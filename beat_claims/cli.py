@@ -56,10 +56,18 @@ def history(ctx: click.Context, entry: str, limit: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
-    click.echo(f"{'DUE':26} {'STATE':10} {'TOKEN':>5} {'WORKER':24} DETAIL")
+    click.echo(history_table(doc))
+
+
+def history_table(doc: dict[str, Any]) -> str:
+    """The history document as a table for people."""
+    lines = [f"{'DUE':26} {'STATE':10} {'TOKEN':>5} {'WORKER':24} DETAIL"]
     for run in doc["runs"]:
         detail = run["reason"] or run["exc_type"] or ""
         if run["exc_message"]:
             detail += f": {run['exc_message']}"
-        click.echo(f"{run['due']:26} {run['state']:10} {run['token']:>5}"
-                   f" {run['worker'] or '-':24} {detail}")
+        if run.get("manual"):
+            detail = f"manual ({run.get('requested_by') or '?'}) {detail}".rstrip()
+        lines.append(f"{run['due']:26} {run['state']:10} {run['token']:>5}"
+                     f" {run['worker'] or '-':24} {detail}")
+    return "\n".join(lines)

@@ -25,7 +25,9 @@ def open_store(app: Celery) -> Store:
                                sentinel_master=settings.sentinel_master)
 
 
-def _schedules(app: Celery) -> dict[str, Any]:
+def beat_schedules(app: Celery) -> dict[str, Any]:
+    """Entry name -> Celery schedule of ``beat_schedule`` (entries that do not parse are
+    left out: a status page must not fail on one bad entry)."""
     out = {}
     for name, spec in (app.conf.beat_schedule or {}).items():
         try:
@@ -44,7 +46,7 @@ def status(app: Celery, store: Store | None = None,
     they are read from ``beat_schedule``. A database schedule source passes its own.
     """
     store = store or open_store(app)
-    schedules = _schedules(app) if schedules is None else schedules
+    schedules = beat_schedules(app) if schedules is None else schedules
     owners = store.owners()
     alive = {owner.id: is_alive for owner, is_alive, _ in owners}
     entries = []

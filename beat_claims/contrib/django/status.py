@@ -67,7 +67,7 @@ def schedules(app: Any) -> dict[str, Any] | None:
     helper = getattr(module, "schedules_from_db", None)
     if helper is None:
         return None
-    return {**dict(helper()), **inspect._schedules(app)}
+    return {**dict(helper()), **inspect.beat_schedules(app)}
 
 
 def status(app: Any = None) -> dict[str, Any]:

@@ -10,22 +10,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
-from beat_claims.cli import status_table
+from beat_claims.cli import history_table, status_table
 from beat_claims.settings import ConfigurationError
 
 from ... import status as source
-
-
-def history_table(doc: dict[str, Any]) -> str:
-    """The history document as a table for people, as ``celery claims history`` prints it."""
-    lines = [f"{'DUE':26} {'STATE':10} {'TOKEN':>5} {'WORKER':24} DETAIL"]
-    for run in doc["runs"]:
-        detail = run["reason"] or run["exc_type"] or ""
-        if run["exc_message"]:
-            detail += f": {run['exc_message']}"
-        lines.append(f"{run['due']:26} {run['state']:10} {run['token']:>5}"
-                     f" {run['worker'] or '-':24} {detail}")
-    return "\n".join(lines)
 
 
 class Command(BaseCommand):
