@@ -163,6 +163,23 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _busy_cpu(servers: tuple[RedisServer, ...]) -> tuple[float, float]:
+    """(CPU seconds the whole machine has been busy, of which the redis-servers and this
+    process): the difference over a window shows other load on the machine."""
+    import psutil
+
+    t = psutil.cpu_times()
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+    ours = sum(sum(psutil.Process(s.proc.pid).cpu_times()[:2]) for s in servers)
+    return busy, ours + time.process_time()
+
+
+def _other_cpu(before: tuple[float, float], after: tuple[float, float],
+               beats_cpu: float) -> float:
+    """Busy CPU seconds of the machine in a window not spent by the benchmark."""
+    return round(max(0.0, (after[0] - before[0]) - (after[1] - before[1]) - beats_cpu), 2)
+
+
 def _command_delta(before: dict[str, int], after: dict[str, int],
                    own: dict[str, int]) -> dict[str, int]:
     """Commands run between two snapshots, minus the parent's own (``own``) and INFO."""
@@ -300,9 +317,12 @@ def _child(kind: str, index: int, cfg_q: Any, out_q: Any, cpu_q: Any, go: Any,
 
         if kind == "redbeat":
             import redbeat  # noqa: F401
+        module = None
         if kind == "beat_claims":
-            import beat_claims  # noqa: F401
-        out_q.put(("imported", index, os.getpid()))
+            import beat_claims
+
+            module = os.path.dirname(os.path.abspath(beat_claims.__file__))
+        out_q.put(("imported", index, (os.getpid(), module)))
         cfg = cfg_q.get()
         counters.broker_port, counters.store_port = cfg["broker_port"], cfg["store_port"]
         t_setup = time.time()
@@ -386,6 +406,7 @@ class Beats:
         for p in self.procs:
             p.start()
         self.pids: dict[int, int] = {}
+        self.module: str | None = None  # where the beats imported beat_claims from
         self.pending: list[tuple[str, int, Any]] = []
 
     def collect(self, what: str, deadline: float) -> dict[int, Any] | str:
@@ -399,7 +420,7 @@ class Beats:
             if kind == "error":
                 return f"beat {index} failed:\n{payload}"
             if kind == "imported":
-                self.pids[index] = payload
+                self.pids[index], self.module = payload
             if kind == what:
                 got[index] = payload
             elif what == "result" and kind != "ready":
@@ -472,6 +493,13 @@ def _window(ticks: list[tuple[float, ...]], start: float, end: float) -> dict[st
             "broker_rt": last[7] - first[6]}
 
 
+def _check_module(beats: Beats, args: argparse.Namespace) -> None:
+    if beats.module and beats.module != args.beat_claims_path:
+        beats.finish(3)
+        sys.exit(f"the beats imported beat_claims from {beats.module},"
+                 f" not {args.beat_claims_path}")
+
+
 def _setup_fields(ready: dict[int, Any], started: float) -> dict[str, Any]:
     return {"setup_seconds": round(max(r["ready"] for r in ready.values()) - started, 3)}
 
@@ -497,6 +525,7 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     if isinstance(imported, str):
         beats.finish(3)
         return {**out, "status": "error", "error": imported}
+    _check_module(beats, args)
     started = time.time()
     due_at = started + lead  # Celery's and RedBeat's T; beat-claims' T is at least this
     profile = args.profile if case.scheduler in args.profile_schedulers else None
@@ -520,6 +549,8 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     beats.go.set()
     time.sleep(max(0.0, t_lo - 0.1 - time.time()))
     stats_before = {s.name: s.commandstats() for s in (store, broker)}
+    busy_before = _busy_cpu((store, broker))
+    busy_after = busy_before
     polls, reached, status = 0, None, "ok"
     stats_at_end: dict[str, dict[str, int]] | None = None
     polls_at_end = 0
@@ -530,6 +561,7 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
         polls += 1
         if reached is None and (length >= n or now > t_lo + args.timeout):
             stats_at_end = {s.name: s.commandstats() for s in (store, broker)}
+            busy_after = _busy_cpu((store, broker))
             polls_at_end = polls
             if length < n:
                 status = "timeout"
@@ -544,6 +576,8 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     messages = _decode_queue(broker.client)
     out.update(_burst_figures(case, n, due_at, messages, results, status))
+    if status == "ok" and out.get("cpu_seconds") is not None:
+        out["other_cpu_seconds"] = _other_cpu(busy_before, busy_after, out["cpu_seconds"])
     if stats_at_end is not None:
         for server in (store, broker):
             own = {"llen": polls_at_end} if server is broker else {}
@@ -624,6 +658,7 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
     if isinstance(imported, str):
         beats.finish(3)
         return {**out, "status": "error", "error": imported}
+    _check_module(beats, args)
     started = time.time()
     beats.configure({**_base_cfg(case, names, store, broker, workdir, None, run_id),
                      "interval": IDLE_INTERVAL, "last_run_at": started, "idle": True})
@@ -636,8 +671,10 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
     time.sleep(args.settle)
     w0, c0 = time.time(), beats.cpu_seconds()
     stats_before = {s.name: s.commandstats() for s in (store, broker)}
+    busy_before = _busy_cpu((store, broker))
     time.sleep(seconds)
     w1, c1 = time.time(), beats.cpu_seconds()
+    busy_after = _busy_cpu((store, broker))
     stats_after = {s.name: s.commandstats() for s in (store, broker)}
     results = beats.finish(10)
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -649,6 +686,7 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
         "status": "ok" if len(results) == case.beats and not queued else "error",
         "queued": queued,
         "cpu_seconds": round(c1 - c0, 4),
+        "other_cpu_seconds": _other_cpu(busy_before, busy_after, c1 - c0),
         "cpu_seconds_per_minute": round((c1 - c0) * per_minute, 4),
         "ticks_per_minute": round(sum(w["ticks"] for w in windows) * per_minute, 1),
         "store_round_trips_per_minute": round(
@@ -681,7 +719,8 @@ RUN_FIELDS = ("status", "seconds", "lag_p50_ms", "lag_p99_ms", "cpu_seconds",
               "cpu_seconds_per_minute", "published_per_beat", "exactly_n", "duplicates",
               "later_occurrences", "sent_by_timeout", "store_round_trips",
               "broker_round_trips", "store_commands", "broker_commands", "lead",
-              "setup_seconds", "loadavg_before", "loadavg_after", "error", "errors",
+              "setup_seconds", "other_cpu_seconds", "loadavg_before", "loadavg_after",
+              "error", "errors",
               "warnings", "attempts")
 
 
@@ -737,7 +776,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
-                     idle_key: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+                     idle_key: str | None,
+                     timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
     def fig(case: str, workload: str, name: str) -> float | None:
         return results.get(case, {}).get(workload, {}).get(name)
 
@@ -750,6 +790,10 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
         for bc in bc_cases:
             for other in ("persistent", "redbeat"):
                 r[f"{bc}/{other}"] = _ratio(fig(bc, w, "seconds"), fig(other, w, "seconds"))
+                if other in results and w in results[other] and fig(other, w, "seconds") \
+                        is None and "timeout" in results[other][w]["status"]:
+                    # the other did not finish: the ratio is below bc / timeout
+                    r[f"{bc}/{other}_below"] = _ratio(fig(bc, w, "seconds"), timeout)
                 r[f"{bc}/{other}_cpu"] = _ratio(fig(bc, w, "cpu_seconds"),
                                                 fig(other, w, "cpu_seconds"))
             if bc != "beat_claims_1":
@@ -809,10 +853,13 @@ def versions(commit_override: str | None) -> dict[str, Any]:
     import beat_claims
 
     pkg_dir = os.path.dirname(os.path.abspath(beat_claims.__file__))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     commit = commit_override or _git("rev-parse", "HEAD", cwd=pkg_dir)
     dirty = None
     if not commit_override and commit:
         dirty = bool(_git("status", "--porcelain", "--", ".", cwd=pkg_dir))
+    changed = _git("log", "-1", "--format=%H", commit, "--", "beat_claims",
+                   cwd=repo) if commit else None
     server = subprocess.run(["redis-server", "--version"], capture_output=True,
                             text=True).stdout
     server_version = next((w[2:] for w in server.split() if w.startswith("v=")), server)
@@ -826,6 +873,7 @@ def versions(commit_override: str | None) -> dict[str, Any]:
         "beat_claims": beat_claims.__version__,
         "beat_claims_commit": commit,
         "beat_claims_dirty": dirty,
+        "beat_claims_last_change": changed,
         "beat_claims_path": pkg_dir,
     }
 
@@ -1020,6 +1068,9 @@ def main(argv: list[str] | None = None) -> int:
         commit = snapshot_commit(args.at_commit, snap)
         sys.path.insert(0, snap)  # spawned beats inherit sys.path
     idle_key = f"idle_{args.idle_entries}" if args.idle_seconds > 0 else None
+    import beat_claims
+
+    args.beat_claims_path = os.path.dirname(os.path.abspath(beat_claims.__file__))
     summary: dict[str, Any] = {
         "benchmark": "dispatch",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -1067,6 +1118,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not args.quiet:
                         shown = {k: run.get(k) for k in (
                             "status", "seconds", "setup_seconds", "lead", "cpu_seconds",
+                            "other_cpu_seconds",
                             "cpu_seconds_per_minute", "published_per_beat", "exactly_n")
                             if k in run}
                         print(f"    {shown}", file=sys.stderr, flush=True)
@@ -1078,7 +1130,8 @@ def main(argv: list[str] | None = None) -> int:
     for (key, w), case_runs in runs.items():
         results[key][w] = summarise(case_runs, idle=w.startswith("idle"))
     summary["results"] = dict(results)
-    summary["ratios"], summary["goals"] = ratios_and_goals(results, args.entries, idle_key)
+    summary["ratios"], summary["goals"] = ratios_and_goals(results, args.entries, idle_key,
+                                                          args.timeout)
     summary["wall_seconds"] = round(time.time() - t_start, 1)
     summary["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if not args.quiet:
