@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from . import occurrences
 from .catch_up import plan
 from .metrics import Metrics
-from .runs import HEADER, Owner, RunState, from_ms, iso, process_is_gone, task_id_for
+from .runs import HEADER, Owner, Run, RunState, from_ms, iso, process_is_gone, task_id_for
 from .settings import ConfigurationError, Policy, Settings
 from .stores.base import Claim, ClaimRequest, ClaimResult, EntryState, Store
 from .stores.redis import RedisStore
@@ -97,6 +97,7 @@ class Scheduler(BaseScheduler):
         self._checked: list[Claim] = []  # passed the check before publish; not yet published
         self._peers: list[str] = []  # ids of the live beats, as of the last sweep
         self._full_scan = True  # look for released runs in every entry at the next sweep
+        self._open_scan = True  # look for open runs in every entry at the next sweep
         self._claiming: set[str] = set()  # entries with a claim call in flight
         self._offset_ms = 0
         self._last_heartbeat = float("-inf")
@@ -161,6 +162,8 @@ class Scheduler(BaseScheduler):
         for name in names:
             self._push(name)
         self._full_scan = True  # the store may have been wiped or restored meanwhile
+        self._open_scan = True
+        self._last_recovery = float("-inf")
         self._ready = True
 
     def _push(self, name: str) -> None:
@@ -309,8 +312,19 @@ class Scheduler(BaseScheduler):
                     self._take_over(owner, [name], now - reclaim_ms, "slow")
         if time.monotonic() - self._last_released_scan >= RELEASED_SCAN_EVERY:
             self._pick_up_released(now)
-        self._mark_lost(now)
-        self._recover_outcomes(now)
+        active = self.store.open_in()
+        names = sorted(name for name in (self._state if self._open_scan else active)
+                       if name in self.policies and name in self._state)
+        self._mark_lost(now, names)
+        if time.monotonic() - self._last_recovery >= 10 * self.settings.heartbeat_interval:
+            self._last_recovery = time.monotonic()
+            runs = self.store.open_runs(names)
+            self._recover_outcomes(now, runs)
+            self.store.settled({name: active[name] for name in names
+                                if name in active and not runs.get(name)})
+            if self._open_scan:  # open runs the index does not know of (an older version's)
+                self.store.note_open([name for name in runs if name not in active])
+            self._open_scan = False
         if self._held:
             self._send(sorted(self._held.values(), key=lambda c: (c.due, c.entry)))
 
@@ -343,27 +357,23 @@ class Scheduler(BaseScheduler):
         self.metrics.count("taken_over", len(mine))
         self._hold(mine)
 
-    def _mark_lost(self, now: int) -> None:
-        cutoffs = {name: now - int(policy.run_timeout * 1000)
-                   for name, policy in self.policies.items()
-                   if policy.run_timeout is not None and name in self._state}
+    def _mark_lost(self, now: int, names: list[str]) -> None:
+        cutoffs = {name: now - int(policy.run_timeout * 1000) for name in names
+                   if (policy := self.policies[name]).run_timeout is not None}
         for name, dues in self.store.mark_lost(cutoffs).items():
             for due in dues:
                 logger.warning("beat-claims: %s due %s: no outcome within run_timeout=%ss:"
                                " recorded lost", name, iso(due), self.policies[name].run_timeout)
 
-    def _recover_outcomes(self, now: int) -> None:
+    def _recover_outcomes(self, now: int, open_runs: dict[str, list[Run]]) -> None:
         """Runs still ``sent``/``started`` whose outcome no worker reported: ask the result
         backend by task id (works for workers without beat-claims' hooks)."""
         if not self.settings.result_backend_recovery or not self.app.conf.result_backend:
             return
         if isinstance(self.app.backend, (DisabledBackend, RPCBackend)):
             return  # results go to the sender's reply queue: nothing to look up here
-        if time.monotonic() - self._last_recovery < 10 * self.settings.heartbeat_interval:
-            return
-        self._last_recovery = time.monotonic()
         settle_ms = int(2 * self.settings.heartbeat_interval * 1000)
-        for name, runs in self.store.open_runs(sorted(self._state)).items():
+        for name, runs in open_runs.items():
             for run in runs:
                 if run.state not in (RunState.SENT, RunState.STARTED) or not run.task_id:
                     continue

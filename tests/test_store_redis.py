@@ -389,3 +389,21 @@ def test_operators_request_a_run_and_free_a_stuck_claim(store: RedisStore) -> No
     again = claim(store, owner(2), None).claims
     assert [(c.due, c.token > taken[0].token) for c in again] == [(due, True)]
     assert claim(store, owner(2), state, a + 1000).claims[0].due == a + 1000
+
+
+def test_open_runs_are_indexed_at_the_check_and_settle_only_when_unchanged(
+        store: RedisStore) -> None:
+    state = anchored(store)
+    a = state.anchor
+    assert store.open_in() == {}
+    first = claim(store, owner(1), state, a + 1000).claims[0]
+    store.check_many(owner(1), [(first, "t1", 60)])
+    seen = store.open_in()
+    assert seen == {"e": 1}
+    second = claim(store, owner(1), None).claims or claim(
+        store, owner(1), EntryState(a, a + 1000), a + 2000).claims
+    store.check_many(owner(1), [(second[0], "t2", 60)])  # checked after the read
+    store.settled(seen)
+    assert store.open_in() == {"e": 2}
+    store.note_open(["other"])
+    assert set(store.open_in()) == {"e", "other"}

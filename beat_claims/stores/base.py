@@ -128,6 +128,20 @@ class Store(abc.ABC):
         unless their count moved since (a newer release keeps its notice)."""
 
     @abc.abstractmethod
+    def open_in(self) -> dict[str, int]:
+        """Entries where runs may be open (being sent, sent, started): the only ones the
+        lost and outcome sweeps look at. Each with a count that moves at every new check."""
+
+    @abc.abstractmethod
+    def note_open(self, entries: Sequence[str]) -> None:
+        """Add entries to :meth:`open_in` (runs found open that it did not list)."""
+
+    @abc.abstractmethod
+    def settled(self, seen: dict[str, int]) -> None:
+        """These entries have no open run: drop them from :meth:`open_in`, unless their count
+        moved since it was read (a run checked meanwhile keeps its entry there)."""
+
+    @abc.abstractmethod
     def heartbeat(self, owner: Owner, ttl: float) -> tuple[int, int]:
         """Renew the owner's liveness; returns (release generation, store clock in ms).
 

@@ -35,7 +35,7 @@ from .base import (
 )
 
 SCRIPTS = ("anchor", "claim", "send", "sent", "release", "reclaim", "start", "finish", "lost",
-           "skip", "request", "free", "noticed")
+           "skip", "request", "free", "drop_seen")
 
 
 @cache
@@ -227,8 +227,11 @@ class RedisStore(Store):
                          px=int(index_ttl * 1000))
                 self._run("send", self._keys(claim.entry, "runs"),
                           [str(claim.due), str(claim.token), owner.id, task_id], pipe)
+            # Where runs may be open from now on: the lost/outcome sweeps look only there.
+            for entry in dict.fromkeys(claim.entry for claim, _, _ in items):
+                pipe.hincrby(self._global("open-in"), entry, 1)
 
-        replies = self._batch(build)[len(sent) + 1::2]
+        replies = self._batch(build)[len(sent) + 1:len(sent) + 2 * len(items):2]
         return [(bool(int(r[0])), (r[1] if len(r) > 1 else "")) for r in replies]
 
     def _mark_sent(self, claim: Claim, client: Any = None) -> Any:
@@ -270,9 +273,26 @@ class RedisStore(Store):
                 for name, count in self.client.hgetall(self._global("released-in")).items()}
 
     def picked_up(self, seen: dict[str, int]) -> None:
+        self._drop_seen("released-in", seen)
+
+    def open_in(self) -> dict[str, int]:
+        return {name: int(count)
+                for name, count in self.client.hgetall(self._global("open-in")).items()}
+
+    def note_open(self, entries: Sequence[str]) -> None:
+        if entries:
+            pipe = self._pipeline()
+            for entry in entries:
+                pipe.hincrby(self._global("open-in"), entry, 1)
+            pipe.execute()
+
+    def settled(self, seen: dict[str, int]) -> None:
+        self._drop_seen("open-in", seen)
+
+    def _drop_seen(self, notices: str, seen: dict[str, int]) -> None:
         if seen:
             args = [part for name, count in seen.items() for part in (name, str(count))]
-            self._run("noticed", [self._global("released-in")], args)
+            self._run("drop_seen", [self._global(notices)], args)
 
     def heartbeat(self, owner: Owner, ttl: float) -> tuple[int, int]:
         pipe = self.client.pipeline(transaction=False)
