@@ -14,7 +14,8 @@ Row fields map onto the scheduler's hooks: ``start_time`` and ``expires`` are ``
 clocked row's instant is one occurrence. After a send the row's ``last_run_at`` and
 ``total_run_count`` are updated, in batches and best effort, for the admin; a one-off row is
 disabled as django-celery-beat does. Nothing read back from those fields decides what runs,
-except that a one-off row that already ran is not run again.
+except that a one-off row that already ran is not run again. Rows have no place for a
+``claims`` policy: it comes from the ``beat_claims_entry_claims`` setting, by entry name.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from kombu.utils.json import loads
 from ... import occurrences
 from ...runs import from_ms, to_ms
 from ...scheduler import ClaimsEntry, Scheduler
-from ...settings import ConfigurationError
+from ...settings import ConfigurationError, Settings
 from ...stores.base import Claim, EntryState
 
 logger = get_logger("celery.beat.claims")
@@ -175,6 +176,20 @@ def already_ran(row: Any, bounds: RowBounds, sched: Any) -> bool:
     return armed is not None and last >= armed
 
 
+def entry_claims(app: Celery, settings: Settings | None = None) -> dict[str, dict[str, Any]]:
+    """``beat_claims_entry_claims``: entry name -> ``claims`` dict, for rows (which have no
+    place for one). Validated like every other setting: ConfigurationError names the entry,
+    the key and the value. A beat reads it once, at start."""
+    settings = settings or Settings.from_app(app)
+    mapping = app.conf.get("beat_claims_entry_claims") or {}
+    if not isinstance(mapping, dict):
+        raise ConfigurationError(
+            f"beat_claims_entry_claims={mapping!r}: must be a dict of entry name -> claims dict")
+    for name, claims in mapping.items():
+        settings.policy_for(str(name), claims)
+    return {str(name): claims for name, claims in mapping.items()}
+
+
 def schedules_from_db(enabled_only: bool = True) -> dict[str, Any]:
     """Entry name -> Celery schedule of the ``PeriodicTask`` rows (for status pages: with
     ``inspect.status(app, schedules=...)`` they give the next occurrences). Rows without a
@@ -214,7 +229,7 @@ class DatabaseScheduler(Scheduler):
     # -- reading the rows -------------------------------------------------------------
     def setup_schedule(self) -> None:
         _django_ready()
-        self._entry_claims = self._read_entry_claims()
+        self._entry_claims = entry_claims(self.app, self.settings)
         super().setup_schedule()  # beat_schedule's entries, policies, metrics
         for name, entry in self.schedule.items():
             if getattr(entry, "claims", None) is None and name in self._entry_claims:
@@ -222,18 +237,6 @@ class DatabaseScheduler(Scheduler):
         self._static = dict(self.schedule)
         self.entries_changed()
         self._refresh(force=True)
-
-    def _read_entry_claims(self) -> dict[str, dict[str, Any]]:
-        """``beat_claims_entry_claims``: entry name -> ``claims`` dict, for rows (which have
-        no place for one). Validated here, at start, like every other setting."""
-        mapping = self.app.conf.get("beat_claims_entry_claims") or {}
-        if not isinstance(mapping, dict):
-            raise ConfigurationError(
-                f"beat_claims_entry_claims={mapping!r}: must be a dict of entry name ->"
-                " claims dict")
-        for name, claims in mapping.items():
-            self.settings.policy_for(str(name), claims)
-        return {str(name): claims for name, claims in mapping.items()}
 
     def _refresh(self, force: bool = False) -> None:
         """Read the rows again if they changed (or in full every FULL_READ_EVERY seconds);
@@ -445,5 +448,5 @@ class DatabaseScheduler(Scheduler):
         return f"{super().info}, entries from django-celery-beat's PeriodicTask"
 
 
-__all__ = ["DatabaseScheduler", "RowBounds", "already_ran", "entry_from_row",
+__all__ = ["DatabaseScheduler", "RowBounds", "already_ran", "entry_claims", "entry_from_row",
            "schedules_from_db"]
