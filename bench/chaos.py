@@ -13,7 +13,8 @@ catch-up policy ``all``, heartbeat ``--heartbeat`` (1 s), ``--reclaim-after`` (1
 private redis-servers: the store (``appendonly yes``, ``appendfsync always``: a restart
 keeps the state) and the broker (never restarted; its queue is not part of the test).
 
-The chaos, seeded by ``--seed``, for ``--duration`` seconds (300):
+The chaos, seeded by ``--seed``, for ``--duration`` seconds (300; longer if the pause or
+the store restart is still to come at the end of a short run):
 
 * every 5 to 15 s a random beat is sent SIGKILL or SIGTERM, at a due instant plus 0 to
   15 ms (so it is often in the middle of a claim or a send), and a replacement is started
@@ -61,6 +62,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,7 @@ class Config:
     store_down: float = 2.0
     kill_every: tuple[float, float] = (5.0, 15.0)
     margin: float = 20.0
+    fence: bool = True  # False: workers without beat_claims.install(app)
     workdir: Path | None = None
     verbose: bool = True
 
@@ -351,7 +354,8 @@ class Fleet:
         n = self.counter["worker"] + 1
         return self._spawn("worker", ["worker", "--loglevel", "INFO", "-P", "prefork",
                                       "-c", str(self.cfg.concurrency), "--without-gossip",
-                                      "--without-mingle", "-n", f"chaos-w{n}@%h"])
+                                      "--without-mingle", "-n", f"chaos-w{n}@%h"],
+                           **({} if self.cfg.fence else {"CHAOS_NO_FENCE": "1"}))
 
     def live(self, kind: str) -> list[Proc]:
         return [p for p in self.procs if p.kind == kind and p.alive()]
@@ -440,6 +444,10 @@ def log_counts(fleet: Fleet) -> dict[str, int]:
     return dict(counts)
 
 
+def _ready(worker: Proc) -> bool:
+    return "ready." in worker.text() or not worker.alive()
+
+
 def measured_version() -> str:
     """The commit of beat_claims this run measured, ``-dirty`` with local changes."""
     try:
@@ -494,8 +502,7 @@ class Chaos:
         self.broker.start()
         workers = [self.fleet.worker() for _ in range(self.cfg.workers)]
         for worker in workers:
-            wait_for(lambda w=worker: "ready." in w.text() or not w.alive(), 90,
-                     f"{worker.name} to be ready")
+            wait_for(partial(_ready, worker), 90, f"{worker.name} to be ready")
             if not worker.alive():
                 raise RuntimeError(f"{worker.name} exited:\n{worker.text()[-3000:]}")
         for _ in range(self.cfg.beats):
@@ -597,8 +604,10 @@ class Chaos:
         ]
         heapq.heapify(plan)
         seq = 3
-        while plan and plan[0][0] < end:
+        while plan:
             at, _, what = heapq.heappop(plan)
+            if at >= end and what == "kill":
+                continue  # the pause and the store restart happen even in a short run
             time.sleep(max(0.0, at - time.time()))
             if what == "store" and self.paused is not None:
                 heapq.heappush(plan, (time.time() + 3.0, seq, "store"))  # one thing at a time
@@ -613,12 +622,11 @@ class Chaos:
                 self.restart_store()
             seq += 1
         time.sleep(max(0.0, end - time.time()))
-        self.resume()
-        for beat in self.fleet.procs:
+        for beat in self.fleet.procs:  # nothing stays stopped
             if beat.kind == "beat" and beat.alive() and beat.state() == "T":
                 os.kill(beat.pid, signal.SIGCONT)
         self.say("chaos over")
-        return end
+        return max(end, time.time())
 
     def drain(self, end: float, result: Result) -> None:
         """Wait until every occurrence due before ``end`` has executed (bounded)."""
@@ -808,6 +816,9 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     parser.add_argument("--store-down", type=float, default=2.0)
     parser.add_argument("--margin", type=float, default=20.0,
                         help="drain deadline beyond reclaim_after + heartbeat TTL")
+    parser.add_argument("--no-fence", action="store_true",
+                        help="workers without beat_claims.install(app): shows what the"
+                             " fencing prevents (expect duplicates)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="logs, ledger and redis data (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir after success")
@@ -816,7 +827,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     cfg = Config(duration=args.duration, seed=args.seed, beats=args.beats,
                  workers=args.workers, concurrency=args.concurrency, entries=args.entries,
                  heartbeat=args.heartbeat, reclaim_after=args.reclaim_after, pause=args.pause,
-                 pause_heartbeat=args.pause_heartbeat,
+                 pause_heartbeat=args.pause_heartbeat, fence=not args.no_fence,
                  store_down=args.store_down, margin=args.margin, workdir=args.workdir,
                  verbose=not args.json)
     return cfg, args

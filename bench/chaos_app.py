@@ -12,6 +12,7 @@ Configured from the environment by the chaos run:
 ``CHAOS_LEDGER``      the ledger file;
 ``CHAOS_SCHEDULE``    JSON ``{entry name: period in seconds}``;
 ``CHAOS_HEARTBEAT``, ``CHAOS_RECLAIM_AFTER``  beat-claims' timings;
+``CHAOS_NO_FENCE=1``  workers without ``beat_claims.install(app)`` (a demonstration);
 ``CHAOS_PAUSE_FILE``  the pause trigger: the first beat to remove this file inside a publish
                       (after its check before publish) stops itself with SIGSTOP, as a VM
                       paused in the middle of a publish would.
@@ -57,7 +58,8 @@ app.conf.beat_schedule = {
     name: {"task": "chaos.record", "schedule": timedelta(seconds=float(period))}
     for name, period in json.loads(os.environ.get("CHAOS_SCHEDULE", "{}")).items()
 }
-beat_claims.install(app)
+if os.environ.get("CHAOS_NO_FENCE") != "1":  # --no-fence: what the fencing prevents
+    beat_claims.install(app)
 
 _LEDGER = os.environ.get("CHAOS_LEDGER", "chaos-ledger.jsonl")
 _PAUSE_FILE = os.environ.get("CHAOS_PAUSE_FILE", "")
