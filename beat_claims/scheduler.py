@@ -148,6 +148,14 @@ class Scheduler(BaseScheduler):
         self._read_policies()
         self._ready = False
 
+    def entry_state(self, name: str) -> EntryState | None:
+        """The entry's anchor and checkpoint as this beat last read them from the store."""
+        return self._state.get(name)
+
+    def on_sent(self, entry: ScheduleEntry, claim: Claim) -> None:
+        """Called after each successful publish; a schedule source may record it (a
+        database's ``last_run_at``). It decides nothing: the store is the truth."""
+
     def bounds(self, name: str) -> tuple[int | None, int | None]:
         """(not before, not after) in UTC ms: occurrences outside are never due. A schedule
         source with start times or expiry dates overrides this."""
@@ -184,9 +192,16 @@ class Scheduler(BaseScheduler):
         heapq.heappush(self._heap, (nxt, name))
 
     def _after(self, name: str, state: EntryState) -> int:
-        """The instant after which the entry's next occurrences are looked for."""
-        after = state.checkpoint if state.checkpoint is not None else state.anchor
+        """The instant after which the entry's next occurrences are looked for.
+
+        Interval and crontab arithmetic never goes below the anchor; a lower bound below it
+        matters only to a schedule of absolute instants (a clocked time that passed before
+        the store first saw the entry is a missed occurrence, for the catch-up policy).
+        """
         not_before = self.bounds(name)[0]
+        if state.checkpoint is None and not_before is not None:
+            return not_before - 1
+        after = state.checkpoint if state.checkpoint is not None else state.anchor
         if not_before is not None and not_before - 1 > after:
             after = not_before - 1
         return after
@@ -548,6 +563,10 @@ class Scheduler(BaseScheduler):
                 else:
                     self._unmarked.append(claim)
                     self.metrics.count("sent")
+                    try:
+                        self.on_sent(self.schedule[claim.entry], claim)
+                    except Exception:
+                        logger.exception("beat-claims: on_sent(%r) failed", claim.entry)
                 del self._held[key]
                 finished.add(claim.entry)
         self._flush_unmarked()

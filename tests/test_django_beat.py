@@ -139,7 +139,7 @@ def test_start_time_expires_and_one_off_are_the_entrys_bounds(server: RedisServe
     # One-off: its first occurrence at or after start_time, on the entry's own grid.
     first = anchor + ((to_ms(now) + 10_000 - 1 - anchor) // 1000 + 1) * 1000
     assert s.bounds("once") == (to_ms(now) + 10_000, first)
-    assert s.bounds("clocked") == (None, to_ms(now) + 20_000)
+    assert s.bounds("clocked") == (0, to_ms(now) + 20_000)  # also before the anchor
     s.close()
 
 
@@ -307,12 +307,8 @@ def test_schedules_from_db_for_status_pages(server: RedisServer) -> None:
 # -- two real beats and a worker ----------------------------------------------------
 
 def _scheduler_path() -> str:
-    """The documented ``-S`` path, once the package exports it; the module path until then."""
-    import beat_claims.contrib.django as package
-
-    if hasattr(package, "DatabaseScheduler"):
-        return "beat_claims.contrib.django.DatabaseScheduler"
-    return "beat_claims.contrib.django.database_scheduler.DatabaseScheduler"
+    """The documented ``-S`` path (the package exports it lazily)."""
+    return "beat_claims.contrib.django.DatabaseScheduler"
 
 
 class Site:

@@ -50,6 +50,9 @@ def check_configuration(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             id="beat_claims.E001")]
     try:
         settings = Settings.from_app(app)
+        from .database_scheduler import entry_claims
+
+        entry_claims(app, settings)  # CELERY_BEAT_CLAIMS_ENTRY_CLAIMS
     except ConfigurationError as exc:
         return [checks.Error(f"Invalid beat-claims setting: {exc}",
                              hint="Settings are read as CELERY_<NAME> (upper case), e.g."

@@ -34,7 +34,7 @@ from ... import occurrences
 from ...runs import from_ms, to_ms
 from ...scheduler import ClaimsEntry, Scheduler
 from ...settings import ConfigurationError, Settings
-from ...stores.base import Claim, EntryState
+from ...stores.base import Claim
 
 logger = get_logger("celery.beat.claims")
 
@@ -331,6 +331,11 @@ class DatabaseScheduler(Scheduler):
         if row is None:
             return super().bounds(name)
         lower, upper = row.not_before, row.not_after
+        if row.clocked and lower is None:
+            # A clocked time that passed before the store first saw the entry (created just
+            # before it was due, or while no beat ran) is a missed occurrence, not a hidden
+            # one: the catch-up policy decides (``latest``, the default, runs it once, late).
+            lower = 0
         if row.one_off:
             first = self._first_occurrence(name, row)
             if first is None or (upper is not None and first > upper):
@@ -341,7 +346,7 @@ class DatabaseScheduler(Scheduler):
     def _first_occurrence(self, name: str, row: RowBounds) -> int | None:
         """The one occurrence of a one-off row: its first at or after start_time and after
         the row was last saved (re-enabling it in the admin arms it again)."""
-        state = self._entry_state(name)
+        state = self.entry_state(name)
         if state is None:
             return None
         lower = max((t for t in (row.not_before, row.armed_at) if t is not None), default=None)
@@ -351,19 +356,6 @@ class DatabaseScheduler(Scheduler):
             self._first[key] = occurrences.next_after(self.schedule[name].schedule,
                                                       state.anchor, after)
         return self._first[key]
-
-    def _entry_state(self, name: str) -> EntryState | None:
-        states: dict[str, EntryState] = getattr(self, "_state", {})
-        return states.get(name)
-
-    def _after(self, name: str, state: EntryState) -> int:
-        """A clocked instant that passed before the store first saw the entry (created just
-        before it was due, or while no beat ran) is a missed occurrence, not a hidden one:
-        the catch-up policy decides (``latest``, the default, runs it once, late)."""
-        row = self._rows.get(name)
-        if row is not None and row.clocked and state.checkpoint is None:
-            return -1 if row.not_before is None else row.not_before - 1
-        return super()._after(name, state)
 
     # -- the loop ---------------------------------------------------------------------
     def tick(self, *args: Any, **kwargs: Any) -> float:
@@ -379,8 +371,7 @@ class DatabaseScheduler(Scheduler):
                 self._write_back()
         return max(0.0, min(wait, self._next_check - time.monotonic()))
 
-    def _publish(self, entry: Any, claim: Claim, task_id: str) -> Any:
-        result = super()._publish(entry, claim, task_id)
+    def on_sent(self, entry: Any, claim: Claim) -> None:
         row = self._rows.get(entry.name)
         if row is not None:
             sent = self._sent.get(row.pk)
@@ -388,7 +379,6 @@ class DatabaseScheduler(Scheduler):
                 self._sent[row.pk] = _Sent(claim.due, 1, row.one_off)
             else:
                 sent.due, sent.count = max(sent.due, claim.due), sent.count + 1
-        return result
 
     def _write_back(self) -> None:
         """Show the runs in the admin: ``last_run_at`` (the newest occurrence sent, never

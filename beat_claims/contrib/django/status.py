@@ -51,7 +51,9 @@ def uses_database_scheduler(app: Any) -> bool:
     if not isinstance(scheduler, str):
         scheduler = f"{scheduler.__module__}:{scheduler.__qualname__}"
     aliases = dict(load_extension_class_names("celery.beat_schedulers") or ())
-    return str(aliases.get(scheduler, scheduler)).startswith(DATABASE_SCHEDULER)
+    path = str(aliases.get(scheduler, scheduler)).replace(":", ".")
+    return path.startswith(DATABASE_SCHEDULER) or path == "beat_claims.contrib.django." \
+        "DatabaseScheduler"
 
 
 def schedules(app: Any) -> dict[str, Any] | None:
