@@ -78,6 +78,8 @@ from beat_claims.stores.redis import RedisStore  # noqa: E402
 APP = "bench.chaos_app"
 PERIODS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 PAUSE_ARM_TIMEOUT = 30.0
+#: Executions later than this (seconds) are attributed to a chaos event.
+LATE = 1.0
 
 
 @dataclass
@@ -147,6 +149,7 @@ class Result:
     reanchored: list[str] = field(default_factory=list)
     worst_delay_s: float = 0.0
     worst: dict[str, Any] = field(default_factory=dict)
+    worst_by_cause: dict[str, float] = field(default_factory=dict)
     p50_delay_s: float = 0.0
     p99_delay_s: float = 0.0
     late_over_2s: int = 0
@@ -181,6 +184,7 @@ class Result:
             "worst_delay_entry": self.worst.get("entry"),
             "worst_delay_due": self.worst.get("due"),
             "worst_delay_cause": self.worst.get("cause"),
+            "worst_delay_by_cause_s": self.worst_by_cause,
             "p50_delay_s": round(self.p50_delay_s, 3),
             "p99_delay_s": round(self.p99_delay_s, 3),
             "late_over_2s": self.late_over_2s,
@@ -707,14 +711,27 @@ class Chaos:
                 result.p50_delay_s = percentile(values, 0.50)
                 result.p99_delay_s = percentile(values, 0.99)
                 result.late_over_2s = sum(1 for v in values if v > 2.0)
-                (entry, due), worst = max(delays.items(), key=lambda kv: kv[1])
-                result.worst_delay_s = worst
-                run = records.get(entry, {}).get(due)
-                result.worst = {
-                    "entry": entry, "due": iso(due), "delay_s": round(worst, 3),
-                    "cause": self.cause(due, due / 1000 + worst, run),
-                    "record": run.as_dict() if run is not None else None,
-                }
+                owners = self.owner_names()
+                for (entry, due), delay in delays.items():
+                    if delay < LATE:
+                        continue
+                    run = records.get(entry, {}).get(due)
+                    text, events = self.cause(due, due / 1000 + delay, run, owners)
+                    for kind in {e.kind for e in events} or {"none"}:
+                        worst_of = result.worst_by_cause
+                        worst_of[kind] = round(max(worst_of.get(kind, 0.0), delay), 3)
+                    if delay > result.worst_delay_s:
+                        result.worst_delay_s = delay
+                        result.worst = {
+                            "entry": entry, "due": iso(due), "delay_s": round(delay, 3),
+                            "cause": text,
+                            "record": run.as_dict() if run is not None else None,
+                        }
+                if not result.worst:
+                    (entry, due), delay = max(delays.items(), key=lambda kv: kv[1])
+                    result.worst_delay_s = delay
+                    result.worst = {"entry": entry, "due": iso(due),
+                                    "delay_s": round(delay, 3), "cause": "none (on time)"}
         finally:
             store.close()
         result.events = list(self.events)
@@ -729,21 +746,23 @@ class Chaos:
                     names[prefix] = proc.name
         return names
 
-    def cause(self, due_ms: int, started: float, run: Any) -> str:
+    def cause(self, due_ms: int, started: float, run: Any, owners: dict[str, str]
+              ) -> tuple[str, list[Event]]:
         """Which chaos event held this occurrence back: the beat it was taken over from or
-        released by (from the run's record), else the events that overlapped its wait."""
+        released by (from the run's record), else the events that overlapped its wait.
+        Returns a description and the events."""
         holder, how = None, ""
         if run is not None and run.reclaimed_from:
-            holder, how = self.owner_names().get(run.reclaimed_from[:8]), "taken over from"
+            holder, how = owners.get(run.reclaimed_from[:8]), "taken over from"
         elif run is not None and run.extra.get("released_by"):
-            holder = self.owner_names().get(str(run.extra["released_by"])[:8])
-            how = "released by"
+            holder, how = owners.get(str(run.extra["released_by"])[:8]), "released by"
         if holder is not None:
-            events = [e.detail for e in self.events if re.search(rf"\b{holder}\b", e.detail)
-                      and e.start <= started]
-            return f"{how} {holder}: " + (events[-1] if events else "no chaos event")
-        overlapping = [e.detail for e in self.events if e.overlaps(due_ms / 1000 - 1, started)]
-        return "; ".join(overlapping) or "no chaos event (load)"
+            events = [e for e in self.events if re.search(rf"\b{holder}\b", e.detail)
+                      and e.start <= started][-1:]
+            return (f"{how} {holder}: " + (events[0].detail if events else "no chaos event"),
+                    events)
+        events = [e for e in self.events if e.overlaps(due_ms / 1000 - 1, started)]
+        return "; ".join(e.detail for e in events) or "no chaos event (load)", events
 
     def run(self) -> Result:
         result = Result(config={**asdict(self.cfg), "workdir": str(self.workdir)},
@@ -788,7 +807,9 @@ def summary(result: Result) -> str:
         f"  delay:      p50 {f['p50_delay_s']:.3f}s, p99 {f['p99_delay_s']:.3f}s,"
         f" worst {f['worst_delay_s']:.3f}s ({f['worst_delay_entry']} due"
         f" {f['worst_delay_due']}), {f['late_over_2s']} later than 2s",
-        f"  worst delay overlapped: {f['worst_delay_cause']}",
+        f"  worst delay cause: {f['worst_delay_cause']}",
+        "  worst delay by cause (late > 1 s): " + (", ".join(
+            f"{k} {v:.3f}s" for k, v in sorted(result.worst_by_cause.items())) or "none"),
         f"  drain:      {f['drain_s']:.1f}s (deadline {result.drain_deadline_s:.0f}s)",
         "  logs:       " + ", ".join(f"{k}={v}" for k, v in sorted(result.counts.items())),
     ]
