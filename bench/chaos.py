@@ -749,7 +749,7 @@ class Chaos:
     def cause(self, due_ms: int, started: float, run: Any, owners: dict[str, str]
               ) -> tuple[str, list[Event]]:
         """Which chaos event held this occurrence back: the beat it was taken over from or
-        released by (from the run's record), else the events that overlapped its wait.
+        released by (from the run's record), else a store outage that overlapped its wait.
         Returns a description and the events."""
         holder, how = None, ""
         if run is not None and run.reclaimed_from:
@@ -761,8 +761,14 @@ class Chaos:
                       and e.start <= started][-1:]
             return (f"{how} {holder}: " + (events[0].detail if events else "no chaos event"),
                     events)
+        # Not held by a beat that was killed or paused: only the store's outage could
+        # hold it back (or the machine's load).
         events = [e for e in self.events if e.overlaps(due_ms / 1000 - 1, started)]
-        return "; ".join(e.detail for e in events) or "no chaos event (load)", events
+        outages = [e for e in events if e.kind == "store_restart"]
+        if outages:
+            return "; ".join(e.detail for e in outages), outages
+        near = "; ".join(e.detail for e in events)
+        return "no chaos event held it (load" + (f"; near {near})" if near else ")"), []
 
     def run(self) -> Result:
         result = Result(config={**asdict(self.cfg), "workdir": str(self.workdir)},

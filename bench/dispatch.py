@@ -230,6 +230,21 @@ class _Counters:
         redis.connection.AbstractConnection.send_packed_command = counted_send  # type: ignore
 
 
+def _peak_rss_kib() -> int:
+    """Peak RSS of this process: ``VmHWM`` (Linux), else ``ru_maxrss``.
+
+    ``ru_maxrss`` is not used on Linux: it keeps the high-water mark of the process before
+    ``exec``, so a spawned child reports at least the parent's RSS at the time of the fork.
+    """
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
 def _make_app(cfg: dict[str, Any]) -> Any:
     from celery import Celery
 
@@ -364,12 +379,10 @@ def _child(kind: str, index: int, cfg_q: Any, out_q: Any, cpu_q: Any, go: Any,
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(os.path.join(cfg["profile_dir"], f"{cfg['run_id']}-{index}.prof"))
-    import resource
-
     out_q.put(("result", index, {
         "publishes": counters.publishes, "ticks": ticks, "error": error,
         "warnings": dict(warnings), "other_round_trips": counters.other,
-        "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+        "maxrss_kib": _peak_rss_kib()}))
     with contextlib.suppress(Exception):
         sched.close()
 
@@ -575,8 +588,17 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     results = beats.finish(10 if status == "ok" else 3)
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     messages = _decode_queue(broker.client)
-    out.update(_burst_figures(case, n, due_at, messages, results, status))
-    if status == "ok" and out.get("cpu_seconds") is not None:
+    out.update(_burst_figures(case, n, due_at, lead, messages, results, status))
+    if out.get("later_occurrences"):
+        # beat-claims' next occurrence (one lead after T) came before the burst was sent:
+        # the figures would mix two occurrences. Run again with a longer lead (period).
+        out["status"] = "overlap"
+    if args.dump:
+        name = f"{run_id}-lead{lead:g}.json"
+        with open(os.path.join(args.dump, name), "w") as f:
+            json.dump({"due_instant": out.get("due_instant"), "lead": lead,
+                       "results": results}, f)
+    if out["status"] == "ok" and out.get("cpu_seconds") is not None:
         out["other_cpu_seconds"] = _other_cpu(busy_before, busy_after, out["cpu_seconds"])
     if stats_at_end is not None:
         for server in (store, broker):
@@ -587,16 +609,34 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     return out
 
 
-def _burst_figures(case: Case, n: int, due_at: float, messages: list[dict[str, Any]],
-                   results: dict[int, Any], status: str) -> dict[str, Any]:
+def _burst_figures(case: Case, n: int, due_at: float, lead: float,
+                   messages: list[dict[str, Any]], results: dict[int, Any],
+                   status: str) -> dict[str, Any]:
+    """Figures of a burst from the queued messages and the beats' publish records.
+
+    Each message is due at T (Celery, RedBeat) or at the ``due`` of its ``beat_claims``
+    header. The burst is the occurrences due less than half a lead after the earliest
+    (beat-claims entries anchored by different beats at the same moment may be due a few
+    milliseconds apart: ``due_spread_ms``); a later occurrence is counted apart.
+    """
+    epochs: dict[str | None, float] = {None: due_at}
+
+    def due_of(header_due: str | None) -> float:
+        if case.scheduler != "beat_claims":
+            return due_at
+        if header_due not in epochs:
+            epochs[header_due] = _iso_to_epoch(header_due) if header_due else math.inf
+        return epochs[header_due]
+
     ours = [m for m in messages if str(m["entry"]).startswith("entry-")]
-    dues = collections.Counter(m["due"] for m in ours)
-    if case.scheduler == "beat_claims":
-        first_due = min((d for d in dues if d), default=None)
-        t_due = _iso_to_epoch(first_due) if first_due else None
-        burst = [m for m in ours if m["due"] == first_due]
-    else:
-        first_due, t_due, burst = None, due_at, ours
+    t_due = min((due_of(m["due"]) for m in ours), default=due_at)
+    if math.isinf(t_due):
+        t_due = due_at
+
+    def in_burst(header_due: str | None) -> bool:
+        return due_of(header_due) < t_due + lead / 2
+
+    burst = [m for m in ours if in_burst(m["due"])]
     per_entry = collections.Counter(m["entry"] for m in burst)
     out: dict[str, Any] = {
         "status": status,
@@ -606,6 +646,8 @@ def _burst_figures(case: Case, n: int, due_at: float, messages: list[dict[str, A
         "later_occurrences": len(ours) - len(burst),
         "exactly_n": len(burst) == n and len(per_entry) == n,
         "due_instant": t_due,
+        "due_spread_ms": round(1000 * (max((due_of(m["due"]) for m in burst),
+                                           default=t_due) - t_due), 1),
         "errors": [r["error"] for r in results.values() if r.get("error")],
         "warnings": dict(sum((collections.Counter(r["warnings"]) for r in results.values()),
                              collections.Counter())),
@@ -614,16 +656,13 @@ def _burst_figures(case: Case, n: int, due_at: float, messages: list[dict[str, A
         out["errors"].append(f"only {len(results)} of {case.beats} beats reported")
     if status != "ok":
         out["sent_by_timeout"] = len(burst)
-    if t_due is None or not results:
+    if not results:
         return out
-    stamps = []
-    for r in results.values():
-        for t, due in r["publishes"]:
-            if case.scheduler != "beat_claims" or due == first_due:
-                stamps.append(t)
-    stamps.sort()
-    lags = [t - t_due for t in stamps[:n]]
-    last = stamps[min(n, len(stamps)) - 1] if stamps else t_due
+    per_beat = {i: [(t, due_of(due)) for t, due in r["publishes"] if in_burst(due)]
+                for i, r in results.items()}
+    stamps = sorted(p for beat in per_beat.values() for p in beat)
+    lags = [t - due for t, due in stamps[:n]]
+    last = stamps[min(n, len(stamps)) - 1][0] if stamps else t_due
     windows = [_window(r["ticks"], t_due, last) for r in results.values()]
     store_rt = sum(w["store_rt"] for w in windows)
     broker_rt = sum(w["broker_rt"] for w in windows)
@@ -632,9 +671,13 @@ def _burst_figures(case: Case, n: int, due_at: float, messages: list[dict[str, A
         "lag_p50_ms": round(1000 * (_pct(lags, 0.50) or 0.0), 1) if lags else None,
         "lag_p99_ms": round(1000 * (_pct(lags, 0.99) or 0.0), 1) if lags else None,
         "published": len(stamps),
-        "published_per_beat": [sum(1 for t, due in results[i]["publishes"]
-                                   if case.scheduler != "beat_claims" or due == first_due)
-                               if i in results else None for i in range(case.beats)],
+        "published_per_beat": [len(per_beat[i]) if i in per_beat else None
+                               for i in range(case.beats)],
+        # when each beat published its first and its last message of the burst, ms after T
+        "first_last_ms_per_beat": [
+            [round(1000 * (per_beat[i][0][0] - t_due)),
+             round(1000 * (per_beat[i][-1][0] - t_due))] if per_beat.get(i) else None
+            for i in range(case.beats)],
         "cpu_seconds": round(sum(w["cpu"] for w in windows), 3),
         "ticks": sum(w["ticks"] for w in windows),
         "store_round_trips": store_rt,
@@ -644,6 +687,8 @@ def _burst_figures(case: Case, n: int, due_at: float, messages: list[dict[str, A
         "rss_sum_mib": round(sum(r["maxrss_kib"] for r in results.values()) / 1024, 1),
     })
     return out
+
+
 def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
              store: RedisServer, broker: RedisServer, workdir: str,
              run_id: str) -> dict[str, Any]:
@@ -716,12 +761,15 @@ IDLE_FIGURES = ("cpu_seconds_per_minute", "store_commands_per_minute",
                 "broker_round_trips_per_minute", "ticks_per_minute", "peak_rss_mib",
                 "rss_sum_mib", "setup_seconds")
 RUN_FIELDS = ("status", "seconds", "lag_p50_ms", "lag_p99_ms", "cpu_seconds",
-              "cpu_seconds_per_minute", "published_per_beat", "exactly_n", "duplicates",
-              "later_occurrences", "sent_by_timeout", "store_round_trips",
-              "broker_round_trips", "store_commands", "broker_commands", "lead",
-              "setup_seconds", "other_cpu_seconds", "loadavg_before", "loadavg_after",
-              "error", "errors",
-              "warnings", "attempts")
+              "cpu_seconds_per_minute", "published_per_beat", "first_last_ms_per_beat",
+              "exactly_n", "duplicates", "later_occurrences", "due_spread_ms",
+              "sent_by_timeout",
+              "store_round_trips", "broker_round_trips", "store_commands", "broker_commands",
+              "lead", "setup_seconds", "other_cpu_seconds", "loadavg_before",
+              "loadavg_after", "error", "errors", "warnings", "attempts", "discarded")
+DISCARDED_FIELDS = ("status", "lead", "setup_seconds", "error", "published",
+                    "published_per_beat", "first_last_ms_per_beat", "later_occurrences",
+                    "lag_p99_ms")
 
 
 def _median(values: list[Any]) -> float | None:
@@ -1012,7 +1060,7 @@ def next_lead(case: Case, run: dict[str, Any], grace: float) -> float:
     """The lead of the next run of a case, from this run's setup (and burst) time."""
     lead = max(2.0, 1.5 * run["setup_seconds"] + 1.5)
     if case.scheduler == "beat_claims":  # the lead is also the period: the burst must fit
-        lead = max(lead, 1.5 * (run.get("seconds") or 0.0) + grace + 1.0)
+        lead = max(lead, 3.0 * (run.get("seconds") or 0.0) + grace + 2.0)
     return round(lead, 2)
 
 
@@ -1047,6 +1095,9 @@ def main(argv: list[str] | None = None) -> int:
                          " DIR/<run>-<beat>.prof and prints the top functions to stderr")
     ap.add_argument("--profile-schedulers", default="beat_claims",
                     help="schedulers to profile with --profile (beat_claims)")
+    ap.add_argument("--dump", metavar="DIR", default=None,
+                    help="write each burst's raw data (publish times, ticks) to"
+                         " DIR/<run>-lead<lead>.json")
     ap.add_argument("--quiet", action="store_true", help="print only the JSON line")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.schedulers.split(",") if k.strip()]
@@ -1056,9 +1107,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1 or any(b < 1 for b in args.beats) or any(n < 1 for n in args.entries):
         ap.error("--repeat, --beats and --entries must be positive")
     args.profile_schedulers = [k for k in args.profile_schedulers.split(",") if k]
-    if args.profile:
-        args.profile = os.path.abspath(args.profile)
-        os.makedirs(args.profile, exist_ok=True)
+    for option in ("profile", "dump"):
+        if getattr(args, option):
+            setattr(args, option, os.path.abspath(getattr(args, option)))
+            os.makedirs(getattr(args, option), exist_ok=True)
     cases = [Case(k, b) for k in kinds for b in (args.beats if k == "beat_claims" else [1])]
     workdir = tempfile.mkdtemp(prefix="bench-dispatch-")
     commit = None
@@ -1105,12 +1157,18 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         lead = leads.get((case.key, n)) or args.lead or default_lead(
                             n, case.beats)
+                        discarded: list[dict[str, Any]] = []
                         for attempt in range(1, 4):
                             run = run_burst(case, n, lead, args, store, broker, workdir,
                                             run_id)
                             run["attempts"] = attempt
-                            if run["status"] != "setup-too-slow":
+                            run["discarded"] = discarded
+                            if run["status"] not in ("setup-too-slow", "overlap"):
                                 break
+                            discarded.append({k: run[k] for k in DISCARDED_FIELDS if k in run})
+                            if not args.quiet:
+                                print(f"    {run['status']}: again with a lead of"
+                                      f" {2 * lead:.1f} s", file=sys.stderr, flush=True)
                             lead *= 2
                         if args.lead is None and run["status"] == "ok":
                             leads[(case.key, n)] = next_lead(case, run, args.grace)
