@@ -79,7 +79,7 @@ APP = "bench.chaos_app"
 PERIODS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 PAUSE_ARM_TIMEOUT = 30.0
 #: Executions later than this (seconds) are attributed to a chaos event.
-LATE = 1.0
+LATE = 0.25
 
 
 @dataclass
@@ -814,7 +814,7 @@ def summary(result: Result) -> str:
         f" worst {f['worst_delay_s']:.3f}s ({f['worst_delay_entry']} due"
         f" {f['worst_delay_due']}), {f['late_over_2s']} later than 2s",
         f"  worst delay cause: {f['worst_delay_cause']}",
-        "  worst delay by cause (late > 1 s): " + (", ".join(
+        "  worst delay by cause (late > 0.25 s): " + (", ".join(
             f"{k} {v:.3f}s" for k, v in sorted(result.worst_by_cause.items())) or "none"),
         f"  drain:      {f['drain_s']:.1f}s (deadline {result.drain_deadline_s:.0f}s)",
         "  logs:       " + ", ".join(f"{k}={v}" for k, v in sorted(result.counts.items())),
