@@ -12,6 +12,7 @@ import heapq
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -520,11 +521,14 @@ class Scheduler(BaseScheduler):
         """Check, publish and mark claims: one store round trip per batch of sends.
 
         Each batch is checked in one round trip, immediately before its publishes; the
-        "sent" marks owed travel with the next batch's check. A beat that dies in between
-        leaves those runs ``sending``, which other beats take over (and the worker's
-        fencing runs each once). A claim is owed as soon as its publish returns; an
-        exception on its way out (the SystemExit of a stop) leaves it owed, and close()
-        stores it; claims checked and not yet published are released by close().
+        "sent" marks owed travel with the next batch's check. If publishing stalls (a
+        paused VM, a slow broker) for half a heartbeat interval, the rest of the batch is
+        checked again, so a beat that wakes after its claims were taken over sends at most
+        the one message that was in flight. A beat that dies in between leaves those runs
+        ``sending``, which other beats take over (and the worker's fencing runs each once).
+        A claim is owed as soon as its publish returns; an exception on its way out (the
+        SystemExit of a stop) leaves it owed, and close() stores it; claims checked and not
+        yet published are released by close().
         """
         finished: set[str] = set()
         keys = list(dict.fromkeys((c.entry, c.due) for c in claims))
@@ -532,45 +536,59 @@ class Scheduler(BaseScheduler):
             self._heartbeat_if_due()
             batch = [claim for key in keys[start:start + SEND_BATCH]
                      if (claim := self._sendable(key, finished)) is not None]
-            if not batch:
-                continue
-            items = [(c, task_id_for(c.entry, c.due, self.settings.key_prefix),
-                      self._task_index_ttl(c.entry)) for c in batch]
-            answers = self.store.check_many(self.owner, items, tuple(self._unmarked))
-            self._unmarked.clear()  # stored with the check (an error leaves them owed)
-            go: list[tuple[Claim, str]] = []
-            for (claim, task_id, _), (ok, why) in zip(items, answers):
-                if ok:
-                    go.append((claim, task_id))
+            queue = self._check(batch, finished)
+            checked_at = time.monotonic()
+            while queue:
+                if time.monotonic() - checked_at > self.settings.heartbeat_interval / 2:
+                    self._heartbeat_if_due()
+                    queue = self._check(list(queue), finished)
+                    checked_at = time.monotonic()
                     continue
-                self.metrics.count("not_sent")
-                logger.warning("beat-claims: not sending %s due %s (token %d): %s",
-                               claim.entry, iso(claim.due), claim.token, why)
-                del self._held[(claim.entry, claim.due)]
-                finished.add(claim.entry)
-            self._checked = [claim for claim, _ in go]
-            for claim, task_id in go:
+                claim = queue.popleft()
                 self._checked.pop(0)  # from here on, it may be published
-                key = (claim.entry, claim.due)
-                try:
-                    self._publish(self.schedule[claim.entry], claim, task_id)
-                except Exception as exc:
-                    logger.error("beat-claims: publishing %s due %s failed, released for a"
-                                 " later try: %r", claim.entry, iso(claim.due), exc,
-                                 exc_info=True)
-                    self.store.release(self.owner, [], [key])
-                    self.metrics.count("publish_failed")
-                else:
-                    self._unmarked.append(claim)
-                    self.metrics.count("sent")
-                    try:
-                        self.on_sent(self.schedule[claim.entry], claim)
-                    except Exception:
-                        logger.exception("beat-claims: on_sent(%r) failed", claim.entry)
-                del self._held[key]
+                self._publish_one(claim)
                 finished.add(claim.entry)
         self._flush_unmarked()
         self.store.done_claiming(self.owner, finished - self._held_entries())
+
+    def _check(self, claims: list[Claim], finished: set[str]) -> deque[Claim]:
+        """The check before publish for ``claims``, in one round trip: those still ours."""
+        self._checked = []
+        if not claims:
+            return deque()
+        items = [(c, task_id_for(c.entry, c.due, self.settings.key_prefix),
+                  self._task_index_ttl(c.entry)) for c in claims]
+        answers = self.store.check_many(self.owner, items, tuple(self._unmarked))
+        self._unmarked.clear()  # stored with the check (an error leaves them owed)
+        for claim, (ok, why) in zip(claims, answers):
+            if ok:
+                self._checked.append(claim)
+                continue
+            self.metrics.count("not_sent")
+            logger.warning("beat-claims: not sending %s due %s (token %d): %s",
+                           claim.entry, iso(claim.due), claim.token, why)
+            del self._held[(claim.entry, claim.due)]
+            finished.add(claim.entry)
+        return deque(self._checked)
+
+    def _publish_one(self, claim: Claim) -> None:
+        key = (claim.entry, claim.due)
+        task_id = task_id_for(claim.entry, claim.due, self.settings.key_prefix)
+        try:
+            self._publish(self.schedule[claim.entry], claim, task_id)
+        except Exception as exc:
+            logger.error("beat-claims: publishing %s due %s failed, released for a"
+                         " later try: %r", claim.entry, iso(claim.due), exc, exc_info=True)
+            self.store.release(self.owner, [], [key])
+            self.metrics.count("publish_failed")
+        else:
+            self._unmarked.append(claim)
+            self.metrics.count("sent")
+            try:
+                self.on_sent(self.schedule[claim.entry], claim)
+            except Exception:
+                logger.exception("beat-claims: on_sent(%r) failed", claim.entry)
+        del self._held[key]
 
     def _sendable(self, key: tuple[str, int], finished: set[str]) -> Claim | None:
         """The held claim for ``key`` if it is to be sent; give back or skip it otherwise."""

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from beat_claims import occurrences
-from beat_claims.runs import RunState, iso, task_id_for
+from beat_claims.runs import Owner, RunState, iso, task_id_for
 from beat_claims.settings import ConfigurationError
 
 from .conftest import RedisServer
@@ -365,3 +365,30 @@ def test_catch_up_window_also_applies_to_released_runs(server: RedisServer) -> N
                for d in released)
     assert iso(released[0]) not in {d for _, d in occurrences_sent(server)}
     b.close()
+
+
+def test_a_batch_that_stalls_mid_publish_is_checked_again_before_the_rest_is_sent(
+        server: RedisServer) -> None:
+    """A beat paused after its batch's check must not wake up and publish the whole batch:
+    after half a heartbeat interval the rest is checked again."""
+    schedule = {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=1)}
+                for i in range(3)}
+    app = make_app(server, schedule, beat_claims_heartbeat_interval=0.4)
+    a = make(app)
+    other = Owner(id="other", host="elsewhere", pid=1, started_at=1.0)
+    real = a._publish
+    published: list[str] = []
+
+    def stalls_once(entry: Any, claim: Any, task_id: str) -> Any:
+        if not published:  # a pause; meanwhile another beat takes the batch over
+            time.sleep(0.3)
+            a.store.reclaim(sorted(schedule), a.owner.id, other, None)
+        published.append(entry.name)
+        return real(entry, claim, task_id)
+
+    a._publish = stalls_once  # type: ignore[method-assign]
+    wait_for(lambda: a.tick() is not None and published, 6, "the first publish")
+    assert len(published) == 1, published  # only the one in flight
+    assert len(occurrences_sent(server)) == 1
+    assert {a.store.history(name)[0].owner for name in schedule} == {"other"}
+    a.close()
