@@ -420,33 +420,32 @@ class Beats:
             p.start()
         self.pids: dict[int, int] = {}
         self.module: str | None = None  # where the beats imported beat_claims from
-        self.pending: list[tuple[str, int, Any]] = []
 
-    def collect(self, what: str, deadline: float) -> dict[int, Any] | str:
-        """One ``what`` message from every beat, or the reason why not (error, timeout)."""
+    def collect(self, what: str, deadline: float) -> tuple[dict[int, Any], str | None]:
+        """The ``what`` message of every beat that sent one by ``deadline``, and why some
+        are missing (a beat failed, or the deadline passed), or None."""
         got: dict[int, Any] = {}
         while len(got) < len(self.procs):
             try:
                 kind, index, payload = self.out_q.get(timeout=max(0.05, deadline - time.time()))
             except Exception:
-                return f"no '{what}' from beat(s) {sorted(set(range(len(self.procs))) - set(got))}"
+                missing = sorted(set(range(len(self.procs))) - set(got))
+                return got, f"no '{what}' from beat(s) {missing}"
             if kind == "error":
-                return f"beat {index} failed:\n{payload}"
+                return got, f"beat {index} failed:\n{payload}"
             if kind == "imported":
                 self.pids[index], self.module = payload
             if kind == what:
                 got[index] = payload
-            elif what == "result" and kind != "ready":
-                continue
-        return got
+        return got, None
 
     def cpu_seconds(self) -> float:
         """CPU seconds used so far by all the beats (``time.process_time`` in each)."""
         for q in self.cpu_qs:
             q.put(True)
-        got = self.collect("cpu", time.time() + 10)
-        if isinstance(got, str):
-            raise RuntimeError(got)
+        got, problem = self.collect("cpu", time.time() + 10)
+        if problem:
+            raise RuntimeError(problem)
         return float(sum(got.values()))
 
     def configure(self, cfg: dict[str, Any]) -> None:
@@ -457,7 +456,7 @@ class Beats:
         """Stop the beats; their results (those that could report within ``wait``)."""
         self.stop_event.set()
         self.go.set()
-        results = self.collect("result", time.time() + wait)
+        results, _ = self.collect("result", time.time() + wait)
         for p in self.procs:
             p.join(5)
         for p in self.procs:
@@ -467,7 +466,7 @@ class Beats:
             if p.is_alive():
                 p.kill()
                 p.join()
-        return results if isinstance(results, dict) else {}
+        return results
 
 
 def _decode_queue(client: Any) -> list[dict[str, Any]]:
@@ -506,13 +505,6 @@ def _window(ticks: list[tuple[float, ...]], start: float, end: float) -> dict[st
             "broker_rt": last[7] - first[6]}
 
 
-def _check_module(beats: Beats, args: argparse.Namespace) -> None:
-    if beats.module and beats.module != args.beat_claims_path:
-        beats.finish(3)
-        sys.exit(f"the beats imported beat_claims from {beats.module},"
-                 f" not {args.beat_claims_path}")
-
-
 def _setup_fields(ready: dict[int, Any], started: float) -> dict[str, Any]:
     return {"setup_seconds": round(max(r["ready"] for r in ready.values()) - started, 3)}
 
@@ -525,30 +517,43 @@ def _base_cfg(case: Case, names: list[str], store: RedisServer, broker: RedisSer
             "run_id": run_id}
 
 
+def _start_beats(case: Case, args: argparse.Namespace,
+                 servers: tuple[RedisServer, ...]) -> Beats | str:
+    """Flush the servers and start the beats of a run; they wait for their configuration
+    with everything imported. A string says why they could not start."""
+    for server in servers:
+        server.client.flushall()
+    beats = Beats(case)
+    _, problem = beats.collect("imported", time.time() + 60)
+    if problem:
+        beats.finish(3)
+        return problem
+    if beats.module and beats.module != args.beat_claims_path:
+        beats.finish(3)
+        sys.exit(f"the beats imported beat_claims from {beats.module},"
+                 f" not {args.beat_claims_path}")
+    return beats
+
+
 def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: RedisServer,
               broker: RedisServer, workdir: str, run_id: str) -> dict[str, Any]:
     """N entries due at T; the run ends when the N-th message is queued (plus ``--grace``)."""
-    for server in (store, broker):
-        server.client.flushall()
     names = [f"entry-{i:05d}" for i in range(n)]
     out: dict[str, Any] = {"entries": n, "beats": case.beats, "lead": round(lead, 2),
                            "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
-    beats = Beats(case)
-    imported = beats.collect("imported", time.time() + 60)
-    if isinstance(imported, str):
-        beats.finish(3)
-        return {**out, "status": "error", "error": imported}
-    _check_module(beats, args)
+    beats = _start_beats(case, args, (store, broker))
+    if isinstance(beats, str):
+        return {**out, "status": "error", "error": beats}
     started = time.time()
     due_at = started + lead  # Celery's and RedBeat's T; beat-claims' T is at least this
     profile = args.profile if case.scheduler in args.profile_schedulers else None
     beats.configure({**_base_cfg(case, names, store, broker, workdir, profile, run_id),
                      "interval": lead, "last_run_at": due_at - ONE_HOUR, "idle": False})
-    ready = beats.collect("ready", due_at - READY_MARGIN)
-    if isinstance(ready, str):
+    ready, problem = beats.collect("ready", due_at - READY_MARGIN)
+    if problem:
         beats.finish(3)
-        status = "setup-too-slow" if ready.startswith("no 'ready'") else "error"
-        return {**out, "status": status, "error": ready}
+        status = "setup-too-slow" if problem.startswith("no 'ready'") else "error"
+        return {**out, "status": status, "error": problem}
     out.update(_setup_fields(ready, started))
     early = broker.client.llen(QUEUE)
     if early or any(r["sent_during_setup"] for r in ready.values()):
@@ -693,34 +698,33 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
              store: RedisServer, broker: RedisServer, workdir: str,
              run_id: str) -> dict[str, Any]:
     """N entries due in an hour; CPU, commands and round trips over ``seconds``."""
-    for server in (store, broker):
-        server.client.flushall()
     names = [f"entry-{i:05d}" for i in range(n)]
     out: dict[str, Any] = {"entries": n, "beats": case.beats, "window_seconds": seconds,
                            "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
-    beats = Beats(case)
-    imported = beats.collect("imported", time.time() + 60)
-    if isinstance(imported, str):
-        beats.finish(3)
-        return {**out, "status": "error", "error": imported}
-    _check_module(beats, args)
+    beats = _start_beats(case, args, (store, broker))
+    if isinstance(beats, str):
+        return {**out, "status": "error", "error": beats}
     started = time.time()
     beats.configure({**_base_cfg(case, names, store, broker, workdir, None, run_id),
                      "interval": IDLE_INTERVAL, "last_run_at": started, "idle": True})
-    ready = beats.collect("ready", started + args.timeout)
-    if isinstance(ready, str):
+    ready, problem = beats.collect("ready", started + args.timeout)
+    if problem:
         beats.finish(3)
-        return {**out, "status": "error", "error": ready}
+        return {**out, "status": "error", "error": problem}
     out.update(_setup_fields(ready, started))
     beats.go.set()
     time.sleep(args.settle)
-    w0, c0 = time.time(), beats.cpu_seconds()
-    stats_before = {s.name: s.commandstats() for s in (store, broker)}
-    busy_before = _busy_cpu((store, broker))
-    time.sleep(seconds)
-    w1, c1 = time.time(), beats.cpu_seconds()
-    busy_after = _busy_cpu((store, broker))
-    stats_after = {s.name: s.commandstats() for s in (store, broker)}
+    try:
+        w0, c0 = time.time(), beats.cpu_seconds()
+        stats_before = {s.name: s.commandstats() for s in (store, broker)}
+        busy_before = _busy_cpu((store, broker))
+        time.sleep(seconds)
+        w1, c1 = time.time(), beats.cpu_seconds()
+        busy_after = _busy_cpu((store, broker))
+        stats_after = {s.name: s.commandstats() for s in (store, broker)}
+    except RuntimeError as exc:  # a beat died or stopped answering
+        beats.finish(3)
+        return {**out, "status": "error", "error": str(exc)}
     results = beats.finish(10)
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     per_minute = 60.0 / (w1 - w0)
