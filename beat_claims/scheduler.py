@@ -9,6 +9,7 @@ trip), then for each claim check it is still ours immediately before publishing 
 from __future__ import annotations
 
 import heapq
+import logging
 import signal
 import threading
 import time
@@ -34,8 +35,6 @@ from .stores.redis import RedisStore
 
 logger = get_logger("celery.beat.claims")
 
-#: How long the task-id index outlives a send, at least.
-TASK_INDEX_TTL = 7 * 24 * 3600.0
 #: How often a beat looks for release notices when the release generation did not move.
 RELEASED_SCAN_EVERY = 60.0
 #: Claims checked before publish in one store round trip.
@@ -548,16 +547,16 @@ class Scheduler(BaseScheduler):
                 self._checked.pop(0)  # from here on, it may be published
                 self._publish_one(claim)
                 finished.add(claim.entry)
-        self._flush_unmarked()
-        self.store.done_claiming(self.owner, finished - self._held_entries())
+        # The last "sent" marks, and the entries where this beat holds nothing any more.
+        self.store.mark_all_sent(self._unmarked, self.owner, finished - self._held_entries())
+        self._unmarked.clear()
 
     def _check(self, claims: list[Claim], finished: set[str]) -> deque[Claim]:
         """The check before publish for ``claims``, in one round trip: those still ours."""
         self._checked = []
         if not claims:
             return deque()
-        items = [(c, task_id_for(c.entry, c.due, self.settings.key_prefix),
-                  self._task_index_ttl(c.entry)) for c in claims]
+        items = [(c, task_id_for(c.entry, c.due, self.settings.key_prefix)) for c in claims]
         answers = self.store.check_many(self.owner, items, tuple(self._unmarked))
         self._unmarked.clear()  # stored with the check (an error leaves them owed)
         for claim, (ok, why) in zip(claims, answers):
@@ -619,13 +618,10 @@ class Scheduler(BaseScheduler):
             self.store.mark_all_sent(self._unmarked)
             self._unmarked.clear()
 
-    def _task_index_ttl(self, name: str) -> float:
-        timeout = self.policies[name].run_timeout
-        return max(TASK_INDEX_TTL, 2 * timeout) if timeout else TASK_INDEX_TTL
-
     def _publish(self, entry: ScheduleEntry, claim: Claim, task_id: str) -> Any:
-        logger.info("Scheduler: Sending due task %s (%s) due %s token %d", entry.name,
-                    entry.task, iso(claim.due), claim.token)
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("Scheduler: Sending due task %s (%s) due %s token %d", entry.name,
+                        entry.task, iso(claim.due), claim.token)
         # Copy, never mutate, the entry's options and headers (apply_async copies shallowly).
         options = dict(entry.options)
         headers = dict(options.get("headers") or {})

@@ -169,7 +169,8 @@ def fence(task: Task) -> None:
     retries = int(request.retries or 0)
     created = _process_created()
     try:
-        decision = store.start(entry, due, token, worker, pid, retries, created=created)
+        decision = store.start(entry, due, token, worker, pid, retries, created=created,
+                               task_id=request.id or "")
         busy = decision.busy_with
         if not decision.ok and busy is not None and _starter_gone(task, request.id, *busy):
             logger.warning("beat-claims: %s due %s: the process that started it (%s pid %d)"
@@ -276,8 +277,11 @@ def _on_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
     if request is None:
         return
     task_id = getattr(request, "id", None)
-    headers = getattr(request, "request_dict", None) or {}
-    where = parse_header(headers.get(HEADER)) if isinstance(headers, dict) else None
+    # The signal's request is the task's Context: message headers are its attributes.
+    where = claim_of(request)
+    if where is None:
+        headers = getattr(request, "request_dict", None) or {}
+        where = parse_header(headers.get(HEADER)) if isinstance(headers, dict) else None
     _record(where or _resolve(None, task_id), RunState.CANCELLED,
             worker=getattr(request, "hostname", "") or "")
 

@@ -111,9 +111,9 @@ def test_only_the_token_holder_passes_the_check_before_publish(store: RedisStore
     # Another beat takes it over (owner 1 looked dead); owner 1's token is superseded.
     taken = store.reclaim(["e"], owner(1).id, owner(2), None)
     assert [(c.due, c.token) for c in taken] == [(a + 1000, 2)]
-    ok, why = store.check_before_send(owner(1), mine, "tid", 60)
+    ok, why = store.check_before_send(owner(1), mine, "tid")
     assert not ok and why == "superseded"
-    ok, _ = store.check_before_send(owner(2), taken[0], "tid", 60)
+    ok, _ = store.check_before_send(owner(2), taken[0], "tid")
     assert ok
     assert store.mark_sent(taken[0])
     assert store.history("e")[0].state is RunState.SENT
@@ -147,7 +147,7 @@ def test_worker_start_is_a_compare_and_set_on_the_token(store: RedisStore) -> No
     state = anchored(store)
     a = state.anchor
     c = claim(store, owner(1), state, a + 1000).claims[0]
-    store.check_before_send(owner(1), c, "tid", 60)
+    store.check_before_send(owner(1), c, "tid")
     # The worker can be faster than mark_sent.
     assert store.start("e", c.due, c.token, "w1@h", 11, 0).ok
     assert store.mark_sent(c)
@@ -168,7 +168,7 @@ def test_outcomes_never_overwrite_a_final_state_nor_touch_the_checkpoint(
     a = state.anchor
     old, new = claim(store, owner(1), state, a + 1000, a + 2000).claims
     for c in (old, new):
-        store.check_before_send(owner(1), c, "tid", 60)
+        store.check_before_send(owner(1), c, "tid")
         store.mark_sent(c)
         assert store.start("e", c.due, c.token, "w@h", 1, 0).ok
     assert store.finish("e", new.due, new.token, "done")
@@ -184,7 +184,7 @@ def test_sent_runs_without_outcome_become_lost(store: RedisStore) -> None:
     state = anchored(store)
     a = state.anchor
     c = claim(store, owner(1), state, a + 1000).claims[0]
-    store.check_before_send(owner(1), c, "tid", 60)
+    store.check_before_send(owner(1), c, "tid")
     store.mark_sent(c)
     assert store.mark_lost({"e": store.now_ms() - 60_000}) == {}
     assert store.mark_lost({"e": store.now_ms() + 1}) == {"e": [a + 1000]}
@@ -196,7 +196,7 @@ def test_overlap_skip_is_decided_atomically_in_the_store(store: RedisStore) -> N
     state = anchored(store)
     a = state.anchor
     c = claim(store, owner(1), state, a + 1000, overlap="skip").claims[0]
-    store.check_before_send(owner(1), c, "tid", 60)
+    store.check_before_send(owner(1), c, "tid")
     store.mark_sent(c)
     second = claim(store, owner(2), EntryState(a, a + 1000), a + 2000, overlap="skip")
     assert second.claims == [] and second.skipped == [(a + 2000, "overlap")]
@@ -231,15 +231,19 @@ def test_unused_claim_type_is_frozen() -> None:
         c.token = 2  # type: ignore[misc]
 
 
-def test_check_before_send_indexes_the_task_and_marks_the_previous_sent(
+def test_check_before_send_records_the_task_id_and_marks_the_previous_sent(
         store: RedisStore) -> None:
     state = anchored(store)
     a = state.anchor
     first, second = claim(store, owner(1), state, a + 1000, a + 2000).claims
-    assert store.check_before_send(owner(1), first, "t1", 60)[0]
-    assert store.check_before_send(owner(1), second, "t2", 60, sent=[first])[0]
+    assert store.check_before_send(owner(1), first, "t1")[0]
+    assert store.check_before_send(owner(1), second, "t2", sent=[first])[0]
     states = {r.due: r.state for r in store.history("e")}
     assert states == {a + 1000: RunState.SENT, a + 2000: RunState.SENDING}
+    assert store.history("e")[0].task_id == "t2"
+    # The worker's start indexes the task id (for signals that carry only the id).
+    assert store.lookup_task("t2") is None
+    assert store.start("e", a + 2000, second.token, "w@h", 1, 0, task_id="t2").ok
     assert store.lookup_task("t2") == ("e", a + 2000, second.token)
 
 
@@ -253,7 +257,7 @@ def test_batches_survive_a_script_flush(store: RedisStore, server: RedisServer) 
 def _sent(store: RedisStore, state: EntryState, *dues: int) -> list[Claim]:
     claims = claim(store, owner(1), state, *dues).claims
     for c in claims:
-        store.check_before_send(owner(1), c, f"t{c.due}", 60)
+        store.check_before_send(owner(1), c, f"t{c.due}")
         store.mark_sent(c)
     return claims
 
@@ -309,9 +313,9 @@ def test_same_node_name_and_pid_but_a_new_process_is_not_the_same_process(
 def test_a_holder_may_check_again_after_a_lost_reply(store: RedisStore) -> None:
     state = anchored(store)
     c = claim(store, owner(1), state, state.anchor + 1000).claims[0]
-    assert store.check_before_send(owner(1), c, "t", 60)[0]
-    assert store.check_before_send(owner(1), c, "t", 60)[0]  # the first reply was lost
-    assert not store.check_before_send(owner(2), c, "t", 60)[0]
+    assert store.check_before_send(owner(1), c, "t")[0]
+    assert store.check_before_send(owner(1), c, "t")[0]  # the first reply was lost
+    assert not store.check_before_send(owner(2), c, "t")[0]
 
 
 def test_reclaiming_a_run_being_sent_counts_from_its_check(store: RedisStore) -> None:
@@ -320,7 +324,7 @@ def test_reclaiming_a_run_being_sent_counts_from_its_check(store: RedisStore) ->
     time.sleep(0.05)
     cutoff = store.now_ms()
     time.sleep(0.05)
-    store.check_before_send(owner(1), c, "t", 60)  # checked after the cutoff
+    store.check_before_send(owner(1), c, "t")  # checked after the cutoff
     assert store.reclaim(["e"], owner(1).id, owner(2), cutoff) == []
 
 
@@ -339,13 +343,13 @@ def test_check_many_answers_each_claim_in_one_round_trip(store: RedisStore) -> N
     a = state.anchor
     first, second, third = claim(store, owner(1), state, a + 1000, a + 2000, a + 3000).claims
     store.reclaim(["e"], owner(1).id, owner(2), None)  # owner 1 looked dead
-    answers = store.check_many(owner(1), [(c, f"t{c.due}", 60) for c in (first, second)])
+    answers = store.check_many(owner(1), [(c, f"t{c.due}") for c in (first, second)])
     assert answers == [(False, "superseded"), (False, "superseded")]
     mine = [c for c in claim(store, owner(2), None).claims]  # nothing new: all held by 2
     assert mine == []
     held = {r.due: r for r in store.history("e")}
     assert {r.owner for r in held.values()} == {owner(2).id}
-    ok = store.check_many(owner(2), [(Claim("e", d, held[d].token), f"t{d}", 60)
+    ok = store.check_many(owner(2), [(Claim("e", d, held[d].token), f"t{d}")
                                      for d in (a + 1000, third.due)])
     assert ok == [(True, ""), (True, "")]
     assert store.mark_all_sent([Claim("e", a + 1000, held[a + 1000].token)]) == 1
@@ -385,7 +389,7 @@ def test_operators_request_a_run_and_free_a_stuck_claim(store: RedisStore) -> No
     # That beat gets stuck: an operator frees the claim; its token no longer passes.
     assert store.free_claim("e", due, "admin:alice")
     assert not store.free_claim("e", due, "admin:alice")  # already due again
-    assert not store.check_before_send(owner(1), taken[0], "t", 60)[0]
+    assert not store.check_before_send(owner(1), taken[0], "t")[0]
     again = claim(store, owner(2), None).claims
     assert [(c.due, c.token > taken[0].token) for c in again] == [(due, True)]
     assert claim(store, owner(2), state, a + 1000).claims[0].due == a + 1000
@@ -397,13 +401,13 @@ def test_open_runs_are_indexed_at_the_check_and_settle_only_when_unchanged(
     a = state.anchor
     assert store.open_in() == {}
     first = claim(store, owner(1), state, a + 1000).claims[0]
-    store.check_many(owner(1), [(first, "t1", 60)])
+    store.check_many(owner(1), [(first, "t1")])
     seen = store.open_in()
-    assert seen == {"e": 1}
+    assert seen == {"e": f"{owner(1).id}:{first.token}"}
     second = claim(store, owner(1), None).claims or claim(
         store, owner(1), EntryState(a, a + 1000), a + 2000).claims
-    store.check_many(owner(1), [(second[0], "t2", 60)])  # checked after the read
+    store.check_many(owner(1), [(second[0], "t2")])  # checked after the read
     store.settled(seen)
-    assert store.open_in() == {"e": 2}
+    assert store.open_in() == {"e": f"{owner(1).id}:{second[0].token}"}
     store.note_open(["other"])
     assert set(store.open_in()) == {"e", "other"}

@@ -81,19 +81,18 @@ class Store(abc.ABC):
         """Claim occurrences of many entries, one atomic compare-and-set per entry."""
 
     @abc.abstractmethod
-    def check_many(self, owner: Owner, items: Sequence[tuple[Claim, str, float]],
+    def check_many(self, owner: Owner, items: Sequence[tuple[Claim, str]],
                    sent: Sequence[Claim] = ()) -> list[tuple[bool, str]]:
-        """Atomically for each (claim, task id, index ttl): is the claim still ours? If so
-        mark it as being sent. One answer (ok, why not) per item, in order.
+        """Atomically for each (claim, task id): is the claim still ours? If so mark it as
+        being sent (with its task id). One answer (ok, why not) per item, in order.
 
-        Also indexes each task id (for signals that carry only a task id) and, in the same
-        round trip, marks ``sent`` (earlier claims whose publish succeeded) as sent.
+        In the same round trip, marks ``sent`` (earlier claims whose publish succeeded).
         """
 
-    def check_before_send(self, owner: Owner, claim: Claim, task_id: str, index_ttl: float,
+    def check_before_send(self, owner: Owner, claim: Claim, task_id: str,
                           sent: Sequence[Claim] = ()) -> tuple[bool, str]:
         """:meth:`check_many` for one claim."""
-        return self.check_many(owner, [(claim, task_id, index_ttl)], sent)[0]
+        return self.check_many(owner, [(claim, task_id)], sent)[0]
 
     @abc.abstractmethod
     def skip(self, owner: Owner, claim: Claim, reason: str) -> bool:
@@ -104,8 +103,10 @@ class Store(abc.ABC):
         """The publish succeeded."""
 
     @abc.abstractmethod
-    def mark_all_sent(self, claims: Sequence[Claim]) -> int:
-        """:meth:`mark_sent` for many claims in one round trip; how many were marked."""
+    def mark_all_sent(self, claims: Sequence[Claim], owner: Owner | None = None,
+                      done_in: Iterable[str] = ()) -> int:
+        """:meth:`mark_sent` for many claims in one round trip; how many were marked. With
+        ``owner``, :meth:`done_claiming` of ``done_in`` travels in the same round trip."""
 
     @abc.abstractmethod
     def release(self, owner: Owner, entries: Iterable[str], unsent: Iterable[tuple[str, int]] = ()
@@ -128,18 +129,19 @@ class Store(abc.ABC):
         unless their count moved since (a newer release keeps its notice)."""
 
     @abc.abstractmethod
-    def open_in(self) -> dict[str, int]:
+    def open_in(self) -> dict[str, str]:
         """Entries where runs may be open (being sent, sent, started): the only ones the
-        lost and outcome sweeps look at. Each with a count that moves at every new check."""
+        lost and outcome sweeps look at. Each with a stamp that changes at every new check
+        (the owner and token of the newest claim checked there)."""
 
     @abc.abstractmethod
     def note_open(self, entries: Sequence[str]) -> None:
         """Add entries to :meth:`open_in` (runs found open that it did not list)."""
 
     @abc.abstractmethod
-    def settled(self, seen: dict[str, int]) -> None:
-        """These entries have no open run: drop them from :meth:`open_in`, unless their count
-        moved since it was read (a run checked meanwhile keeps its entry there)."""
+    def settled(self, seen: dict[str, str]) -> None:
+        """These entries have no open run: drop them from :meth:`open_in`, unless their stamp
+        changed since it was read (a run checked meanwhile keeps its entry there)."""
 
     @abc.abstractmethod
     def heartbeat(self, owner: Owner, ttl: float) -> tuple[int, int]:
@@ -178,8 +180,10 @@ class Store(abc.ABC):
     # -- worker side ------------------------------------------------------------------
     @abc.abstractmethod
     def start(self, entry: str, due: int, token: int, worker: str, pid: int, retries: int,
-              takeover: tuple[str, int] | None = None, created: float = 0.0) -> StartDecision:
-        """Compare-and-set before a delivery executes (the worker's fencing)."""
+              takeover: tuple[str, int] | None = None, created: float = 0.0,
+              task_id: str = "") -> StartDecision:
+        """Compare-and-set before a delivery executes (the worker's fencing). With
+        ``task_id``, also index it for :meth:`lookup_task` in the same round trip."""
 
     @abc.abstractmethod
     def finish(self, entry: str, due: int, token: int | None, state: str,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import resources
@@ -33,6 +34,9 @@ from .base import (
     StartDecision,
     Store,
 )
+
+#: How long the task-id index keeps a started run (a week, like runs presumed lost).
+TASK_INDEX_TTL_MS = 7 * 24 * 3600 * 1000
 
 SCRIPTS = ("anchor", "claim", "send", "sent", "release", "reclaim", "start", "finish", "lost",
            "skip", "request", "free", "drop_seen")
@@ -215,23 +219,19 @@ class RedisStore(Store):
             results.append(result)
         return results
 
-    def check_many(self, owner: Owner, items: Sequence[tuple[Claim, str, float]],
+    def check_many(self, owner: Owner, items: Sequence[tuple[Claim, str]],
                    sent: Sequence[Claim] = ()) -> list[tuple[bool, str]]:
         def build(pipe: Pipeline) -> None:
             for done in sent:
                 self._mark_sent(done, pipe)
-            for claim, task_id, index_ttl in items:
-                pipe.set(self._global("task", task_id),
-                         json.dumps({"entry": claim.entry, "due": claim.due,
-                                     "token": claim.token}),
-                         px=int(index_ttl * 1000))
+            for claim, task_id in items:
                 self._run("send", self._keys(claim.entry, "runs"),
                           [str(claim.due), str(claim.token), owner.id, task_id], pipe)
-            # Where runs may be open from now on: the lost/outcome sweeps look only there.
-            for entry in dict.fromkeys(claim.entry for claim, _, _ in items):
-                pipe.hincrby(self._global("open-in"), entry, 1)
+            if items:  # where runs may be open from now on: the sweeps look only there
+                pipe.hset(self._global("open-in"), mapping={
+                    claim.entry: f"{owner.id}:{claim.token}" for claim, _ in items})
 
-        replies = self._batch(build)[len(sent) + 1:len(sent) + 2 * len(items):2]
+        replies = self._batch(build)[len(sent):len(sent) + len(items)]
         return [(bool(int(r[0])), (r[1] if len(r) > 1 else "")) for r in replies]
 
     def _mark_sent(self, claim: Claim, client: Any = None) -> Any:
@@ -245,12 +245,19 @@ class RedisStore(Store):
     def mark_sent(self, claim: Claim) -> bool:
         return bool(self._mark_sent(claim))
 
-    def mark_all_sent(self, claims: Sequence[Claim]) -> int:
+    def mark_all_sent(self, claims: Sequence[Claim], owner: Owner | None = None,
+                      done_in: Iterable[str] = ()) -> int:
+        names = list(done_in)
+
         def build(pipe: Pipeline) -> None:
             for claim in claims:
                 self._mark_sent(claim, pipe)
+            if owner is not None and names:
+                pipe.zrem(self._global("owner", owner.id, "entries"), *names)
 
-        return sum(int(r) for r in self._batch(build)) if claims else 0
+        if not claims and not names:
+            return 0
+        return sum(int(r) for r in self._batch(build)[:len(claims)])
 
     def release(self, owner: Owner, entries: Iterable[str], unsent: Iterable[tuple[str, int]] = ()
                 ) -> int:
@@ -275,21 +282,18 @@ class RedisStore(Store):
     def picked_up(self, seen: dict[str, int]) -> None:
         self._drop_seen("released-in", seen)
 
-    def open_in(self) -> dict[str, int]:
-        return {name: int(count)
-                for name, count in self.client.hgetall(self._global("open-in")).items()}
+    def open_in(self) -> dict[str, str]:
+        return dict(self.client.hgetall(self._global("open-in")))
 
     def note_open(self, entries: Sequence[str]) -> None:
         if entries:
-            pipe = self._pipeline()
-            for entry in entries:
-                pipe.hincrby(self._global("open-in"), entry, 1)
-            pipe.execute()
+            stamp = f"found:{time.time_ns()}"
+            self.client.hset(self._global("open-in"), mapping=dict.fromkeys(entries, stamp))
 
-    def settled(self, seen: dict[str, int]) -> None:
+    def settled(self, seen: dict[str, str]) -> None:
         self._drop_seen("open-in", seen)
 
-    def _drop_seen(self, notices: str, seen: dict[str, int]) -> None:
+    def _drop_seen(self, notices: str, seen: dict[str, int] | dict[str, str]) -> None:
         if seen:
             args = [part for name, count in seen.items() for part in (name, str(count))]
             self._run("drop_seen", [self._global(notices)], args)
@@ -375,11 +379,19 @@ class RedisStore(Store):
 
     # -- worker side ------------------------------------------------------------------
     def start(self, entry: str, due: int, token: int, worker: str, pid: int, retries: int,
-              takeover: tuple[str, int] | None = None, created: float = 0.0) -> StartDecision:
-        reply = self._run("start", self._keys(entry, "runs", "live", "open", "entry"), [
-            str(due), str(token), worker, str(pid), str(retries),
-            f"{takeover[0]}|{takeover[1]}" if takeover else "", repr(created),
-        ])
+              takeover: tuple[str, int] | None = None, created: float = 0.0,
+              task_id: str = "") -> StartDecision:
+        def build(pipe: Pipeline) -> None:
+            self._run("start", self._keys(entry, "runs", "live", "open", "entry"), [
+                str(due), str(token), worker, str(pid), str(retries),
+                f"{takeover[0]}|{takeover[1]}" if takeover else "", repr(created),
+            ], pipe)
+            if task_id:  # for signals that carry only the task id (main-process failures)
+                pipe.set(self._global("task", task_id),
+                         json.dumps({"entry": entry, "due": due, "token": token}),
+                         px=TASK_INDEX_TTL_MS)
+
+        reply = self._batch(build)[0]
         if reply[0] == "ok":
             return StartDecision(True, reply[1] if len(reply) > 1 else "")
         if reply[0] == "busy":
