@@ -411,3 +411,15 @@ def test_open_runs_are_indexed_at_the_check_and_settle_only_when_unchanged(
     assert store.open_in() == {"e": f"{owner(1).id}:{second[0].token}"}
     store.note_open(["other"])
     assert set(store.open_in()) == {"e", "other"}
+
+
+def test_entries_first_seen_by_beats_starting_together_share_their_anchor(
+        server: RedisServer) -> None:
+    """Two beats anchoring different halves first (their batches interleave on the server)
+    still give every entry first seen together the same anchor."""
+    a, b = RedisStore.from_url(server.url, "t"), RedisStore.from_url(server.url, "t")
+    names = [(f"e{i}", "every 1s") for i in range(10)]
+    first = a.ensure_entries(names[:5])
+    time.sleep(0.01)
+    second = b.ensure_entries(names[5:] + names[:5])
+    assert len({s.anchor for s in {**first, **second}.values()}) == 1

@@ -35,11 +35,13 @@ from .base import (
     Store,
 )
 
+#: Beats that anchor new entries within this many ms of each other share the instant.
+ANCHOR_SHARED_MS = 2000
 #: How long the task-id index keeps a started run (a week, like runs presumed lost).
 TASK_INDEX_TTL_MS = 7 * 24 * 3600 * 1000
 
 SCRIPTS = ("anchor", "claim", "send", "sent", "release", "reclaim", "start", "finish", "lost",
-           "skip", "request", "free", "drop_seen")
+           "skip", "request", "free", "drop_seen", "anchor_instant")
 
 
 @cache
@@ -159,7 +161,7 @@ class RedisStore(Store):
 
     # -- beat side --------------------------------------------------------------------
     def ensure_entries(self, entries: Sequence[tuple[str, str]]) -> dict[str, EntryState]:
-        now = str(self.now_ms())
+        now = str(self._run("anchor_instant", [self._global("anchoring")], [ANCHOR_SHARED_MS]))
 
         def build(pipe: Pipeline) -> None:
             for name, description in entries:
