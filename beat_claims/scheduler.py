@@ -96,6 +96,7 @@ class Scheduler(BaseScheduler):
         self._unmarked: list[Claim] = []  # published; the "sent" mark is still to be stored
         self._checked: list[Claim] = []  # passed the check before publish; not yet published
         self._peers: list[str] = []  # ids of the live beats, as of the last sweep
+        self._known_owners: list[str] = []  # every registered owner, as of the last sweep
         self._full_scan = True  # look for released runs in every entry at the next sweep
         self._open_scan = True  # look for open runs in every entry at the next sweep
         self._claiming: set[str] = set()  # entries with a claim call in flight
@@ -303,7 +304,8 @@ class Scheduler(BaseScheduler):
         if self._unmarked:  # published, but the "sent" mark did not reach the store
             self._flush_unmarked()
         # Our own note last: claims taken over in this sweep are not stale.
-        owners = self.store.owners()
+        owners, active = self.store.sweep_view(self._known_owners)
+        self._known_owners = [owner.id for owner, _, _ in owners]
         self._peers = sorted(o.id for o, alive, _ in owners if alive or o.id == self.owner.id)
         for owner, alive, entries in sorted(owners, key=lambda o: o[0].id == self.owner.id):
             if owner.id == self.owner.id:
@@ -327,7 +329,6 @@ class Scheduler(BaseScheduler):
                     self._take_over(owner, [name], now - reclaim_ms, "slow")
         if time.monotonic() - self._last_released_scan >= RELEASED_SCAN_EVERY:
             self._pick_up_released(now)
-        active = self.store.open_in()
         names = sorted(name for name in (self._state if self._open_scan else active)
                        if name in self.policies and name in self._state)
         self._mark_lost(now, names)

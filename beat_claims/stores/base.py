@@ -162,6 +162,12 @@ class Store(abc.ABC):
     def owners(self) -> list[tuple[Owner, bool, dict[str, int]]]:
         """Every registered owner, whether its heartbeat is alive, and its claiming entries."""
 
+    def sweep_view(self, known: Sequence[str]
+                   ) -> tuple[list[tuple[Owner, bool, dict[str, int]]], dict[str, str]]:
+        """What a sweep reads: :meth:`owners` and :meth:`open_in`. ``known`` are the owner
+        ids the caller saw last time (a backend may read those in fewer round trips)."""
+        return self.owners(), self.open_in()
+
     @abc.abstractmethod
     def reclaim(self, entries: Sequence[str], old_owner: str, new_owner: Owner,
                 cutoff_ms: int | None) -> list[Claim]:

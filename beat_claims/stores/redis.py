@@ -320,23 +320,42 @@ class RedisStore(Store):
             self.client.zrem(self._global("owner", owner.id, "entries"), *names)
 
     def owners(self) -> list[tuple[Owner, bool, dict[str, int]]]:
-        registered = self.client.hgetall(self._global("owners"))
+        return self.sweep_view(())[0]
+
+    def sweep_view(self, known: Sequence[str]
+                   ) -> tuple[list[tuple[Owner, bool, dict[str, int]]], dict[str, str]]:
+        """Owners and open-runs index in one round trip when the owners are the ones seen
+        last time (``known``); a second one only to read the liveness and notes of owners
+        registered since."""
+        pipe = self._pipeline()
+        pipe.hgetall(self._global("owners"))
+        pipe.hgetall(self._global("open-in"))
+        for owner_id in known:
+            pipe.exists(self._global("owner", owner_id))
+            pipe.zrange(self._global("owner", owner_id, "entries"), 0, -1, withscores=True)
+        replies = pipe.execute()
+        registered, open_in = replies[0], dict(replies[1])
+        state = {owner_id: (replies[2 + 2 * i], replies[3 + 2 * i])
+                 for i, owner_id in enumerate(known)}
         parsed: list[Owner] = []
         for raw in registered.values():
             try:
                 parsed.append(Owner.from_dict(json.loads(raw)))
             except (ValueError, KeyError, TypeError):
                 continue
-        pipe = self.client.pipeline(transaction=False)
-        for owner in parsed:
-            pipe.exists(self._global("owner", owner.id))
-            pipe.zrange(self._global("owner", owner.id, "entries"), 0, -1, withscores=True)
-        replies = pipe.execute()
+        new = [owner for owner in parsed if owner.id not in state]
+        if new:
+            for owner in new:
+                pipe.exists(self._global("owner", owner.id))
+                pipe.zrange(self._global("owner", owner.id, "entries"), 0, -1, withscores=True)
+            more = pipe.execute()
+            state.update({owner.id: (more[2 * i], more[2 * i + 1])
+                          for i, owner in enumerate(new)})
         out = []
-        for i, owner in enumerate(parsed):
-            alive, entries = replies[2 * i], replies[2 * i + 1]
+        for owner in parsed:
+            alive, entries = state[owner.id]
             out.append((owner, bool(alive), {name: int(score) for name, score in entries}))
-        return out
+        return out, open_in
 
     def reclaim(self, entries: Sequence[str], old_owner: str, new_owner: Owner,
                 cutoff_ms: int | None) -> list[Claim]:
