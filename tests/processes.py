@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
-             interval: float = 0.1) -> Any:
-    """Poll until ``predicate()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
+             interval: float = 0.1, between: Callable[[], Any] | None = None) -> Any:
+    """Poll until ``predicate()`` is truthy; fail with ``what`` after ``timeout`` seconds.
+    ``between()`` (a scheduler tick, say) runs between tries."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -28,11 +29,16 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        if between is not None:
+            between()
         time.sleep(interval)
 
 
 class Fleet:
     """Starts beats and workers against one Redis, and stops every one of them."""
+
+    #: The Celery app (``-A``) of the processes.
+    APP = "tests.proj.app"
 
     def __init__(self, redis_url: str, broker_url: str, log_dir: Path,
                  schedule: dict[str, Any], **env: str) -> None:
@@ -53,7 +59,7 @@ class Fleet:
         log = self.log_dir / f"{kind}-{n}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.proj.app", *args],
+                [sys.executable, "-m", "celery", "-A", self.APP, *args],
                 cwd=ROOT, env={**self.env, **env}, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )

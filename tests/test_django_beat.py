@@ -12,7 +12,6 @@ import itertools
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -49,7 +48,7 @@ from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
 from .inprocess import make_app, messages, occurrences_sent, run_for
-from .processes import ROOT, wait_for
+from .processes import ROOT, Fleet, wait_for
 
 TASK = "djangosite.record"
 
@@ -311,8 +310,10 @@ def _scheduler_path() -> str:
     return "beat_claims.contrib.django.DatabaseScheduler"
 
 
-class Site:
+class Site(Fleet):
     """Real celery processes of the test Django site, on the test's database."""
+
+    APP = "tests.djangosite.celery"
 
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self.env = env
@@ -320,50 +321,16 @@ class Site:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: dict[int, Path] = {}
 
-    def spawn(self, kind: str, *args: str) -> subprocess.Popen[bytes]:
-        log = self.log_dir / f"{kind}-{len(self.procs)}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.djangosite.celery", kind,
-                 "--loglevel", "INFO", *args],
-                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        self.procs.append(proc)
-        self.logs[proc.pid] = log
-        return proc
+    def beat(self, **env: str) -> subprocess.Popen[bytes]:
+        return self._spawn("beat", ["beat", "--loglevel", "INFO", "-S", _scheduler_path(),
+                                    "-s", str(self.log_dir / f"unused-{len(self.procs)}")])
 
-    def beat(self) -> subprocess.Popen[bytes]:
-        return self.spawn("beat", "-S", _scheduler_path(),
-                          "-s", str(self.log_dir / f"unused-{len(self.procs)}"))
-
-    def worker(self) -> subprocess.Popen[bytes]:
-        return self.spawn("worker", "-I", "tests.djangosite.tasks", "-P", "prefork", "-c", "2",
-                          "--without-gossip", "--without-mingle", "-n",
-                          f"w{len(self.procs)}@%h")
-
-    def log(self, proc: subprocess.Popen[bytes]) -> str:
-        return self.logs[proc.pid].read_text(errors="replace")
-
-    def stop(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-                raise AssertionError(f"{proc.args} did not stop on SIGTERM") from None
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(10)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(5)
+    def worker(self, *extra: str, concurrency: int = 2, **env: str) -> subprocess.Popen[bytes]:
+        return self._spawn("worker", ["worker", "--loglevel", "INFO",
+                                      "-I", "tests.djangosite.tasks", "-P", "prefork",
+                                      "-c", str(concurrency), "--without-gossip",
+                                      "--without-mingle", "-n", f"w{len(self.procs)}@%h",
+                                      *extra])
 
 
 @contextlib.contextmanager

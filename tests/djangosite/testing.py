@@ -3,12 +3,13 @@ private redis-server (never the machine's shared one), and staff users."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from celery import Celery
+
+from ..processes import wait_for
 
 T = TypeVar("T")
 PREFIX = "site-claims"
@@ -59,13 +60,5 @@ def staff(username: str, *perms: str) -> Any:
 def poll(check: Callable[[], T], timeout: float, what: str,
          between: Callable[[], Any] | None = None) -> T:
     """``check()`` until it is truthy; ``between()`` (a scheduler tick) runs between tries."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        if between is not None:
-            between()
-        time.sleep(0.02)
+    result: T = wait_for(check, timeout, what, interval=0.02, between=between)
+    return result
