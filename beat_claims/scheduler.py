@@ -225,6 +225,12 @@ class Scheduler(BaseScheduler):
             self._tick()
         except RedisError as exc:
             return self._store_down(exc)
+        except Exception as exc:
+            # A bug here must not stop the beat (its claims would wait for a takeover):
+            # nothing unclaimed is sent; start again from the store, with backoff.
+            logger.exception("beat-claims: unexpected error in a tick; starting again from"
+                             " the store")
+            return self._store_down(exc, quiet=True)
         finally:
             self._in_tick = False
         self.metrics.store_up(True)
@@ -267,9 +273,10 @@ class Scheduler(BaseScheduler):
         hb_wait = self._last_heartbeat + self.settings.heartbeat_interval - time.monotonic()
         return max(0.0, min(wait, hb_wait))
 
-    def _store_down(self, exc: Exception) -> float:
-        self.metrics.store_up(False)
-        if self._outage_since is None:
+    def _store_down(self, exc: Exception, quiet: bool = False) -> float:
+        if not quiet:
+            self.metrics.store_up(False)
+        if self._outage_since is None and not quiet:
             self._outage_since = time.monotonic()
             logger.error("beat-claims: store unreachable (%s: %s); nothing is sent unclaimed"
                          " until it returns. Retrying with backoff; logged once per outage.",

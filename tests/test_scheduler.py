@@ -392,3 +392,25 @@ def test_a_batch_that_stalls_mid_publish_is_checked_again_before_the_rest_is_sen
     assert len(occurrences_sent(server)) == 1
     assert {a.store.history(name)[0].owner for name in schedule} == {"other"}
     a.close()
+
+
+def test_an_unexpected_error_in_a_tick_does_not_stop_the_beat(
+        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    app = make_app(server)
+    s = make(app)
+    real = s.store.ensure_entries
+    calls: list[int] = []
+
+    def fails_once(entries: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("a bug")
+        return real(entries)
+
+    s.store.ensure_entries = fails_once  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="celery.beat.claims"):
+        wait = s.tick()
+    assert 0 < wait <= 30
+    assert "unexpected error in a tick" in caplog.text
+    wait_for(lambda: s.tick() is not None and occurrences_sent(server), 8, "a send")
+    s.close()

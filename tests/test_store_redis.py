@@ -6,6 +6,7 @@ import multiprocessing
 import time
 
 import pytest
+import redis
 
 from beat_claims.runs import Owner, RunState
 from beat_claims.stores.base import Claim, ClaimRequest, EntryState
@@ -423,3 +424,17 @@ def test_entries_first_seen_by_beats_starting_together_share_their_anchor(
     time.sleep(0.01)
     second = b.ensure_entries(names[5:] + names[:5])
     assert len({s.anchor for s in {**first, **second}.values()}) == 1
+
+
+def test_a_round_trip_that_could_not_connect_leaves_nothing_queued(
+        server: RedisServer) -> None:
+    """redis-py does not reset a pipeline whose connection failed; the store's reused
+    pipeline must not send those commands with the next batch (found by the chaos run: a
+    beat crashed reading anchors after the store restarted)."""
+    store = RedisStore.from_url(server.url, "t")
+    anchored(store)
+    server.stop()
+    with pytest.raises(redis.exceptions.ConnectionError):
+        store.sweep_view(["someone"])
+    server.start()
+    assert set(store.ensure_entries([("e", "every 1s"), ("f", "every 1s")])) == {"e", "f"}

@@ -144,6 +144,10 @@ class RedisStore(Store):
         pipe: Pipeline | None = getattr(self._local, "pipe", None)
         if pipe is None:
             pipe = self._local.pipe = self.client.pipeline(transaction=False)
+        elif len(pipe):
+            # Left from a call that failed before sending (redis-py does not reset a
+            # pipeline whose connection could not be made): never send those.
+            pipe.reset()
         return pipe
 
     def _notice(self, pipe: Pipeline, entries: Iterable[str]) -> None:
@@ -327,13 +331,14 @@ class RedisStore(Store):
         """Owners and open-runs index in one round trip when the owners are the ones seen
         last time (``known``); a second one only to read the liveness and notes of owners
         registered since."""
-        pipe = self._pipeline()
-        pipe.hgetall(self._global("owners"))
-        pipe.hgetall(self._global("open-in"))
-        for owner_id in known:
-            pipe.exists(self._global("owner", owner_id))
-            pipe.zrange(self._global("owner", owner_id, "entries"), 0, -1, withscores=True)
-        replies = pipe.execute()
+        def read(pipe: Pipeline) -> None:
+            pipe.hgetall(self._global("owners"))
+            pipe.hgetall(self._global("open-in"))
+            for owner_id in known:
+                pipe.exists(self._global("owner", owner_id))
+                pipe.zrange(self._global("owner", owner_id, "entries"), 0, -1, withscores=True)
+
+        replies = self._batch(read)
         registered, open_in = replies[0], dict(replies[1])
         state = {owner_id: (replies[2 + 2 * i], replies[3 + 2 * i])
                  for i, owner_id in enumerate(known)}
@@ -345,10 +350,13 @@ class RedisStore(Store):
                 continue
         new = [owner for owner in parsed if owner.id not in state]
         if new:
-            for owner in new:
-                pipe.exists(self._global("owner", owner.id))
-                pipe.zrange(self._global("owner", owner.id, "entries"), 0, -1, withscores=True)
-            more = pipe.execute()
+            def read_new(pipe: Pipeline) -> None:
+                for owner in new:
+                    pipe.exists(self._global("owner", owner.id))
+                    pipe.zrange(self._global("owner", owner.id, "entries"), 0, -1,
+                                withscores=True)
+
+            more = self._batch(read_new)
             state.update({owner.id: (more[2 * i], more[2 * i + 1])
                           for i, owner in enumerate(new)})
         out = []
