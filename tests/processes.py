@@ -11,9 +11,9 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,10 +106,13 @@ class Fleet:
                     proc.wait(5)
 
 
+F = TypeVar("F", bound=Fleet)
+
+
 @contextmanager
-def fleet(redis_url: str, broker_url: str, log_dir: Path, schedule: dict[str, Any],
-          **env: str) -> Iterator[Fleet]:
-    f = Fleet(redis_url, broker_url, log_dir, schedule, **env)
+def running(f: F) -> Iterator[F]:
+    """``f`` for the test; on a failure the tail of every process's log goes to stderr, and
+    every process is stopped in any case."""
     try:
         yield f
     except BaseException:
@@ -119,6 +122,11 @@ def fleet(redis_url: str, broker_url: str, log_dir: Path, schedule: dict[str, An
         raise
     finally:
         f.close()
+
+
+def fleet(redis_url: str, broker_url: str, log_dir: Path, schedule: dict[str, Any],
+          **env: str) -> AbstractContextManager[Fleet]:
+    return running(Fleet(redis_url, broker_url, log_dir, schedule, **env))
 
 
 def executions(client: Any, what: str = "run") -> list[dict[str, Any]]:

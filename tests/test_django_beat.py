@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
 from .inprocess import make_app, messages, occurrences_sent, run_for
-from .processes import ROOT, Fleet, wait_for
+from .processes import ROOT, Fleet, running, wait_for
 
 TASK = "djangosite.record"
 
@@ -333,18 +332,8 @@ class Site(Fleet):
                                       *extra])
 
 
-@contextlib.contextmanager
-def site(env: dict[str, str], log_dir: Path) -> Iterator[Site]:
-    s = Site(env, log_dir)
-    try:
-        yield s
-    except BaseException:
-        for pid, path in s.logs.items():
-            sys.stderr.write(f"---- log of pid {pid} ({path.name}) ----\n")
-            sys.stderr.write(path.read_text(errors="replace")[-6000:])
-        raise
-    finally:
-        s.close()
+def site(env: dict[str, str], log_dir: Path) -> contextlib.AbstractContextManager[Site]:
+    return running(Site(env, log_dir))
 
 
 def executions(broker: RedisServer) -> list[dict[str, Any]]:
