@@ -1,12 +1,19 @@
 """beat-claims: many Celery beats, each occurrence claimed before it is sent, and recorded."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from celery import Celery
 
-from .runs import Owner, Run, RunState
-from .scheduler import Scheduler
+from .enums import CatchUp, Overlap, Reason, RunState
+from .runs import Owner, Run
 from .settings import ConfigurationError
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+__version__ = "0.2.0.dev0"
 
 
 def install(app: Celery) -> None:
@@ -16,5 +23,15 @@ def install(app: Celery) -> None:
     _install(app)
 
 
-__all__ = ["ConfigurationError", "Owner", "Run", "RunState", "Scheduler", "__version__",
-           "install"]
+def __getattr__(name: str) -> Any:
+    # The beat side is imported on first use: a worker that only installs the hooks does
+    # not load it.
+    if name == "Scheduler":
+        from .scheduler import Scheduler
+
+        return Scheduler
+    raise AttributeError(f"module 'beat_claims' has no attribute {name!r}")
+
+
+__all__ = ["CatchUp", "ConfigurationError", "Overlap", "Owner", "Reason", "Run", "RunState",
+           "Scheduler", "__version__", "install"]

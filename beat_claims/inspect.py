@@ -13,16 +13,18 @@ from celery import Celery
 from celery.beat import ScheduleEntry
 
 from . import occurrences
-from .runs import Run, RunState, iso
+from .enums import RunState
+from .runs import Run, iso
 from .settings import Settings
+from .stores import open_store as _open_store
 from .stores.base import Store
-from .stores.redis import RedisStore
+
+#: How long an operator's command waits for the store.
+STORE_TIMEOUT = 5.0
 
 
-def open_store(app: Celery) -> Store:
-    settings = Settings.from_app(app)
-    return RedisStore.from_url(settings.url, settings.key_prefix,
-                               sentinel_master=settings.sentinel_master)
+def open_store(app: Celery, timeout: float = STORE_TIMEOUT) -> Store:
+    return _open_store(Settings.from_app(app), timeout=timeout)
 
 
 def beat_schedules(app: Celery) -> dict[str, Any]:
@@ -48,17 +50,22 @@ def status(app: Celery, store: Store | None = None,
     store = store or open_store(app)
     schedules = beat_schedules(app) if schedules is None else schedules
     owners = store.owners()
-    alive = {owner.id: is_alive for owner, is_alive, _ in owners}
+    alive = {o.owner.id: o.alive for o in owners}
+    known = {record.name: record for record in store.entries()}
+    missing = sorted(set(schedules) - set(known))
+    known.update({record.name: record for record in store.entries(missing)})
     entries = []
-    for name in sorted(set(store.entry_names()) | set(schedules)):
-        info = store.entry_info(name)
+    for name in sorted(set(known) | set(schedules)):
+        info = known.get(name)
+        anchor = info.anchor if info is not None else None
+        checkpoint = info.checkpoint if info is not None else None
         runs = store.history(name)
         next_due = None
         sched = schedules.get(name)
-        if sched is not None and info["anchor"] is not None:
-            after = info["checkpoint"] if info["checkpoint"] is not None else info["anchor"]
+        if sched is not None and anchor is not None:
+            after = checkpoint if checkpoint is not None else anchor
             try:
-                next_due = occurrences.next_after(sched, info["anchor"], after)
+                next_due = occurrences.next_after(sched, anchor, after)
             except Exception:
                 next_due = None
         finished = [r for r in runs if r.state not in (RunState.CLAIMED, RunState.DUE)]
@@ -69,11 +76,12 @@ def status(app: Celery, store: Store | None = None,
             counts[run.state.value] += 1
         entries.append({
             "name": name,
-            "schedule": info["schedule"] or (occurrences.describe(sched) if sched else None),
+            "schedule": (info.description if info is not None and info.description else
+                         occurrences.describe(sched) if sched else None),
             "in_schedule": sched is not None,
             "next_due": iso(next_due),
-            "checkpoint": iso(info["checkpoint"]),
-            "anchor": iso(info["anchor"]),
+            "checkpoint": iso(checkpoint),
+            "anchor": iso(anchor),
             "last_run": finished[0].as_dict() if finished else None,
             "claims": [dict(r.as_dict(), owner_alive=alive.get(r.owner or "", False))
                        for r in claims],
@@ -81,8 +89,8 @@ def status(app: Celery, store: Store | None = None,
         })
     return {
         "generated_at": iso(int(time.time() * 1000)),
-        "owners": [{**o.as_dict(), "alive": is_alive, "claiming": sorted(names)}
-                   for o, is_alive, names in owners],
+        "owners": [{**o.owner.as_dict(), "alive": o.alive, "expires_at": iso(o.expires_at)}
+                   for o in owners],
         "entries": entries,
     }
 

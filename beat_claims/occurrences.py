@@ -4,16 +4,17 @@ An occurrence is (entry, due instant in UTC milliseconds). Every beat must compu
 instants for the same entry, whatever its start time, so no instant here is derived from
 "now": interval schedules count whole periods from an *anchor* kept in the store (the
 first beat to see the entry sets it), and crontab and solar schedules use Celery's own
-arithmetic, started from the anchor or from the last occurrence handed out. A *clocked*
-schedule (django-celery-beat's one instant) is absolute: its instant does not depend on the
-anchor, and after it there is nothing.
+arithmetic, started from the anchor or from the last occurrence handed out (after a long
+gap, searched back from now: see ``due_between``). A *clocked* schedule (django-celery-beat's
+one instant) is absolute: its instant does not depend on the anchor, and after it there is
+nothing.
 """
 
 from __future__ import annotations
 
 import copy
 import sys
-from collections import deque
+from dataclasses import dataclass
 from datetime import timedelta, timezone
 from typing import Any
 
@@ -21,8 +22,13 @@ from celery.schedules import BaseSchedule, crontab, schedule
 
 from .runs import from_ms, iso, to_ms
 
-#: Guard against a schedule that never moves forward (a bug in a custom schedule class).
-_MAX_STEPS = 200_000
+#: The first window probed back from ``until`` when walking a non-interval schedule: a
+#: crontab's resolution, so a dense schedule's first windows hold about one occurrence each.
+_FIRST_WINDOW_MS = 60_000
+
+#: How far after a UTC-offset change a window may start and still be walked from just
+#: before the change: Celery lands a wall time the change skipped up to one shift later.
+_DST_REACH_MS = 3 * 3600_000
 
 
 class UnsupportedSchedule(ValueError):
@@ -105,42 +111,158 @@ def next_after(sched: Any, anchor_ms: int, after_ms: int) -> int | None:
     raise UnsupportedSchedule(f"{sched!r} does not move forward after {from_ms(after_ms)}")
 
 
+@dataclass(frozen=True)
+class DueWindow:
+    """What is due in ``(after, until]``: the newest instants and how many there are.
+
+    A long gap of a crontab is not walked from its start, so its size may be known only from
+    below: ``total`` is then a lower bound (``exact`` False), never a silently short count.
+    """
+
+    newest: list[int]  # the newest ``keep`` due instants, ascending (all of them if fewer)
+    total: int  # how many are due: exact when ``exact``, otherwise a lower bound
+    exact: bool
+
+    @property
+    def last(self) -> int | None:
+        """The newest due instant, where the caller's checkpoint moves to (None: nothing)."""
+        return self.newest[-1] if self.newest else None
+
+
 def due_between(
     sched: Any, anchor_ms: int, after_ms: int, until_ms: int, keep: int
-) -> tuple[list[int], int]:
+) -> DueWindow:
     """Occurrences in ``(after_ms, until_ms]``: the newest ``keep`` of them and their count.
 
-    Interval schedules are counted arithmetically, so a long outage costs nothing; other
-    schedules are walked one occurrence at a time. A clocked schedule has at most one.
+    Interval schedules are counted arithmetically, so a long outage costs nothing. A clocked
+    schedule has at most one. Other schedules are searched back from ``until_ms`` (see
+    ``_Search``), so a year-long gap of an every-minute crontab costs ``keep`` to about
+    ``2 * keep`` steps of Celery's arithmetic, not half a million (the old walk from
+    ``after_ms`` stopped at 200,000 and handed out the wrong newest ones).
     """
+    keep = max(keep, 0)
     instant = clocked_instant(sched)
     if instant is not None:
         if after_ms < instant <= until_ms:
-            return ([instant] if keep > 0 else []), 1
-        return [], 0
+            return DueWindow([instant] if keep > 0 else [], 1, True)
+        return DueWindow([], 0, True)
     after_ms = max(after_ms, anchor_ms)
     if until_ms <= after_ms:
-        return [], 0
+        return DueWindow([], 0, True)
     if is_interval(sched):
         period = period_ms(sched)
         k_lo = (after_ms - anchor_ms) // period + 1
         k_hi = (until_ms - anchor_ms) // period
         if k_hi < k_lo:
-            return [], 0
-        total = k_hi - k_lo + 1
+            return DueWindow([], 0, True)
         start = max(k_lo, k_hi - keep + 1)
-        return [anchor_ms + k * period for k in range(start, k_hi + 1)], total
-    newest: deque[int] = deque(maxlen=max(keep, 1))
-    total = 0
-    cursor = after_ms
-    for _ in range(_MAX_STEPS):
-        nxt = next_after(sched, anchor_ms, cursor)
-        if nxt is None or nxt > until_ms:
-            break
-        cursor = nxt
-        newest.append(cursor)
-        total += 1
-    return (list(newest) if keep > 0 else []), total
+        return DueWindow([anchor_ms + k * period for k in range(start, k_hi + 1)],
+                         k_hi - k_lo + 1, True)
+    return _Search(sched, anchor_ms, after_ms, until_ms, keep).run()
+
+
+class _Search:
+    """The newest occurrences before ``until`` of a schedule that only answers "what comes
+    next after t", without walking the whole gap from ``after``.
+
+    Windows grow back from ``until``, each twice the last (1, 2, 4... minutes), and each is
+    walked forward from its start with at most the number still needed plus one step. Every
+    occurrence a complete window yields is among the newest, so that costs at most ``need``
+    steps plus one per window. A window that holds more than is still needed ("overflow": a
+    dense stretch behind a sparse one) keeps what its walk saw as the fallback for the
+    oldest ones needed, and the search goes on ("a level"), with small windows again, in
+    the part of it not yet walked, at most two thirds of what was left. So the steps are
+    at most ``need + levels * (need + 1 + 6 * windows)``, ``levels`` and ``windows`` (per
+    level) both O(log(gap)); with a roughly even density there are one or two levels, and
+    it comes to at most about ``2 * need + 2 * log2(gap / 1 minute)``. ``need`` is
+    ``keep``, or 1 when ``keep`` is 0 (so that "is anything due" is still answered).
+    """
+
+    def __init__(self, sched: Any, anchor_ms: int, after_ms: int, until_ms: int,
+                 keep: int) -> None:
+        self.sched, self.anchor, self.after, self.until = sched, anchor_ms, after_ms, until_ms
+        self.keep = keep
+        self.need = max(keep, 1)
+        self.steps = 0
+        # The proven bound with room to spare: exceeding it is a bug, reported, not hidden.
+        bits = (until_ms - after_ms).bit_length() + 2
+        self.budget = 2 * (self.need + (2 * bits + 2) * (self.need + 2 * bits + 4))
+        self.tz = _tz(sched)
+
+    def _next(self, t: int) -> int | None:
+        self.steps += 1
+        if self.steps > self.budget:
+            raise UnsupportedSchedule(
+                f"{self.sched!r}: no answer for ({iso(self.after)}, {iso(self.until)}] "
+                f"within {self.budget} steps (a schedule whose next occurrences disagree?)")
+        return next_after(self.sched, self.anchor, t)
+
+    def run(self) -> DueWindow:
+        blocks: list[list[int]] = []  # complete windows' occurrences, newest window first
+        fallback: list[int] = []  # what the last overflowing window's walk saw, ascending
+        seen: set[int] = set()
+        floor, inner, width = self.after, self.until, _FIRST_WINDOW_MS
+        needed, exact = self.need, True
+        while needed > 0 and inner > floor:
+            lo = max(floor, inner - width)
+            got: list[int] = []
+            nxt = self._first_after(lo, floor)
+            while nxt is not None and nxt <= inner:
+                got.append(nxt)
+                if len(got) > needed:
+                    break
+                nxt = self._next(nxt)
+            seen.update(got)
+            if len(got) <= needed:  # the window (lo, inner] is complete: all of it is newest
+                blocks.append(got)
+                needed -= len(got)
+                inner, width = lo, width * 2
+            else:  # overflow: the newest needed are in (got[0], inner]; go on above got[-1]
+                exact = False
+                fallback, floor = got, got[-1]
+                spacing = (got[-1] - got[0]) // needed
+                width = max(1, min(spacing, (inner - floor) // 4))
+        if needed > 0 and fallback:
+            blocks.append(fallback[-needed:])
+        found = [t for block in reversed(blocks) for t in block]
+        exact = exact and inner <= self.after
+        return DueWindow(found[-self.keep:] if self.keep else [], len(seen), exact)
+
+    def _first_after(self, lo: int, floor: int) -> int | None:
+        """The first occurrence after ``lo`` as a walk from ``floor`` would find it.
+
+        ``floor`` is ``after`` or an occurrence, so walking from it is the plain forward
+        walk. An arbitrary ``lo`` just after a UTC-offset change can differ: Celery lands a
+        skipped wall time (02:30 on the day clocks jump 02:00 -> 03:00) at 03:30, but asked
+        from 03:10 it answers the next day. There, walk a few steps from before the change.
+        """
+        if lo > floor:
+            change = self._offset_change(lo)
+            if change is not None:
+                nxt = self._next(max(floor, change - 1))
+                for _ in range(4):
+                    if nxt is None or nxt > lo:
+                        return nxt
+                    nxt = self._next(nxt)
+        return self._next(lo)
+
+    def _offset_change(self, at: int) -> int | None:
+        """The first instant of the schedule's current UTC offset at ``at``, when that
+        offset began less than ``_DST_REACH_MS`` before; None otherwise."""
+        try:
+            def offset(t: int) -> Any:
+                return from_ms(t).astimezone(self.tz).utcoffset()
+
+            now, early = offset(at), at - _DST_REACH_MS
+            if offset(early) == now:
+                return None
+            lo, hi = early, at  # offset(lo) differs, offset(hi) is the current one
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if offset(mid) == now else (mid, hi)
+            return hi
+        except Exception:  # a timezone object that cannot say: walk from ``lo`` as asked
+            return None
 
 
 def describe(sched: Any) -> str:
@@ -160,6 +282,7 @@ def describe(sched: Any) -> str:
 
 
 __all__ = [
+    "DueWindow",
     "UnsupportedSchedule",
     "clocked_instant",
     "describe",

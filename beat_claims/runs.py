@@ -8,10 +8,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from enum import Enum
 from typing import Any
 
 import psutil
+
+from .enums import FINAL_STATES, Reason, RunState
 
 #: Namespace for task ids derived from occurrences: the same occurrence always gets the
 #: same task id, on every beat.
@@ -19,33 +20,6 @@ TASK_ID_NAMESPACE = uuid.UUID("6f1c5a52-9a0e-4d59-8a43-6d1f0c1f7b2e")
 
 #: The message header a run is published with.
 HEADER = "beat_claims"
-
-
-class RunState(str, Enum):
-    """The life of one occurrence, as the store records it."""
-
-    DUE = "due"  # released by a beat that stopped: due again, claimable by anyone
-    CLAIMED = "claimed"
-    SENDING = "sending"  # the holder passed the check before publish; publish may have happened
-    SENT = "sent"
-    STARTED = "started"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    SKIPPED = "skipped"
-    LOST = "lost"
-
-    @property
-    def final(self) -> bool:
-        return self in FINAL_STATES
-
-    def __str__(self) -> str:
-        return self.value
-
-
-FINAL_STATES = frozenset(
-    {RunState.DONE, RunState.FAILED, RunState.CANCELLED, RunState.SKIPPED, RunState.LOST}
-)
 
 
 def to_ms(dt: datetime) -> int:
@@ -143,32 +117,61 @@ class Run:
     finished_at: int | None = None
     worker: str | None = None
     worker_pid: int | None = None
-    reason: str | None = None
+    reason: Reason | None = None
     exc_type: str | None = None
     exc_message: str | None = None
     reclaimed_from: str | None = None
+    manual: bool = False
+    requested_by: str | None = None
+    released_by: str | None = None
+    retries: int = 0
+    attempts: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    _FIELDS = (
-        "token", "owner", "task_id", "claimed_at", "sent_at", "started_at", "finished_at",
-        "worker", "worker_pid", "reason", "exc_type", "exc_message", "reclaimed_from",
-    )
+    _INTS = ("token", "claimed_at", "sent_at", "started_at", "finished_at", "worker_pid",
+             "retries", "attempts")
+    _STRS = ("owner", "task_id", "worker", "exc_type", "exc_message", "reclaimed_from",
+             "requested_by", "released_by")
 
     @classmethod
     def from_record(cls, entry: str, record: dict[str, Any]) -> Run:
-        known = {k: record.get(k) for k in cls._FIELDS}
-        extra = {
-            k: v for k, v in record.items() if k not in cls._FIELDS and k not in ("due", "state")
-        }
-        token = known.pop("token") or 0
+        """A run from its stored record. Raises ValueError for a record that cannot be a
+        run (no due instant, an unknown state, a field of the wrong type)."""
+        if not isinstance(record, dict):
+            raise ValueError(f"not a record: {record!r}")
+        values: dict[str, Any] = {}
+        for name in cls._INTS:
+            value = record.get(name)
+            if value is not None:
+                values[name] = _int(name, value)
+        for name in cls._STRS:
+            value = record.get(name)
+            if value is not None:
+                values[name] = str(value)
+        reason = record.get("reason")
+        known = cls._INTS + cls._STRS + ("due", "state", "reason", "manual")
         return cls(
             entry=entry,
-            due=int(record["due"]),
-            state=RunState(record["state"]),
-            token=int(token),
-            extra=extra,
-            **known,
+            due=_int("due", record.get("due")),
+            state=RunState(record.get("state")),
+            reason=Reason(reason) if reason in Reason._value2member_map_ else None,
+            manual=bool(record.get("manual")),
+            extra={k: v for k, v in record.items() if k not in known},
+            **values,
         )
+
+    def to_record(self) -> dict[str, Any]:
+        """The stored form: JSON-ready, without empty fields."""
+        record: dict[str, Any] = {"due": self.due, "state": self.state.value}
+        for name in self._INTS + self._STRS:
+            value = getattr(self, name)
+            if value not in (None, 0, ""):
+                record[name] = value
+        if self.reason is not None:
+            record["reason"] = self.reason.value
+        if self.manual:
+            record["manual"] = True
+        return record
 
     def as_dict(self) -> dict[str, Any]:
         """The run as JSON-ready data, with instants in ISO 8601 UTC."""
@@ -186,11 +189,36 @@ class Run:
             "finished_at": iso(self.finished_at),
             "worker": self.worker,
             "worker_pid": self.worker_pid,
-            "reason": self.reason,
+            "reason": self.reason.value if self.reason is not None else None,
             "exc_type": self.exc_type,
             "exc_message": self.exc_message,
             "reclaimed_from": self.reclaimed_from,
         }
-        data.update({k: v for k, v in self.extra.items()
-                 if k in ("retries", "manual", "requested_by", "released_by")})
+        if self.retries:
+            data["retries"] = self.retries
+        if self.attempts:
+            data["attempts"] = self.attempts
+        if self.manual:
+            data["manual"] = True
+            data["requested_by"] = self.requested_by
+        if self.released_by:
+            data["released_by"] = self.released_by
         return data
+
+
+def _int(name: str, value: Any) -> int:
+    """An integer field of a record; floats that are whole numbers are accepted (JSON from
+    Lua encodes big integers as floats), anything else is a bad record."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is not a number")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    raise ValueError(f"{name}={value!r} is not a number")
+
+
+__all__ = ["FINAL_STATES", "HEADER", "Owner", "Run", "RunState", "from_ms", "iso",
+           "process_is_gone", "task_id_for", "to_ms"]

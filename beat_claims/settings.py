@@ -6,15 +6,27 @@ key) and the value, rather than surfacing later as a confusing runtime error.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from celery import Celery
 
-CATCH_UP_POLICIES = ("latest", "all", "none")
-OVERLAP_POLICIES = ("allow", "skip")
+from .enums import CatchUp, Overlap
+
 ENTRY_KEYS = ("catch_up", "max_catch_up", "catch_up_window", "overlap", "reclaim_after",
               "run_timeout")
+#: The longest window, interval or timeout accepted (ten years): beyond it instants in
+#: milliseconds lose their precision in the store's number types.
+MAX_SECONDS = 10 * 366 * 24 * 3600.0
+#: A run with no outcome this long after it was sent or started is presumed lost, unless
+#: the entry's ``run_timeout`` says otherwise (None: never).
+DEFAULT_RUN_TIMEOUT = 24 * 3600.0
+#: The longest entry name, in bytes of UTF-8.
+MAX_NAME_BYTES = 1024
+
+E = TypeVar("E", bound=Enum)
 
 
 class ConfigurationError(ValueError):
@@ -25,12 +37,12 @@ class ConfigurationError(ValueError):
 class Policy:
     """What to do with one entry's missed, overlapping and abandoned runs."""
 
-    catch_up: str = "latest"
+    catch_up: CatchUp = CatchUp.LATEST
     max_catch_up: int = 100
     catch_up_window: float | None = None
-    overlap: str = "allow"
+    overlap: Overlap = Overlap.ALLOW
     reclaim_after: float = 300.0
-    run_timeout: float | None = None
+    run_timeout: float | None = DEFAULT_RUN_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -41,9 +53,16 @@ class Settings:
     catch_up_grace: float = 2.0
     history_limit: int = 100
     result_backend_recovery: bool = True
+    recovery_batch: int = 100
+    publish_retries: int = 3
     sentinel_master: str | None = None
     metrics_port: int | None = None
     policy: Policy = Policy()
+
+    @property
+    def redacted_url(self) -> str:
+        """The store's URL without its password, for logs and messages."""
+        return _redact(self.url)
 
     @property
     def heartbeat_ttl(self) -> float:
@@ -67,17 +86,18 @@ class Settings:
             )
         policy = Policy(
             catch_up=_choice("beat_claims_catch_up", conf.get("beat_claims_catch_up", "latest"),
-                             CATCH_UP_POLICIES),
+                             CatchUp),
             max_catch_up=_positive_int("beat_claims_max_catch_up",
                                        conf.get("beat_claims_max_catch_up", 100)),
             catch_up_window=_optional_seconds("beat_claims_catch_up_window",
                                               conf.get("beat_claims_catch_up_window")),
             overlap=_choice("beat_claims_overlap", conf.get("beat_claims_overlap", "allow"),
-                            OVERLAP_POLICIES),
+                            Overlap),
             reclaim_after=_seconds("beat_claims_reclaim_after",
                                    conf.get("beat_claims_reclaim_after", 300)),
             run_timeout=_optional_seconds("beat_claims_run_timeout",
-                                          conf.get("beat_claims_run_timeout")),
+                                          conf.get("beat_claims_run_timeout",
+                                                   DEFAULT_RUN_TIMEOUT)),
         )
         return cls(
             url=url,
@@ -89,6 +109,10 @@ class Settings:
             history_limit=_positive_int("beat_claims_history_limit",
                                         conf.get("beat_claims_history_limit", 100)),
             result_backend_recovery=bool(conf.get("beat_claims_result_backend_recovery", True)),
+            recovery_batch=_positive_int("beat_claims_recovery_batch",
+                                         conf.get("beat_claims_recovery_batch", 100)),
+            publish_retries=_positive_int("beat_claims_publish_retries",
+                                          conf.get("beat_claims_publish_retries", 3)),
             sentinel_master=master,
             metrics_port=(None if conf.get("beat_claims_metrics_port") is None else
                           _positive_int("beat_claims_metrics_port",
@@ -113,9 +137,9 @@ class Settings:
         for key, value in options.items():
             label = f"{where}[{key!r}]"
             if key == "catch_up":
-                changes[key] = _choice(label, value, CATCH_UP_POLICIES)
+                changes[key] = _choice(label, value, CatchUp)
             elif key == "overlap":
-                changes[key] = _choice(label, value, OVERLAP_POLICIES)
+                changes[key] = _choice(label, value, Overlap)
             elif key == "max_catch_up":
                 changes[key] = _positive_int(label, value)
             elif key == "reclaim_after":
@@ -143,10 +167,13 @@ def _redact(url: str) -> str:
     return url
 
 
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigurationError(f"{name}={value!r}: must be one of {', '.join(choices)}")
-    return str(value)
+def _choice(name: str, value: Any, choices: type[E]) -> E:
+    if isinstance(value, choices):
+        return value
+    names = [c.value for c in choices]
+    if value not in names:
+        raise ConfigurationError(f"{name}={value!r}: must be one of {', '.join(names)}")
+    return choices(value)
 
 
 def _number(name: str, value: Any) -> float:
@@ -155,9 +182,15 @@ def _number(name: str, value: Any) -> float:
     if hasattr(value, "total_seconds"):
         value = value.total_seconds()
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
         raise ConfigurationError(f"{name}={value!r}: must be a number of seconds") from None
+    if not math.isfinite(seconds):
+        raise ConfigurationError(f"{name}={value!r}: must be a finite number of seconds")
+    if seconds > MAX_SECONDS:
+        raise ConfigurationError(
+            f"{name}={value!r}: must be at most {MAX_SECONDS:.0f} seconds (ten years)")
+    return seconds
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -174,4 +207,20 @@ def _optional_seconds(name: str, value: Any) -> float | None:
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigurationError(f"{name}={value!r}: must be a positive integer")
+    if value > 2**31:
+        raise ConfigurationError(f"{name}={value!r}: must be at most {2**31}")
     return value
+
+
+def entry_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be an entry's name in the store, or None when it can."""
+    if not isinstance(name, str) or not name:
+        return f"entry name {name!r}: must be a non-empty string"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return (f"entry name {name!r}: cannot be stored (not valid Unicode text:"
+                f" {exc.reason} at position {exc.start})")
+    if size > MAX_NAME_BYTES:
+        return f"entry name {name[:40]!r}...: longer than {MAX_NAME_BYTES} bytes"
+    return None

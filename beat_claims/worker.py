@@ -20,17 +20,19 @@ from celery import Celery, Task, signals
 from celery.app.trace import task_has_custom
 from celery.exceptions import Ignore
 from celery.utils.log import get_logger
-from redis.exceptions import RedisError
 
-from .runs import HEADER, RunState, process_is_gone, to_ms
+from .enums import RunState
+from .runs import HEADER, process_is_gone, to_ms
 from .settings import ConfigurationError, Settings
-from .stores.base import Store
-from .stores.redis import RedisStore
+from .stores import StoreConfigurationError, open_store
+from .stores.base import Delivery, Outcome, Store, StoreError, WorkerProcess
 
 logger = get_logger("celery.worker.claims")
 
 _MARK = "_beat_claims_fenced"
 _MESSAGE_LIMIT = 500
+#: How long a worker waits for the store on a delivery (a beat waits longer).
+STORE_TIMEOUT = 2.0
 
 
 class _Context:
@@ -48,12 +50,11 @@ class _Context:
         if self.store is None or self.pid != os.getpid():
             try:
                 settings = Settings.from_app(self.app)
-            except ConfigurationError as exc:
+                self.store = open_store(settings, timeout=STORE_TIMEOUT)
+            except (ConfigurationError, StoreConfigurationError) as exc:
                 logger.error("beat-claims: worker side disabled: %s", exc)
                 self.broken = True
                 return None
-            self.store = RedisStore.from_url(settings.url, settings.key_prefix,
-                                             sentinel_master=settings.sentinel_master)
             self.pid = os.getpid()
         return self.store
 
@@ -164,20 +165,20 @@ def fence(task: Task) -> None:
     if store is None:
         return
     entry, due, token = claim
-    worker = request.hostname or socket.gethostname()
-    pid = os.getpid()
-    retries = int(request.retries or 0)
-    created = _process_created()
+    process = WorkerProcess(request.hostname or socket.gethostname(), os.getpid(),
+                            _process_created())
+    delivery = Delivery(entry, due, token, process, int(request.retries or 0),
+                        request.id or "")
     try:
-        decision = store.start(entry, due, token, worker, pid, retries, created=created,
-                               task_id=request.id or "")
+        decision = store.start(delivery)
         busy = decision.busy_with
-        if not decision.ok and busy is not None and _starter_gone(task, request.id, *busy):
+        if not decision.ok and busy is not None and _starter_gone(task, request.id, busy):
             logger.warning("beat-claims: %s due %s: the process that started it (%s pid %d)"
-                           " is gone; running this redelivery", entry, _iso(due), *busy[:2])
-            decision = store.start(entry, due, token, worker, pid, retries,
-                                   takeover=(busy[0], busy[1]), created=created)
-    except RedisError as exc:
+                           " is gone; running this redelivery", entry, _iso(due), busy.worker,
+                           busy.pid)
+            decision = store.start(Delivery(entry, due, token, process, delivery.retries,
+                                            takeover=busy))
+    except StoreError as exc:
         _outage.down(f"running {entry} due {_iso(due)} (task {request.id}) unfenced", exc)
         return
     _outage.up()
@@ -196,10 +197,11 @@ def _process_created() -> float:
         return 0.0
 
 
-def _starter_gone(task: Task, task_id: str, worker: str, pid: int, created: float) -> bool:
+def _starter_gone(task: Task, task_id: str, starter: WorkerProcess) -> bool:
     """Is the process that started this run gone? Same host: by pid and process start
     time (a pid now held by a younger process was reused); else ask its node."""
-    here = process_is_gone(_host_of(worker), pid, created)
+    worker = starter.worker
+    here = process_is_gone(_host_of(worker), starter.pid, starter.started_at)
     if here is not None:
         return here
     try:
@@ -234,10 +236,10 @@ def _resolve(task: Any, task_id: str | None) -> tuple[str, int, int | None] | No
         return None
     try:
         found = store.lookup_task(task_id)
-    except RedisError as exc:
+    except StoreError as exc:
         _outage.down(f"cannot look up task {task_id}", exc)
         return None
-    return (found[0], found[1], None) if found else None
+    return (found.entry, found.due, None) if found else None
 
 
 def _record(where: tuple[str, int, int | None] | None, state: RunState, exc: Any = None,
@@ -249,8 +251,9 @@ def _record(where: tuple[str, int, int | None] | None, state: RunState, exc: Any
     exc_type = type(exc).__name__ if exc is not None else ""
     message = str(exc)[:_MESSAGE_LIMIT] if exc is not None else ""
     try:
-        store.finish(entry, due, token, state.value, exc_type, message, worker)
-    except RedisError as exc2:
+        store.finish([Outcome(entry, due, token, state, exc_type=exc_type,
+                              exc_message=message, worker=worker)])
+    except StoreError as exc2:
         _outage.down(f"could not record {state.value} of {entry} due {_iso(due)}", exc2)
     else:
         _outage.up()

@@ -35,8 +35,22 @@ def make_app(server: RedisServer, schedule: dict[str, Any] | None = None,
     return app
 
 
-def make(app: Celery) -> Scheduler:
-    return Scheduler(app=app)
+def make(app: Celery, settle: bool = True) -> Scheduler:
+    """A scheduler, ticked until the store has settled (a new store's epoch starts with a
+    settling time of one heartbeat TTL) and its entries are registered."""
+    s = Scheduler(app=app)
+    if settle:
+        settled(s)
+    return s
+
+
+def settled(*schedulers: Scheduler, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    for s in schedulers:
+        while not (s._ready and s.liveness.settling_for() == 0):
+            if time.monotonic() > deadline:
+                raise AssertionError("the store did not settle")
+            time.sleep(min(0.05, max(0.0, s.tick())))
 
 
 def run_for(seconds: float, *schedulers: Scheduler) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from beat_claims.stores.base import EntrySeed
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
@@ -61,7 +62,7 @@ def test_worker_start_adds_fencing_to_the_projects_tasks(server: RedisServer,
 def test_status_and_history_commands_match_the_store(server: RedisServer,
                                                     tmp_path: Any) -> None:
     store = RedisStore.from_url(server.url, "example-claims")
-    store.ensure_entries([("heartbeat", "every 5s")])
+    store.register([EntrySeed("heartbeat", "every 5s")])
     doc = json.loads(manage(server, "beat_claims", "status", "--json", tmp=tmp_path))
     names = {e["name"] for e in doc["entries"]}
     assert "heartbeat" in names

@@ -18,12 +18,12 @@ from django.urls import reverse
 
 from beat_claims.runs import Owner, RunState, iso
 from beat_claims.scheduler import Scheduler
-from beat_claims.stores.base import ClaimRequest, EntryState
+from beat_claims.stores.base import ClaimPlan, EntrySeed, EntryState
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
 from .djangosite.testing import PREFIX, configured, poll, site_app, staff
-from .inprocess import messages
+from .inprocess import messages, settled
 
 pytestmark = pytest.mark.django_db
 
@@ -48,6 +48,7 @@ def store(server: RedisServer) -> RedisStore:
 @pytest.fixture
 def beat(app: Celery) -> Iterator[Scheduler]:
     scheduler = Scheduler(app=app)
+    settled(scheduler)
     yield scheduler
     scheduler.close()
 
@@ -70,12 +71,13 @@ def stuck_claim(store: RedisStore, name: str = "hourly-report") -> int:
     """A claim held by a beat that is gone (its heartbeat expired): what an operator
     releases."""
     store.heartbeat(GHOST, 0.001)
-    poll(lambda: not next(alive for o, alive, _ in store.owners() if o.id == GHOST.id), 5,
+    poll(lambda: not next(o.alive for o in store.owners() if o.owner.id == GHOST.id), 5,
          "the ghost's heartbeat to expire")
-    info = store.entry_info(name)
-    due = (info["checkpoint"] or info["anchor"]) + 1
-    state = EntryState(info["anchor"], info["checkpoint"])
-    result = store.claim(GHOST, [ClaimRequest(name, state, [due])], 100, store.now_ms())[0]
+    info = store.entries([name])[0]
+    assert info.anchor is not None
+    due = (info.checkpoint or info.anchor) + 1
+    state = EntryState(info.anchor, info.checkpoint, info.token)
+    result = store.claim(GHOST, [ClaimPlan(name, state, (due,))])[0]
     assert [c.due for c in result.claims] == [due]
     return due
 
@@ -152,7 +154,7 @@ def test_actions_need_post_their_permission_and_csrf(store: RedisStore,
     for view in ("release", "trigger"):
         assert guarded.post(url(view, "hourly-report"), {"due": due}).status_code == 403
     assert [r.state for r in store.history("hourly-report")] == [RunState.CLAIMED]
-    assert not any(r.extra.get("manual") for r in store.history("every-second"))
+    assert not any(r.manual for r in store.history("every-second"))
     assert not LogEntry.objects.exists()
 
 
@@ -170,7 +172,7 @@ def test_release_frees_a_stuck_claim_and_a_beat_sends_it(
     shown = [str(m) for m in response.context["messages"]]
     assert any("Released the claim of hourly-report" in m for m in shown), shown
     [run] = store.history("hourly-report")
-    assert (run.state, run.owner, run.extra["released_by"]) == (RunState.DUE, None, "admin:op")
+    assert (run.state, run.owner, run.released_by) == (RunState.DUE, None, "admin:op")
     log = LogEntry.objects.get()
     assert (log.object_id, log.user.username) == ("hourly-report", "op")
     assert iso(due) in log.get_change_message()
@@ -200,7 +202,7 @@ def test_run_now_is_claimed_and_sent_by_a_beat(client: Client, store: RedisStore
                for m in response.context["messages"])
     [run] = store.history("hourly-report")
     assert run.state is RunState.DUE
-    assert run.extra["manual"] is True and run.extra["requested_by"] == "admin:op"
+    assert run.manual is True and run.requested_by == "admin:op"
     assert "hourly-report" in LogEntry.objects.get().object_id
     # The manual run is listed as a claim waiting for a beat.
     entry = next(e for e in client.get(url("changelist")).context["entries"]
@@ -209,7 +211,7 @@ def test_run_now_is_claimed_and_sent_by_a_beat(client: Client, store: RedisStore
     sent = poll(lambda: next((r for r in store.history("hourly-report")
                               if r.state is RunState.SENT), None), 10,
                 "the manual run to be sent", between=beat.tick)
-    assert sent.due == run.due and sent.extra.get("manual") is True
+    assert sent.due == run.due and sent.manual is True
     [message] = [m for m in messages(server)
                  if m["claims"] and m["claims"]["entry"] == "hourly-report"]
     assert message["claims"]["due"] == iso(run.due)
@@ -245,7 +247,7 @@ def test_next_occurrences_of_database_entries(client: Client, store: RedisStore,
 
     every = IntervalSchedule.objects.create(every=10, period=IntervalSchedule.SECONDS)
     PeriodicTask.objects.create(name="db-entry", task="site.tick", interval=every)
-    store.ensure_entries([("db-entry", "every 10s"), ("hourly-report", "hourly")])
+    store.register([EntrySeed("db-entry", "every 10s"), EntrySeed("hourly-report", "hourly")])
     login(client)
 
     def shown() -> dict[str, Any]:
@@ -263,7 +265,7 @@ def test_next_occurrences_of_database_entries(client: Client, store: RedisStore,
 
 def test_any_entry_name_has_a_page(client: Client, store: RedisStore, app: Celery) -> None:
     name = "reports/daily 1:_x?"
-    store.ensure_entries([(name, "every 1s")])
+    store.register([EntrySeed(name, "every 1s")])
     login(client)
     changelist = client.get(url("changelist"))
     assert url("change", name) in changelist.content.decode().replace("&amp;", "&")

@@ -46,7 +46,7 @@ from beat_claims.settings import ConfigurationError
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
-from .inprocess import make_app, messages, occurrences_sent, run_for
+from .inprocess import make_app, messages, occurrences_sent, run_for, settled
 from .processes import ROOT, Fleet, running, wait_for
 
 TASK = "djangosite.record"
@@ -69,7 +69,9 @@ def row(name: str, **fields: Any) -> PeriodicTask:
 
 def scheduler(server: RedisServer, schedule: dict[str, Any] | None = None,
               **conf: Any) -> DatabaseScheduler:
-    return DatabaseScheduler(app=make_app(server, schedule or {}, **conf))
+    s = DatabaseScheduler(app=make_app(server, schedule or {}, **conf))
+    settled(s)
+    return s
 
 
 def sent_dues(server: RedisServer, name: str) -> list[int]:
@@ -130,7 +132,7 @@ def test_start_time_expires_and_one_off_are_the_entrys_bounds(server: RedisServe
         expires=now + timedelta(seconds=40))
     s = scheduler(server)
     s.tick()  # anchors the entries in the store
-    anchor = s.store.entry_info("once")["anchor"]
+    anchor = s.store.entries(["once"])[0].anchor
     assert s.bounds("plain") == (None, None)
     assert s.bounds("later") == (to_ms(now) + 30_000, None)
     assert s.bounds("expiring") == (None, to_ms(now) + 30_000 - 1)

@@ -20,6 +20,7 @@ from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer, free_port
 from .djangosite.testing import PREFIX, poll, site_app
+from .inprocess import settled
 
 SCHEDULE = {"every-second": {"task": "site.tick", "schedule": timedelta(seconds=1)},
             "minutely": {"task": "site.report", "schedule": 60.0}}
@@ -29,6 +30,7 @@ SCHEDULE = {"every-second": {"task": "site.tick", "schedule": timedelta(seconds=
 def app(server: RedisServer) -> Iterator[Celery]:
     with site_app(server.url, server.broker_url(), beat_schedule=SCHEDULE) as app:
         beat = Scheduler(app=app)
+        settled(beat)
         store = RedisStore.from_url(server.url, PREFIX)
         try:
             poll(lambda: [r for r in store.history("every-second")

@@ -26,6 +26,7 @@ from beat_claims.stores.redis import RedisStore
 from .conftest import RedisServer
 from .djangosite.celery import app as site
 from .djangosite.testing import PREFIX, poll, site_app
+from .inprocess import settled
 
 ENTRY = "results-every-second"
 
@@ -65,6 +66,7 @@ def test_the_beat_reads_outcomes_from_task_results(server: RedisServer,
     with site_app(server.url, server.broker_url(), beat_schedule=schedule("site.tick")) as app:
         assert app.conf.result_backend == "django-db"
         beat = Scheduler(app=app)
+        settled(beat)
         try:
             ok, bad = sent_runs(store, beat, 2)
             # What a worker without the hooks leaves: rows in django-celery-results only.
@@ -93,6 +95,7 @@ def test_a_real_worker_records_the_periodic_task_name_and_the_beat_the_outcome(
     with site_app(server.url, server.broker_url(), result_extended=True,
                   beat_schedule=schedule(probe.name)) as app:
         beat = Scheduler(app=app)
+        settled(beat)
         try:
             with _worker(app):
                 [run] = sent_runs(store, beat, 1)

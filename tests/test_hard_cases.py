@@ -41,7 +41,7 @@ def test_1_out_of_order_outcomes_never_rewind_the_checkpoint(
     assert order != sorted(order)
     done = [r for r in store.history("alt") if r.state is RunState.DONE]
     assert len(done) >= 8
-    checkpoint = store.entry_info("alt")["checkpoint"]
+    checkpoint = store.entries(["alt"])[0].checkpoint
     assert checkpoint >= max(r.due for r in store.history("alt"))
     assert consecutive([r.due for r in store.history("alt")], 1000)
 

@@ -30,7 +30,7 @@ def expected(store: RedisStore, start_ms: int, end_ms: int) -> set[tuple[str, st
     the crontab entry at each whole minute (the app runs in UTC)."""
     out = set()
     for name, spec in SCHEDULE.items():
-        anchor = store.entry_info(name)["anchor"]
+        anchor = store.entries([name])[0].anchor
         period = spec["every"] * 1000 if "every" in spec else 60_000
         base = anchor if "every" in spec else 0
         k = max(1, -(-(max(start_ms, anchor + 1) - base) // period))

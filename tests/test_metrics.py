@@ -31,7 +31,7 @@ def test_a_beat_serves_its_counts(server: RedisServer) -> None:
     assert m['beat_claims_runs_total{event="claimed"}'] >= m['beat_claims_runs_total{event="sent"}']
     assert m["beat_claims_store_up"] == 1
     assert m["beat_claims_last_heartbeat_seconds"] > 0
-    s._send = lambda claims: None  # type: ignore[method-assign]
+    s.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.2, s)
     s.close()
     assert scrape(port)['beat_claims_runs_total{event="released"}'] >= 1

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from celery import Celery
-from celery.schedules import crontab, schedule, solar
+from celery.schedules import BaseSchedule, crontab, schedule, solar
 
-from beat_claims.occurrences import UnsupportedSchedule, describe, due_between, next_after
+from beat_claims.occurrences import (
+    DueWindow,
+    UnsupportedSchedule,
+    describe,
+    due_between,
+    next_after,
+)
 from beat_claims.runs import iso, to_ms
 
 
@@ -44,10 +52,13 @@ def test_interval_occurrences_do_not_depend_on_when_a_beat_looks(app: Celery) ->
 def test_interval_counts_missed_occurrences_arithmetically(app: Celery) -> None:
     every = schedule(timedelta(seconds=1), app=app)
     anchor = utc(2026, 1, 1)
-    due, total = due_between(every, anchor, anchor, anchor + 86_400_000, keep=3)
-    assert total == 86_400
-    assert due == [anchor + 86_398_000, anchor + 86_399_000, anchor + 86_400_000]
-    assert due_between(every, anchor, anchor + 5_000, anchor + 5_999, 10) == ([], 0)
+    window = due_between(every, anchor, anchor, anchor + 86_400_000, keep=3)
+    assert window == DueWindow(
+        [anchor + 86_398_000, anchor + 86_399_000, anchor + 86_400_000], 86_400, True)
+    assert window.last == anchor + 86_400_000
+    assert due_between(every, anchor, anchor + 5_000, anchor + 5_999, 10) == DueWindow(
+        [], 0, True)
+    assert due_between(every, anchor, anchor, anchor + 10_000, 0) == DueWindow([], 10, True)
 
 
 def test_new_crontab_entry_fires_at_the_next_match_not_at_once(app: Celery) -> None:
@@ -133,10 +144,13 @@ def test_clocked_is_one_absolute_instant_whatever_the_anchor() -> None:
     assert next_after(once, at + 60_000, at - 1) == at
     assert next_after(once, 0, at) is None
     assert next_after(once, 0, at + 5) is None
-    assert due_between(once, at + 60_000, at - 1, at + 120_000, keep=5) == ([at], 1)
-    assert due_between(once, 0, at - 1, at - 1, keep=5) == ([], 0)  # not yet
-    assert due_between(once, 0, at, at + 120_000, keep=5) == ([], 0)  # handed out already
-    assert due_between(once, 0, at - 1, at, keep=0) == ([], 1)
+    assert due_between(once, at + 60_000, at - 1, at + 120_000, keep=5) == DueWindow(
+        [at], 1, True)
+    assert due_between(once, 0, at - 1, at - 1, keep=5) == DueWindow([], 0, True)  # not yet
+    # Handed out already:
+    assert due_between(once, 0, at, at + 120_000, keep=5) == DueWindow([], 0, True)
+    assert due_between(once, 0, at - 1, at, keep=0) == DueWindow([], 1, True)
+    assert due_between(once, 0, at - 1, at, keep=0).last is None
     assert describe(once) == "once at 2026-05-01T12:00:00.250Z"
 
 
@@ -188,3 +202,178 @@ def test_describe_names_the_crontabs_own_timezone(app: Celery) -> None:
     cron = tz_crontab(app, "Europe/Paris", minute="0", hour="2")
     assert describe(cron) == "<crontab: 0 2 * * * (m/h/dM/MY/d) Europe/Paris>"
     assert describe(crontab(minute=0, hour=2, app=app)) == repr(crontab(minute=0, hour=2))
+
+
+# -- long gaps: the newest due instants without walking the whole gap (hole 8) -----------
+
+MINUTE = 60_000
+
+
+@pytest.fixture
+def estimates(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Counts calls of Celery's own crontab arithmetic (the real cost of a walk)."""
+    calls = [0]
+    real = crontab.remaining_estimate
+
+    def counted(self: crontab, last_run_at: datetime) -> timedelta:
+        calls[0] += 1
+        return real(self, last_run_at)
+
+    monkeypatch.setattr(crontab, "remaining_estimate", counted)
+    yield calls
+
+
+def forward_walk(sched: object, after: int, until: int) -> list[int]:
+    """Every occurrence in ``(after, until]``, one after the other, as the old code did."""
+    out, t = [], after
+    while True:
+        nxt = next_after(sched, 0, t)
+        assert nxt is not None
+        if nxt > until:
+            return out
+        out.append(nxt)
+        t = nxt
+
+
+def assert_agrees_with_forward_walk(window: DueWindow, walked: list[int], keep: int) -> None:
+    assert window.newest == (walked[-keep:] if keep else [])
+    if window.exact:
+        assert window.total == len(walked)
+    else:  # stopped early only because enough were found; the count is a true lower bound
+        assert len(walked) >= max(keep, 1)
+        assert len(window.newest) <= window.total <= len(walked)
+
+
+@pytest.mark.parametrize("keep", [1, 10, 101])
+def test_a_year_long_gap_of_an_every_minute_crontab_is_bridged_quickly(
+        app: Celery, estimates: list[int], keep: int) -> None:
+    every_minute = crontab(app=app)
+    after, until = utc(2025, 6, 1), utc(2026, 6, 1, 12, 34, 56) + 789
+    window = due_between(every_minute, 0, after, until, keep)
+    last = utc(2026, 6, 1, 12, 34)
+    assert window.newest == [last - (keep - 1 - i) * MINUTE for i in range(keep)]
+    assert window.last == last  # the checkpoint lands on the newest, not 200,000 minutes in
+    assert window.exact is False  # 525,600 are due; counting them is what is not done
+    assert window.total >= keep
+    # The old walk asked Celery 200,000 times (and stopped short); this asks a few per kept.
+    assert estimates[0] <= 3 * keep + 60
+
+
+def test_ten_years_of_a_yearly_crontab_are_exact_because_the_window_reaches_after(
+        app: Celery, estimates: list[int]) -> None:
+    new_year = crontab(minute=0, hour=0, day_of_month=1, month_of_year=1, app=app)
+    window = due_between(new_year, 0, utc(2016, 6, 1), utc(2026, 6, 1), keep=20)
+    # Midnight in New York (EST, UTC-5) on each Jan 1 from 2017 to 2026.
+    assert window == DueWindow([utc(year, 1, 1, 5) for year in range(2017, 2027)], 10, True)
+    assert estimates[0] <= 60
+
+
+def test_a_crontab_that_matches_on_feb_29_only_is_found_across_decades(
+        app: Celery, estimates: list[int]) -> None:
+    leap_noon = crontab(minute=0, hour=12, day_of_month=29, month_of_year=2, app=app)
+    after, until = utc(2000, 1, 1), utc(2026, 6, 1)
+    window = due_between(leap_noon, 0, after, until, keep=3)
+    assert window.newest == [utc(2016, 2, 29, 17), utc(2020, 2, 29, 17), utc(2024, 2, 29, 17)]
+    assert window.exact is False and window.total >= 3
+    assert estimates[0] <= 60
+    window = due_between(leap_noon, 0, after, until, keep=100)
+    assert window == DueWindow([utc(y, 2, 29, 17) for y in range(2000, 2025, 4)], 7, True)
+    nothing_kept = due_between(leap_noon, 0, after, until, keep=0)
+    assert nothing_kept.newest == [] and nothing_kept.total >= 1 and not nothing_kept.exact
+    assert estimates[0] <= 3 * 60
+
+
+def test_keep_zero_still_says_whether_anything_is_due(app: Celery) -> None:
+    daily = crontab(minute=30, hour=1, app=app)  # 01:30 EDT is 05:30Z
+    after = utc(2026, 6, 1, 6)
+    assert due_between(daily, 0, after, utc(2026, 6, 2, 5), 0) == DueWindow([], 0, True)
+    window = due_between(daily, 0, after, utc(2026, 6, 2, 6), 0)
+    assert window.newest == [] and window.total == 1 and window.last is None
+    window = due_between(daily, 0, utc(2025, 6, 1, 6), utc(2026, 6, 2, 6), 0)  # a year
+    assert window.newest == [] and window.total >= 1 and not window.exact
+
+
+@pytest.mark.parametrize("keep", [10, 100])
+def test_a_dense_stretch_behind_a_sparse_one_stays_cheap(
+        app: Celery, estimates: list[int], keep: int) -> None:
+    """Every minute on Mondays only, looked at on a Wednesday: the windows back from now
+    are empty for two days, then one of them holds a whole Monday (1,440)."""
+    mondays = crontab(day_of_week="mon", app=app)
+    window = due_between(mondays, 0, utc(2025, 6, 1), utc(2026, 6, 3, 15), keep)
+    last = utc(2026, 6, 2, 3, 59)  # Monday 23:59 EDT
+    assert window.newest == [last - (keep - 1 - i) * MINUTE for i in range(keep)]
+    assert not window.exact and window.total >= keep
+    assert estimates[0] <= 3 * keep + 60
+
+
+def test_a_schedule_denser_than_a_minute_is_bridged_too(app: Celery) -> None:
+    """A custom schedule (Celery's BaseSchedule API) every five seconds, down for a day."""
+
+    class EveryFiveSeconds(BaseSchedule):
+        calls = 0
+
+        def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+            EveryFiveSeconds.calls += 1
+            ms = to_ms(last_run_at)
+            return timedelta(milliseconds=(ms // 5_000 + 1) * 5_000 - ms)
+
+    until = utc(2026, 6, 1, 12) + 2_345
+    window = due_between(EveryFiveSeconds(app=app), 0, until - 86_400_000, until, keep=50)
+    assert window.newest == [utc(2026, 6, 1, 12) - (49 - i) * 5_000 for i in range(50)]
+    assert not window.exact and window.total >= 50
+    assert EveryFiveSeconds.calls <= 3 * 50 + 60
+
+
+def test_a_gap_across_a_dst_change_in_paris_matches_the_forward_walk(app: Celery) -> None:
+    """Clocks jump 02:00 -> 03:00 on 2026-03-29: Celery lands that day's 02:30 at 03:30
+    CEST (01:30Z), but asked from 03:10 it answers the next day. Windows that start in
+    that half hour must still find it, as the forward walk does."""
+    app.conf.timezone = "Europe/Paris"
+    twice_a_night = crontab(minute=30, hour="0,2", app=app)
+    change = utc(2026, 3, 29, 1)
+    for minutes in range(0, 8 * 60, 7):
+        until = change + minutes * MINUTE + 17
+        for days in (2, 20):  # a short gap (exact) and a longer one
+            after = until - days * 86_400_000
+            walked = forward_walk(twice_a_night, after, until)
+            for keep in (1, 3, 5):
+                window = due_between(twice_a_night, 0, after, until, keep)
+                assert_agrees_with_forward_walk(window, walked, keep)
+    # And when the clocks go back (02:00-03:00 CEST then CET), in the app's timezone too.
+    every_20 = crontab(minute="*/20", hour="1-3", app=app)
+    back = utc(2026, 10, 25, 1)
+    for minutes in range(-120, 240, 13):
+        until = back + minutes * MINUTE
+        walked = forward_walk(every_20, until - 86_400_000, until)
+        for keep in (1, 4, 12):
+            window = due_between(every_20, 0, until - 86_400_000, until, keep)
+            assert_agrees_with_forward_walk(window, walked, keep)
+
+
+@pytest.mark.parametrize("spec", [
+    {"minute": "*/7", "hour": "3-5,22", "day_of_week": "mon-fri"},
+    {"minute": "*/15"},
+    {"minute": "0", "hour": "*/3"},
+    {"minute": "30", "hour": "2"},  # skipped once a year in New York
+    {"minute": "0", "hour": "0", "day_of_month": "1"},
+])
+def test_short_gaps_give_what_the_forward_walk_gives(app: Celery, spec: dict[str, str]) -> None:
+    cron = crontab(app=app, **spec)
+    rnd = random.Random(repr(sorted(spec.items())))
+    for _ in range(15):
+        until = rnd.choice([utc(2026, 3, 8, 7), utc(2026, 11, 1, 6), utc(2026, 6, 1)])
+        until += rnd.randint(-6 * 3_600_000, 6 * 3_600_000)
+        after = until - rnd.choice([3_600, 86_400, 3 * 86_400, 10 * 86_400]) * 1000
+        walked = forward_walk(cron, after, until)
+        for keep in (0, 1, 3, 20):
+            assert_agrees_with_forward_walk(due_between(cron, 0, after, until, keep), walked,
+                                            keep)
+
+
+def test_a_schedule_that_never_moves_forward_is_reported_not_truncated(app: Celery) -> None:
+    class Backwards(BaseSchedule):  # a custom schedule with a bug: always two days ago
+        def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+            return timedelta(days=-2)
+
+    with pytest.raises(UnsupportedSchedule, match="does not move forward"):
+        due_between(Backwards(app=app), 0, utc(2025, 1, 1), utc(2026, 1, 1), keep=5)

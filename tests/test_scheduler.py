@@ -16,6 +16,7 @@ import pytest
 from beat_claims import occurrences
 from beat_claims.runs import Owner, RunState, iso, task_id_for
 from beat_claims.settings import ConfigurationError
+from beat_claims.stores.base import ClaimPlan, Reclaim
 
 from .conftest import RedisServer
 from .inprocess import make, make_app, messages, occurrences_sent, run_for
@@ -71,7 +72,7 @@ def test_close_releases_unsent_claims_idempotently_even_when_reentered(
     app = make_app(server)
     a = make(app)
     held: list[Any] = []
-    a._send = lambda claims: held.extend(claims)  # type: ignore[method-assign]
+    a.sender.send = lambda claims, schedule: held.extend(claims)  # type: ignore[method-assign]
     run_for(1.6, a)
     assert held, "a claim was made"
     # close() re-entered from a signal handler while it releases: the nested call is a no-op.
@@ -91,7 +92,7 @@ def test_close_releases_unsent_claims_idempotently_even_when_reentered(
     assert set(states.values()) == {RunState.DUE}
     assert messages(server) == []
     # The same Scheduler object, started again, sends what it released: once each.
-    del a._send
+    del a.sender.send
     a.store.release = real_release  # type: ignore[method-assign]
     run_for(1.2, a)
     sent = occurrences_sent(server)
@@ -100,19 +101,19 @@ def test_close_releases_unsent_claims_idempotently_even_when_reentered(
     a.close()
 
 
-def test_released_runs_are_sent_by_another_beat_at_once(server: RedisServer) -> None:
-    app = make_app(server, beat_claims_heartbeat_interval=5)
+def test_released_runs_are_sent_by_another_beat_at_its_next_sweep(server: RedisServer) -> None:
+    app = make_app(server, beat_claims_heartbeat_interval=1.5)
     a, b = make(app), make(app)
     run_for(0.3, b)  # b is up and has looked at the store once
-    a._send = lambda claims: None  # type: ignore[method-assign]
+    a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.6, a)
     released = [r.due for r in a.store.history("every-1s") if r.state is RunState.CLAIMED]
     assert released
     a.close()
-    # b has not restarted and its sweep is 5 s away: the release notice makes it look now.
+    # b has not restarted: its next sweep (within one heartbeat interval) finds them.
     wait_for(lambda: (b.tick() is not None and
                       {iso(d) for d in released} <= {due for _, due in occurrences_sent(server)}),
-             4, "b to send what a released")
+             2.5, "b to send what a released")
     no_duplicates(occurrences_sent(server))
     b.close()
 
@@ -124,8 +125,8 @@ def test_a_claim_that_waits_past_reclaim_after_is_not_sent_by_its_stale_owner(
     app = make_app(server, beat_claims_reclaim_after=1.0, beat_claims_heartbeat_interval=0.3)
     a, b = make(app), make(app)
     stalled: list[Any] = []
-    real_send = a._send
-    a._send = lambda claims: stalled.extend(claims)  # type: ignore[method-assign]
+    real_send = a.sender.send
+    a.sender.send = lambda claims, schedule: stalled.extend(claims)  # type: ignore[method-assign]
     run_for(1.3, a)
     assert stalled
     # A is alive (same process) but slow: B waits for reclaim_after, then takes over.
@@ -133,7 +134,7 @@ def test_a_claim_that_waits_past_reclaim_after_is_not_sent_by_its_stale_owner(
     wait_for(lambda: b.tick() is not None and taken <= set(occurrences_sent(server)),
              6, "b to reclaim and send")
     before = occurrences_sent(server)
-    real_send(stalled)  # A wakes up and tries to send what it had claimed
+    real_send(stalled, a.schedule)  # A wakes up and tries to send what it had claimed
     assert occurrences_sent(server) == before
     no_duplicates(occurrences_sent(server))
     a.close()
@@ -145,7 +146,7 @@ def test_abandoned_claim_is_reclaimed_by_a_long_lived_beat_without_restart(
     """Hard case 5: B saw A's live claim earlier; once it is abandoned B takes it over."""
     app = make_app(server, beat_claims_reclaim_after=2.0, beat_claims_heartbeat_interval=0.3)
     a, b = make(app), make(app)
-    a._send = lambda claims: None  # type: ignore[method-assign]
+    a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.2, a)
     claimed = [r.due for r in a.store.history("every-1s") if r.state is RunState.CLAIMED]
     assert claimed
@@ -174,7 +175,7 @@ def test_publish_error_releases_the_claim_and_it_is_sent_later(
     s._publish = broken  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR):
         run_for(2.5, s)
-    assert "broker said no" in caplog.text and "released" in caplog.text
+    assert "broker said no" in caplog.text and "given back" in caplog.text
     sent = occurrences_sent(server)
     no_duplicates(sent)
     history = {iso(r.due): r.state for r in s.store.history("every-1s")}
@@ -266,9 +267,9 @@ def test_a_second_stop_signal_during_close_does_not_cut_the_release_short(
     close() releases is held until the release is done."""
     app = make_app(server)
     s = make(app)
-    s._send = lambda claims: None  # type: ignore[method-assign]
+    s.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.3, s)
-    assert s._held
+    assert s.holdings.held
     fired = []
 
     def celery_like_handler(signum: int, frame: Any) -> None:
@@ -292,55 +293,60 @@ def test_a_second_stop_signal_during_close_does_not_cut_the_release_short(
         signal.signal(signal.SIGTERM, old)
     assert fired and s._closed
     assert {r.state for r in s.store.history("every-1s")} == {RunState.DUE}
-    assert not s.store.client.exists(f"beat-claims:owner:{s.owner.id}")
+    assert not [o for o in s.store.owners() if o.owner.id == s.owner.id and o.alive]
 
 
-def test_a_claim_whose_reply_was_lost_is_taken_back_and_survives_a_death(
+def _claim_behind_the_beats_back(s: Any, name: str) -> int:
+    """A claim of ``s``'s owner that ``s`` never heard of (as if the reply had timed out)."""
+    state = s.claimer.states[name]
+    after = state.checkpoint if state.checkpoint is not None else state.anchor
+    due = occurrences.next_after(s.schedule[name].schedule, state.anchor, after)
+    made = s.store.claim(s.owner, [ClaimPlan(name, state, (due,))])[0]
+    assert [c.due for c in made.claims] == [due]
+    return due
+
+
+def test_a_claim_whose_reply_was_lost_is_taken_back_by_its_own_beat(
         server: RedisServer) -> None:
-    """A claim this beat made but never heard of (a timed-out reply) is taken back from
-    itself; the entry stays in its note until sent, so if it dies another beat finds it."""
-    from beat_claims.stores.base import ClaimRequest
+    app = make_app(server, beat_claims_heartbeat_interval=0.3)
+    a = make(app)
+    orphan_due = _claim_behind_the_beats_back(a, "every-1s")
+    wait_for(lambda: a.tick() is not None and iso(orphan_due) in
+             {d for _, d in occurrences_sent(server)}, 5, "a to take it back and send it")
+    no_duplicates(occurrences_sent(server))
+    a.close()
 
+
+def test_a_claim_whose_reply_was_lost_is_found_by_another_beat_when_its_beat_dies(
+        server: RedisServer) -> None:
     app = make_app(server, beat_claims_heartbeat_interval=0.3)
     a, b = make(app), make(app)
-    run_for(0.3, a)
-    state = a.store.ensure_entries([("every-1s", "every 1s")])["every-1s"]
-    after = state.checkpoint if state.checkpoint is not None else state.anchor
-    orphan_due = occurrences.next_after(a.schedule["every-1s"].schedule, state.anchor, after)
-    # a's claim goes through, but a never hears of it (as if the reply timed out).
-    made = a.store.claim(a.owner, [ClaimRequest("every-1s", state, [orphan_due])], 100,
-                         a.store.now_ms())[0]
-    assert [c.due for c in made.claims] == [orphan_due]
-    a._send = lambda claims: None  # type: ignore[method-assign]  # dies before sending
-    token = made.claims[0].token
-    wait_for(lambda: a.tick() is not None and any(
-        r.due == orphan_due and r.token != token for r in a.store.history("every-1s")), 5,
-        "a to take its unanswered claim back")
-    assert a.store.client.zscore(f"beat-claims:owner:{a.owner.id}:entries", "every-1s")
-    a.store.forget_owner(a.owner)
+    orphan_due = _claim_behind_the_beats_back(a, "every-1s")
+    a.store.leave(a.owner)  # a dies before its next sweep: nobody remembers the claim
     a._closed = True
     wait_for(lambda: b.tick() is not None and iso(orphan_due) in
-             {d for _, d in occurrences_sent(server)}, 6, "b to take it over and send it")
+             {d for _, d in occurrences_sent(server)}, 6, "b to take it back and send it")
     no_duplicates(occurrences_sent(server))
     b.close()
 
 
 def test_a_taken_over_claim_survives_the_death_of_the_beat_that_took_it(
         server: RedisServer) -> None:
-    """The beat that takes a claim over notes it before it holds it: if that beat dies
-    too, a third one finds the claim."""
+    """The beat that takes a claim back and claims it anew holds it in the store's records:
+    if that beat dies too, a third one finds it."""
     app = make_app(server, beat_claims_heartbeat_interval=0.3)
     a, b, c = make(app), make(app), make(app)
     for s in (a, b):
-        s._send = lambda claims: None  # type: ignore[method-assign]
+        s.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.3, a)
     claimed = [r.due for r in a.store.history("every-1s") if r.state is RunState.CLAIMED]
     assert claimed
-    a.store.forget_owner(a.owner)  # a dies (no release)
+    a.store.leave(a.owner)  # a dies (no release)
     a._closed = True
     wait_for(lambda: b.tick() is not None and any(
-        r.owner == b.owner.id for r in b.store.history("every-1s")), 5, "b to take over")
-    b.store.forget_owner(b.owner)  # b dies before sending what it took over
+        r.owner == b.owner.id and r.due == claimed[0] for r in b.store.history("every-1s")),
+        5, "b to take over")
+    b.store.leave(b.owner)  # b dies before sending what it took over
     b._closed = True
     wait_for(lambda: c.tick() is not None and iso(claimed[0]) in
              {d for _, d in occurrences_sent(server)}, 6, "c to take over from b")
@@ -352,7 +358,7 @@ def test_catch_up_window_also_applies_to_released_runs(server: RedisServer) -> N
     app = make_app(server, {"w": {"task": "t.noop", "schedule": timedelta(seconds=1),
                                   "claims": {"catch_up_window": 1.5}}})
     a = make(app)
-    a._send = lambda claims: None  # type: ignore[method-assign]
+    a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.3, a)
     released = [r.due for r in a.store.history("w") if r.state is RunState.CLAIMED]
     assert released
@@ -382,7 +388,9 @@ def test_a_batch_that_stalls_mid_publish_is_checked_again_before_the_rest_is_sen
     def stalls_once(entry: Any, claim: Any, task_id: str) -> Any:
         if not published:  # a pause; meanwhile another beat takes the batch over
             time.sleep(0.3)
-            a.store.reclaim(sorted(schedule), a.owner.id, other, None)
+            checked = [claim, *a.holdings.checked]
+            a.store.reclaim([Reclaim(c.entry, c.due, c.token) for c in checked], "other")
+            a.store.claim(other, [ClaimPlan(c.entry, None) for c in checked])
         published.append(entry.name)
         return real(entry, claim, task_id)
 
@@ -398,7 +406,7 @@ def test_an_unexpected_error_in_a_tick_does_not_stop_the_beat(
         server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
     app = make_app(server)
     s = make(app)
-    real = s.store.ensure_entries
+    real = s.store.register
     calls: list[int] = []
 
     def fails_once(entries: Any) -> Any:
@@ -407,7 +415,8 @@ def test_an_unexpected_error_in_a_tick_does_not_stop_the_beat(
             raise ValueError("a bug")
         return real(entries)
 
-    s.store.ensure_entries = fails_once  # type: ignore[method-assign]
+    s.store.register = fails_once  # type: ignore[method-assign]
+    s._ready = False  # the next tick registers the entries again
     with caplog.at_level(logging.ERROR, logger="celery.beat.claims"):
         wait = s.tick()
     assert 0 < wait <= 30

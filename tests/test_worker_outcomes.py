@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from beat_claims.runs import RunState, iso, task_id_for
+from beat_claims.runs import Owner, RunState, iso, task_id_for
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
@@ -71,8 +71,8 @@ def test_revoked_before_it_starts_is_cancelled(server: RedisServer, tmp_path: Pa
         worker = f.worker()
         f.wait_log(worker, "ready.")
         f.beat()
-        anchor = wait_for(lambda: store.entry_info("rev")["anchor"], 20, "the anchor")
-        now = store.now_ms()
+        anchor = wait_for(lambda: store.entries(["rev"])[0].anchor, 20, "the anchor")
+        now = store.heartbeat(Owner("probe", "h", 1, 1.0), 1).now
         k = (now + 1500 - anchor) // 3000 + 1
         due = anchor + k * 3000
         app.control.revoke(task_id_for("rev", due))
@@ -165,8 +165,8 @@ def test_cli_json_matches_the_store(server: RedisServer, tmp_path: Path) -> None
     assert set(by_name) == {"ok", "boom"}
     assert [o["alive"] for o in status["owners"]] == [True]
     ok = by_name["ok"]
-    info = store.entry_info("ok")
-    assert ok["anchor"] == iso(info["anchor"])
+    info = store.entries(["ok"])[0]
+    assert ok["anchor"] == iso(info.anchor)
     assert ok["next_due"] is not None and ok["next_due"] > ok["checkpoint"]
     assert ok["counts"]["done"] >= 2
     assert set(ok["counts"]) == {s.value for s in RunState}

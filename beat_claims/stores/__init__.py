@@ -1,5 +1,40 @@
-"""Store backends: the shared truth about occurrences and runs."""
+"""Stores: the contract (``base``) and its backends, built in one place from the settings."""
 
-from .base import Claim, ClaimRequest, ClaimResult, EntryState, StartDecision, Store
+from __future__ import annotations
 
-__all__ = ["Claim", "ClaimRequest", "ClaimResult", "EntryState", "StartDecision", "Store"]
+from typing import TYPE_CHECKING
+
+from .base import Store, StoreConfigurationError, StoreError
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+#: URL schemes of each backend.
+REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
+
+
+def open_store(settings: Settings, timeout: float | None = None) -> Store:
+    """The store ``settings`` name, for a beat, a worker, the CLI or the Django app.
+
+    ``timeout`` bounds each command (default: the heartbeat interval, at least 1 s): a
+    caller that must answer quickly (a web page, a check) passes less.
+    """
+    scheme = settings.url.split("://", 1)[0].lower() if "://" in settings.url else ""
+    if scheme in REDIS_SCHEMES:
+        from .redis import RedisStore
+        from .redis_client import RedisOptions
+
+        seconds = timeout if timeout is not None else max(1.0, settings.heartbeat_interval)
+        options = RedisOptions(timeout=seconds, connect_timeout=min(seconds, 2.0),
+                               sentinel_master=settings.sentinel_master)
+        try:
+            return RedisStore.from_url(settings.url, settings.key_prefix,
+                                       settings.history_limit, options)
+        except ValueError as exc:
+            raise StoreConfigurationError(f"beat_claims_url: {exc}") from None
+    raise StoreConfigurationError(
+        f"beat_claims_url={settings.redacted_url!r}: unknown store (the URL must start with"
+        f" {', '.join(s + '://' for s in REDIS_SCHEMES)})")
+
+
+__all__ = ["Store", "StoreConfigurationError", "StoreError", "open_store"]

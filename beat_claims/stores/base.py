@@ -1,235 +1,436 @@
-"""The store interface: the shared truth every beat and worker reads and writes.
+"""The store contract: the shared truth every beat, worker and operator reads and writes.
 
-Each method is one atomic transition (or a batch of independent atomic transitions).
-Every write about a run is a compare-and-set on the run's fencing token; the Scheduler
-and the worker handlers never read-then-write across two calls without a token check.
+Each method is a domain operation. Where it takes a sequence, each item is its own atomic
+transition (a backend may send them in one round trip; that is not part of the contract).
+Every write about a run is a compare-and-set on the run's fencing token, or on its state
+where no token is known; no caller ever reads and then writes across two calls without
+such a check.
+
+What the contract promises, and every backend's contract suite checks
+(``tests/contract/``):
+
+* **Truth from records alone.** Every run that may need a beat (due again, claimed,
+  being sent) and every open run (sent, started) can be found by :meth:`live_runs` and
+  :meth:`open_runs` from the store's own records, written in the same atomic step as the
+  run: no per-owner note, notice or cache is needed to find them.
+* **Replies can be lost.** Every method may have been executed and still raise in the
+  client. Each is safe to call again (claims are found again by :meth:`live_runs`; a check,
+  a sent mark, a release, a reclaim and an outcome repeated with the same token do no harm).
+* **Nothing goes back.** A checkpoint and a token counter only move forward; a final state
+  is never rewritten (``lost`` only by a late start of the same token); a claim never
+  overwrites a run already recorded at its instant.
+* **Bad records are local.** A record that cannot be read affects its entry only: the
+  other items of the call get their answers.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
 
+from ..enums import Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run
 
 
+class StoreError(Exception):
+    """The store cannot be reached or did not answer: an outage, not a bad record."""
+
+
+class StoreConfigurationError(ValueError):
+    """The store's URL or options cannot work (named in the message)."""
+
+
+# -- entries ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EntryState:
-    """What the store holds for one entry: its anchor and checkpoint (UTC ms)."""
+    """What the store holds for one entry: its anchor and checkpoint (UTC ms) and the last
+    token it handed out."""
 
     anchor: int
     checkpoint: int | None
+    token: int = 0
+
+
+@dataclass(frozen=True)
+class EntrySeed:
+    """An entry a beat registers, with what the beat knows of it.
+
+    A new entry is anchored at the store's clock (entries first seen together share the
+    instant). After a wipe or a rollback the beat also passes what it knows: its anchor
+    (kept only where the store has none), a checkpoint and a token floor (the store keeps
+    the higher of its own and these) and the runs it knows of (restored only where the
+    store has no record at their instant).
+    """
+
+    name: str
+    description: str = ""
+    anchor: int | None = None
+    checkpoint: int | None = None
+    token: int = 0
+    runs: tuple[Run, ...] = ()
+
+
+@dataclass(frozen=True)
+class EntryRecord:
+    """An entry as operators see it."""
+
+    name: str
+    description: str
+    anchor: int | None
+    checkpoint: int | None
+    token: int
+
+
+# -- claims -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunRef:
+    """One occurrence: (entry, due instant in UTC ms)."""
+
+    entry: str
+    due: int
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A claim this beat holds on one occurrence, with its fencing token."""
+    """A run a beat holds, with the fencing token that proves it."""
 
     entry: str
     due: int
     token: int
-    reclaimed: bool = False
-    maybe_sent: bool = False  # taken over from an owner that had passed the check
+    manual: bool = False  # an operator's request: never collapsed by the catch-up policy
+    maybe_sent: bool = False  # reclaimed while being sent: a message may already exist
+    attempts: int = 0  # publishes of this run that failed so far
+
+    @property
+    def ref(self) -> RunRef:
+        return RunRef(self.entry, self.due)
 
 
-@dataclass
-class ClaimRequest:
-    """One entry's batch: occurrences to claim and to record as skipped, in due order."""
+@dataclass(frozen=True)
+class ClaimPlan:
+    """One entry's part of a claim: occurrences to claim and to record skipped.
+
+    ``expected`` is the state the plan was computed from: the new occurrences are written
+    only if the store still holds that anchor and checkpoint (otherwise nothing is, and the
+    result carries the store's state). ``None`` claims no new occurrence. With
+    ``take_due``, runs of the entry that are due again (released, reclaimed, requested) are
+    claimed too. No token handed out is at or below ``token_floor``.
+    """
 
     entry: str
-    expected: EntryState | None  # None: only take released occurrences
-    claim: Sequence[int] = ()
-    skip: Sequence[tuple[int, str]] = ()
-    overlap: str = "allow"
+    expected: EntryState | None
+    claim: tuple[int, ...] = ()
+    skip: tuple[tuple[int, Reason], ...] = ()
+    take_due: bool = True
+    token_floor: int = 0
 
 
-@dataclass
+class ClaimStatus(str, Enum):
+    OK = "ok"
+    CONFLICT = "conflict"  # the store holds another checkpoint: nothing new was written
+    MISSING = "missing"  # the store has no such entry (never registered, or wiped)
+    CORRUPT = "corrupt"  # the entry's record cannot be read: see ``detail``
+
+
+@dataclass(frozen=True)
 class ClaimResult:
     entry: str
-    conflict: EntryState | None = None  # the store's state when ours was stale
-    missing: bool = False  # the entry has no anchor in the store (new, or the store was wiped)
-    claims: list[Claim] = field(default_factory=list)
-    skipped: list[tuple[int, str]] = field(default_factory=list)
+    status: ClaimStatus
+    state: EntryState | None = None  # the store's state after the call (or the conflict's)
+    claims: tuple[Claim, ...] = ()  # new occurrences claimed
+    taken: tuple[Claim, ...] = ()  # runs that were due again (released, reclaimed, requested)
+    skipped: tuple[tuple[int, Reason], ...] = ()
+    existing: tuple[int, ...] = ()  # planned instants that already had a run: left as they are
+    detail: str = ""
+
+
+# -- the check before publish -------------------------------------------------------------
+@dataclass(frozen=True)
+class Check:
+    """The holder's last word on one claim, immediately before it publishes (or not).
+
+    With ``skip`` the run is recorded skipped for that reason instead. With
+    ``overlap=SKIP`` the store records it skipped (``overlap``) when another run of the
+    entry is being sent, sent or started.
+    """
+
+    claim: Claim
+    task_id: str
+    skip: Reason | None = None
+    overlap: Overlap = Overlap.ALLOW
+
+
+class CheckVerdict(str, Enum):
+    SEND = "send"  # still ours and now ``sending``: publish it
+    SKIPPED = "skipped"  # recorded skipped (``reason``)
+    REFUSED = "refused"  # not ours any more, or not in a state to send (``why``)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    claim: Claim
+    verdict: CheckVerdict
+    reason: Reason | None = None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Release:
+    """Give a claim back: it is due again. With ``error`` its publish failed: the attempt
+    is counted, and past ``max_attempts`` the run is recorded failed (``publish_error``)."""
+
+    claim: Claim
+    error: str | None = None
+    error_type: str = ""
+
+
+# -- sweeps -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LiveQuery:
+    """What a sweep asks for: runs due again, and held claims that may need taking back.
+
+    A held claim is reported when its owner is not in ``live_owners`` (claimed before
+    ``dead_before``, a grace for owners registered since the caller's liveness read), when
+    it was claimed or checked before ``held_before`` whoever holds it, or when ``owner``
+    holds it since before ``mine_before`` (a claim whose reply that owner may never have
+    had).
+    """
+
+    owner: str
+    live_owners: frozenset[str]
+    held_before: int
+    mine_before: int
+    dead_before: int
+    limit: int = 10_000
+
+
+@dataclass(frozen=True)
+class HeldRun:
+    entry: str
+    due: int
+    token: int
+    owner: str
+    since: int  # when it was claimed, or checked (UTC ms)
+
+
+@dataclass(frozen=True)
+class LiveRuns:
+    due: tuple[RunRef, ...]
+    held: tuple[HeldRun, ...]
+    complete: bool = True  # False when a limit cut the answer short
+
+
+@dataclass(frozen=True)
+class OpenRun:
+    entry: str
+    due: int
+    token: int
+    state: RunState
+    since: int  # sent, started or revived at (UTC ms): when the run was last active
+    task_id: str | None
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    """Take a held claim back from its holder: it is due again, and its next claim gets a
+    fresh token, so the holder's check before publish refuses it. ``token`` None: whatever
+    token it has (an operator's release)."""
+
+    entry: str
+    due: int
+    token: int | None
+
+
+# -- outcomes -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a run. ``token`` None: the current one (the caller could not tell).
+
+    ``LOST`` (a sweep's presumption) applies only if the run was not active at or after
+    ``inactive_since``.
+    """
+
+    entry: str
+    due: int
+    token: int | None
+    state: RunState
+    reason: Reason | None = None
+    exc_type: str = ""
+    exc_message: str = ""
+    worker: str = ""
+    inactive_since: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerProcess:
+    """The process that executes a delivery: node name, pid, and its start time by its own
+    host's clock (a restarted worker with the same name and pid is another process)."""
+
+    worker: str
+    pid: int
+    started_at: float
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A worker is about to run a message of a run (entry, due, token from its header)."""
+
+    entry: str
+    due: int
+    token: int
+    process: WorkerProcess
+    retries: int = 0
+    task_id: str = ""
+    takeover: WorkerProcess | None = None  # the process that started it, found gone
 
 
 @dataclass(frozen=True)
 class StartDecision:
-    """The worker's answer for one delivery."""
-
-    ok: bool
+    verdict: StartVerdict
     why: str = ""
-    busy_with: tuple[str, int, float] | None = None  # (worker, pid, its process start time)
+    busy_with: WorkerProcess | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in (StartVerdict.RUN, StartVerdict.UNTRACKED)
 
 
+# -- liveness -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OwnerStatus:
+    owner: Owner
+    alive: bool
+    expires_at: int  # when its heartbeat lapses (or lapsed), store clock ms
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a beat learns at each heartbeat.
+
+    ``epoch`` changes whenever the store may have lost writes (a restart, a failover, a
+    wipe, or a beat that found the store went back); ``settle_until``: no beat claims
+    before that store instant, so that every live beat can register what it knows first.
+    """
+
+    now: int
+    epoch: str
+    settle_until: int | None
+    owners: tuple[OwnerStatus, ...] = field(default=())
+
+
+# -- the contract -------------------------------------------------------------------------
 class Store(abc.ABC):
-    """One backend of the shared truth."""
+    """One backend of the shared truth. See the module docstring for what every method
+    promises; each method's docstring says what it does."""
+
+    # beats: liveness and entries
+    @abc.abstractmethod
+    def heartbeat(self, owner: Owner, ttl: float, resync: bool = False) -> Heartbeat:
+        """Renew ``owner``'s liveness for ``ttl`` seconds and read the store's clock, epoch
+        and owners. With ``resync`` the caller found the store went back: start a new epoch
+        and settle for ``ttl`` (no claiming meanwhile)."""
 
     @abc.abstractmethod
-    def now_ms(self) -> int:
-        """The store's clock (UTC ms): every beat measures due-ness against it."""
-
-    # -- beat side --------------------------------------------------------------------
-    @abc.abstractmethod
-    def ensure_entries(self, entries: Sequence[tuple[str, str]]) -> dict[str, EntryState]:
-        """Anchor new entries (first beat wins) and read every entry's anchor/checkpoint."""
+    def leave(self, owner: Owner) -> None:
+        """``owner`` stopped: it is known gone at once (its claims are taken back)."""
 
     @abc.abstractmethod
-    def claim(self, owner: Owner, requests: Sequence[ClaimRequest],
-              history_limit: int, now_ms: int) -> list[ClaimResult]:
-        """Claim occurrences of many entries, one atomic compare-and-set per entry."""
+    def register(self, seeds: Sequence[EntrySeed]) -> dict[str, EntryState]:
+        """Anchor new entries (the first beat wins), merge in what the seeds know, and
+        return every seed's state."""
+
+    # beats: the life of a claim
+    @abc.abstractmethod
+    def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
+        """Claim occurrences (compare-and-set on each entry's checkpoint, a fresh token
+        each) and record the planned skips; take the entry's due runs. One result per
+        plan, in order."""
 
     @abc.abstractmethod
-    def check_many(self, owner: Owner, items: Sequence[tuple[Claim, str]],
-                   sent: Sequence[Claim] = ()) -> list[tuple[bool, str]]:
-        """Atomically for each (claim, task id): is the claim still ours? If so mark it as
-        being sent (with its task id). One answer (ok, why not) per item, in order.
-
-        In the same round trip, marks ``sent`` (earlier claims whose publish succeeded).
-        """
-
-    def check_before_send(self, owner: Owner, claim: Claim, task_id: str,
-                          sent: Sequence[Claim] = ()) -> tuple[bool, str]:
-        """:meth:`check_many` for one claim."""
-        return self.check_many(owner, [(claim, task_id)], sent)[0]
+    def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
+        """Immediately before publishing: is each claim still ``owner``'s with its token?
+        If so mark it ``sending`` with its task id (or record it skipped). Checking again
+        after a lost reply answers the same."""
 
     @abc.abstractmethod
-    def skip(self, owner: Owner, claim: Claim, reason: str) -> bool:
-        """The holder records a claimed run as skipped instead of sending it."""
+    def record_sent(self, owner: Owner, claims: Sequence[Claim]) -> int:
+        """These publishes succeeded: ``sending`` becomes ``sent`` (a worker may already
+        have started or finished them). Returns how many were marked."""
 
     @abc.abstractmethod
-    def mark_sent(self, claim: Claim) -> bool:
-        """The publish succeeded."""
+    def release(self, owner: Owner, releases: Sequence[Release], max_attempts: int = 0
+                ) -> list[RunState | None]:
+        """Give back claims ``owner`` holds and has not handed to the broker: each is due
+        again (or failed, past ``max_attempts`` publish errors). Per item: the run's new
+        state, or None when it was not ``owner``'s to release."""
+
+    # sweeps
+    @abc.abstractmethod
+    def live_runs(self, query: LiveQuery) -> LiveRuns:
+        """Runs due again, and held claims that may need taking back (see LiveQuery),
+        read from the records alone."""
 
     @abc.abstractmethod
-    def mark_all_sent(self, claims: Sequence[Claim], owner: Owner | None = None,
-                      done_in: Iterable[str] = ()) -> int:
-        """:meth:`mark_sent` for many claims in one round trip; how many were marked. With
-        ``owner``, :meth:`done_claiming` of ``done_in`` travels in the same round trip."""
+    def open_runs(self, before: int, after: int | None = None, limit: int = 1000
+                  ) -> list[OpenRun]:
+        """Runs sent or started whose last activity is in (``after``, ``before``), oldest
+        first, at most ``limit``."""
 
     @abc.abstractmethod
-    def release(self, owner: Owner, entries: Iterable[str], unsent: Iterable[tuple[str, int]] = ()
-                ) -> int:
-        """Give back claims that were not sent; they are due again. Returns how many.
+    def reclaim(self, reclaims: Sequence[Reclaim], by: str) -> list[bool]:
+        """Take held claims back (to ``due``) from their holders, if they still hold them
+        with that token. ``by`` is recorded (an owner id, or an operator)."""
 
-        Every claim the owner holds in ``entries`` that never reached the check before
-        publish is released (whether or not the owner learnt its token), and each of
-        ``unsent`` (entry, due) too, even past that check: its publish failed.
-        """
+    # workers (and sweeps, for outcomes)
+    @abc.abstractmethod
+    def start(self, delivery: Delivery) -> StartDecision:
+        """The worker's fencing: may this delivery run? Compare-and-set on the token; the
+        first delivery of the current token starts the run."""
 
     @abc.abstractmethod
-    def released_in(self) -> dict[str, int]:
-        """Entries where runs were released (or requested) and may wait for a beat, each
-        with a count that moves at every new release there."""
+    def finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        """Record outcomes; a final state is never overwritten, a superseded token's
+        outcome is ignored, the checkpoint is never touched. Per item: recorded or not."""
 
     @abc.abstractmethod
-    def picked_up(self, seen: dict[str, int]) -> None:
-        """A beat claimed what was released in these entries: drop the notices it read,
-        unless their count moved since (a newer release keeps its notice)."""
+    def lookup_task(self, task_id: str) -> Claim | None:
+        """The run a task id was started for (signals that carry only the task id)."""
 
+    # operators
     @abc.abstractmethod
-    def open_in(self) -> dict[str, str]:
-        """Entries where runs may be open (being sent, sent, started): the only ones the
-        lost and outcome sweeps look at. Each with a stamp that changes at every new check
-        (the owner and token of the newest claim checked there)."""
-
-    @abc.abstractmethod
-    def note_open(self, entries: Sequence[str]) -> None:
-        """Add entries to :meth:`open_in` (runs found open that it did not list)."""
-
-    @abc.abstractmethod
-    def settled(self, seen: dict[str, str]) -> None:
-        """These entries have no open run: drop them from :meth:`open_in`, unless their stamp
-        changed since it was read (a run checked meanwhile keeps its entry there)."""
-
-    @abc.abstractmethod
-    def heartbeat(self, owner: Owner, ttl: float) -> tuple[int, int]:
-        """Renew the owner's liveness; returns (release generation, store clock in ms).
-
-        The generation changes whenever a beat releases claims, so others look for them.
-        """
-
-    @abc.abstractmethod
-    def forget_owner(self, owner: Owner) -> None:
-        """The owner stopped cleanly: its heartbeat is removed so it is known gone at once."""
-
-    @abc.abstractmethod
-    def done_claiming(self, owner: Owner, entries: Iterable[str]) -> None:
-        """The owner holds no more claims in these entries."""
-
-    @abc.abstractmethod
-    def owners(self) -> list[tuple[Owner, bool, dict[str, int]]]:
-        """Every registered owner, whether its heartbeat is alive, and its claiming entries."""
-
-    def sweep_view(self, known: Sequence[str]
-                   ) -> tuple[list[tuple[Owner, bool, dict[str, int]]], dict[str, str]]:
-        """What a sweep reads: :meth:`owners` and :meth:`open_in`. ``known`` are the owner
-        ids the caller saw last time (a backend may read those in fewer round trips)."""
-        return self.owners(), self.open_in()
-
-    @abc.abstractmethod
-    def reclaim(self, entries: Sequence[str], old_owner: str, new_owner: Owner,
-                cutoff_ms: int | None) -> list[Claim]:
-        """Take over ``old_owner``'s claims in ``entries``: all of them when it is known dead
-        (cutoff None; the entries then leave its note), else those claimed (or, when being
-        sent, checked) before the cutoff. The new owner notes the entries first."""
-
-    @abc.abstractmethod
-    def drop_owner(self, owner_id: str) -> None:
-        """Unregister a dead owner, if its note is empty and its heartbeat still absent."""
-
-    @abc.abstractmethod
-    def mark_lost(self, cutoffs: dict[str, int]) -> dict[str, list[int]]:
-        """Per entry: runs sent before its cutoff (ms) with no outcome become lost."""
-
-    # -- worker side ------------------------------------------------------------------
-    @abc.abstractmethod
-    def start(self, entry: str, due: int, token: int, worker: str, pid: int, retries: int,
-              takeover: tuple[str, int] | None = None, created: float = 0.0,
-              task_id: str = "") -> StartDecision:
-        """Compare-and-set before a delivery executes (the worker's fencing). With
-        ``task_id``, also index it for :meth:`lookup_task` in the same round trip."""
-
-    @abc.abstractmethod
-    def finish(self, entry: str, due: int, token: int | None, state: str,
-               exc_type: str = "", exc_message: str = "", worker: str = "") -> bool:
-        """Record an outcome; never overwrites a final state."""
-
-    @abc.abstractmethod
-    def lookup_task(self, task_id: str) -> tuple[str, int, int] | None:
-        """(entry, due, token) of a task id sent by beat-claims, if known."""
-
-    # -- operators --------------------------------------------------------------------
-    @abc.abstractmethod
-    def request_run(self, entry: str, requested_by: str) -> int | None:
-        """Record a run of ``entry`` due now, for a beat to claim and send like any other.
-
+    def request_run(self, entry: str, by: str) -> int | None:
+        """Record a run of ``entry`` due now, claimed and sent by a beat like any other.
         Returns its due instant, or None when the store does not know the entry. The
-        checkpoint is not touched: scheduled occurrences are unaffected.
-        """
+        checkpoint is not touched: scheduled occurrences neither move nor are skipped."""
 
+    # reads
     @abc.abstractmethod
-    def free_claim(self, entry: str, due: int, released_by: str) -> bool:
-        """Release a claimed (or being sent) run whoever holds it: it is due again, and the
-        holder's token is superseded at the next claim."""
-
-    # -- inspection -------------------------------------------------------------------
-    @abc.abstractmethod
-    def entry_names(self) -> list[str]:
-        """Every entry the store has seen."""
-
-    @abc.abstractmethod
-    def entry_info(self, entry: str) -> dict[str, Any]:
-        """Anchor, checkpoint, token and description of one entry."""
+    def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
+        """These entries (or every entry the store has seen), by name."""
 
     @abc.abstractmethod
     def history(self, entry: str, limit: int | None = None) -> list[Run]:
-        """Recent runs of an entry, newest first."""
+        """The entry's runs, newest first."""
 
     @abc.abstractmethod
-    def open_runs(self, entries: Sequence[str]) -> dict[str, list[Run]]:
-        """Per entry: runs that are claimed, due again, being sent, sent or started."""
+    def owners(self) -> list[OwnerStatus]:
+        """Every registered beat and whether its heartbeat is alive."""
 
     def close(self) -> None:  # noqa: B027 - optional for backends
         """Release connections."""
+
+    @property
+    @abc.abstractmethod
+    def description(self) -> str:
+        """The store for logs and status: its URL without secrets, and its key prefix."""
+
+
+__all__ = [
+    "Check", "CheckResult", "CheckVerdict", "Claim", "ClaimPlan", "ClaimResult",
+    "ClaimStatus", "Delivery", "EntryRecord", "EntrySeed", "EntryState", "Heartbeat",
+    "HeldRun", "LiveQuery", "LiveRuns", "OpenRun", "Outcome", "OwnerStatus", "Reclaim",
+    "Release", "RunRef", "StartDecision", "Store", "StoreConfigurationError", "StoreError",
+    "WorkerProcess",
+]

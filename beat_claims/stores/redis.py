@@ -1,9 +1,30 @@
 """The Redis store: each transition is one Lua script, atomic on the server.
 
-All keys of one entry share a hash tag (``{prefix}:{<digest>}:...``), so every script touches
-a single slot and runs on Redis Cluster too. Records are JSON, never pickle. Owner
-liveness and the task-id index live outside the entries' slots; they are only ever read as
-hints, and every decision taken from them is re-checked by a token compare-and-set.
+Key layout (``P`` is ``beat_claims_key_prefix``; ``NN`` an entry's bucket, ``D`` a digest
+of its name). Every key of an entry shares its bucket's hash tag, so each script touches
+one slot (Redis Cluster); the bucket's indexes are written by the same script as the run,
+so they are records, not hints: a sweep finds every run that needs a beat from them.
+
+======================  ======  ===========================================================
+``{P:NN}:e:D``          hash    the entry: name, schedule, anchor, checkpoint, token
+``{P:NN}:r:D``          hash    its runs: due (ms) -> JSON record
+``{P:NN}:h:D``          zset    its history: due -> due (``history_limit`` kept)
+``{P:NN}:l:D``          zset    its runs not final: due -> due
+``{P:NN}:x:D``          zset    runs presumed lost, kept a week for late deliveries
+``{P:NN}:due``          zset    the bucket's runs due again: "due|name" -> since
+``{P:NN}:held``         zset    its claims: "owner|token|due|name" -> claimed or checked at
+``{P:NN}:open``         zset    its runs sent or started: "due|name" -> last active at
+``{P}:owners``          hash    beats: owner id -> JSON (host, pid, start time)
+``{P}:alive``           zset    beats: owner id -> heartbeat expiry (store ms)
+``{P}:epoch``           hash    the store's epoch: id, settle_until, since, server
+``{P}:entries``         hash    every entry seen: D -> name
+``{P}:anchoring``       string  the shared anchoring instant (2 s)
+``{P}:layout``          string  this layout's version
+``P:task:<task id>``    string  the run a task id was started for (a week)
+======================  ======  ===========================================================
+
+Records are JSON, never pickle. Names of states, reasons and policies reach the scripts
+as a table generated from :mod:`beat_claims.enums`.
 """
 
 from __future__ import annotations
@@ -11,506 +32,592 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
-from redis.backoff import NoBackoff
+from celery.utils.log import get_logger
 from redis.client import Pipeline
-from redis.exceptions import NoScriptError
-from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.exceptions import NoScriptError, ResponseError
 
+from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run
 from .base import (
+    Check,
+    CheckResult,
+    CheckVerdict,
     Claim,
-    ClaimRequest,
+    ClaimPlan,
     ClaimResult,
+    ClaimStatus,
+    Delivery,
+    EntryRecord,
+    EntrySeed,
     EntryState,
+    Heartbeat,
+    HeldRun,
+    LiveQuery,
+    LiveRuns,
+    OpenRun,
+    Outcome,
+    OwnerStatus,
+    Reclaim,
+    Release,
+    RunRef,
     StartDecision,
     Store,
+    StoreError,
+    WorkerProcess,
 )
+from .redis_client import RedisOptions, connect, redact
 
-#: Beats that anchor new entries within this many ms of each other share the instant.
+logger = get_logger("celery.beat.claims")
+
+#: Buckets the entries are spread over: each has its own slot on Redis Cluster, and a
+#: sweep reads each bucket's indexes once. Part of the layout: never change it in place.
+BUCKETS = 16
+LAYOUT = "2"
+#: Beats that register new entries within this many ms of each other share the instant.
 ANCHOR_SHARED_MS = 2000
-#: How long the task-id index keeps a started run (a week, like runs presumed lost).
-TASK_INDEX_TTL_MS = 7 * 24 * 3600 * 1000
+#: How long the task-id index keeps a started run, and a presumed-lost run is kept.
+WEEK_MS = 7 * 24 * 3600 * 1000
+#: Owners whose heartbeat lapsed this long ago are forgotten (an hour).
+FORGET_OWNERS_MS = 3600 * 1000
+#: Commands per round trip when one call has many items.
+CHUNK = 1000
+#: Errors that say the server cannot serve us now: an outage, not a bad record. redis-py
+#: turns the known codes into these classes (also when a script's call fails with one)...
+_OUTAGE_CLASSES = (redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError,
+                   redis.exceptions.MasterDownError, redis.exceptions.ClusterDownError,
+                   redis.exceptions.TryAgainError, redis.exceptions.OutOfMemoryError,
+                   redis.exceptions.AuthenticationError, redis.exceptions.NoPermissionError)
+#: ... and leaves these codes in the message.
+_OUTAGE_CODES = ("NOREPLICAS", "BUSY", "MISCONF", "READONLY", "LOADING", "MASTERDOWN",
+                 "CLUSTERDOWN", "TRYAGAIN", "OOM", "NOAUTH", "WRONGPASS", "NOPERM")
 
-SCRIPTS = ("anchor", "claim", "send", "sent", "release", "reclaim", "start", "finish", "lost",
-           "skip", "request", "free", "drop_seen", "anchor_instant")
+SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "start",
+           "finish", "request", "heartbeat", "leave", "anchor_instant")
+
+
+def _lua_names() -> str:
+    """The names the scripts share with Python, generated from the enums."""
+    def table(name: str, values: Iterable[str]) -> str:
+        return f"local {name} = {{" + ", ".join(f"{v} = '{v}'" for v in values) + "}"
+
+    def flags(name: str, values: Iterable[str]) -> str:
+        return f"local {name} = {{" + ", ".join(f"{v} = true" for v in values) + "}"
+
+    return "\n".join([
+        table("STATE", (s.value for s in RunState)),
+        flags("FINAL", sorted(s.value for s in FINAL_STATES)),
+        flags("HELD", (s.value for s in RunState if s.held)),
+        flags("OPEN", (s.value for s in RunState if s.open)),
+        table("REASON", (r.value for r in Reason)),
+        table("OVERLAP", (o.value for o in Overlap)),
+        table("CLAIM", (c.value for c in ClaimStatus)),
+        table("CHECK", (v.value for v in CheckVerdict)),
+        table("START", (v.value for v in StartVerdict)),
+        f"local LOST_KEEP_MS = {WEEK_MS}",
+    ])
 
 
 @cache
 def _source(name: str) -> str:
     lua = resources.files(__package__).joinpath("lua")
-    return lua.joinpath("_prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
+    return "\n".join([_lua_names(), lua.joinpath("_prelude.lua").read_text(),
+                      lua.joinpath(f"{name}.lua").read_text()])
 
 
-def connect(url: str, socket_timeout: float = 5.0,
-            sentinel_master: str | None = None) -> redis.Redis:
-    """A client for ``url``: ``redis://``, ``rediss://``, ``unix://`` (ACL user and password
-    in the URL), or ``sentinel://host:port;sentinel://host2:port/db`` (as Celery's broker
-    URLs), which follows the master named ``sentinel_master`` across failovers.
-
-    Retries are left to beat-claims' own loop: a script that timed out may have run, and
-    the caller reconciles instead of blindly running it twice.
-    """
-    options: dict[str, Any] = {
-        "decode_responses": True,
-        "socket_timeout": socket_timeout,
-        "socket_connect_timeout": socket_timeout,
-        "retry": Retry(NoBackoff(), 0),
-        "health_check_interval": 30,
-    }
-    if not url.startswith("sentinel://"):
-        return redis.Redis.from_url(url, **options)
-    nodes, db, username, password = _parse_sentinel(url)
-    sentinel = Sentinel(nodes, sentinel_kwargs={"socket_timeout": socket_timeout},
-                        socket_timeout=socket_timeout)
-    return sentinel.master_for(sentinel_master or "", db=db, username=username,
-                               password=password, **options)
+@cache
+def _sha(name: str) -> str:
+    return hashlib.sha1(_source(name).encode()).hexdigest()
 
 
-def _parse_sentinel(url: str) -> tuple[list[tuple[str, int]], int, str | None, str | None]:
-    """``sentinel://[user:password@]host:port[;sentinel://host:port...][/db]``."""
-    nodes: list[tuple[str, int]] = []
-    db, username, password = 0, None, None
-    for part in url.split(";"):
-        parsed = urlsplit(part.strip())
-        if parsed.hostname:
-            nodes.append((parsed.hostname, parsed.port or 26379))
-        username = username or parsed.username or None
-        password = password or parsed.password or None
-        if parsed.path.strip("/"):
-            db = int(parsed.path.strip("/"))
-    return nodes, db, username, password
+def digest(name: str) -> str:
+    return hashlib.blake2b(name.encode(), digest_size=10).hexdigest()
 
 
 class RedisStore(Store):
-    def __init__(self, client: redis.Redis, prefix: str = "beat-claims") -> None:
+    """The store on one Redis server (or a Sentinel-managed primary)."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "beat-claims",
+                 history_limit: int = 100, url: str = "") -> None:
         self.client = client
         self.prefix = prefix
-        self._scripts = {name: client.register_script(_source(name)) for name in SCRIPTS}
-        self._shas = {name: hashlib.sha1(_source(name).encode()).hexdigest() for name in SCRIPTS}
+        self.history_limit = history_limit
+        self._url = redact(url) if url else "redis"
         self._local = threading.local()
+        g = f"{{{prefix}}}"
+        self._owners, self._alive, self._epoch = f"{g}:owners", f"{g}:alive", f"{g}:epoch"
+        self._registry, self._anchoring = f"{g}:entries", f"{g}:anchoring"
+        self._layout = f"{g}:layout"
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "beat-claims", socket_timeout: float = 5.0,
-                 sentinel_master: str | None = None) -> RedisStore:
-        return cls(connect(url, socket_timeout, sentinel_master), prefix)
+    def from_url(cls, url: str, prefix: str = "beat-claims", history_limit: int = 100,
+                 options: RedisOptions | None = None) -> RedisStore:
+        return cls(connect(url, options or RedisOptions()), prefix, history_limit, url)
+
+    @property
+    def description(self) -> str:
+        return f"{self._url} (prefix {self.prefix!r})"
 
     # -- keys -------------------------------------------------------------------------
-    def _tag(self, entry: str) -> str:
-        digest = hashlib.blake2b(entry.encode(), digest_size=10).hexdigest()
-        return f"{self.prefix}:{{{digest}}}"
+    def _tag(self, entry: str) -> tuple[str, str]:
+        d = digest(entry)
+        return f"{{{self.prefix}:{int(d[:4], 16) % BUCKETS:02d}}}", d
 
-    def _keys(self, entry: str, *names: str) -> list[str]:
-        tag = self._tag(entry)
-        return [f"{tag}:{name}" for name in names]
+    def entry_keys(self, entry: str) -> list[str]:
+        """The keys of one entry, in the order every entry script expects them."""
+        tag, d = self._tag(entry)
+        return [f"{tag}:e:{d}", f"{tag}:r:{d}", f"{tag}:h:{d}", f"{tag}:l:{d}",
+                f"{tag}:x:{d}", f"{tag}:due", f"{tag}:held", f"{tag}:open"]
 
-    def _global(self, *parts: str) -> str:
-        return ":".join((self.prefix, *parts))
+    def _bucket_keys(self, bucket: int, *names: str) -> list[str]:
+        return [f"{{{self.prefix}:{bucket:02d}}}:{name}" for name in names]
 
-    def _run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
-        if isinstance(client, Pipeline):
-            # EVALSHA directly: redis-py would otherwise ask SCRIPT EXISTS on every execute.
-            return client.evalsha(self._shas[name], len(keys), *keys, *args)
-        return self._scripts[name](keys=keys, args=args, client=client or self.client)
+    def _task_key(self, task_id: str) -> str:
+        return f"{self.prefix}:task:{task_id}"
 
-    def _batch(self, build: Callable[[Pipeline], None]) -> list[Any]:
-        """One round trip. If the server lost our scripts (restart, SCRIPT FLUSH), none of
-        them ran: load them and send the batch again."""
-        for attempt in (1, 2):
-            pipe = self._pipeline()
-            try:
-                build(pipe)
-                return list(pipe.execute())
-            except NoScriptError:
-                if attempt == 2:
-                    raise
-                for name in SCRIPTS:
-                    self.client.script_load(_source(name))
-            finally:
-                pipe.reset()  # an error while building must not leave commands queued
-        raise AssertionError("unreachable")
+    def _old_entry_key(self, entry: str) -> str:
+        """Where beat-claims 0.1 kept the entry (read once, to keep its anchor)."""
+        return f"{self.prefix}:{{{digest(entry)}}}:entry"
 
+    # -- round trips ------------------------------------------------------------------
     def _pipeline(self) -> Pipeline:
         """This thread's pipeline, reused: building one costs more than the round trip it
         saves (redis-py copies its response callbacks into every new client object)."""
         pipe: Pipeline | None = getattr(self._local, "pipe", None)
         if pipe is None:
             pipe = self._local.pipe = self.client.pipeline(transaction=False)
-        elif len(pipe):
-            # Left from a call that failed before sending (redis-py does not reset a
-            # pipeline whose connection could not be made): never send those.
-            pipe.reset()
+        pipe.reset()  # never send commands left by a call that failed before sending
         return pipe
 
-    def _notice(self, pipe: Pipeline, entries: Iterable[str]) -> None:
-        """Tell other beats, in the same round trip as the release, where to look."""
-        names = list(entries)
-        for name in names:
-            pipe.hincrby(self._global("released-in"), name, 1)
-        if names:
-            pipe.incr(self._global("released"))
-
-    # -- clock ------------------------------------------------------------------------
-    def now_ms(self) -> int:
-        seconds, micros = self.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
-    # -- beat side --------------------------------------------------------------------
-    def ensure_entries(self, entries: Sequence[tuple[str, str]]) -> dict[str, EntryState]:
-        now = str(self._run("anchor_instant", [self._global("anchoring")], [ANCHOR_SHARED_MS]))
-
-        def build(pipe: Pipeline) -> None:
-            for name, description in entries:
-                self._run("anchor", self._keys(name, "entry"), [name, description, now], pipe)
-                pipe.hset(self._global("entries"), self._tag(name), name)
-
-        replies = self._batch(build)[::2]
-        return {
-            name: EntryState(int(anchor), int(checkpoint) if checkpoint else None)
-            for (name, _), (anchor, checkpoint) in zip(entries, replies)
-        }
-
-    def claim(self, owner: Owner, requests: Sequence[ClaimRequest],
-              history_limit: int, now_ms: int) -> list[ClaimResult]:
-        calls = []
-        for req in requests:
-            args: list[Any] = [owner.id]
-            if req.expected is None:
-                args += ["", "*"]
-            else:
-                cp = req.expected.checkpoint
-                args += [str(req.expected.anchor), "" if cp is None else str(cp)]
-            plan = [(due, "claim") for due in req.claim] + list(req.skip)
-            plan.sort()
-            args += [history_limit, req.overlap, len(plan)]
-            for due, action in plan:
-                args += [str(due), action]
-            calls.append((self._keys(req.entry, "entry", "runs", "history", "live", "open"),
-                          args))
-
-        def build(pipe: Pipeline) -> None:
-            # The owner's note of where it may hold claims is written before the claims, in
-            # the same round trip, so a reclaimer always finds the claims of a dead owner.
-            pipe.zadd(self._global("owner", owner.id, "entries"),
-                      {req.entry: now_ms for req in requests}, nx=True)
-            for keys, args in calls:
-                self._run("claim", keys, args, pipe)
-
-        results = []
-        for req, reply in zip(requests, self._batch(build)[1:]):
-            result = ClaimResult(req.entry)
-            if reply[0] == "conflict":
-                anchor, checkpoint = reply[1], reply[2]
-                if not anchor:
-                    result.missing = True
-                else:
-                    cp = int(checkpoint) if checkpoint else None
-                    result.conflict = EntryState(int(anchor), cp)
-            else:
-                claimed, skipped, taken = reply[1], reply[2], reply[3]
-                result.claims = [Claim(req.entry, int(claimed[i]), int(claimed[i + 1]))
-                                 for i in range(0, len(claimed), 2)]
-                result.claims += [Claim(req.entry, int(taken[i]), int(taken[i + 1]))
-                                  for i in range(0, len(taken), 2)]
-                result.skipped = [(int(skipped[i]), skipped[i + 1])
-                                  for i in range(0, len(skipped), 2)]
-            results.append(result)
-        return results
-
-    def check_many(self, owner: Owner, items: Sequence[tuple[Claim, str]],
-                   sent: Sequence[Claim] = ()) -> list[tuple[bool, str]]:
-        def build(pipe: Pipeline) -> None:
-            for done in sent:
-                self._mark_sent(done, pipe)
-            for claim, task_id in items:
-                self._run("send", self._keys(claim.entry, "runs"),
-                          [str(claim.due), str(claim.token), owner.id, task_id], pipe)
-            if items:  # where runs may be open from now on: the sweeps look only there
-                pipe.hset(self._global("open-in"), mapping={
-                    claim.entry: f"{owner.id}:{claim.token}" for claim, _ in items})
-
-        replies = self._batch(build)[len(sent):len(sent) + len(items)]
-        return [(bool(int(r[0])), (r[1] if len(r) > 1 else "")) for r in replies]
-
-    def _mark_sent(self, claim: Claim, client: Any = None) -> Any:
-        return self._run("sent", self._keys(claim.entry, "runs", "live", "open"),
-                         [str(claim.due), str(claim.token)], client)
-
-    def skip(self, owner: Owner, claim: Claim, reason: str) -> bool:
-        return bool(self._run("skip", self._keys(claim.entry, "runs", "live"),
-                              [str(claim.due), str(claim.token), owner.id, reason]))
-
-    def mark_sent(self, claim: Claim) -> bool:
-        return bool(self._mark_sent(claim))
-
-    def mark_all_sent(self, claims: Sequence[Claim], owner: Owner | None = None,
-                      done_in: Iterable[str] = ()) -> int:
-        names = list(done_in)
-
-        def build(pipe: Pipeline) -> None:
-            for claim in claims:
-                self._mark_sent(claim, pipe)
-            if owner is not None and names:
-                pipe.zrem(self._global("owner", owner.id, "entries"), *names)
-
-        if not claims and not names:
-            return 0
-        return sum(int(r) for r in self._batch(build)[:len(claims)])
-
-    def release(self, owner: Owner, entries: Iterable[str], unsent: Iterable[tuple[str, int]] = ()
-                ) -> int:
-        entries, unsent = list(entries), list(unsent)
-        if not entries and not unsent:
-            return 0
-
-        def build(pipe: Pipeline) -> None:
-            for entry in entries:
-                self._run("release", self._keys(entry, "runs", "live"), [owner.id, ""], pipe)
-            for entry, due in unsent:
-                self._run("release", self._keys(entry, "runs", "live"), [owner.id, str(due)],
-                          pipe)
-            self._notice(pipe, dict.fromkeys(entries + [entry for entry, _ in unsent]))
-
-        return sum(int(r) for r in self._batch(build)[:len(entries) + len(unsent)])
-
-    def released_in(self) -> dict[str, int]:
-        return {name: int(count)
-                for name, count in self.client.hgetall(self._global("released-in")).items()}
-
-    def picked_up(self, seen: dict[str, int]) -> None:
-        self._drop_seen("released-in", seen)
-
-    def open_in(self) -> dict[str, str]:
-        return dict(self.client.hgetall(self._global("open-in")))
-
-    def note_open(self, entries: Sequence[str]) -> None:
-        if entries:
-            stamp = f"found:{time.time_ns()}"
-            self.client.hset(self._global("open-in"), mapping=dict.fromkeys(entries, stamp))
-
-    def settled(self, seen: dict[str, str]) -> None:
-        self._drop_seen("open-in", seen)
-
-    def _drop_seen(self, notices: str, seen: dict[str, int] | dict[str, str]) -> None:
-        if seen:
-            args = [part for name, count in seen.items() for part in (name, str(count))]
-            self._run("drop_seen", [self._global(notices)], args)
-
-    def heartbeat(self, owner: Owner, ttl: float) -> tuple[int, int]:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(self._global("owner", owner.id), "1", px=int(ttl * 1000))
-        pipe.hset(self._global("owners"), owner.id, json.dumps(owner.as_dict()))
-        pipe.get(self._global("released"))
-        pipe.time()
-        _, _, generation, (seconds, micros) = pipe.execute()
-        return int(generation or 0), int(seconds) * 1000 + int(micros) // 1000
-
-    def forget_owner(self, owner: Owner) -> None:
-        self.client.delete(self._global("owner", owner.id))
-        if not self.client.zcard(self._global("owner", owner.id, "entries")):
-            self.client.hdel(self._global("owners"), owner.id)
-
-    def done_claiming(self, owner: Owner, entries: Iterable[str]) -> None:
-        names = list(entries)
-        if names:
-            self.client.zrem(self._global("owner", owner.id, "entries"), *names)
-
-    def owners(self) -> list[tuple[Owner, bool, dict[str, int]]]:
-        return self.sweep_view(())[0]
-
-    def sweep_view(self, known: Sequence[str]
-                   ) -> tuple[list[tuple[Owner, bool, dict[str, int]]], dict[str, str]]:
-        """Owners and open-runs index in one round trip when the owners are the ones seen
-        last time (``known``); a second one only to read the liveness and notes of owners
-        registered since."""
-        def read(pipe: Pipeline) -> None:
-            pipe.hgetall(self._global("owners"))
-            pipe.hgetall(self._global("open-in"))
-            for owner_id in known:
-                pipe.exists(self._global("owner", owner_id))
-                pipe.zrange(self._global("owner", owner_id, "entries"), 0, -1, withscores=True)
-
-        replies = self._batch(read)
-        registered, open_in = replies[0], dict(replies[1])
-        state = {owner_id: (replies[2 + 2 * i], replies[3 + 2 * i])
-                 for i, owner_id in enumerate(known)}
-        parsed: list[Owner] = []
-        for raw in registered.values():
+    def _round_trip(self, build: Callable[[Pipeline], Any]) -> list[Any]:
+        """One round trip; each command's reply or its error (a bad record affects only its
+        own item). Commands whose script the server lost (a restart, SCRIPT FLUSH) did not
+        run: the scripts are loaded and those commands alone are sent again."""
+        pipe = self._pipeline()
+        try:
+            build(pipe)
+            commands = [args for args, _ in pipe.command_stack]
+            replies = list(pipe.execute(raise_on_error=False))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            pipe.reset()
+        _raise_outage(replies)
+        lost = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if lost:
             try:
-                parsed.append(Owner.from_dict(json.loads(raw)))
-            except (ValueError, KeyError, TypeError):
-                continue
-        new = [owner for owner in parsed if owner.id not in state]
-        if new:
-            def read_new(pipe: Pipeline) -> None:
-                for owner in new:
-                    pipe.exists(self._global("owner", owner.id))
-                    pipe.zrange(self._global("owner", owner.id, "entries"), 0, -1,
-                                withscores=True)
+                for name in SCRIPTS:
+                    self.client.script_load(_source(name))
+                again = self._pipeline()
+                for i in lost:
+                    again.execute_command(*commands[i])
+                for i, reply in zip(lost, again.execute(raise_on_error=False)):
+                    replies[i] = reply
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+            finally:
+                self._pipeline()
+            _raise_outage(replies)
+        return replies
 
-            more = self._batch(read_new)
-            state.update({owner.id: (more[2 * i], more[2 * i + 1])
-                          for i, owner in enumerate(new)})
-        out = []
-        for owner in parsed:
-            alive, entries = state[owner.id]
-            out.append((owner, bool(alive), {name: int(score) for name, score in entries}))
-        return out, open_in
+    def _chunked(self, items: Sequence[Any], build: Callable[[Pipeline, Any], Any]
+                 ) -> list[Any]:
+        """One command per item, CHUNK commands per round trip."""
+        replies: list[Any] = []
+        for start in range(0, len(items), CHUNK):
+            chunk = items[start:start + CHUNK]
 
-    def reclaim(self, entries: Sequence[str], old_owner: str, new_owner: Owner,
-                cutoff_ms: int | None) -> list[Claim]:
-        names = list(entries)
-        if not names:
-            return []
-        cutoff = "" if cutoff_ms is None else str(cutoff_ms)
+            def each(pipe: Pipeline, c: Sequence[Any] = chunk) -> None:
+                for item in c:
+                    build(pipe, item)
 
+            replies += self._round_trip(each)
+        return replies
+
+    def _script(self, pipe: Pipeline, name: str, keys: Sequence[str], *args: Any) -> None:
+        # EVALSHA directly: redis-py would otherwise ask SCRIPT EXISTS on every execute.
+        pipe.evalsha(_sha(name), len(keys), *keys, *args)
+
+    def _entry_script(self, pipe: Pipeline, name: str, entry: str, *args: Any) -> None:
+        self._script(pipe, name, self.entry_keys(entry), entry, *args)
+
+    # -- beats: liveness and entries ---------------------------------------------------
+    def heartbeat(self, owner: Owner, ttl: float, resync: bool = False) -> Heartbeat:
         def build(pipe: Pipeline) -> None:
-            pipe.zadd(self._global("owner", new_owner.id, "entries"),
-                      dict.fromkeys(names, self.now_ms()), nx=True)
-            for name in names:
-                self._run("reclaim", self._keys(name, "entry", "runs", "live"),
-                          [old_owner, new_owner.id, cutoff], pipe)
-            if cutoff_ms is None and old_owner != new_owner.id:
-                # Only the entries processed here leave the dead owner's note (and never the
-                # note of this owner, which now holds them).
-                pipe.zrem(self._global("owner", old_owner, "entries"), *names)
+            self._script(pipe, "heartbeat", [self._owners, self._alive, self._epoch],
+                         owner.id, json.dumps(owner.as_dict()), max(1, round(ttl * 1000)),
+                         "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS)
 
-        replies = self._batch(build)[1:len(names) + 1]
-        return [Claim(name, int(reply[i]), int(reply[i + 1]), reclaimed=True,
-                      maybe_sent=bool(int(reply[i + 2])))
-                for name, reply in zip(names, replies) for i in range(0, len(reply), 3)]
+        reply = self._round_trip(build)[0]
+        _raise_if_error(reply)
+        now, epoch_id, settle, owners, alive = reply
+        return Heartbeat(now=int(now), epoch=str(epoch_id),
+                         settle_until=int(settle) if settle else None,
+                         owners=tuple(_owner_statuses(owners, alive, int(now))))
 
-    def drop_owner(self, owner_id: str) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self._global("owner", owner_id, "entries"))
-        pipe.exists(self._global("owner", owner_id))
-        noted, alive = pipe.execute()
-        if not noted and not alive:
-            self.client.hdel(self._global("owners"), owner_id)
+    def leave(self, owner: Owner) -> None:
+        reply = self._round_trip(
+            lambda pipe: self._script(pipe, "leave", [self._alive], owner.id))[0]
+        _raise_if_error(reply)
 
-    def mark_lost(self, cutoffs: dict[str, int]) -> dict[str, list[int]]:
-        if not cutoffs:
+    def register(self, seeds: Sequence[EntrySeed]) -> dict[str, EntryState]:
+        if not seeds:
             return {}
+        def first_build(pipe: Pipeline) -> None:
+            self._script(pipe, "anchor_instant", [self._anchoring], ANCHOR_SHARED_MS)
+            pipe.get(self._layout)
+
+        first = self._round_trip(first_build)
+        _raise_if_error(first[0])
+        anchor_now, layout = str(first[0]), first[1]
+        seeds = list(seeds)
+        if layout != LAYOUT:
+            seeds = self._migrated(seeds)
+
+        def build(pipe: Pipeline, seed: EntrySeed) -> None:
+            runs = json.dumps([run.to_record() for run in seed.runs]) if seed.runs else ""
+            self._entry_script(
+                pipe, "register", seed.name, seed.description, anchor_now,
+                "" if seed.anchor is None else seed.anchor,
+                "" if seed.checkpoint is None else seed.checkpoint, seed.token,
+                self.history_limit, runs)
+            pipe.hset(self._registry, digest(seed.name), seed.name)
+
+        replies = self._chunked(seeds, build)[::2]
+        out: dict[str, EntryState] = {}
+        for seed, reply in zip(seeds, replies):
+            if isinstance(reply, Exception):
+                logger.error("beat-claims: entry %r cannot be registered in the store: %s",
+                             seed.name, reply)
+                continue
+            anchor, checkpoint, token, repaired = reply
+            if repaired:
+                logger.warning("beat-claims: entry %r had unreadable field(s) %s in the"
+                               " store; repaired from what this beat knows", seed.name,
+                               repaired)
+            out[seed.name] = EntryState(int(anchor), int(checkpoint) if checkpoint else None,
+                                        int(token))
+        if layout != LAYOUT:
+            self._round_trip(lambda pipe: pipe.set(self._layout, LAYOUT))
+        return out
+
+    def _migrated(self, seeds: list[EntrySeed]) -> list[EntrySeed]:
+        """Seeds for entries beat-claims 0.1 kept under its own keys: their anchor,
+        checkpoint and token are kept, so interval entries keep their grid."""
+        replies = self._chunked(seeds, lambda pipe, seed: pipe.hmget(
+            self._old_entry_key(seed.name), ["anchor", "checkpoint", "token"]))
+        out = []
+        for seed, reply in zip(seeds, replies):
+            try:
+                anchor, checkpoint, token = (int(v) if v else None for v in reply)
+            except (TypeError, ValueError):
+                anchor = None
+            if anchor is None or seed.anchor is not None:
+                out.append(seed)
+                continue
+            out.append(EntrySeed(seed.name, seed.description, anchor,
+                                 max(checkpoint or 0, seed.checkpoint or 0) or None,
+                                 max(token or 0, seed.token), seed.runs))
+        return out
+
+    # -- beats: the life of a claim ----------------------------------------------------
+    def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
+        def build(pipe: Pipeline, plan: ClaimPlan) -> None:
+            args: list[Any] = [owner.id]
+            if plan.expected is None:
+                args += ["", ""]
+            else:
+                cp = plan.expected.checkpoint
+                args += [plan.expected.anchor, "" if cp is None else cp]
+            steps = sorted([(due, "claim") for due in plan.claim]
+                           + [(due, reason.value) for due, reason in plan.skip])
+            args += [plan.token_floor, "1" if plan.take_due else "0", self.history_limit,
+                     len(steps)]
+            for due, action in steps:
+                args += [due, action]
+            self._entry_script(pipe, "claim", plan.entry, *args)
+
+        plans = list(plans)
+        return [_claim_result(plan.entry, reply)
+                for plan, reply in zip(plans, self._chunked(plans, build))]
+
+    def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
+        def build(pipe: Pipeline, item: Check) -> None:
+            c = item.claim
+            self._entry_script(pipe, "check", c.entry, owner.id, c.token, c.due, item.task_id,
+                               item.skip.value if item.skip else "", item.overlap.value)
+
+        checks = list(checks)
+        out = []
+        for item, reply in zip(checks, self._chunked(checks, build)):
+            if isinstance(reply, Exception):
+                out.append(CheckResult(item.claim, CheckVerdict.REFUSED,
+                                       why=f"unreadable record: {reply}"))
+            elif reply[0] == CheckVerdict.SEND.value:
+                out.append(CheckResult(item.claim, CheckVerdict.SEND))
+            elif reply[0] == CheckVerdict.SKIPPED.value:
+                out.append(CheckResult(item.claim, CheckVerdict.SKIPPED, Reason(reply[1])))
+            else:
+                out.append(CheckResult(item.claim, CheckVerdict.REFUSED, why=str(reply[1])))
+        return out
+
+    def record_sent(self, owner: Owner, claims: Sequence[Claim]) -> int:
+        claims = list(claims)
+        replies = self._chunked(claims, lambda pipe, c: self._entry_script(
+            pipe, "sent", c.entry, c.token, c.due))
+        return sum(1 for r in replies if r == 1)
+
+    def release(self, owner: Owner, releases: Sequence[Release], max_attempts: int = 0
+                ) -> list[RunState | None]:
+        def build(pipe: Pipeline, item: Release) -> None:
+            c = item.claim
+            self._entry_script(pipe, "release", c.entry, owner.id, c.token, c.due,
+                               item.error_type, item.error or "", max(1, max_attempts))
+
+        releases = list(releases)
+        return [RunState(r) if isinstance(r, str) and r else None
+                for r in self._chunked(releases, build)]
+
+    # -- sweeps -----------------------------------------------------------------------
+    def live_runs(self, query: LiveQuery) -> LiveRuns:
         def build(pipe: Pipeline) -> None:
-            for entry, cutoff in cutoffs.items():
-                self._run("lost", self._keys(entry, "runs", "open"), [str(cutoff)], pipe)
+            for bucket in range(BUCKETS):
+                self._script(pipe, "live", self._bucket_keys(bucket, "due", "held"),
+                             query.owner, query.held_before, query.mine_before,
+                             query.dead_before, query.limit, *sorted(query.live_owners))
 
-        return {entry: [int(d) for d in reply]
-                for entry, reply in zip(cutoffs, self._batch(build)) if reply}
+        due: list[RunRef] = []
+        held: list[HeldRun] = []
+        complete = True
+        for reply in self._round_trip(build):
+            _raise_if_error(reply)
+            due_members, held_rows, more = reply
+            complete = complete and not int(more)
+            for member in due_members:
+                ref = _plain_member(member)
+                if ref is not None:
+                    due.append(ref)
+            for member, score in zip(held_rows[::2], held_rows[1::2]):
+                run = _held_member(member, int(float(score)))
+                if run is not None:
+                    held.append(run)
+        # The limit is per bucket in the scripts: the answer holds at most ``limit`` of each.
+        if len(due) > query.limit or len(held) > query.limit:
+            complete = False
+            held.sort(key=lambda h: h.since)
+            due, held = due[:query.limit], held[:query.limit]
+        return LiveRuns(tuple(due), tuple(held), complete)
 
-    # -- worker side ------------------------------------------------------------------
-    def start(self, entry: str, due: int, token: int, worker: str, pid: int, retries: int,
-              takeover: tuple[str, int] | None = None, created: float = 0.0,
-              task_id: str = "") -> StartDecision:
-        def build(pipe: Pipeline) -> None:
-            self._run("start", self._keys(entry, "runs", "live", "open", "entry"), [
-                str(due), str(token), worker, str(pid), str(retries),
-                f"{takeover[0]}|{takeover[1]}" if takeover else "", repr(created),
-            ], pipe)
-            if task_id:  # for signals that carry only the task id (main-process failures)
-                pipe.set(self._global("task", task_id),
-                         json.dumps({"entry": entry, "due": due, "token": token}),
-                         px=TASK_INDEX_TTL_MS)
+    def open_runs(self, before: int, after: int | None = None, limit: int = 1000
+                  ) -> list[OpenRun]:
+        low = "-inf" if after is None else f"({after}"
 
-        reply = self._batch(build)[0]
-        if reply[0] == "ok":
-            return StartDecision(True, reply[1] if len(reply) > 1 else "")
-        if reply[0] == "busy":
-            return StartDecision(False, "busy", (reply[1], int(reply[2]), float(reply[3])))
-        return StartDecision(False, reply[1])
+        def read(pipe: Pipeline) -> None:
+            for bucket in range(BUCKETS):
+                pipe.zrangebyscore(self._bucket_keys(bucket, "open")[0], low, f"({before}",
+                                   start=0, num=limit, withscores=True)
 
-    def finish(self, entry: str, due: int, token: int | None, state: str,
-               exc_type: str = "", exc_message: str = "", worker: str = "") -> bool:
-        return bool(self._run("finish", self._keys(entry, "runs", "live", "open"), [
-            str(due), "" if token is None else str(token), state, exc_type, exc_message, worker,
-        ]))
+        found: list[tuple[float, RunRef]] = []
+        for reply in self._round_trip(read):
+            _raise_if_error(reply)
+            for member, score in reply:
+                ref = _plain_member(member)
+                if ref is not None:
+                    found.append((score, ref))
+        found.sort(key=lambda item: (item[0], item[1].due, item[1].entry))
+        chosen = [ref for _, ref in found[:limit]]
+        records = self._chunked(chosen, lambda pipe, ref: pipe.hget(
+            self.entry_keys(ref.entry)[1], str(ref.due)))
+        out = []
+        for (score, ref), raw in zip(found[:limit], records):
+            run = _parse_run(ref.entry, raw)
+            if run is not None and run.state.open:
+                out.append(OpenRun(ref.entry, ref.due, run.token, run.state, int(score),
+                                   run.task_id))
+        return out
 
-    def lookup_task(self, task_id: str) -> tuple[str, int, int] | None:
-        raw = self.client.get(self._global("task", task_id))
-        if not raw:
+    def reclaim(self, reclaims: Sequence[Reclaim], by: str) -> list[bool]:
+        reclaims = list(reclaims)
+        replies = self._chunked(reclaims, lambda pipe, r: self._entry_script(
+            pipe, "reclaim", r.entry, r.due, "" if r.token is None else r.token, by))
+        return [r == 1 for r in replies]
+
+    # -- workers ----------------------------------------------------------------------
+    def start(self, delivery: Delivery) -> StartDecision:
+        d, proc = delivery, delivery.process
+        takeover = (f"{d.takeover.worker}|{d.takeover.pid}" if d.takeover else "")
+
+        reply = self._round_trip(lambda pipe: self._entry_script(
+            pipe, "start", d.entry, d.due, d.token, proc.worker, proc.pid, d.retries,
+            takeover, repr(proc.started_at)))[0]
+        if isinstance(reply, Exception):
+            return StartDecision(StartVerdict.UNTRACKED, f"unreadable record: {reply}")
+        verdict = StartVerdict(reply[0])
+        if verdict is StartVerdict.RUN and d.task_id:
+            # For signals that carry only the task id (main-process failures). Only for a
+            # delivery that runs: a refused one (a superseded message has the same task id)
+            # must not replace the token that started the run. Another slot than the
+            # entry's (the id is all a signal has), so not in the script.
+            self._round_trip(lambda pipe: pipe.set(
+                self._task_key(d.task_id),
+                json.dumps({"entry": d.entry, "due": d.due, "token": d.token}), px=WEEK_MS))
+        if verdict is StartVerdict.BUSY:
+            return StartDecision(verdict, "busy", WorkerProcess(
+                str(reply[1]), int(reply[2]), float(reply[3])))
+        return StartDecision(verdict, str(reply[1]) if len(reply) > 1 else "")
+
+    def finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        def build(pipe: Pipeline, o: Outcome) -> None:
+            self._entry_script(
+                pipe, "finish", o.entry, o.due, "" if o.token is None else o.token,
+                o.state.value, o.reason.value if o.reason else "", o.exc_type, o.exc_message,
+                o.worker, "" if o.inactive_since is None else o.inactive_since)
+
+        outcomes = list(outcomes)
+        return [r == 1 for r in self._chunked(outcomes, build)]
+
+    def lookup_task(self, task_id: str) -> Claim | None:
+        raw = self._round_trip(lambda pipe: pipe.get(self._task_key(task_id)))[0]
+        if not raw or isinstance(raw, Exception):
             return None
         try:
             data = json.loads(raw)
-            return str(data["entry"]), int(data["due"]), int(data["token"])
+            return Claim(str(data["entry"]), int(data["due"]), int(data["token"]))
         except (ValueError, KeyError, TypeError):
             return None
 
     # -- operators --------------------------------------------------------------------
-    def request_run(self, entry: str, requested_by: str) -> int | None:
-        def build(pipe: Pipeline) -> None:
-            self._run("request", self._keys(entry, "entry", "runs", "history", "live"),
-                      [requested_by], pipe)
-            self._notice(pipe, [entry])
+    def request_run(self, entry: str, by: str) -> int | None:
+        reply = self._round_trip(lambda pipe: self._entry_script(
+            pipe, "request", entry, by, self.history_limit))[0]
+        _raise_if_error(reply)
+        return int(reply) if reply else None
 
-        due = self._batch(build)[0]
-        return int(due) if due else None
-
-    def free_claim(self, entry: str, due: int, released_by: str) -> bool:
-        def build(pipe: Pipeline) -> None:
-            self._run("free", self._keys(entry, "runs"), [str(due), released_by], pipe)
-            self._notice(pipe, [entry])
-
-        return bool(self._batch(build)[0])
-
-    # -- inspection -------------------------------------------------------------------
-    def entry_names(self) -> list[str]:
-        return sorted(self.client.hvals(self._global("entries")))
-
-    def entry_info(self, entry: str) -> dict[str, Any]:
-        data = self.client.hgetall(self._keys(entry, "entry")[0])
-        return {
-            "anchor": int(data["anchor"]) if data.get("anchor") else None,
-            "checkpoint": int(data["checkpoint"]) if data.get("checkpoint") else None,
-            "token": int(data.get("token") or 0),
-            "schedule": data.get("schedule"),
-        }
-
-    def _runs(self, entry: str, dues: Sequence[str]) -> list[Run]:
-        if not dues:
-            return []
-        return _parse(entry, self.client.hmget(self._keys(entry, "runs")[0], list(dues)))
+    # -- reads ------------------------------------------------------------------------
+    def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
+        if names is None:
+            names = sorted(self._round_trip(lambda pipe: pipe.hvals(self._registry))[0])
+        names = list(names)
+        replies = self._chunked(names, lambda pipe, name: pipe.hmget(
+            self.entry_keys(name)[0], ["anchor", "checkpoint", "token", "schedule"]))
+        out = []
+        for name, reply in zip(names, replies):
+            if isinstance(reply, Exception):
+                continue
+            anchor, checkpoint, token, schedule = reply
+            out.append(EntryRecord(name, schedule or "", _maybe_int(anchor),
+                                   _maybe_int(checkpoint), _maybe_int(token) or 0))
+        return out
 
     def history(self, entry: str, limit: int | None = None) -> list[Run]:
-        end = -1 if limit is None else limit - 1
-        dues = self.client.zrevrange(self._keys(entry, "history")[0], 0, end)
-        return self._runs(entry, dues)
+        keys = self.entry_keys(entry)
+        dues = self._round_trip(lambda pipe: pipe.zrevrange(
+            keys[2], 0, -1 if limit is None else max(0, limit - 1)))[0]
+        if not dues or isinstance(dues, Exception):
+            return []
+        raws = self._round_trip(lambda pipe: pipe.hmget(keys[1], list(dues)))[0]
+        return [run for raw in raws if (run := _parse_run(entry, raw)) is not None]
 
-    def open_runs(self, entries: Sequence[str]) -> dict[str, list[Run]]:
-        pipe = self.client.pipeline(transaction=False)
-        for entry in entries:
-            live, open_ = self._keys(entry, "live", "open")
-            pipe.zrange(live, 0, -1)
-            pipe.zrange(open_, 0, -1)
-        replies = pipe.execute()
-        wanted = {entry: sorted(set(replies[2 * i]) | set(replies[2 * i + 1]), key=int)
-                  for i, entry in enumerate(entries)}
-        wanted = {entry: dues for entry, dues in wanted.items() if dues}
-        for entry, dues in wanted.items():
-            pipe.hmget(self._keys(entry, "runs")[0], dues)
-        return {entry: _parse(entry, raws) for entry, raws in zip(wanted, pipe.execute())}
+    def owners(self) -> list[OwnerStatus]:
+        owners, alive, (seconds, micros) = self._round_trip(lambda pipe: (
+            pipe.hgetall(self._owners), pipe.zrange(self._alive, 0, -1, withscores=True),
+            pipe.time()))
+        flat_owners = [x for pair in owners.items() for x in pair]
+        flat_alive = [x for pair in alive for x in pair]
+        return _owner_statuses(flat_owners, flat_alive, int(seconds) * 1000 + micros // 1000)
 
     def close(self) -> None:
         self.client.close()
 
 
-def _parse(entry: str, raws: Iterable[str | None]) -> list[Run]:
+# -- replies ------------------------------------------------------------------------------
+def _raise_outage(replies: list[Any]) -> None:
+    for reply in replies:
+        if isinstance(reply, _OUTAGE_CLASSES) or (
+                isinstance(reply, ResponseError)
+                and str(reply).split(" ", 1)[0] in _OUTAGE_CODES):
+            raise StoreError(f"the server refused: {type(reply).__name__}: {reply}"
+                             ) from reply
+
+
+def _raise_if_error(reply: Any) -> None:
+    if isinstance(reply, Exception):
+        raise StoreError(f"the server answered with an error: {reply}") from reply
+
+
+def _maybe_int(value: Any) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _claim_result(entry: str, reply: Any) -> ClaimResult:
+    if isinstance(reply, Exception):
+        return ClaimResult(entry, ClaimStatus.CORRUPT, detail=str(reply))
+    status = ClaimStatus(reply[0])
+    if status is ClaimStatus.MISSING:
+        return ClaimResult(entry, status)
+    if status is ClaimStatus.CORRUPT:
+        return ClaimResult(entry, status, detail=f"unreadable field {reply[1]!r}")
+    if status is ClaimStatus.CONFLICT:
+        anchor, checkpoint, token = reply[1:4]
+        return ClaimResult(entry, status, EntryState(int(anchor), _maybe_int(checkpoint),
+                                                     int(token)))
+    claimed, skipped, existing, taken, anchor, checkpoint, token = reply[1:8]
+    return ClaimResult(
+        entry, status, EntryState(int(anchor), _maybe_int(checkpoint), int(token)),
+        claims=tuple(Claim(entry, int(claimed[i]), int(claimed[i + 1]))
+                     for i in range(0, len(claimed), 2)),
+        taken=tuple(Claim(entry, int(taken[i]), int(taken[i + 1]), manual=taken[i + 2] == "1",
+                          maybe_sent=taken[i + 3] == "1", attempts=int(taken[i + 4]))
+                    for i in range(0, len(taken), 5)),
+        skipped=tuple((int(skipped[i]), Reason(skipped[i + 1]))
+                      for i in range(0, len(skipped), 2)),
+        existing=tuple(int(d) for d in existing))
+
+
+def _plain_member(member: str) -> RunRef | None:
+    due, sep, name = member.partition("|")
+    if not sep or not due.lstrip("-").isdigit():
+        return None
+    return RunRef(name, int(due))
+
+
+def _held_member(member: str, since: int) -> HeldRun | None:
+    parts = member.split("|", 3)
+    if len(parts) != 4 or not parts[1].isdigit() or not parts[2].lstrip("-").isdigit():
+        return None
+    owner, token, due, name = parts
+    return HeldRun(name, int(due), int(token), owner, since)
+
+
+def _parse_run(entry: str, raw: Any) -> Run | None:
+    if not raw or isinstance(raw, Exception):
+        return None
+    try:
+        return Run.from_record(entry, json.loads(raw))
+    except (ValueError, TypeError):
+        return None  # an unreadable record is shown as missing rather than failing a read
+
+
+def _owner_statuses(owners: list[Any], alive: list[Any], now: int) -> list[OwnerStatus]:
+    expiry = {alive[i]: int(float(alive[i + 1])) for i in range(0, len(alive), 2)}
     out = []
-    for raw in raws:
-        if not raw:
-            continue
+    for owner_id, raw in zip(owners[::2], owners[1::2]):
         try:
-            out.append(Run.from_record(entry, json.loads(raw)))
+            owner = Owner.from_dict(json.loads(raw))
         except (ValueError, KeyError, TypeError):
-            continue  # a corrupt record is shown as missing rather than crashing
+            continue
+        expires = expiry.get(owner_id, 0)
+        out.append(OwnerStatus(owner, expires > now, expires))
     return out
 
 
-__all__ = ["RedisStore", "connect"]
+__all__ = ["BUCKETS", "RedisStore", "digest"]

@@ -29,10 +29,11 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from redis.exceptions import RedisError
 
 from beat_claims.runs import iso
 from beat_claims.settings import ConfigurationError, Settings
+from beat_claims.stores import StoreConfigurationError, StoreError
+from beat_claims.stores.base import Reclaim
 
 from . import status as source
 from .apps import celery_app
@@ -44,7 +45,7 @@ logger = get_logger("celery.beat.claims")
 #: Runs shown on an entry's page unless ``?limit=`` asks for another number.
 HISTORY_LIMIT = 50
 #: What a failed store read looks like to the page, instead of a server error.
-STORE_ERRORS = (RedisError, OSError, ConfigurationError)
+STORE_ERRORS = (StoreError, StoreConfigurationError, OSError, ConfigurationError)
 RELEASABLE = ("claimed", "sending")
 
 
@@ -153,7 +154,7 @@ class EntryAdmin(admin.ModelAdmin):
             return HttpResponseBadRequest("due: the run's due instant in UTC milliseconds")
         by = f"admin:{request.user.get_username()}"
         try:
-            freed = source.store_for().free_claim(name, due, released_by=by)
+            [freed] = source.store_for().reclaim([Reclaim(name, due, None)], by)
         except STORE_ERRORS as exc:
             messages.error(request, self._store_error(exc))
             return self._back(request, name)
@@ -179,7 +180,7 @@ class EntryAdmin(admin.ModelAdmin):
         by = f"admin:{request.user.get_username()}"
         app = celery_app()
         try:
-            due = source.store_for(app).request_run(name, requested_by=by)
+            due = source.store_for(app).request_run(name, by)
         except STORE_ERRORS as exc:
             messages.error(request, self._store_error(exc))
             return self._back(request, name)

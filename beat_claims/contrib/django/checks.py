@@ -103,21 +103,20 @@ def _check_entries(app: Any, settings: Any) -> list[checks.CheckMessage]:
 
 
 def _check_store(settings: Any) -> list[checks.CheckMessage]:
-    from beat_claims.stores.redis import connect
+    from beat_claims.stores import open_store
 
-    client = None
+    store = None
     try:
-        client = connect(settings.url, socket_timeout=STORE_TIMEOUT,
-                         sentinel_master=settings.sentinel_master)
-        client.ping()
+        store = open_store(settings, timeout=STORE_TIMEOUT)
+        store.owners()
     except Exception as exc:
         return [checks.Warning(
             f"beat-claims cannot reach its store at {mask(settings.url)}:"
             f" {type(exc).__name__}: {exc}",
-            hint="Beats send nothing while the store is unreachable. Start Redis or fix"
+            hint="Beats send nothing while the store is unreachable. Start the store or fix"
                  " CELERY_BEAT_CLAIMS_URL; BEAT_CLAIMS_CHECK_STORE = False skips this check.",
             id="beat_claims.W001")]
     finally:
-        if client is not None:
-            client.close()
+        if store is not None:
+            store.close()
     return []

@@ -1,7 +1,7 @@
 """What the admin and ``manage.py beat_claims`` read: the store, and the schedules that
 give each entry its next occurrence.
 
-Everything comes from the store (Redis) through :mod:`beat_claims.inspect`, the same
+Everything comes from the store through :mod:`beat_claims.inspect`, the same
 documents ``celery claims`` prints; nothing is read from database tables, except the
 schedules themselves when the django-celery-beat database scheduler is in use.
 """
@@ -16,12 +16,12 @@ from django.apps import apps as django_apps
 
 from beat_claims import inspect
 from beat_claims.settings import Settings
+from beat_claims.stores import open_store
 from beat_claims.stores.base import Store
-from beat_claims.stores.redis import RedisStore
 
 from .apps import celery_app
 
-#: Socket timeout of the web process's store client: a page must not hang on Redis.
+#: How long a page waits for the store: it must not hang on it.
 STORE_TIMEOUT = 2.0
 DATABASE_SCHEDULER = "beat_claims.contrib.django.database_scheduler"
 
@@ -36,9 +36,7 @@ def store_for(app: Any = None) -> Store:
     with _lock:
         store = _stores.get(key)
         if store is None:
-            store = _stores[key] = RedisStore.from_url(
-                settings.url, settings.key_prefix, socket_timeout=STORE_TIMEOUT,
-                sentinel_master=settings.sentinel_master)
+            store = _stores[key] = open_store(settings, timeout=STORE_TIMEOUT)
     return store
 
 

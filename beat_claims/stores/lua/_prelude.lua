@@ -1,18 +1,184 @@
--- Shared by every beat-claims script (prepended by stores/redis.py).
--- Runs are JSON records in the entry's runs hash, keyed by their due instant (UTC ms).
--- Every timestamp is the store's own clock, so beats with skewed clocks agree.
+-- Shared by every script (prepended, after the generated table of names: STATE, FINAL,
+-- HELD, OPEN, REASON, OVERLAP, the replies CLAIM, CHECK and START, and LOST_KEEP_MS).
+--
+-- Entry scripts get the entry's keys in this order (see ENTRY_KEYS in redis.py):
+--   1 entry hash, 2 runs hash, 3 history zset, 4 live zset, 5 lost zset,
+--   6 bucket due zset, 7 bucket held zset, 8 bucket open zset
+-- and the entry's name as ARGV[1]. Every change of a run's state goes through put_run(),
+-- which keeps the run's record and all its indexes in one place.
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local function get_run(runs_key, due)
-  local raw = redis.call('HGET', runs_key, due)
+
+local function fmt(n) return string.format('%d', n) end
+
+local function entry_keys(keys, name)
+  return {entry = keys[1], runs = keys[2], history = keys[3], live = keys[4], lost = keys[5],
+          due = keys[6], held = keys[7], open = keys[8], name = name}
+end
+
+local NUMBER_FIELDS = {'due', 'token', 'claimed_at', 'sending_at', 'sent_at', 'started_at',
+  'finished_at', 'released_at', 'revived_at', 'worker_pid', 'retries', 'attempts',
+  'reclaims', 'deliveries', 'worker_created'}
+
+-- A run's record: nil when there is none, false when it cannot be read (bad JSON, an
+-- unknown state, a number field that is not a number). A bad record is never trusted.
+local function get_run(K, due)
+  local raw = redis.call('HGET', K.runs, due)
   if not raw then return nil end
   local ok, run = pcall(cjson.decode, raw)
-  if not ok or type(run) ~= 'table' then return false end
+  if not ok or type(run) ~= 'table' or not STATE[run.state] then return false end
+  for _, f in ipairs(NUMBER_FIELDS) do
+    if run[f] ~= nil and type(run[f]) ~= 'number' then return false end
+  end
+  if type(run.due) ~= 'number' or fmt(run.due) ~= due then return false end
+  if run.owner ~= nil and type(run.owner) ~= 'string' then return false end
   return run
 end
-local function put_run(runs_key, due, run)
-  redis.call('HSET', runs_key, due, cjson.encode(run))
+
+-- The entry's anchor, checkpoint and token; nil and the field's name when one is bad.
+local function get_entry(K)
+  local v = redis.call('HMGET', K.entry, 'anchor', 'checkpoint', 'token')
+  local e = {}
+  for i, f in ipairs({'anchor', 'checkpoint', 'token'}) do
+    if v[i] then
+      local n = tonumber(v[i])
+      if n == nil or n ~= math.floor(n) then return nil, f end
+      e[f] = n
+    end
+  end
+  e.token = e.token or 0
+  return e
 end
-local FINAL = {done = true, failed = true, cancelled = true, skipped = true, lost = true}
+
+local function held_member(K, run)
+  return (run.owner or '') .. '|' .. fmt(run.token or 0) .. '|' .. fmt(run.due) .. '|' .. K.name
+end
+
+local function plain_member(K, run) return fmt(run.due) .. '|' .. K.name end
+
+-- The instant a run last became what it is: what the sweeps compare with their cutoffs.
+local function since(run)
+  if run.state == STATE.due then return run.released_at or run.claimed_at or run.due end
+  if HELD[run.state] then return run.sending_at or run.claimed_at or 0 end
+  return run.revived_at or run.started_at or run.sent_at or run.sending_at or 0
+end
+
+local function unindex(K, run)
+  if run.state == STATE.due then
+    redis.call('ZREM', K.due, plain_member(K, run))
+  elseif HELD[run.state] then
+    redis.call('ZREM', K.held, held_member(K, run))
+  elseif OPEN[run.state] then
+    redis.call('ZREM', K.open, plain_member(K, run))
+  end
+end
+
+local function index(K, run)
+  local due = fmt(run.due)
+  if FINAL[run.state] then
+    redis.call('ZREM', K.live, due)
+    return
+  end
+  redis.call('ZADD', K.live, run.due, due)
+  if run.state == STATE.due then
+    redis.call('ZADD', K.due, since(run), plain_member(K, run))
+  elseif HELD[run.state] then
+    redis.call('ZADD', K.held, since(run), held_member(K, run))
+  else
+    redis.call('ZADD', K.open, since(run), plain_member(K, run))
+  end
+end
+
+-- Store ``run`` (whose previous form was ``old``: nil for a new run) and its indexes.
+local function put_run(K, run, old)
+  if old then unindex(K, old) end
+  index(K, run)
+  redis.call('HSET', K.runs, fmt(run.due), cjson.encode(run))
+end
+
+-- Forget a run that cannot be read: out of every index of the entry (its record stays
+-- for an operator to look at until the history trims it).
+local function drop_bad(K, due)
+  redis.call('ZREM', K.live, due)
+  for _, key in ipairs({K.due, K.open}) do redis.call('ZREM', key, due .. '|' .. K.name) end
+  -- Held members carry owner and token: find them by their due and name.
+  local suffix = '|' .. due .. '|' .. K.name
+  for _, m in ipairs(redis.call('ZRANGE', K.held, 0, -1)) do
+    if string.sub(m, -#suffix) == suffix then redis.call('ZREM', K.held, m) end
+  end
+end
+
+local function shallow_copy(t)
+  local c = {}
+  for k, v in pairs(t) do c[k] = v end
+  return c
+end
+
+-- A fresh token, above the caller's floor (what it has seen: a store that went back must
+-- not hand out a token again).
+local function next_token(K, floor)
+  local token = redis.call('HINCRBY', K.entry, 'token', 1)
+  if floor and token <= floor then
+    token = floor + 1
+    redis.call('HSET', K.entry, 'token', fmt(token))
+  end
+  return token
+end
+
+-- Keep the history to ``limit`` runs. The oldest final runs beyond it are dropped first,
+-- wherever they are (a live run older than them does not keep them); a run presumed lost
+-- moves to the lost zset (kept a week, at most ``limit`` of them) so that a late delivery
+-- still finds its record; only when there are not enough final runs is the oldest run sent
+-- and never started pushed out, presumed lost (history_limit). Runs being claimed, sent or
+-- run are never dropped.
+local function trim(K, limit, now)
+  local excess = redis.call('ZCARD', K.history) - limit
+  if excess > 0 then
+    local unstarted = {}
+    for _, due in ipairs(redis.call('ZRANGE', K.history, 0, -1)) do
+      if excess <= 0 then break end
+      local run = get_run(K, due)
+      if not run then
+        if run == false then drop_bad(K, due) end
+        redis.call('HDEL', K.runs, due)
+        redis.call('ZREM', K.history, due)
+        excess = excess - 1
+      elseif run.state == STATE.lost then
+        redis.call('ZREM', K.history, due)
+        redis.call('ZADD', K.lost, run.finished_at or now, due)
+        excess = excess - 1
+      elseif FINAL[run.state] then
+        redis.call('HDEL', K.runs, due)
+        redis.call('ZREM', K.history, due)
+        excess = excess - 1
+      elseif run.state == STATE.sent and not run.started_at then
+        unstarted[#unstarted + 1] = run
+      end
+    end
+    for i = 1, math.min(excess, #unstarted) do
+      local run = unstarted[i]
+      local old = shallow_copy(run)
+      run.state = STATE.lost
+      run.reason = REASON.history_limit
+      run.finished_at = now
+      put_run(K, run, old)
+      redis.call('ZREM', K.history, fmt(run.due))
+      redis.call('ZADD', K.lost, now, fmt(run.due))
+    end
+  end
+  local expired = redis.call('ZRANGEBYSCORE', K.lost, '-inf', '(' .. fmt(now - LOST_KEEP_MS))
+  local over = redis.call('ZCARD', K.lost) - #expired - limit
+  if over > 0 then
+    for _, due in ipairs(redis.call('ZRANGE', K.lost, #expired, #expired + over - 1)) do
+      expired[#expired + 1] = due
+    end
+  end
+  for _, due in ipairs(expired) do
+    local run = get_run(K, due)
+    if not run or run.state == STATE.lost then redis.call('HDEL', K.runs, due) end
+    redis.call('ZREM', K.lost, due)
+  end
+end

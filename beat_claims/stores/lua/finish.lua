@@ -1,18 +1,24 @@
 -- Record a run's outcome. A final state is never overwritten; a superseded token's outcome
--- is ignored; the entry's checkpoint is never touched.
--- KEYS: runs, live, open. ARGV: due, token ('' = the current one), state, exc type, message,
---       worker.
-local run = get_run(KEYS[1], ARGV[1])
+-- is ignored; the entry's checkpoint is never touched. A presumption of loss (a sweep's)
+-- applies only to a run sent or started, not active since the caller's cutoff.
+-- KEYS: the entry's keys. ARGV: name, due, token ('' = the current one), state, reason,
+-- exc type, exc message, worker, inactive since ('' none). Returns 1 if recorded.
+local K = entry_keys(KEYS, ARGV[1])
+local run = get_run(K, ARGV[2])
 if not run then return 0 end
-if ARGV[2] ~= '' and tostring(run.token) ~= ARGV[2] then return 0 end
-if FINAL[run.state] then return 0 end
-if run.state == 'claimed' or run.state == 'due' then return 0 end
-run.state = ARGV[3]
+if ARGV[3] ~= '' and fmt(run.token or 0) ~= ARGV[3] then return 0 end
+if FINAL[run.state] or run.state == STATE.claimed or run.state == STATE.due then return 0 end
+if ARGV[4] == STATE.lost then
+  if not OPEN[run.state] then return 0 end
+  local cutoff = tonumber(ARGV[9])
+  if cutoff and since(run) >= cutoff then return 0 end
+end
+local old = shallow_copy(run)
+run.state = ARGV[4]
 run.finished_at = now_ms()
-if ARGV[4] ~= '' then run.exc_type = ARGV[4] end
-if ARGV[5] ~= '' then run.exc_message = ARGV[5] end
-if ARGV[6] ~= '' and not run.worker then run.worker = ARGV[6] end
-put_run(KEYS[1], ARGV[1], run)
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
+if ARGV[5] ~= '' then run.reason = ARGV[5] end
+if ARGV[6] ~= '' then run.exc_type = ARGV[6] end
+if ARGV[7] ~= '' then run.exc_message = ARGV[7] end
+if ARGV[8] ~= '' and not run.worker then run.worker = ARGV[8] end
+put_run(K, run, old)
 return 1

@@ -1,20 +1,32 @@
--- A stopping beat gives back what it claimed and did not send: those occurrences are due
--- again. Only the owner may release. With no due given, every claim the owner holds in the
--- entry that never reached the check before publish; with a due, that one claim even past
--- the check (its publish failed).
--- KEYS: runs, live. ARGV: owner, due or ''.
-local released = 0
-local dues = ARGV[2] ~= '' and {ARGV[2]} or redis.call('ZRANGE', KEYS[2], 0, -1)
-for _, due in ipairs(dues) do
-  local run = get_run(KEYS[1], due)
-  if run and run.owner == ARGV[1]
-      and (run.state == 'claimed' or (ARGV[2] ~= '' and run.state == 'sending')) then
-    run.state = 'due'
-    run.released_by = run.owner
-    run.owner = nil
-    run.released_at = now_ms()
-    put_run(KEYS[1], due, run)
-    released = released + 1
+-- The holder gives a claim back: the occurrence is due again, for any beat that has the
+-- entry. With an error (the publish failed) the attempt is counted; at the limit the run
+-- is recorded failed instead (publish_error), so a run that cannot be published does not
+-- come back for ever.
+-- KEYS: the entry's keys. ARGV: name, owner, token, due, error type, error message ('' for
+-- a plain release), attempts allowed. Returns the run's new state, or '' if not released.
+local K = entry_keys(KEYS, ARGV[1])
+local run = get_run(K, ARGV[4])
+if not run or run.owner ~= ARGV[2] or fmt(run.token or 0) ~= ARGV[3]
+    or not HELD[run.state] then
+  return ''
+end
+local old = shallow_copy(run)
+local now = now_ms()
+if ARGV[6] ~= '' then
+  run.attempts = (run.attempts or 0) + 1
+  run.exc_type = ARGV[5]
+  run.exc_message = ARGV[6]
+  if run.attempts >= tonumber(ARGV[7]) then
+    run.state = STATE.failed
+    run.reason = REASON.publish_error
+    run.finished_at = now
+    put_run(K, run, old)
+    return run.state
   end
 end
-return released
+run.state = STATE.due
+run.released_by = run.owner
+run.owner = nil
+run.released_at = now
+put_run(K, run, old)
+return run.state

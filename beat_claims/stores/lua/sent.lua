@@ -1,14 +1,16 @@
 -- The publish succeeded. The worker may already have started (or finished) the run.
--- KEYS: runs, live, open. ARGV: due, token.
-local run = get_run(KEYS[1], ARGV[1])
-if not run or tostring(run.token) ~= ARGV[2] then return 0 end
-if run.state == 'sending' then
-  run.state = 'sent'
-  redis.call('ZADD', KEYS[3], run.due, ARGV[1])
-elseif run.state == 'claimed' or run.state == 'due' then
-  return 0
+-- KEYS: the entry's keys. ARGV: name, token, due. Returns 1 if recorded.
+local K = entry_keys(KEYS, ARGV[1])
+local run = get_run(K, ARGV[3])
+if not run or fmt(run.token or 0) ~= ARGV[2] then return 0 end
+if run.state == STATE.claimed or run.state == STATE.due then return 0 end
+if run.state == STATE.sending then
+  local old = shallow_copy(run)
+  run.state = STATE.sent
+  run.sent_at = now_ms()
+  put_run(K, run, old)
+elseif not run.sent_at then
+  run.sent_at = now_ms()
+  redis.call('HSET', K.runs, ARGV[3], cjson.encode(run))
 end
-if not run.sent_at then run.sent_at = now_ms() end
-put_run(KEYS[1], ARGV[1], run)
-redis.call('ZREM', KEYS[2], ARGV[1])
 return 1

@@ -3,54 +3,62 @@
 -- Celery retry (more retries than recorded) or the process that started the run is gone
 -- (ARGV takeover names it, as the caller found it). A run presumed lost (no outcome within
 -- run_timeout) whose delivery turns up late still runs: it was never sent again.
--- KEYS: runs, live, open, entry.
--- ARGV: due, token, worker, pid, retries, takeover ('' or 'worker|pid'), process start time.
--- Returns {'ok'} or {'refused', why} or {'busy', worker, pid, process start time}.
-local run = get_run(KEYS[1], ARGV[1])
+-- KEYS: the entry's keys. ARGV: name, due, token, worker, pid, retries, takeover ('' or
+-- 'worker|pid'), process start time.
+-- Returns {'run'}, {'untracked', why}, {'refused', why} or {'busy', worker, pid, started}.
+local K = entry_keys(KEYS, ARGV[1])
+local due = ARGV[2]
+local run = get_run(K, due)
 if run == nil then
-  local checkpoint = redis.call('HGET', KEYS[4], 'checkpoint')
-  if checkpoint and tonumber(ARGV[1]) <= tonumber(checkpoint) then
-    return {'refused', 'no record of this run (trimmed from history, or the store was wiped)'}
+  local e = get_entry(K)
+  if e and e.checkpoint and tonumber(due) <= e.checkpoint then
+    return {START.refused, 'no record of this run (trimmed from history, or the store was wiped)'}
   end
-  return {'ok', 'untracked'}
+  return {START.untracked, 'no record of this run yet'}
 end
-if run == false then return {'ok', 'corrupt'} end
-if tostring(run.token) ~= ARGV[2] then
-  return {'refused', 'token ' .. ARGV[2] .. ' superseded by ' .. tostring(run.token)}
+if run == false then return {START.untracked, 'corrupt record'} end
+if fmt(run.token or 0) ~= ARGV[3] then
+  return {START.refused, 'token ' .. ARGV[3] .. ' superseded by ' .. fmt(run.token or 0)}
 end
-if FINAL[run.state] and run.state ~= 'lost' then return {'refused', 'already ' .. run.state} end
-local retries = tonumber(ARGV[5])
+if FINAL[run.state] and run.state ~= STATE.lost then
+  return {START.refused, 'already ' .. run.state}
+end
+local retries = tonumber(ARGV[6])
 local now = now_ms()
-if run.state == 'started' or (run.state == 'lost' and run.started_at) then
+local old = shallow_copy(run)
+if run.state == STATE.started or (run.state == STATE.lost and run.started_at) then
   -- The same process only if its start time matches too: a restarted worker may get the
   -- same node name and pid.
-  local same = run.worker == ARGV[3] and tostring(run.worker_pid) == ARGV[4]
-      and math.abs((tonumber(run.worker_created) or 0) - tonumber(ARGV[7])) < 0.01
+  local same = run.worker == ARGV[4] and fmt(run.worker_pid or -1) == ARGV[5]
+      and math.abs((run.worker_created or 0) - tonumber(ARGV[8])) < 0.01
   local retry = retries > (run.retries or 0)
-  local takeover = ARGV[6] ~= '' and ARGV[6] == (run.worker .. '|' .. tostring(run.worker_pid))
+  local takeover = ARGV[7] ~= '' and ARGV[7] == ((run.worker or '') .. '|'
+      .. fmt(run.worker_pid or -1))
   if not (retry or takeover) then
-    if same then return {'refused', 'already started by this process'} end
-    return {'busy', run.worker, tostring(run.worker_pid), tostring(run.worker_created or 0)}
+    if same then return {START.refused, 'already started by this process'} end
+    return {START.busy, run.worker or '', fmt(run.worker_pid or 0),
+            tostring(run.worker_created or 0)}
   end
   if takeover then run.deliveries = (run.deliveries or 1) + 1 end
-elseif run.state == 'sending' or run.state == 'sent' or run.state == 'lost' then
+elseif run.state == STATE.sending or run.state == STATE.sent or run.state == STATE.lost then
   run.deliveries = 1
 else
-  return {'refused', 'not sent (' .. run.state .. ')'}
+  return {START.refused, 'not sent (' .. run.state .. ')'}
 end
-if run.state == 'lost' then
+if run.state == STATE.lost then
   -- Presumed lost, and it was not: its run_timeout counts again from now.
   run.revived = true
   run.revived_at = now
   run.finished_at = nil
+  run.reason = nil
+  redis.call('ZREM', K.lost, due)
+  redis.call('ZADD', K.history, run.due, due)
 end
-run.state = 'started'
-run.worker = ARGV[3]
-run.worker_pid = tonumber(ARGV[4])
-run.worker_created = tonumber(ARGV[7])
+run.state = STATE.started
+run.worker = ARGV[4]
+run.worker_pid = tonumber(ARGV[5])
+run.worker_created = tonumber(ARGV[8])
 run.retries = retries
 run.started_at = run.started_at or now
-put_run(KEYS[1], ARGV[1], run)
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZADD', KEYS[3], run.due, ARGV[1])
-return {'ok'}
+put_run(K, run, old)
+return {START.run}

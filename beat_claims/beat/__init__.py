@@ -1,0 +1,13 @@
+"""The beat side, one concern per object; :class:`beat_claims.scheduler.Scheduler` wires
+them into Celery's scheduler interface.
+
+``clock``      "now" by the store, advanced by the monotonic clock
+``liveness``   the heartbeat, the owners alive, the store's epoch
+``knowledge``  what this beat knows of each entry, to refuse going back and to re-seed
+``holdings``   claims this beat holds and has not handed to the broker (a hint)
+``claimer``    the heap of due instants, and claiming what is due
+``sender``     the check before publish, the publish, the sent mark, releases
+``sweeper``    taking back claims nobody serves, picking up due runs, presuming runs lost
+``recovery``   outcomes no worker reported, from the result backend
+``outage``     logging an outage once, and the backoff
+"""

@@ -1,0 +1,281 @@
+"""The heap of due instants, and claiming what is due.
+
+Celery's heap is replaced by a heap of exact due instants, computed from each entry's
+anchor and checkpoint as the store holds them. The heap is only a hint of what may be due:
+a claim is a compare-and-set on the checkpoint it was computed from, and when the store
+holds another, nothing is written and the beat computes again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from .. import occurrences
+from ..catch_up import plan
+from ..enums import Reason
+from ..runs import Owner, iso
+from ..settings import Policy, Settings
+from ..stores.base import Claim, ClaimPlan, ClaimResult, ClaimStatus, EntrySeed, EntryState, Store
+from .holdings import Holdings
+from .knowledge import Knowledge
+from .liveness import StoreWentBack
+
+#: Entries claimed in one call when many are due at once; beats sharing a burst each
+#: start at their own share and then help with the rest, a chunk at a time.
+CLAIM_CHUNK = 100
+#: Compare-and-set conflicts retried in one tick (another beat claimed meanwhile).
+CONFLICT_RETRIES = 5
+
+
+class EntrySource(Protocol):
+    """What the scheduler tells the claimer about its entries."""
+
+    schedule: dict[str, Any]
+    policies: dict[str, Policy]
+
+    def bounds(self, name: str) -> tuple[int | None, int | None]: ...
+
+
+class SkipLog:
+    """What the store recorded skipped in one tick, logged as one line per reason."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.counts: dict[Reason, dict[str, int]] = defaultdict(dict)
+        self.unlisted: dict[str, tuple[int, bool]] = {}
+
+    def add(self, entry: str, reason: Reason, n: int = 1) -> None:
+        per_entry = self.counts[reason]
+        per_entry[entry] = per_entry.get(entry, 0) + n
+
+    def add_unlisted(self, entry: str, n: int, exact: bool) -> None:
+        """Skipped occurrences too old to be recorded one by one."""
+        if n > 0:
+            self.unlisted[entry] = (n, exact)
+
+    def flush(self) -> None:
+        for reason, per_entry in sorted(self.counts.items()):
+            total = sum(per_entry.values())
+            names = ", ".join(f"{name} ({n})" if n > 1 else name
+                              for name, n in sorted(per_entry.items())[:5])
+            more = f" and {len(per_entry) - 5} more" if len(per_entry) > 5 else ""
+            self.logger.info("beat-claims: recorded %d occurrence(s) skipped (%s): %s%s",
+                             total, reason.value, names, more)
+        for entry, (n, exact) in sorted(self.unlisted.items()):
+            self.logger.info("beat-claims: %s: %s%d older missed occurrence(s) skipped"
+                             " without a record each (history_limit)", entry,
+                             "" if exact else "at least ", n)
+        self.counts.clear()
+        self.unlisted.clear()
+
+
+class Claimer:
+    def __init__(self, store: Store, owner: Owner, settings: Settings, source: EntrySource,
+                 knowledge: Knowledge, holdings: Holdings, logger: logging.Logger) -> None:
+        self.store = store
+        self.holdings = holdings
+        self.owner = owner
+        self.settings = settings
+        self.source = source
+        self.knowledge = knowledge
+        self.logger = logger
+        self.states: dict[str, EntryState] = {}
+        self.heap: list[tuple[int, str]] = []
+        self.skips = SkipLog(logger)
+        self._noted: set[tuple[str, str]] = set()
+
+    # -- entries ----------------------------------------------------------------------
+    def register(self, names: Iterable[str], seeds: list[EntrySeed] | None = None) -> None:
+        """Register ``names`` (or the given seeds), with what this beat knows of each, and
+        put each on the heap at its next occurrence."""
+        if seeds is None:
+            seeds = [self._seed(name) for name in names]
+        states = self.store.register(seeds)
+        for seed in seeds:
+            state = states.get(seed.name)
+            if state is None:
+                continue  # the store refused it (logged there); tried again at the next prepare
+            known = self.knowledge.entries.get(seed.name)
+            if known is not None and known.anchor != state.anchor:
+                self.note(seed.name, f"anchor {state.anchor}", logging.WARNING,
+                          "beat-claims: %s: the store holds another anchor (%s) than this"
+                          " beat knew (%s); following the store", seed.name,
+                          iso(state.anchor), iso(known.anchor))
+                self.knowledge.forget(seed.name)
+            self.knowledge.learn(seed.name, state)
+            self.states[seed.name] = state
+        self.heap = [(due, name) for due, name in self.heap if name not in states]
+        heapq.heapify(self.heap)
+        for name in states:
+            self.push(name)
+
+    def _seed(self, name: str) -> EntrySeed:
+        known = self.knowledge.entries.get(name)
+        description = occurrences.describe(self.source.schedule[name].schedule)
+        if known is None:
+            return EntrySeed(name, description)
+        return EntrySeed(name, description, known.anchor, known.checkpoint, known.token)
+
+    def reset(self) -> None:
+        self.states.clear()
+        self.heap = []
+
+    def push(self, name: str) -> None:
+        """Put ``name`` on the heap at its next occurrence after its checkpoint."""
+        state = self.states.get(name)
+        if state is None or name not in self.source.schedule:
+            return
+        try:
+            nxt = occurrences.next_after(self.source.schedule[name].schedule, state.anchor,
+                                         self.after(name, state))
+        except Exception as exc:
+            self.note(name, "next", logging.ERROR, "beat-claims: cannot compute the next run"
+                      " of %r (%s: %s); it is not scheduled", name, type(exc).__name__, exc)
+            return
+        if nxt is None:
+            return  # the schedule has no more occurrences (a one-off time that has passed)
+        until = self.source.bounds(name)[1]
+        if until is not None and nxt > until:
+            return
+        heapq.heappush(self.heap, (nxt, name))
+
+    def after(self, name: str, state: EntryState) -> int:
+        """The instant after which the entry's next occurrences are looked for.
+
+        Interval and crontab arithmetic never goes below the anchor; a lower bound below it
+        matters only to a schedule of absolute instants (a clocked time that passed before
+        the store first saw the entry is a missed occurrence, for the catch-up policy).
+        """
+        not_before = self.source.bounds(name)[0]
+        if state.checkpoint is None and not_before is not None:
+            return not_before - 1
+        after = state.checkpoint if state.checkpoint is not None else state.anchor
+        if not_before is not None and not_before - 1 > after:
+            after = not_before - 1
+        return after
+
+    def pop_due(self, now: int) -> list[str]:
+        """The entries whose next instant has come, each once, in due order."""
+        due: dict[str, None] = {}
+        while self.heap and self.heap[0][0] <= now:
+            _, name = heapq.heappop(self.heap)
+            if name in self.source.schedule:
+                due[name] = None
+        return list(due)
+
+    def next_due(self) -> int | None:
+        return self.heap[0][0] if self.heap else None
+
+    # -- claiming ---------------------------------------------------------------------
+    def shares(self, names: list[str], peers: list[str]) -> list[list[str]]:
+        """Chunks of ``names`` in the order this beat claims them: its own share of the live
+        beats' first, then the others' shares from their far end, to meet them halfway."""
+        if len(names) <= CLAIM_CHUNK:
+            return [names]
+        order = names
+        if len(peers) > 1 and self.owner.id in peers:
+            order = sorted(names)
+            rank, n = peers.index(self.owner.id), len(peers)
+            start, end = rank * len(order) // n, (rank + 1) * len(order) // n
+            order = order[start:end] + (order[end:] + order[:start])[::-1]
+        return [order[i:i + CLAIM_CHUNK] for i in range(0, len(order), CLAIM_CHUNK)]
+
+    def claim(self, names: list[str], now: int) -> tuple[list[Claim], list[Claim]]:
+        """Claim what is due of ``names``: (new occurrences, runs that were due again)."""
+        fresh: list[Claim] = []
+        waited: list[Claim] = []
+        pending = [n for n in names if n in self.states]
+        for _attempt in range(CONFLICT_RETRIES):
+            plans: dict[str, tuple[ClaimPlan, Any]] = {}
+            for name in pending:
+                try:
+                    plans[name] = self._plan(name, now)
+                except Exception as exc:
+                    self.note(name, "plan", logging.ERROR, "beat-claims: cannot compute the"
+                              " due runs of %r (%s: %s); trying again later", name,
+                              type(exc).__name__, exc)
+            if not plans:
+                break
+            pending = []
+            for result in self.store.claim(self.owner, [p for p, _ in plans.values()]):
+                if self._accept(result, plans[result.entry][1], fresh, waited):
+                    pending.append(result.entry)
+            if not pending:
+                break
+        return fresh, waited
+
+    def take_due(self, names: Iterable[str]) -> list[Claim]:
+        """Claim the runs of ``names`` that are due again (released, taken back,
+        requested)."""
+        plans = [ClaimPlan(name, None, token_floor=self._token_floor(name))
+                 for name in sorted(set(names)) if name in self.states]
+        waited: list[Claim] = []
+        for result in self.store.claim(self.owner, plans):
+            self._accept(result, None, [], waited)
+        return waited
+
+    def _token_floor(self, name: str) -> int:
+        known = self.knowledge.entries.get(name)
+        return known.token if known is not None else 0
+
+    def _plan(self, name: str, now: int) -> tuple[ClaimPlan, Any]:
+        state = self.states[name]
+        policy = self.source.policies[name]
+        keep = max(policy.max_catch_up, self.settings.history_limit) + 1
+        until = self.source.bounds(name)[1]
+        window = occurrences.due_between(
+            self.source.schedule[name].schedule, state.anchor, self.after(name, state),
+            now if until is None else min(now, until), keep)
+        decided = plan(policy, window.newest, window.total, now,
+                       int(self.settings.catch_up_grace * 1000), self.settings.history_limit,
+                       window.exact)
+        return ClaimPlan(name, state, tuple(decided.run), tuple(decided.skip),
+                         token_floor=self._token_floor(name)), decided
+
+    def _accept(self, result: ClaimResult, decided: Any, fresh: list[Claim],
+                waited: list[Claim]) -> bool:
+        """Take in one result; True when the entry must be planned again (a conflict)."""
+        name = result.entry
+        if result.status is ClaimStatus.MISSING:
+            raise StoreWentBack(f"entry {name!r} is missing from the store")
+        if result.status is ClaimStatus.CORRUPT:
+            self.note(name, "corrupt", logging.ERROR, "beat-claims: %s: its record in the"
+                      " store cannot be read (%s); repairing it from what this beat knows",
+                      name, result.detail)
+            self.register([name])
+            return False
+        assert result.state is not None
+        problem = self.knowledge.learn(name, result.state)
+        if problem is not None:
+            raise StoreWentBack(f"entry {name!r}: {problem}")
+        self.states[name] = result.state
+        if result.status is ClaimStatus.CONFLICT:
+            return True
+        # Held as soon as the store answers: nothing this beat claimed is forgotten, even if
+        # a later result of the same call stops it.
+        self.holdings.hold(result.claims, waited=False)
+        self.holdings.hold(result.taken, waited=True)
+        self.knowledge.claimed(list(result.claims) + list(result.taken))
+        fresh.extend(result.claims)
+        waited.extend(result.taken)
+        for _, reason in result.skipped:
+            self.skips.add(name, reason)
+        if decided is not None and decided.unrecorded:
+            self.skips.add_unlisted(name, decided.unrecorded, decided.unrecorded_exact)
+        for due in result.existing:
+            self.note(name, f"existing {due}", logging.WARNING, "beat-claims: %s due %s"
+                      " already has a run (an operator's, or one registered after a wipe):"
+                      " it is not claimed again", name, iso(due))
+        return False
+
+    def note(self, name: str, key: str, level: int, message: str, *args: Any) -> None:
+        """Log a problem of one entry once (until the beat restarts)."""
+        if (name, key) not in self._noted:
+            if len(self._noted) > 10_000:
+                self._noted.clear()
+            self._noted.add((name, key))
+            self.logger.log(level, message, *args)

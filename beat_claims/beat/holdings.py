@@ -1,0 +1,49 @@
+"""Claims this beat holds and has not handed to the broker, and publishes whose sent mark
+is not stored yet.
+
+A hint, not the truth: if this were lost at any moment, the store's records still hold
+every one of these runs (claimed, or being sent), and the sweeps find them — this beat's
+own at its next sweep, anybody's once the claim is older than ``reclaim_after`` or its
+owner is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..stores.base import Claim, RunRef
+
+
+class Holdings:
+    def __init__(self) -> None:
+        self.held: dict[RunRef, Claim] = {}  # claimed (or checked) and not yet published
+        self.waited: set[RunRef] = set()  # held ones that did not come straight from a claim
+        self.checked: list[Claim] = []  # passed the check; publish not begun
+        self.unmarked: list[Claim] = []  # published; the sent mark is still to be stored
+
+    def hold(self, claims: Iterable[Claim], waited: bool) -> None:
+        for claim in claims:
+            self.held[claim.ref] = claim
+            if waited:
+                self.waited.add(claim.ref)
+
+    def drop(self, ref: RunRef) -> None:
+        self.held.pop(ref, None)
+        self.waited.discard(ref)
+
+    def knows(self, ref: RunRef) -> bool:
+        """Whether this beat is handling the run right now (held, checked or published)."""
+        return (ref in self.held or any(c.ref == ref for c in self.checked)
+                or any(c.ref == ref for c in self.unmarked))
+
+    def entries(self) -> set[str]:
+        return {ref.entry for ref in self.held}
+
+    def clear(self) -> None:
+        self.held.clear()
+        self.waited.clear()
+        self.checked.clear()
+        self.unmarked.clear()
+
+    def __len__(self) -> int:
+        return len(self.held)

@@ -1,0 +1,79 @@
+"""This beat's heartbeat, which owners are alive, and the store's epoch.
+
+Liveness is renewed from the beat's own loop, never from a background thread: a beat
+stuck in a blocked publish must look dead, so that its claims are taken back (and fencing
+keeps it from sending them when it wakes).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..runs import Owner, process_is_gone
+from ..stores.base import OwnerStatus, Store
+from .clock import StoreClock
+
+
+class StoreWentBack(Exception):
+    """The store may have lost writes (a restart, a failover, a wipe, an older snapshot):
+    what this beat knows must be registered again before anything is claimed."""
+
+
+class Liveness:
+    def __init__(self, store: Store, owner: Owner, interval: float, clock: StoreClock) -> None:
+        self.store = store
+        self.owner = owner
+        self.interval = interval
+        self.ttl = 3 * interval
+        self.clock = clock
+        self.last = float("-inf")  # monotonic instant of the last heartbeat
+        self.epoch: str | None = None
+        self.settle_until: int | None = None
+        self.owners: tuple[OwnerStatus, ...] = ()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last >= self.interval
+
+    def beat(self, resync: bool = False) -> bool:
+        """Renew the heartbeat and read the store's clock, owners and epoch. True when the
+        epoch changed since the last heartbeat (the store may have lost writes)."""
+        asked = time.monotonic()
+        hb = self.store.heartbeat(self.owner, self.ttl, resync=resync)
+        answered = time.monotonic()
+        self.clock.set(hb.now, asked, answered)
+        self.last = answered
+        changed = self.epoch is not None and hb.epoch != self.epoch
+        self.epoch = hb.epoch
+        self.settle_until = hb.settle_until
+        self.owners = hb.owners
+        return changed and not resync
+
+    def keep_alive(self) -> None:
+        """During a long burst of sends: keep looking alive, but only from this loop. A
+        changed epoch stops the burst."""
+        if time.monotonic() - self.last >= self.interval / 2 and self.beat():
+            raise StoreWentBack("the store's epoch changed during a burst of sends")
+
+    def lapse(self) -> None:
+        """Heartbeat again at the next chance (after an error, or a wake-up)."""
+        self.last = float("-inf")
+
+    def settling_for(self) -> float:
+        """Seconds until the store has settled (0 when it has)."""
+        if self.settle_until is None:
+            return 0.0
+        return max(0.0, (self.settle_until - self.clock.now()) / 1000)
+
+    def live_ids(self) -> frozenset[str]:
+        """Owners believed alive: their heartbeat has not lapsed, and on this host their
+        process is still there."""
+        return frozenset(o.owner.id for o in self.owners
+                         if o.owner.id == self.owner.id or (o.alive and not _gone(o.owner)))
+
+    def peers(self) -> list[str]:
+        """The live beats' ids in a stable order (to share a burst between them)."""
+        return sorted(self.live_ids())
+
+
+def _gone(owner: Owner) -> bool:
+    return process_is_gone(owner.host, owner.pid, owner.started_at) is True

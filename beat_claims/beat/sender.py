@@ -1,0 +1,216 @@
+"""The check before publish, the publish, the sent mark, and giving claims back.
+
+A batch of claims is checked in one store call immediately before its publishes; the
+publishes follow, then the sent marks. If publishing stalls for half a heartbeat interval
+(a paused VM, a slow broker), the rest of the batch is checked again, so a beat that wakes
+after its claims were taken back sends at most the one message that was in flight.
+
+Claims that waited (released by a stopped beat, taken back, held through an outage of the
+store or the broker) are judged again by the entry's catch-up policy before they are sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from typing import Any
+
+from ..catch_up import plan_held
+from ..enums import Reason, RunState
+from ..metrics import Metrics
+from ..runs import Owner, iso, task_id_for
+from ..settings import Policy, Settings
+from ..stores.base import Check, CheckVerdict, Claim, Release, Store
+from .clock import StoreClock
+from .holdings import Holdings
+from .knowledge import Knowledge
+from .liveness import Liveness
+
+#: Claims checked before publish in one store call.
+SEND_BATCH = 100
+
+Publish = Callable[[Claim, str], Any]
+
+
+class BrokerDown(Exception):
+    """Publishing failed because the broker cannot be reached: not the run's fault."""
+
+
+def is_broker_outage(exc: BaseException) -> bool:
+    """Whether a publish error says the broker is unreachable (rather than that this one
+    message cannot be sent: a serialization error, a task that refuses it)."""
+    from kombu.exceptions import OperationalError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (OperationalError, ConnectionError, socket.timeout,
+                                TimeoutError)):
+            return True
+        if type(current).__module__.split(".")[0] in ("amqp", "redis", "kombu") and \
+                "connection" in type(current).__name__.lower():
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class Sender:
+    def __init__(self, store: Store, owner: Owner, settings: Settings,
+                 policies: dict[str, Policy], holdings: Holdings, knowledge: Knowledge,
+                 liveness: Liveness, clock: StoreClock, publish: Publish, metrics: Metrics,
+                 logger: logging.Logger) -> None:
+        self.store = store
+        self.owner = owner
+        self.settings = settings
+        self.policies = policies
+        self.holdings = holdings
+        self.knowledge = knowledge
+        self.liveness = liveness
+        self.clock = clock
+        self.publish = publish
+        self.metrics = metrics
+        self.logger = logger
+
+    def task_id(self, claim: Claim) -> str:
+        return task_id_for(claim.entry, claim.due, self.settings.key_prefix)
+
+    # -- deciding ---------------------------------------------------------------------
+    def decide(self, claims: list[Claim], schedule: dict[str, Any]) -> list[Check]:
+        """For each claim: send it, or record it skipped. Claims that waited are judged
+        again by the entry's catch-up policy; a claim of an entry no longer in the schedule
+        is given back for a beat that has it."""
+        by_entry: dict[str, list[Claim]] = defaultdict(list)
+        for claim in claims:
+            by_entry[claim.entry].append(claim)
+        gone = [c for name, cs in by_entry.items() if name not in schedule for c in cs]
+        if gone:
+            self.release(gone)
+        now = self.clock.now()
+        grace = int(self.settings.catch_up_grace * 1000)
+        checks: list[Check] = []
+        for name, entry_claims in by_entry.items():
+            if name not in schedule:
+                continue
+            policy = self.policies[name]
+            scheduled = [c for c in entry_claims if not c.manual]
+            skip: dict[int, Reason] = {}
+            if any(c.ref in self.holdings.waited for c in scheduled):
+                decided = plan_held(
+                    policy, [c.due for c in scheduled if c.ref in self.holdings.waited],
+                    [c.due for c in scheduled if c.ref not in self.holdings.waited], now, grace)
+                skip = dict(decided.skip)
+            for claim in entry_claims:
+                checks.append(Check(claim, self.task_id(claim), skip.get(claim.due),
+                                    policy.overlap))
+        checks.sort(key=lambda c: (c.claim.due, c.claim.entry))
+        return checks
+
+    # -- sending ----------------------------------------------------------------------
+    def send(self, claims: list[Claim], schedule: dict[str, Any]) -> None:
+        """Decide, check, publish and mark ``claims`` (all held by this beat).
+
+        A claim is owed its sent mark as soon as its publish returns; an exception on its
+        way out (the SystemExit of a stop) leaves it owed, and close() stores it; claims
+        checked and not yet published are given back by close(). Raises BrokerDown after
+        giving back what it could not publish.
+        """
+        checks = self.decide(claims, schedule)
+        for start in range(0, len(checks), SEND_BATCH):
+            self.liveness.keep_alive()
+            queue = self._check(checks[start:start + SEND_BATCH])
+            checked_at = time.monotonic()
+            try:
+                while queue:
+                    if time.monotonic() - checked_at > self.settings.heartbeat_interval / 2:
+                        self.liveness.keep_alive()
+                        queue = self._check(list(queue))
+                        checked_at = time.monotonic()
+                        continue
+                    check = queue.popleft()
+                    self.holdings.checked.pop(0)  # from here on, it may be published
+                    self._publish_one(check, schedule)
+            except BrokerDown:
+                self.holdings.checked.clear()
+                self.flush_marks()
+                self.release([c.claim for c in queue])
+                self.release(list(self.holdings.held.values()))
+                raise
+            self.flush_marks()
+
+    def _check(self, checks: list[Check]) -> deque[Check]:
+        """The check before publish for ``checks``, in one store call: those still ours and
+        to be sent, in order (the others are recorded, or not ours)."""
+        self.holdings.checked = []
+        if not checks:
+            return deque()
+        queue: deque[Check] = deque()
+        for check, result in zip(checks, self.store.check(self.owner, checks)):
+            claim = result.claim
+            if result.verdict is CheckVerdict.SEND:
+                self.holdings.checked.append(claim)
+                queue.append(check)
+                continue
+            self.holdings.drop(claim.ref)
+            if result.verdict is CheckVerdict.SKIPPED:
+                self.metrics.count("skipped")
+                self.logger.info("beat-claims: %s due %s recorded skipped (%s)", claim.entry,
+                                 iso(claim.due), result.reason)
+            else:
+                self.metrics.count("not_sent")
+                self.logger.warning("beat-claims: not sending %s due %s (token %d): %s",
+                                    claim.entry, iso(claim.due), claim.token, result.why)
+        return queue
+
+    def _publish_one(self, check: Check, schedule: dict[str, Any]) -> None:
+        claim = check.claim
+        try:
+            self.publish(claim, check.task_id)
+        except Exception as exc:
+            if is_broker_outage(exc):
+                self.release([claim])
+                raise BrokerDown(str(exc)) from exc
+            self._publish_failed(claim, exc)
+        else:
+            self.holdings.unmarked.append(claim)
+            self.knowledge.sent(claim, check.task_id, self.clock.now())
+            self.metrics.count("sent")
+        finally:
+            self.holdings.drop(claim.ref)
+
+    def _publish_failed(self, claim: Claim, exc: Exception) -> None:
+        """This message cannot be published: try again later, a bounded number of times."""
+        limit = self.settings.publish_retries
+        [state] = self.store.release(
+            self.owner, [Release(claim, f"{exc}"[:500], type(exc).__name__)], limit)
+        self.metrics.count("publish_failed")
+        if state is RunState.FAILED:
+            self.logger.error("beat-claims: publishing %s due %s failed %d times; recorded"
+                              " failed (publish_error): %r", claim.entry, iso(claim.due),
+                              limit, exc, exc_info=True)
+        else:
+            self.logger.error("beat-claims: publishing %s due %s failed (attempt %d of %d);"
+                              " it is due again: %r", claim.entry, iso(claim.due),
+                              claim.attempts + 1, limit, exc, exc_info=True)
+
+    def flush_marks(self) -> None:
+        """Store the sent marks still owed. Until they are stored this beat does not treat
+        those runs as its own forgotten claims (which would send them again)."""
+        if self.holdings.unmarked:
+            self.store.record_sent(self.owner, self.holdings.unmarked)
+            self.holdings.unmarked.clear()
+
+    def release(self, claims: list[Claim]) -> int:
+        """Give back claims this beat will not send; they are due again."""
+        if not claims:
+            return 0
+        states = self.store.release(self.owner, [Release(c) for c in claims])
+        for claim in claims:
+            self.holdings.drop(claim.ref)
+        released = sum(1 for s in states if s is RunState.DUE)
+        if released:
+            self.metrics.count("released", released)
+        return released

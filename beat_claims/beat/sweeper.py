@@ -1,0 +1,122 @@
+"""Taking back claims nobody will send, picking up runs that are due again, and presuming
+lost the runs whose outcome never came.
+
+Everything here is found from the store's own records (:meth:`Store.live_runs`,
+:meth:`Store.open_runs`), read at every sweep: a claim is taken back whoever forgot it —
+its beat died between two writes, its reply was lost, it was released while this beat was
+away — at the first sweep after its owner is gone or after it is older than the entry's
+``reclaim_after`` (this beat's own forgotten claims after one heartbeat interval).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from ..enums import Reason, RunState
+from ..metrics import Metrics
+from ..runs import Owner, iso
+from ..settings import Policy, Settings
+from ..stores.base import LiveQuery, Outcome, Reclaim, RunRef, Store
+from .claimer import Claimer, EntrySource
+from .clock import StoreClock
+from .holdings import Holdings
+from .liveness import Liveness
+
+#: Open runs looked at per sweep for a presumption of loss (the next ones at the next).
+LOST_BATCH = 1000
+
+
+class Sweeper:
+    def __init__(self, store: Store, owner: Owner, settings: Settings, source: EntrySource,
+                 holdings: Holdings, claimer: Claimer, liveness: Liveness, clock: StoreClock,
+                 metrics: Metrics, logger: logging.Logger) -> None:
+        self.store = store
+        self.owner = owner
+        self.settings = settings
+        self.source = source
+        self.holdings = holdings
+        self.claimer = claimer
+        self.liveness = liveness
+        self.clock = clock
+        self.metrics = metrics
+        self.logger = logger
+        self._lost_cursor: int | None = None
+
+    @property
+    def policies(self) -> dict[str, Policy]:
+        return self.source.policies
+
+    def _policy(self, entry: str) -> Policy:
+        return self.policies.get(entry, self.settings.policy)
+
+    def sweep(self, pick_up: bool = True) -> None:
+        """Take back what nobody will send; with ``pick_up``, claim what is due again in
+        this beat's entries; presume lost what never reported."""
+        now = self.clock.now()
+        interval = int(self.settings.heartbeat_interval * 1000)
+        shortest = min([p.reclaim_after for p in self.policies.values()]
+                       + [self.settings.policy.reclaim_after])
+        live = self.liveness.live_ids()
+        found = self.store.live_runs(LiveQuery(
+            self.owner.id, live, held_before=now - int(shortest * 1000),
+            mine_before=now - interval, dead_before=now - interval))
+        reclaims: list[Reclaim] = []
+        why: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for held in found.held:
+            if held.owner == self.owner.id:
+                if self.holdings.knows(RunRef(held.entry, held.due)):
+                    continue
+                reason = "this beat's forgotten"
+            elif held.owner not in live:
+                reason = "dead"
+            elif held.since <= now - int(self._policy(held.entry).reclaim_after * 1000):
+                reason = "slow"
+            else:
+                continue
+            reclaims.append(Reclaim(held.entry, held.due, held.token))
+            why[(reason, held.owner)].append(held.entry)
+        taken_back: set[str] = set()
+        if reclaims:
+            for item, ok in zip(reclaims, self.store.reclaim(reclaims, self.owner.id)):
+                if ok:
+                    taken_back.add(item.entry)
+            for (reason, owner), names in sorted(why.items()):
+                self.logger.warning("beat-claims: took back %d claim(s) of %s owner %s: %s",
+                                    len(names), reason, owner, ", ".join(sorted(set(names))[:10]))
+            self.metrics.count("taken_over", len(reclaims))
+        due = {ref.entry for ref in found.due} | taken_back
+        mine = [name for name in due if name in self.source.schedule]
+        if mine and pick_up:
+            self.claimer.take_due(mine)
+        self._presume_lost(now)
+
+    def _presume_lost(self, now: int) -> None:
+        """Runs sent or started with no outcome within their entry's ``run_timeout``
+        become lost (they are not sent again: redelivery is the broker's business)."""
+        default = self.settings.policy.run_timeout
+        timeouts = [p.run_timeout for p in self.policies.values() if p.run_timeout is not None]
+        if default is not None:
+            timeouts.append(default)
+        if not timeouts:
+            return
+        runs = self.store.open_runs(before=now - int(min(timeouts) * 1000),
+                                    after=self._lost_cursor, limit=LOST_BATCH)
+        self._lost_cursor = runs[-1].since if len(runs) >= LOST_BATCH else None
+        outcomes = []
+        for run in runs:
+            timeout = (self.policies[run.entry].run_timeout if run.entry in self.policies
+                       else default)
+            if timeout is None:
+                continue
+            cutoff = now - int(timeout * 1000)
+            if run.since < cutoff:
+                outcomes.append(Outcome(run.entry, run.due, run.token, RunState.LOST,
+                                        Reason.RUN_TIMEOUT, inactive_since=cutoff))
+        if not outcomes:
+            return
+        for outcome, recorded in zip(outcomes, self.store.finish(outcomes)):
+            if recorded:
+                self.logger.warning("beat-claims: %s due %s: no outcome within run_timeout="
+                                    "%ss: recorded lost", outcome.entry, iso(outcome.due),
+                                    self._policy(outcome.entry).run_timeout)

@@ -1,0 +1,43 @@
+-- Register an entry: anchor it if new (the first beat wins), and merge in what the caller
+-- knows of it after a wipe or a rollback: its anchor (only where the store has none), a
+-- checkpoint and a token floor (the higher of the store's and the caller's is kept: nothing
+-- goes back), and runs the caller knows of (restored only where the store has no record at
+-- their instant). A field that cannot be read is replaced, and named in the reply.
+-- KEYS: the entry's keys. ARGV: name, description, anchor for a new entry, known anchor
+-- ('' none), checkpoint floor ('' none), token floor, history limit, known runs (JSON list
+-- or ''). Returns {anchor, checkpoint or '', token, repaired fields (comma separated)}.
+local K = entry_keys(KEYS, ARGV[1])
+local repaired = {}
+local e, bad = get_entry(K)
+while not e do
+  repaired[#repaired + 1] = bad
+  redis.call('HDEL', K.entry, bad)
+  e, bad = get_entry(K)
+end
+if not e.anchor then
+  e.anchor = tonumber(ARGV[4] ~= '' and ARGV[4] or ARGV[3])
+  redis.call('HSET', K.entry, 'anchor', fmt(e.anchor))
+end
+local floor = tonumber(ARGV[5])
+if floor and (e.checkpoint == nil or e.checkpoint < floor) then
+  e.checkpoint = floor
+  redis.call('HSET', K.entry, 'checkpoint', fmt(floor))
+end
+local token_floor = tonumber(ARGV[6])
+if token_floor > e.token then
+  e.token = token_floor
+  redis.call('HSET', K.entry, 'token', fmt(token_floor))
+end
+redis.call('HSET', K.entry, 'name', ARGV[1], 'schedule', ARGV[2])
+if ARGV[8] ~= '' then
+  for _, run in ipairs(cjson.decode(ARGV[8])) do
+    local due = fmt(run.due)
+    if redis.call('HEXISTS', K.runs, due) == 0 then
+      put_run(K, run, nil)
+      redis.call('ZADD', K.history, run.due, due)
+    end
+  end
+  trim(K, tonumber(ARGV[7]), now_ms())
+end
+return {fmt(e.anchor), e.checkpoint and fmt(e.checkpoint) or '', fmt(e.token),
+        table.concat(repaired, ',')}

@@ -1,0 +1,165 @@
+"""Small helpers of the contract suite: owners, worker processes, and the common steps of a
+run's life, written with the contract only."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from beat_claims.enums import Overlap, Reason, RunState, StartVerdict
+from beat_claims.runs import Owner, Run
+from beat_claims.stores.base import (
+    Check,
+    CheckResult,
+    CheckVerdict,
+    Claim,
+    ClaimPlan,
+    ClaimResult,
+    ClaimStatus,
+    Delivery,
+    EntrySeed,
+    EntryState,
+    LiveQuery,
+    Store,
+    WorkerProcess,
+)
+
+T = TypeVar("T")
+
+#: An instant before anything any test records (a cutoff that reports nothing).
+LONG_AGO = 0
+
+
+def owner(n: int) -> Owner:
+    return Owner(id=f"owner-{n}", host="contract-host", pid=1000 + n, started_at=1.0)
+
+
+A, B, C = owner(1), owner(2), owner(3)
+#: The owner whose heartbeat reads the store's clock for the tests.
+CLOCK = Owner(id="contract-clock", host="contract-host", pid=999, started_at=1.0)
+
+
+def now(store: Store) -> int:
+    """The store's clock (ms)."""
+    return store.heartbeat(CLOCK, 60).now
+
+
+def poll(predicate: Callable[[], T], timeout: float, what: str) -> T:
+    """``predicate()`` once it is truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.001)
+
+
+def after(store: Store, instant: int) -> int:
+    """Wait until the store's clock is past ``instant``; return its reading."""
+    return poll(lambda: (t if (t := now(store)) > instant else 0), 5,
+                f"the store clock to pass {instant}")
+
+
+def register(store: Store, *names: str) -> dict[str, EntryState]:
+    return store.register([EntrySeed(name, f"every 1s ({name})") for name in names])
+
+
+def entry(store: Store, name: str = "e") -> EntryState:
+    return register(store, name)[name]
+
+
+def plan(state: EntryState | None, *dues: int, entry: str = "e",
+         skip: tuple[tuple[int, Reason], ...] = (), take_due: bool = True,
+         token_floor: int = 0) -> ClaimPlan:
+    return ClaimPlan(entry, state, tuple(dues), skip, take_due, token_floor)
+
+
+def claim(store: Store, who: Owner, state: EntryState | None, *dues: int, entry: str = "e",
+          skip: tuple[tuple[int, Reason], ...] = (), take_due: bool = True,
+          token_floor: int = 0) -> ClaimResult:
+    [result] = store.claim(who, [plan(state, *dues, entry=entry, skip=skip,
+                                      take_due=take_due, token_floor=token_floor)])
+    return result
+
+
+def take(store: Store, who: Owner, entry: str = "e") -> tuple[Claim, ...]:
+    """Claim the entry's runs that are due again (no new occurrence)."""
+    result = claim(store, who, None, entry=entry)
+    assert result.status is ClaimStatus.OK, result
+    return result.taken
+
+
+def claims(store: Store, who: Owner, *offsets: int, entry: str = "e") -> list[Claim]:
+    """Register ``entry`` (if new) and claim its occurrences at anchor + each offset."""
+    state = register(store, entry)[entry]
+    result = claim(store, who, state, *(state.anchor + o for o in offsets), entry=entry)
+    assert result.status is ClaimStatus.OK, result
+    assert len(result.claims) == len(offsets), result
+    return list(result.claims)
+
+
+def one_claim(store: Store, who: Owner, offset: int = 1000, entry: str = "e") -> Claim:
+    return claims(store, who, offset, entry=entry)[0]
+
+
+def check(store: Store, who: Owner, c: Claim, task_id: str | None = None,
+          skip: Reason | None = None, overlap: Overlap = Overlap.ALLOW) -> CheckResult:
+    [result] = store.check(who, [Check(c, task_id or f"task-{c.entry}-{c.due}", skip,
+                                       overlap)])
+    return result
+
+
+def send(store: Store, who: Owner, c: Claim, task_id: str | None = None) -> Claim:
+    """Check, publish and mark sent, as a beat does."""
+    result = check(store, who, c, task_id)
+    assert result.verdict is CheckVerdict.SEND, result
+    assert store.record_sent(who, [c]) == 1
+    return c
+
+
+def sending(store: Store, who: Owner, c: Claim) -> Claim:
+    result = check(store, who, c)
+    assert result.verdict is CheckVerdict.SEND, result
+    return c
+
+
+def runs(store: Store, entry: str = "e") -> dict[int, Run]:
+    """The entry's runs by due instant."""
+    return {r.due: r for r in store.history(entry)}
+
+
+def run(store: Store, c: Claim | tuple[str, int]) -> Run:
+    entry, due = (c.entry, c.due) if isinstance(c, Claim) else c
+    found = runs(store, entry)
+    assert due in found, f"no run of {entry} at {due}: {sorted(found)}"
+    return found[due]
+
+
+def state_of(store: Store, c: Claim) -> RunState:
+    return run(store, c).state
+
+
+def process(n: int, started_at: float | None = None) -> WorkerProcess:
+    return WorkerProcess(f"worker{n}@contract-host", 2000 + n,
+                         100.0 + n if started_at is None else started_at)
+
+
+def delivery(c: Claim, proc: WorkerProcess, retries: int = 0, task_id: str = "",
+             takeover: WorkerProcess | None = None, token: int | None = None) -> Delivery:
+    return Delivery(c.entry, c.due, c.token if token is None else token, proc, retries,
+                    task_id, takeover)
+
+
+def started(store: Store, c: Claim, proc: WorkerProcess, **kw: object) -> None:
+    decision = store.start(delivery(c, proc, **kw))  # type: ignore[arg-type]
+    assert decision.verdict is StartVerdict.RUN, decision
+
+
+def query(who: Owner, live: tuple[Owner, ...] = (), held_before: int = LONG_AGO,
+          mine_before: int = LONG_AGO, dead_before: int = LONG_AGO,
+          limit: int = 10_000) -> LiveQuery:
+    return LiveQuery(who.id, frozenset(o.id for o in live), held_before, mine_before,
+                     dead_before, limit)

@@ -1,0 +1,142 @@
+"""register: anchors set once, seeds merged without going back, unreadable fields repaired;
+entries() reads them back."""
+
+from __future__ import annotations
+
+from beat_claims.enums import RunState
+from beat_claims.runs import Run
+from beat_claims.stores.base import EntrySeed, EntryState, Store
+
+from .conftest import Backend
+from .helpers import A, after, claim, now, one_claim, query, register, runs
+
+
+def test_a_new_entry_is_anchored_at_the_store_clock_without_checkpoint_or_token(
+        store: Store) -> None:
+    before = now(store)
+    state = register(store, "e")["e"]
+    assert before <= state.anchor <= now(store)
+    assert state == EntryState(state.anchor, None, 0)
+
+
+def test_the_anchor_is_set_once_by_the_first_caller(store: Store) -> None:
+    first = register(store, "e")["e"]
+    after(store, first.anchor)
+    assert register(store, "e")["e"] == first
+    # Even a caller that knows another anchor does not move it.
+    known = store.register([EntrySeed("e", anchor=first.anchor - 12_345)])["e"]
+    assert known.anchor == first.anchor
+
+
+def test_entries_registered_together_share_the_anchoring_instant(store: Store) -> None:
+    states = register(store, *(f"e{i}" for i in range(50)))
+    assert set(states) == {f"e{i}" for i in range(50)}
+    assert len({s.anchor for s in states.values()}) == 1
+
+
+def test_a_known_anchor_is_used_only_where_the_store_has_none(store: Store) -> None:
+    known = now(store) - 3_600_000
+    states = store.register([EntrySeed("new", anchor=known), EntrySeed("plain")])
+    assert states["new"].anchor == known
+    assert states["plain"].anchor != known
+    again = store.register([EntrySeed("new", anchor=known + 500)])
+    assert again["new"].anchor == known
+
+
+def test_a_checkpoint_floor_only_raises_the_checkpoint(store: Store) -> None:
+    state = register(store, "e")["e"]
+    a = state.anchor
+    claim(store, A, state, a + 5000)
+    lower = store.register([EntrySeed("e", checkpoint=a + 1000)])["e"]
+    assert lower.checkpoint == a + 5000
+    higher = store.register([EntrySeed("e", checkpoint=a + 9000)])["e"]
+    assert higher.checkpoint == a + 9000
+    assert store.register([EntrySeed("e")])["e"].checkpoint == a + 9000
+    # A new entry takes the seed's checkpoint as it is.
+    assert store.register([EntrySeed("f", checkpoint=a + 7000)])["f"].checkpoint == a + 7000
+
+
+def test_a_token_floor_only_raises_the_token_and_later_tokens_are_above_it(
+        store: Store) -> None:
+    state = register(store, "e")["e"]
+    a = state.anchor
+    claim(store, A, state, a + 1000, a + 2000)
+    assert store.register([EntrySeed("e", token=1)])["e"].token == 2
+    raised = store.register([EntrySeed("e", token=40)])["e"]
+    assert raised.token == 40
+    result = claim(store, A, raised, a + 3000)
+    assert [c.token for c in result.claims] == [41]
+    assert store.register([EntrySeed("e", token=7)])["e"].token == 41
+
+
+def test_known_runs_are_restored_only_where_the_store_has_no_record(store: Store) -> None:
+    held = one_claim(store, A, 1000)
+    a = held.due - 1000
+    known = (
+        Run("e", held.due, RunState.DONE, token=held.token, finished_at=a),  # has a record
+        Run("e", a + 2000, RunState.SENT, token=7, owner=A.id, task_id="t2", sent_at=a),
+        Run("e", a + 3000, RunState.DUE, token=8),
+        Run("e", a + 500, RunState.FAILED, token=3, finished_at=a, exc_type="Boom"),
+    )
+    state = store.register([EntrySeed("e", checkpoint=a + 3000, token=8, runs=known)])["e"]
+    assert (state.checkpoint, state.token) == (a + 3000, 8)
+    found = runs(store)
+    assert found[held.due].state is RunState.CLAIMED  # not overwritten
+    assert found[held.due].token == held.token
+    assert (found[a + 2000].state, found[a + 2000].token, found[a + 2000].task_id) == (
+        RunState.SENT, 7, "t2")
+    assert found[a + 500].state is RunState.FAILED and found[a + 500].exc_type == "Boom"
+    # Restored runs are found from the records, as any other: the sent one is open, the
+    # due one is due again, the claim is still held.
+    assert [(o.entry, o.due) for o in store.open_runs(before=now(store) + 1)] == [
+        ("e", a + 2000)]
+    live = store.live_runs(query(A, held_before=now(store) + 1))
+    assert [(r.entry, r.due) for r in live.due] == [("e", a + 3000)]
+    assert [(h.due, h.token) for h in live.held] == [(held.due, held.token)]
+    # Registering the same knowledge again changes nothing.
+    assert store.register([EntrySeed("e", checkpoint=a + 3000, token=8, runs=known)])[
+        "e"] == state
+    assert runs(store) == found
+
+
+def test_an_unreadable_entry_field_is_repaired_and_the_other_seeds_answer(
+        store: Store, backend: Backend) -> None:
+    states = register(store, "bad-token", "bad-checkpoint", "bad-anchor", "fine")
+    anchor = states["fine"].anchor
+    claim(store, A, states["bad-checkpoint"], anchor + 1000, entry="bad-checkpoint")
+    backend.corrupt_entry_field(store, "bad-token", "token", "not a number")
+    backend.corrupt_entry_field(store, "bad-checkpoint", "checkpoint", "12.5x")
+    backend.corrupt_entry_field(store, "bad-anchor", "anchor", "{}")
+    repaired = store.register([
+        EntrySeed("bad-token", token=5),
+        EntrySeed("bad-checkpoint", checkpoint=anchor + 1000),
+        EntrySeed("bad-anchor", anchor=anchor),
+        EntrySeed("fine"),
+        EntrySeed("new"),
+    ])
+    assert set(repaired) == {"bad-token", "bad-checkpoint", "bad-anchor", "fine", "new"}
+    assert repaired["bad-token"].token == 5
+    assert repaired["bad-checkpoint"].checkpoint == anchor + 1000
+    assert repaired["bad-anchor"].anchor == anchor
+    assert repaired["fine"] == states["fine"]
+    # Repaired for good: claims work again, with tokens above the floor.
+    result = claim(store, A, repaired["bad-token"], anchor + 1000, entry="bad-token")
+    assert [c.token for c in result.claims] == [6]
+    assert {r.name: r.token for r in store.entries(["bad-token"])} == {"bad-token": 6}
+
+
+def test_entries_reads_what_register_and_claim_wrote(store: Store) -> None:
+    assert store.entries() == []
+    store.register([EntrySeed("e", "every 5s"), EntrySeed("f", "crontab(*)")])
+    state = store.register([EntrySeed("e")])["e"]
+    claim(store, A, state, state.anchor + 5000)
+    records = {r.name: r for r in store.entries()}
+    assert set(records) == {"e", "f"}
+    assert (records["e"].anchor, records["e"].checkpoint, records["e"].token) == (
+        state.anchor, state.anchor + 5000, 1)
+    assert records["f"].checkpoint is None and records["f"].token == 0
+    assert records["f"].description == "crontab(*)"
+    assert [r.name for r in store.entries()] == ["e", "f"]
+    assert [r.name for r in store.entries(["f"])] == ["f"]
+    # An unknown name is not an error (and has no anchor if it is listed at all).
+    assert all(r.anchor is None for r in store.entries(["unknown"]))
