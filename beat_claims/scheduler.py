@@ -86,7 +86,7 @@ class Scheduler(BaseScheduler):
         interval = self.settings.heartbeat_interval
         self.liveness = Liveness(self.store, self.owner, interval, self.clock)
         self.claimer = Claimer(self.store, self.owner, self.settings, self, self.knowledge,
-                               self.holdings, logger)
+                               self.holdings, self.metrics, logger)
         self.sender = Sender(self.store, self.owner, self.settings, self.policies,
                              self.holdings, self.knowledge, self.liveness, self.clock,
                              lambda claim, task_id: self._publish_claim(claim, task_id),
@@ -106,6 +106,8 @@ class Scheduler(BaseScheduler):
         self._bug_retry_at = 0.0
         self._last_sweep = float("-inf")
         self._ready = False
+        self._settle_logged = False
+        self._registered_once = False
         self._closed = False
         self._closing = False
         self._in_tick = False
@@ -219,10 +221,20 @@ class Scheduler(BaseScheduler):
             self.metrics.heartbeat()
         settling = self.liveness.settling_for()
         if settling > 0:
+            if not self._settle_logged:
+                self._settle_logged = True
+                logger.info("beat-claims: the store has a new epoch (new, restarted, failed"
+                            " over or wiped): claiming starts in %.1fs, once every live beat"
+                            " could register what it knows", settling)
             return min(settling, self.max_interval)
         if not self._ready:
             self.claimer.register(sorted(self.schedule))
             self._ready = True
+            if self._settle_logged or not self._registered_once:
+                logger.info("beat-claims: %d entries registered; claiming",
+                            len(self.claimer.states))
+            self._settle_logged = False
+            self._registered_once = True
         broker_down = self.broker_outage.waiting() > 0
         if time.monotonic() - self._last_sweep >= self.settings.heartbeat_interval:
             self._last_sweep = time.monotonic()
@@ -352,16 +364,21 @@ class Scheduler(BaseScheduler):
         # passed the check (the one being published when the stop came is not here).
         released = self.sender.release(
             list(self.holdings.held.values()) + list(self.holdings.checked))
-        # Claims this beat made and never heard of (a lost reply): from the store's records.
+        # Claims of this beat it is not handling (the one being published when the stop
+        # came; one whose reply was lost): found in the store's records, taken back.
         now = self.clock.now() + 1
         forgotten = [Reclaim(h.entry, h.due, h.token) for h in self.store.live_runs(LiveQuery(
             self.owner.id, frozenset(), held_before=0, mine_before=now, dead_before=0)).held
             if h.owner == self.owner.id]
-        if forgotten:
-            released += sum(self.store.reclaim(forgotten, self.owner.id))
+        taken_back = sum(self.store.reclaim(forgotten, self.owner.id)) if forgotten else 0
         self.store.leave(self.owner)
         if released:
-            logger.info("beat-claims: gave back %d unsent claim(s)", released)
+            self.metrics.count("released", released)
+            logger.info("beat-claims: released %d unsent claim(s)", released)
+        if taken_back:
+            logger.info("beat-claims: %d claim(s) being published when the stop came (or"
+                        " whose reply was lost) are due again; if a message was sent too,"
+                        " the worker's fencing runs the occurrence once", taken_back)
 
     @property
     def info(self) -> str:

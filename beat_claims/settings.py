@@ -44,6 +44,11 @@ class Policy:
     reclaim_after: float = 300.0
     run_timeout: float | None = DEFAULT_RUN_TIMEOUT
 
+    def __post_init__(self) -> None:
+        # Names as written in settings ("latest") are the enums' values.
+        object.__setattr__(self, "catch_up", CatchUp(self.catch_up))
+        object.__setattr__(self, "overlap", Overlap(self.overlap))
+
 
 @dataclass(frozen=True)
 class Settings:

@@ -70,7 +70,7 @@ def test_status_and_history_commands_match_the_store(server: RedisServer,
     assert entry["in_schedule"] and entry["next_due"] is not None
     table = manage(server, "beat_claims", "status", tmp=tmp_path)
     assert "heartbeat" in table and "ENTRY" in table
-    due = store.request_run("heartbeat", requested_by="test")
+    due = store.request_run("heartbeat", "test")
     history = json.loads(manage(server, "beat_claims", "history", "heartbeat", "--json",
                                 tmp=tmp_path))
     assert [(r["due_ms"], r["state"], r.get("manual")) for r in history["runs"]] == [

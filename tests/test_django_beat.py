@@ -145,7 +145,9 @@ def test_start_time_expires_and_one_off_are_the_entrys_bounds(server: RedisServe
 
 @pytest.mark.django_db
 def test_bounds_one_off_and_clocked_with_two_schedulers(server: RedisServer) -> None:
-    now = timezone.now()
+    # The instants below count from when the beats have settled (a new store's epoch
+    # settles for three heartbeats: 1.5 s here) and start claiming.
+    now = timezone.now() + timedelta(seconds=1.5)
     row("plain", interval=every(0.5))
     later = row("later", interval=every(0.5), start_time=now + timedelta(seconds=1.5))
     expiring = row("expiring", interval=every(0.5), expires=now + timedelta(seconds=1.2))

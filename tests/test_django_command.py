@@ -16,6 +16,7 @@ from django.core.management.base import CommandError
 
 from beat_claims.runs import RunState
 from beat_claims.scheduler import Scheduler
+from beat_claims.stores.base import Outcome
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer, free_port
@@ -35,8 +36,8 @@ def app(server: RedisServer) -> Iterator[Celery]:
         try:
             poll(lambda: [r for r in store.history("every-second")
                           if r.state is RunState.SENT], 10, "a sent run", between=beat.tick)
-            store.finish("every-second", store.history("every-second")[0].due, None, "failed",
-                         "ValueError", "boom")
+            store.finish([Outcome("every-second", store.history("every-second")[0].due, None,
+                                  RunState.FAILED, exc_type="ValueError", exc_message="boom")])
         finally:
             beat.close()
         yield app

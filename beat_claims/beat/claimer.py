@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from .. import occurrences
 from ..catch_up import plan
 from ..enums import Reason
+from ..metrics import Metrics
 from ..runs import Owner, iso
 from ..settings import Policy, Settings
 from ..stores.base import Claim, ClaimPlan, ClaimResult, ClaimStatus, EntrySeed, EntryState, Store
@@ -75,8 +76,10 @@ class SkipLog:
 
 class Claimer:
     def __init__(self, store: Store, owner: Owner, settings: Settings, source: EntrySource,
-                 knowledge: Knowledge, holdings: Holdings, logger: logging.Logger) -> None:
+                 knowledge: Knowledge, holdings: Holdings, metrics: Metrics,
+                 logger: logging.Logger) -> None:
         self.store = store
+        self.metrics = metrics
         self.holdings = holdings
         self.owner = owner
         self.settings = settings
@@ -262,6 +265,8 @@ class Claimer:
         self.knowledge.claimed(list(result.claims) + list(result.taken))
         fresh.extend(result.claims)
         waited.extend(result.taken)
+        self.metrics.count("claimed", len(result.claims) + len(result.taken))
+        self.metrics.count("skipped", len(result.skipped))
         for _, reason in result.skipped:
             self.skips.add(name, reason)
         if decided is not None and decided.unrecorded:

@@ -20,6 +20,7 @@ from ..settings import Settings
 from ..stores.base import Outcome, Store
 from .clock import StoreClock
 from .liveness import Liveness
+from .sweeper import next_cursor
 
 #: Result backend states that settle a run.
 BACKEND_STATES = {"SUCCESS": RunState.DONE, "FAILURE": RunState.FAILED,
@@ -58,12 +59,12 @@ class Recovery:
         settle = self.clock.now() - int(2 * self.settings.heartbeat_interval * 1000)
         limit = self.settings.recovery_batch
         runs = self.store.open_runs(before=settle, after=self.cursor, limit=limit)
-        self.cursor = runs[-1].since if len(runs) >= limit else None
+        self.cursor = next_cursor(runs, limit)
         deadline = time.monotonic() + self.settings.heartbeat_interval / 2
         outcomes = []
         for run in runs:
             if time.monotonic() > deadline:
-                self.cursor = run.since - 1  # go on from here at the next pass
+                self.cursor = run.since - 1  # go on from here (ties included) next time
                 break
             self.liveness.keep_alive()
             if not run.task_id:

@@ -183,7 +183,7 @@ class Sender:
 
     def _publish_failed(self, claim: Claim, exc: Exception) -> None:
         """This message cannot be published: try again later, a bounded number of times."""
-        limit = self.settings.publish_retries
+        limit = self.settings.publish_retries + 1  # the first try and its retries
         [state] = self.store.release(
             self.owner, [Release(claim, f"{exc}"[:500], type(exc).__name__)], limit)
         self.metrics.count("publish_failed")
@@ -210,7 +210,4 @@ class Sender:
         states = self.store.release(self.owner, [Release(c) for c in claims])
         for claim in claims:
             self.holdings.drop(claim.ref)
-        released = sum(1 for s in states if s is RunState.DUE)
-        if released:
-            self.metrics.count("released", released)
-        return released
+        return sum(1 for s in states if s is RunState.DUE)

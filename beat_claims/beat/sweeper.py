@@ -17,7 +17,7 @@ from ..enums import Reason, RunState
 from ..metrics import Metrics
 from ..runs import Owner, iso
 from ..settings import Policy, Settings
-from ..stores.base import LiveQuery, Outcome, Reclaim, RunRef, Store
+from ..stores.base import LiveQuery, OpenRun, Outcome, Reclaim, RunRef, Store
 from .claimer import Claimer, EntrySource
 from .clock import StoreClock
 from .holdings import Holdings
@@ -25,6 +25,17 @@ from .liveness import Liveness
 
 #: Open runs looked at per sweep for a presumption of loss (the next ones at the next).
 LOST_BATCH = 1000
+
+
+def next_cursor(runs: list[OpenRun], limit: int) -> int | None:
+    """Where the next page of open runs starts: None (from the oldest again) after a short
+    page; else just before the last one read, so that runs sharing its instant (a batch
+    marked sent in one millisecond) are not skipped, unless the whole page shares it."""
+    if len(runs) < limit:
+        return None
+    if runs[0].since == runs[-1].since:
+        return runs[-1].since
+    return runs[-1].since - 1
 
 
 class Sweeper:
@@ -67,11 +78,11 @@ class Sweeper:
             if held.owner == self.owner.id:
                 if self.holdings.knows(RunRef(held.entry, held.due)):
                     continue
-                reason = "this beat's forgotten"
+                reason = "this beat's own, whose reply it never had"
             elif held.owner not in live:
-                reason = "dead"
+                reason = "its owner is gone"
             elif held.since <= now - int(self._policy(held.entry).reclaim_after * 1000):
-                reason = "slow"
+                reason = "older than reclaim_after"
             else:
                 continue
             reclaims.append(Reclaim(held.entry, held.due, held.token))
@@ -82,8 +93,9 @@ class Sweeper:
                 if ok:
                     taken_back.add(item.entry)
             for (reason, owner), names in sorted(why.items()):
-                self.logger.warning("beat-claims: took back %d claim(s) of %s owner %s: %s",
-                                    len(names), reason, owner, ", ".join(sorted(set(names))[:10]))
+                self.logger.warning("beat-claims: took back %d claim(s) of owner %s (%s): %s",
+                                    len(names), owner, reason,
+                                    ", ".join(sorted(set(names))[:10]))
             self.metrics.count("taken_over", len(reclaims))
         due = {ref.entry for ref in found.due} | taken_back
         mine = [name for name in due if name in self.source.schedule]
@@ -102,7 +114,7 @@ class Sweeper:
             return
         runs = self.store.open_runs(before=now - int(min(timeouts) * 1000),
                                     after=self._lost_cursor, limit=LOST_BATCH)
-        self._lost_cursor = runs[-1].since if len(runs) >= LOST_BATCH else None
+        self._lost_cursor = next_cursor(runs, LOST_BATCH)
         outcomes = []
         for run in runs:
             timeout = (self.policies[run.entry].run_timeout if run.entry in self.policies

@@ -179,7 +179,8 @@ class CheckResult:
 @dataclass(frozen=True)
 class Release:
     """Give a claim back: it is due again. With ``error`` its publish failed: the attempt
-    is counted, and past ``max_attempts`` the run is recorded failed (``publish_error``)."""
+    is counted, and at the ``max_attempts``-th failed attempt the run is recorded failed
+    (``publish_error``) instead."""
 
     claim: Claim
     error: str | None = None

@@ -92,7 +92,8 @@ CHUNK = 1000
 #: turns the known codes into these classes (also when a script's call fails with one)...
 _OUTAGE_CLASSES = (redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError,
                    redis.exceptions.MasterDownError, redis.exceptions.ClusterDownError,
-                   redis.exceptions.TryAgainError, redis.exceptions.OutOfMemoryError,
+                   redis.exceptions.TryAgainError,
+                   redis.exceptions.OutOfMemoryError,  # type: ignore[attr-defined]  # stale stubs
                    redis.exceptions.AuthenticationError, redis.exceptions.NoPermissionError)
 #: ... and leaves these codes in the message.
 _OUTAGE_CODES = ("NOREPLICAS", "BUSY", "MISCONF", "READONLY", "LOADING", "MASTERDOWN",
@@ -516,6 +517,8 @@ class RedisStore(Store):
         return out
 
     def history(self, entry: str, limit: int | None = None) -> list[Run]:
+        if limit is not None and limit <= 0:
+            return []  # (ZREVRANGE 0 0 would answer one run)
         keys = self.entry_keys(entry)
         dues = self._round_trip(lambda pipe: pipe.zrevrange(
             keys[2], 0, -1 if limit is None else max(0, limit - 1)))[0]

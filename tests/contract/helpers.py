@@ -153,8 +153,8 @@ def delivery(c: Claim, proc: WorkerProcess, retries: int = 0, task_id: str = "",
                     task_id, takeover)
 
 
-def started(store: Store, c: Claim, proc: WorkerProcess, **kw: object) -> None:
-    decision = store.start(delivery(c, proc, **kw))  # type: ignore[arg-type]
+def started(store: Store, c: Claim, proc: WorkerProcess, task_id: str = "") -> None:
+    decision = store.start(delivery(c, proc, task_id=task_id))
     assert decision.verdict is StartVerdict.RUN, decision
 
 

@@ -45,7 +45,7 @@ from .helpers import (
 
 #: Ways a run's record can be unreadable, each from its due instant.
 BAD: dict[str, Callable[[int], str]] = {
-    "invalid-json": lambda due: '{"due": %d, "state": "claimed", "tok' % due,
+    "invalid-json": lambda due: f'{{"due": {due}, "state": "claimed", "tok',
     "string-for-a-number": lambda due: json.dumps(
         {"due": due, "state": "claimed", "token": "seven", "owner": A.id,
          "claimed_at": "yesterday"}),

@@ -66,6 +66,7 @@ def test_claims_get_fresh_increasing_tokens_and_move_the_checkpoint(store: Store
         a + 3000: (RunState.CLAIMED, 3, B.id)}
     assert [r.due for r in store.history("e")] == [a + 3000, a + 2000, a + 1000]  # newest first
     assert [r.due for r in store.history("e", limit=2)] == [a + 3000, a + 2000]
+    assert store.history("e", limit=0) == []
 
 
 def test_a_stale_plan_writes_nothing_and_returns_the_store_state(store: Store) -> None:

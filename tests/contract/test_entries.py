@@ -3,12 +3,25 @@ entries() reads them back."""
 
 from __future__ import annotations
 
-from beat_claims.enums import RunState
+from beat_claims.enums import RunState, StartVerdict
 from beat_claims.runs import Run
 from beat_claims.stores.base import EntrySeed, EntryState, Store
 
 from .conftest import Backend
-from .helpers import A, after, claim, now, one_claim, query, register, runs
+from .helpers import (
+    A,
+    B,
+    after,
+    claim,
+    delivery,
+    now,
+    one_claim,
+    process,
+    query,
+    register,
+    runs,
+    send,
+)
 
 
 def test_a_new_entry_is_anchored_at_the_store_clock_without_checkpoint_or_token(
@@ -140,3 +153,28 @@ def test_entries_reads_what_register_and_claim_wrote(store: Store) -> None:
     assert [r.name for r in store.entries(["f"])] == ["f"]
     # An unknown name is not an error (and has no anchor if it is listed at all).
     assert all(r.anchor is None for r in store.entries(["unknown"]))
+
+
+def test_after_a_wipe_what_the_beats_know_is_seeded_back(store: Store,
+                                                         backend: Backend) -> None:
+    state = register(store, "e")["e"]
+    a = state.anchor
+    result = claim(store, A, state, a + 1000, a + 2000)
+    first, second = result.claims
+    send(store, A, first)
+    assert result.state is not None
+    backend.wipe(store)
+    assert store.entries() == []
+    # A beat seeds back what it knows: the anchor, the checkpoint, the token, its runs.
+    sent_run = Run("e", first.due, RunState.SENT, token=first.token, owner=A.id,
+                   task_id="t1", sent_at=a)
+    seeded = store.register([EntrySeed("e", anchor=a, checkpoint=result.state.checkpoint,
+                                       token=result.state.token, runs=(sent_run,))])["e"]
+    assert seeded == result.state
+    # No token is handed out again, no occurrence runs twice, the grid keeps its phase.
+    later = claim(store, B, seeded, a + 3000)
+    assert [(c.due, c.token) for c in later.claims] == [(a + 3000, second.token + 1)]
+    assert claim(store, B, later.state, a + 2000).claims == ()
+    # The known run's delivery runs; an unknown one behind the checkpoint is refused.
+    assert store.start(delivery(first, process(1))).verdict is StartVerdict.RUN
+    assert store.start(delivery(second, process(1))).verdict is StartVerdict.REFUSED

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from beat_claims.enums import RunState
+from beat_claims.runs import Owner
 from beat_claims.stores.base import Outcome, Reclaim, Release, Store
 
 from .helpers import (
+    LONG_AGO,
     A,
     B,
     C,
-    LONG_AGO,
     after,
     claims,
     now,
@@ -25,8 +26,11 @@ from .helpers import (
 )
 
 
-def held(store: Store, **kw: object) -> set[tuple[str, int, str]]:
-    found = store.live_runs(query(C, **kw))  # type: ignore[arg-type]
+def held(store: Store, live: tuple[Owner, ...] = (), held_before: int = LONG_AGO,
+         mine_before: int = LONG_AGO, dead_before: int = LONG_AGO
+         ) -> set[tuple[str, int, str]]:
+    """The held claims C's sweep is told about."""
+    found = store.live_runs(query(C, live, held_before, mine_before, dead_before))
     return {(h.entry, h.due, h.owner) for h in found.held}
 
 
@@ -208,3 +212,16 @@ def test_open_runs_since_is_the_last_activity(store: Store) -> None:
     # A run that is no longer active is no longer open.
     store.finish([Outcome("e", c.due, c.token, RunState.FAILED, exc_type="Boom")])
     assert store.open_runs(before=now(store) + 1) == []
+
+
+def test_entry_names_are_reported_exactly_as_registered(store: Store) -> None:
+    names = ["a|b|c", "{tag}", "}{", "ünïcødé", "with space", "x" * 300]
+    for name in names:
+        due, _held, sent = claims(store, A, 1000, 2000, 3000, entry=name)
+        store.release(A, [Release(due)])
+        send(store, A, sent)
+    found = store.live_runs(query(C, held_before=now(store) + 1))
+    assert sorted(r.entry for r in found.due) == sorted(names)
+    assert sorted(h.entry for h in found.held) == sorted(names)
+    assert sorted(o.entry for o in store.open_runs(before=now(store) + 1)) == sorted(names)
+    assert sorted(e.name for e in store.entries()) == sorted(names)

@@ -33,7 +33,7 @@ def sent(store: Store, offset: int = 1000) -> Claim:
     return send(store, A, one_claim(store, A, offset))
 
 
-def finish(store: Store, c: Claim, state: RunState, token: int | None | str = "same",
+def finish(store: Store, c: Claim, state: RunState, token: int | str | None = "same",
            **kw: object) -> bool:
     t = c.token if token == "same" else token
     [recorded] = store.finish([Outcome(c.entry, c.due, t, state, **kw)])  # type: ignore[arg-type]

@@ -138,7 +138,8 @@ local function trim(K, limit, now)
   local excess = redis.call('ZCARD', K.history) - limit
   if excess > 0 then
     local unstarted = {}
-    for _, due in ipairs(redis.call('ZRANGE', K.history, 0, -1)) do
+    -- The oldest runs, and a bounded look past live ones (a claim must stay cheap).
+    for _, due in ipairs(redis.call('ZRANGE', K.history, 0, excess + 63)) do
       if excess <= 0 then break end
       local run = get_run(K, due)
       if not run then

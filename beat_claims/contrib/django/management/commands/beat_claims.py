@@ -8,10 +8,10 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from redis.exceptions import RedisError
 
 from beat_claims.cli import history_table, status_table
 from beat_claims.settings import ConfigurationError
+from beat_claims.stores import StoreConfigurationError, StoreError
 
 from ... import status as source
 
@@ -38,6 +38,6 @@ class Command(BaseCommand):
             else:
                 doc = source.history(options["entry"], options["limit"])
                 text = json.dumps(doc, indent=2) if options["json"] else history_table(doc)
-        except (RedisError, OSError, ConfigurationError) as exc:
+        except (StoreError, StoreConfigurationError, OSError, ConfigurationError) as exc:
             raise CommandError(f"beat-claims: {type(exc).__name__}: {exc}") from exc
         self.stdout.write(text)

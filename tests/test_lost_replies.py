@@ -1,0 +1,194 @@
+"""Every transition with its reply lost: the store executed the call, the client saw the
+connection drop (a real TCP proxy in front of a real redis-server throws the reply away).
+Each affected occurrence is still sent once (or recorded), never stuck, and with
+``overlap: "skip"`` later occurrences are not skipped for ever because of it."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from beat_claims.enums import RunState
+from beat_claims.runs import iso
+from beat_claims.scheduler import Scheduler
+from beat_claims.stores.base import Delivery, Outcome, WorkerProcess
+from beat_claims.stores.redis import _sha
+
+from .conftest import RedisServer
+from .faults import Proxy, proxy
+from .inprocess import make, make_app, messages, occurrences_sent, run_for
+from .processes import wait_for
+
+ENTRY = "e"
+PERIOD = 500
+WORKER = WorkerProcess("fake-worker@test", 1, 1.0)
+
+
+@pytest.fixture
+def lossy(server: RedisServer) -> Iterator[Proxy]:
+    with proxy(server.port) as p:
+        yield p
+
+
+def app_for(server: RedisServer, url: str, overlap: str = "allow", **conf: Any) -> Any:
+    claims = {"overlap": overlap, "run_timeout": 30}
+    return make_app(server, {ENTRY: {"task": "t.noop", "schedule": timedelta(
+        milliseconds=PERIOD), "claims": claims}}, beat_claims_url=url,
+        beat_claims_heartbeat_interval=0.3, beat_claims_catch_up="all", **conf)
+
+
+def worker_step(s: Scheduler, server: RedisServer) -> None:
+    """What a worker with the hooks does with every message published: start its run (by
+    the message's token), finish it."""
+    for message in messages(server):
+        meta = message["claims"]
+        if not meta or message["id"] in _done:
+            continue
+        _done.add(message["id"])
+        due = next(r.due for r in s.store.history(ENTRY) if iso(r.due) == meta["due"])
+        if s.store.start(Delivery(ENTRY, due, meta["token"], WORKER)).ok:
+            s.store.finish([Outcome(ENTRY, due, meta["token"], RunState.DONE)])
+
+
+_done: set[str] = set()
+
+
+def tick_all(*schedulers: Scheduler, work: bool = False) -> None:
+    for s in schedulers:
+        s.tick()
+        if work:
+            worker_step(s, _server[0])
+
+
+_server: list[RedisServer] = []
+
+
+@pytest.fixture(autouse=True)
+def _remember(server: RedisServer) -> Iterator[None]:
+    _server[:] = [server]
+    _done.clear()
+    yield
+
+
+def work_for(seconds: float, *schedulers: Scheduler) -> None:
+    """Tick the beats, and finish every sent run as a worker would, for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        tick_all(*schedulers, work=True)
+        time.sleep(0.02)
+
+
+def settled_history(server: RedisServer, s: Scheduler, work: bool, *others: Scheduler
+                    ) -> list[Any]:
+    """Run a while longer, until nothing is claimed, being sent or due again (but the
+    newest), then the history."""
+    work_for(4 * PERIOD / 1000, s, *others)
+
+    def quiet() -> bool:
+        tick_all(s, *others, work=work)
+        live = [r for r in s.store.history(ENTRY)
+                if r.state in (RunState.DUE, RunState.CLAIMED, RunState.SENDING)
+                and r.due < max(x.due for x in s.store.history(ENTRY)) - 3 * PERIOD]
+        return not live
+
+    wait_for(quiet, 10, "every run claimed to be sent or recorded", interval=0.05)
+    return s.store.history(ENTRY)
+
+
+def assert_each_sent_once(server: RedisServer, history: list[Any], overlap: str) -> None:
+    sent = [due for entry, due in occurrences_sent(server) if entry == ENTRY]
+    assert {k: n for k, n in Counter(sent).items() if n > 1} == {}, "sent twice"
+    dues = sorted(r.due for r in history)
+    assert all(b - a == PERIOD for a, b in itertools.pairwise(dues)), "an occurrence is missing"
+    by_due = {r.due: r for r in history}
+    old = [d for d in dues if d < dues[-1] - 3 * PERIOD]
+    for due in old:
+        run = by_due[due]
+        assert run.state in (RunState.SENT, RunState.DONE, RunState.SKIPPED), run
+        if run.state is not RunState.SKIPPED:
+            assert iso(due) in sent
+    if overlap == "skip":
+        # Not skipped for ever: the newest settled occurrences were sent and done.
+        tail = [by_due[d].state for d in old[-3:]]
+        assert RunState.DONE in tail, tail
+
+
+@pytest.mark.parametrize("overlap", ["allow", "skip"])
+def test_a_lost_reply_to_a_claim(server: RedisServer, lossy: Proxy, overlap: str) -> None:
+    s = make(app_for(server, lossy.url(), overlap))
+    run_for(0.6, s)
+    lossy.drop_reply_to(_sha("claim"))
+    wait_for(lambda: tick_all(s, work=True) or lossy.pending() == 0, 5, "the lost reply")
+    work_for(1.0, s)
+    assert_each_sent_once(server, settled_history(server, s, True), overlap)
+    s.close()
+
+
+@pytest.mark.parametrize("overlap", ["allow", "skip"])
+def test_a_lost_reply_to_the_check_before_publish(server: RedisServer, lossy: Proxy,
+                                                  overlap: str) -> None:
+    s = make(app_for(server, lossy.url(), overlap))
+    run_for(0.6, s)
+    lossy.drop_reply_to(_sha("check"))
+    wait_for(lambda: tick_all(s, work=True) or lossy.pending() == 0, 5, "the lost reply")
+    work_for(1.0, s)
+    assert_each_sent_once(server, settled_history(server, s, True), overlap)
+    s.close()
+
+
+@pytest.mark.parametrize("overlap", ["allow", "skip"])
+def test_a_lost_reply_to_the_sent_mark(server: RedisServer, lossy: Proxy,
+                                       overlap: str) -> None:
+    s = make(app_for(server, lossy.url(), overlap))
+    run_for(0.6, s)
+    lossy.drop_reply_to(_sha("sent"))
+    wait_for(lambda: tick_all(s, work=True) or lossy.pending() == 0, 5, "the lost reply")
+    work_for(1.0, s)
+    assert_each_sent_once(server, settled_history(server, s, True), overlap)
+    s.close()
+
+
+@pytest.mark.parametrize("overlap", ["allow", "skip"])
+def test_a_lost_reply_to_a_release(server: RedisServer, lossy: Proxy, overlap: str) -> None:
+    """A stopping beat's release executes but its reply is lost; another beat sends what
+    was released."""
+    a = make(app_for(server, lossy.url(), overlap))
+    b = make(app_for(server, server.url, overlap))
+    a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
+    run_for(1.0, a, b)
+    held = set(a.holdings.held)
+    assert held
+    lossy.drop_reply_to(_sha("release"))
+    a.close()
+    assert lossy.pending() == 0
+    history = settled_history(server, b, True)
+    assert {ref.due for ref in held} <= {r.due for r in history
+                                         if r.state in (RunState.DONE, RunState.SKIPPED)}
+    assert_each_sent_once(server, history, overlap)
+    b.close()
+
+
+@pytest.mark.parametrize("overlap", ["allow", "skip"])
+def test_a_lost_reply_to_a_take_over(server: RedisServer, lossy: Proxy, overlap: str) -> None:
+    """A beat dies holding claims; the beat that takes them back loses the reply."""
+    a = make(app_for(server, server.url, overlap))
+    b = make(app_for(server, lossy.url(), overlap))
+    a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
+    run_for(1.0, a)
+    held = set(a.holdings.held)
+    assert held
+    a.store.leave(a.owner)  # a dies: its claims are for others to take back
+    a._closed = True
+    lossy.drop_reply_to(_sha("reclaim"))
+    wait_for(lambda: tick_all(b, work=True) or lossy.pending() == 0, 5, "the lost reply")
+    history = settled_history(server, b, True)
+    assert {ref.due for ref in held} <= {r.due for r in history
+                                         if r.state in (RunState.DONE, RunState.SKIPPED)}
+    assert_each_sent_once(server, history, overlap)
+    b.close()
