@@ -47,7 +47,13 @@ def period_ms(sched: schedule) -> int:
     ms = round(run_every.total_seconds() * 1000)
     if ms <= 0:
         raise UnsupportedSchedule(f"interval {run_every!r} is not positive")
+    if ms > _MAX_PERIOD_MS:
+        raise UnsupportedSchedule(f"interval {run_every!r} is longer than ten years")
     return ms
+
+
+#: The longest interval: beyond it instants in ms lose precision in the stores' numbers.
+_MAX_PERIOD_MS = 10 * 366 * 24 * 3600 * 1000
 
 
 def _frozen_now(sched: BaseSchedule, at_ms: int) -> BaseSchedule:

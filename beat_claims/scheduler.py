@@ -23,7 +23,7 @@ from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
 
 from . import occurrences
-from .beat.claimer import Claimer
+from .beat.claimer import Claimer, PolicyBounds
 from .beat.clock import StoreClock
 from .beat.holdings import Holdings
 from .beat.knowledge import Knowledge
@@ -80,6 +80,8 @@ class Scheduler(BaseScheduler):
         self.store: Store = store or open_store(self.settings)
         self.metrics = Metrics()
         self.policies: dict[str, Policy] = {}  # shared with the parts below: updated in place
+        self.policy_bounds = PolicyBounds(self.settings.policy.reclaim_after,
+                                          self.settings.policy.run_timeout)
         self.clock = StoreClock()
         self.knowledge = Knowledge()
         self.holdings = Holdings()
@@ -129,6 +131,26 @@ class Scheduler(BaseScheduler):
         logger.info("beat-claims: owner %s, %d entries, store %s", self.owner,
                     len(self.schedule), self.info)
 
+    def merge_inplace(self, b: dict[str, Any]) -> None:
+        """Celery's, with an entry that cannot be built (``schedule: float("inf")``) named
+        in the error instead of a traceback from deep inside Celery."""
+        built: dict[str, Any] = {}
+        for name, spec in b.items():
+            try:
+                built[name] = self.Entry(**dict(spec, name=name, app=self.app))
+            except Exception as exc:
+                raise ConfigurationError(
+                    f"entry {name!r}: cannot be scheduled: {type(exc).__name__}: {exc}"
+                ) from None
+        schedule = self.schedule
+        for name in set(schedule) ^ set(built):
+            schedule.pop(name, None)
+        for name, entry in built.items():
+            if name in schedule:
+                schedule[name].update(entry)
+            else:
+                schedule[name] = entry
+
     def _refuse_bad_names(self) -> None:
         """An entry whose name cannot be stored is left out, named once; the others run."""
         for name in list(self.schedule):
@@ -147,6 +169,11 @@ class Scheduler(BaseScheduler):
                 raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
         self.policies.clear()
         self.policies.update(policies)
+        timeouts = [p.run_timeout for p in [self.settings.policy, *policies.values()]
+                    if p.run_timeout is not None]
+        self.policy_bounds = PolicyBounds(
+            min(p.reclaim_after for p in [self.settings.policy, *policies.values()]),
+            min(timeouts) if timeouts else None)
 
     def entries_changed(self) -> None:
         """The schedule was changed in place (a schedule source that is edited while beat
@@ -228,7 +255,7 @@ class Scheduler(BaseScheduler):
                             " could register what it knows", settling)
             return min(settling, self.max_interval)
         if not self._ready:
-            self.claimer.register(sorted(self.schedule))
+            self.claimer.sync(self.schedule)
             self._ready = True
             if self._settle_logged or not self._registered_once:
                 logger.info("beat-claims: %d entries registered; claiming",
@@ -247,6 +274,7 @@ class Scheduler(BaseScheduler):
             return min(self.broker_outage.waiting(), self._sleep_for())
         try:
             if self.holdings.held:  # picked up, or left from an outage: judged, then sent
+                self.holdings.waited.update(self.holdings.held)
                 self.sender.send(list(self.holdings.held.values()), self.schedule)
             due = self.claimer.pop_due(self.clock.now())
             if due:

@@ -109,3 +109,34 @@ def test_overlap_skip_runs_only_the_newest_of_a_catch_up_batch() -> None:
     p = plan(Policy(catch_up="all", overlap="skip"), due, 3, NOW, GRACE, 100)
     assert p.run == [NOW - 1_000]
     assert p.skip == [(NOW - 300_000, "overlap"), (NOW - 200_000, "overlap")]
+
+
+@pytest.mark.parametrize("setting", [
+    "beat_claims_reclaim_after", "beat_claims_heartbeat_interval",
+    "beat_claims_catch_up_window", "beat_claims_run_timeout", "beat_claims_catch_up_grace",
+])
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), 1e300, "inf"],
+                         ids=["inf", "-inf", "nan", "huge", "inf-text"])
+def test_infinite_nan_or_huge_seconds_are_refused_naming_the_setting(
+        setting: str, value: object) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        Settings.from_app(make_app(**{setting: value}))
+    assert setting in str(err.value) and repr(value) in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["catch_up_window", "reclaim_after", "run_timeout"])
+def test_infinite_or_nan_entry_claims_are_refused_naming_the_entry_and_key(key: str) -> None:
+    s = Settings.from_app(make_app())
+    for value in (float("inf"), float("nan")):
+        with pytest.raises(ConfigurationError) as err:
+            s.policy_for("nightly", {key: value})
+        assert "'nightly'" in str(err.value) and key in str(err.value)
+
+
+def test_entry_names_that_cannot_be_stored_are_named() -> None:
+    from beat_claims.settings import entry_name_problem
+
+    assert entry_name_problem("ok name/with: anything") is None
+    assert "cannot be stored" in (entry_name_problem("bad\udc80") or "")
+    assert "non-empty" in (entry_name_problem("") or "")
+    assert "longer than" in (entry_name_problem("x" * 2000) or "")

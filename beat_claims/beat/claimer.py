@@ -12,6 +12,7 @@ import heapq
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import occurrences
@@ -32,11 +33,21 @@ CLAIM_CHUNK = 100
 CONFLICT_RETRIES = 5
 
 
+@dataclass(frozen=True)
+class PolicyBounds:
+    """The shortest windows over every entry's policy (computed once per schedule change:
+    a sweep must not walk every entry's policy)."""
+
+    reclaim_after: float
+    run_timeout: float | None
+
+
 class EntrySource(Protocol):
     """What the scheduler tells the claimer about its entries."""
 
     schedule: dict[str, Any]
     policies: dict[str, Policy]
+    policy_bounds: PolicyBounds
 
     def bounds(self, name: str) -> tuple[int | None, int | None]: ...
 
@@ -114,6 +125,19 @@ class Claimer:
         self.heap = [(due, name) for due, name in self.heap if name not in states]
         heapq.heapify(self.heap)
         for name in states:
+            self.push(name)
+
+    def sync(self, names: Iterable[str]) -> None:
+        """The schedule is now ``names``: register the entries not registered yet, forget
+        the ones gone, and rebuild the heap (bounds may have changed too)."""
+        wanted = set(names)
+        for gone in set(self.states) - wanted:
+            del self.states[gone]
+        new = sorted(wanted - set(self.states))
+        if new:
+            self.register(new)
+        self.heap = []
+        for name in sorted(wanted & set(self.states)):
             self.push(name)
 
     def _seed(self, name: str) -> EntrySeed:

@@ -66,8 +66,7 @@ class Sweeper:
         this beat's entries; presume lost what never reported."""
         now = self.clock.now()
         interval = int(self.settings.heartbeat_interval * 1000)
-        shortest = min([p.reclaim_after for p in self.policies.values()]
-                       + [self.settings.policy.reclaim_after])
+        shortest = self.source.policy_bounds.reclaim_after
         live = self.liveness.live_ids()
         found = self.store.live_runs(LiveQuery(
             self.owner.id, live, held_before=now - int(shortest * 1000),
@@ -107,12 +106,10 @@ class Sweeper:
         """Runs sent or started with no outcome within their entry's ``run_timeout``
         become lost (they are not sent again: redelivery is the broker's business)."""
         default = self.settings.policy.run_timeout
-        timeouts = [p.run_timeout for p in self.policies.values() if p.run_timeout is not None]
-        if default is not None:
-            timeouts.append(default)
-        if not timeouts:
+        shortest = self.source.policy_bounds.run_timeout
+        if shortest is None:
             return
-        runs = self.store.open_runs(before=now - int(min(timeouts) * 1000),
+        runs = self.store.open_runs(before=now - int(shortest * 1000),
                                     after=self._lost_cursor, limit=LOST_BATCH)
         self._lost_cursor = next_cursor(runs, LOST_BATCH)
         outcomes = []

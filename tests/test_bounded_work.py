@@ -1,0 +1,153 @@
+"""Every loop and every pile is bounded, and the policies hold for runs that waited:
+publish retries, runs held through a broker outage, runs that never report, result-backend
+recovery, and a gap of any length in a crontab's history."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from celery.schedules import crontab
+
+from beat_claims.enums import Reason, RunState
+from beat_claims.runs import iso
+from beat_claims.stores.base import EntrySeed
+
+from .conftest import RedisServer
+from .faults import proxy
+from .inprocess import make, make_app, occurrences_sent, run_for
+from .processes import wait_for
+
+
+def test_a_publish_that_always_fails_is_retried_then_recorded_failed(
+        server: RedisServer) -> None:
+    """A message the serializer cannot encode: tried 1 + publish_retries times, then the run
+    is failed (publish_error); it does not come back, nor pile up with later ones, and the
+    other entries are sent meanwhile."""
+    app = make_app(server, {
+        "bad": {"task": "t.noop", "schedule": timedelta(seconds=1), "args": [object()]},
+        "good": {"task": "t.noop", "schedule": timedelta(seconds=1)},
+    }, beat_claims_heartbeat_interval=0.3, beat_claims_publish_retries=2)
+    s = make(app)
+
+    def first_failed() -> list[object]:
+        s.tick()
+        return [r for r in s.store.history("bad") if r.state is RunState.FAILED]
+
+    [failed, *_] = wait_for(first_failed, 15, "the unpublishable run to be recorded failed",
+                            interval=0.05)
+    assert failed.reason is Reason.PUBLISH_ERROR
+    assert failed.attempts == 3 and failed.exc_type == "EncodeError"
+    run_for(2.5, s)
+    history = s.store.history("bad")
+    # Each occurrence is failed in turn; none waits for ever, none is retried beyond 3.
+    assert all(r.attempts <= 3 for r in history)
+    assert len([r for r in history if not r.state.final]) <= 2
+    assert len(s.holdings) <= 2
+    good = [due for entry, due in occurrences_sent(server) if entry == "good"]
+    assert len(good) >= 4 and len(good) == len(set(good))
+    assert not [due for entry, due in occurrences_sent(server) if entry == "bad"]
+    s.close()
+
+
+def test_a_broker_outage_sends_the_latest_run_not_every_missed_one(
+        server: RedisServer, broker: RedisServer) -> None:
+    """catch_up=latest: occurrences that fell due while the broker was away are recorded
+    skipped, and one run is sent when it is back (not one per missed occurrence)."""
+    app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}},
+                   broker=broker, beat_claims_heartbeat_interval=0.5,
+                   beat_claims_catch_up_grace=0.3)
+    s = make(app)
+    run_for(1.2, s)
+    before = len(occurrences_sent(broker))
+    assert before >= 1
+    broker.stop()
+    down_at = time.time() * 1000
+    run_for(3.5, s)
+    up_at = time.time() * 1000
+    broker.start()
+    run_for(2.5, s)
+    sent = [due for _, due in occurrences_sent(broker)]
+    assert len(sent) == len(set(sent))
+    history = s.store.history("e")
+    missed = [r for r in history if down_at < r.due < up_at - 300]
+    assert len(missed) >= 5
+    assert len([r for r in missed if r.state is RunState.SENT]) <= 1, [
+        (iso(r.due), r.state) for r in missed]
+    assert {r.reason for r in missed if r.state is RunState.SKIPPED} <= {Reason.CATCH_UP}
+    # And scheduling goes on once it is back.
+    assert [r for r in history if r.due > up_at + 500 and r.state is RunState.SENT]
+    s.close()
+
+
+@pytest.mark.parametrize("limit", [5])
+def test_sent_runs_without_an_outcome_do_not_grow_the_history_for_ever(
+        server: RedisServer, limit: int) -> None:
+    """No worker reports: the history stays at history_limit runs; the sent runs pushed
+    out of it are presumed lost (history_limit)."""
+    app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=0.2)}},
+                   beat_claims_history_limit=limit)
+    s = make(app)
+    run_for(3.0, s)
+    sent = occurrences_sent(server)
+    assert len(sent) >= 3 * limit
+    history = s.store.history("e")
+    assert len(history) <= limit + 1
+    assert {r.state for r in history} <= {RunState.SENT, RunState.CLAIMED, RunState.SENDING}
+    s.close()
+
+
+def test_result_backend_recovery_keeps_the_heartbeat_alive_and_is_bounded(
+        server: RedisServer) -> None:
+    """Hundreds of runs without an outcome, and a result backend that answers slowly
+    (50 ms a lookup, through a real TCP proxy): each tick stays short, and the beat stays
+    alive, however many runs there are to look up."""
+    schedule = {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=1)}
+                for i in range(200)}
+    with proxy(server.port) as slow:
+        slow.delay = 0.05
+        app = make_app(server, schedule, result_backend=slow.url(3),
+                       beat_claims_heartbeat_interval=0.4)
+        s = make(app)
+        run_for(3.0, s)  # some hundreds of sent runs, older than the settling time
+        assert len(occurrences_sent(server)) >= 400
+        longest = 0.0
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            wait = s.tick()
+            longest = max(longest, time.monotonic() - started)
+            alive = [o for o in s.store.owners() if o.owner.id == s.owner.id]
+            assert alive and alive[0].alive
+            time.sleep(min(0.05, wait))
+        assert s.recovery.last > 0  # it ran
+        # A pass is bounded by half a heartbeat interval (plus one lookup and the sends).
+        assert longest < 1.2, longest
+        s.close()
+
+
+def test_a_year_long_gap_of_a_crontab_entry_is_bridged_without_blocking(
+        server: RedisServer) -> None:
+    """Every minute, and its beats were down for a year: the first tick does not walk the
+    525,600 missed minutes; with catch_up=latest the newest runs, the newest others are
+    recorded skipped, and the checkpoint lands on the newest due minute."""
+    app = make_app(server, {"m": {"task": "t.noop", "schedule": crontab(minute="*")}})
+    s = make(app, settle=False)
+    now = int(time.time() * 1000)
+    year_ago = now - 366 * 24 * 3600 * 1000
+    s.store.register([EntrySeed("m", "every minute", year_ago, year_ago)])
+    started = time.monotonic()
+    wait_for(lambda: s.tick() is not None and any(
+        r.state is RunState.SENT for r in s.store.history("m")), 15, "the newest minute")
+    assert time.monotonic() - started < 8  # mostly the new store's settling time
+    history = s.store.history("m")
+    newest_minute = now // 60_000 * 60_000
+    sent = [r for r in history if r.state is RunState.SENT]
+    assert len(sent) == 1 and sent[0].due in (newest_minute, newest_minute + 60_000)
+    skipped = [r for r in history if r.state is RunState.SKIPPED]
+    assert len(skipped) == 99 and all(r.reason is Reason.CATCH_UP for r in skipped)
+    assert Counter(r.due % 60_000 for r in history) == {0: 100}
+    assert s.store.entries(["m"])[0].checkpoint == sent[0].due
+    s.close()
