@@ -37,7 +37,7 @@ from .metrics import Metrics
 from .runs import HEADER, Owner, from_ms, iso
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
 from .stores import open_store
-from .stores.base import Claim, EntryState, LiveQuery, Reclaim, Store, StoreError
+from .stores.base import Claim, EntrySeed, EntryState, LiveQuery, Reclaim, Store, StoreError
 
 logger = get_logger("celery.beat.claims")
 
@@ -106,6 +106,8 @@ class Scheduler(BaseScheduler):
                                     " was given back)")
         self._bug_backoff = 0.0
         self._bug_retry_at = 0.0
+        self._went_back_why: str | None = None
+        self._resync_seeds: list[EntrySeed] | None = None
         self._last_sweep = float("-inf")
         self._ready = False
         self._settle_logged = False
@@ -211,8 +213,10 @@ class Scheduler(BaseScheduler):
         except StoreError as exc:
             return self._store_down(exc)
         except StoreWentBack as exc:
-            why = str(exc)
-            return self._guarded(lambda: self._went_back(why))
+            # Kept until done: if registering again fails half way (the store went away
+            # again), it is started over at the next tick.
+            self._went_back_why = str(exc)
+            return self._guarded(self._went_back)
         except Exception:
             # A bug here must not stop the beat (its claims would wait to be taken back):
             # nothing unclaimed is sent; start again from the store, with backoff.
@@ -241,6 +245,8 @@ class Scheduler(BaseScheduler):
             self._in_tick = False
 
     def _tick(self) -> float:
+        if self._went_back_why is not None:
+            return self._went_back()
         if self.liveness.due():
             if self.liveness.beat():
                 raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
@@ -306,22 +312,30 @@ class Scheduler(BaseScheduler):
         self.liveness.lapse()  # the first thing after an outage: a heartbeat (epoch check)
         return self.store_outage.down(exc)
 
-    def _went_back(self, why: str) -> float:
+    def _went_back(self) -> float:
         """The store may have lost writes: register again what this beat knows (anchors,
         checkpoints, a token floor, the claims it held as due runs, the runs it sent lately
-        as sent); nobody claims until every live beat has had the time to do the same."""
-        epoch_seen = why.startswith("the store's epoch changed")
-        self.liveness.beat(resync=not epoch_seen)
-        held = list(self.holdings.held.values()) + list(self.holdings.checked)
+        as sent); nobody claims until every live beat has had the time to do the same.
+        What to register is taken once: a failure half way starts over with the same."""
+        why = self._went_back_why or "unknown"
         names = sorted(self.schedule)
-        logger.warning("beat-claims: the store may have lost writes (%s): registering again"
-                       " what this beat knows of its %d entries (%d claim(s) held, %d run(s)"
-                       " sent lately); no beat claims for %.1fs", why, len(names), len(held),
-                       len(self.knowledge.recent), self.liveness.settling_for())
-        descriptions = {n: occurrences.describe(self.schedule[n].schedule) for n in names}
-        self.holdings.clear()
-        self.claimer.reset()
-        self.claimer.register(names, self.knowledge.seeds(descriptions, held))
+        if self._resync_seeds is None:
+            held = list(self.holdings.held.values()) + list(self.holdings.checked)
+            descriptions = {n: occurrences.describe(self.schedule[n].schedule) for n in names}
+            self._resync_seeds = self.knowledge.seeds(descriptions, held)
+            self.holdings.clear()
+            self.claimer.reset()
+            self._ready = False
+            logger.warning("beat-claims: the store may have lost writes (%s): registering"
+                           " again what this beat knows of its %d entries (%d claim(s) held,"
+                           " %d run(s) sent lately); no beat claims meanwhile", why,
+                           len(names), len(held), len(self.knowledge.recent))
+        # A beat that found it out from the data (not from the epoch) starts a new epoch:
+        # every live beat then registers what it knows, and the store settles.
+        self.liveness.beat(resync=not why.startswith("the store's epoch changed"))
+        self.claimer.register(names, self._resync_seeds)
+        self._resync_seeds = None
+        self._went_back_why = None
         self._ready = True
         return max(0.0, min(self.liveness.settling_for() or self.max_interval,
                             self.max_interval))

@@ -59,7 +59,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from functools import partial
@@ -72,14 +72,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: beat_claims from this checkout
     sys.path.insert(0, str(ROOT))
 
-from beat_claims.runs import iso, to_ms  # noqa: E402
-from beat_claims.stores.redis import RedisStore  # noqa: E402
+from beat_claims.runs import Run, iso, to_ms  # noqa: E402
+from beat_claims.settings import Settings  # noqa: E402
+from beat_claims.stores import Store, open_store  # noqa: E402
 
 APP = "bench.chaos_app"
 PERIODS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 PAUSE_ARM_TIMEOUT = 30.0
 #: Executions later than this (seconds) are attributed to a chaos event.
 LATE = 0.25
+#: Runs kept per entry in the store (the app's ``beat_claims_history_limit``): every run of
+#: the whole chaos run, so a miss or a delay can be explained from its record.
+HISTORY_LIMIT = 5000
 
 
 @dataclass
@@ -123,12 +127,19 @@ class Config:
 
 @dataclass
 class Event:
-    """Something the chaos did, with the wall-clock interval it covers."""
+    """Something the chaos did, with the wall-clock interval it covers.
+
+    A store restart covers the outage and then the settle period of the store's new epoch
+    (no beat claims for one heartbeat TTL after it is back: ``settle_until``, read from the
+    beats' logs after the chaos), plus one heartbeat for the first claims after it.
+    """
 
     kind: str  # sigkill | sigterm | store_restart | pause
     start: float
     end: float
     detail: str
+    beat: str = ""  # the beat killed or paused
+    settle_until: float | None = None  # store_restart: when claiming could start again
 
     def overlaps(self, lo: float, hi: float) -> bool:
         return self.start <= hi and self.end >= lo
@@ -159,6 +170,7 @@ class Result:
     counts: dict[str, int] = field(default_factory=dict)
     workdir: str = ""
     version: str = ""
+    store_settle_s: float | None = None  # from the store's return until claiming resumed
 
     @property
     def ok(self) -> bool:
@@ -192,6 +204,7 @@ class Result:
             "sigkill": kinds["sigkill"],
             "sigterm": kinds["sigterm"],
             "store_restarts": kinds["store_restart"],
+            "store_settle_s": self.store_settle_s,
             "pauses": kinds["pause"],
             **self.counts,
         }
@@ -423,26 +436,65 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-_TAKEOVER = re.compile(r"took over (\d+) claim\(s\) of '[^']*' from (.+?) owner ")
+#: "took back N claim(s) of owner X (why): e1, e2" -> the count, the owner id, why.
+_TAKEOVER = re.compile(r"beat-claims: took back (\d+) claim\(s\) of owner (\S+) \(([^)]*)\)")
+_TAKEOVER_KEYS = {
+    "its owner is gone": "taken_over_dead",
+    "older than reclaim_after": "taken_over_reclaim_after",
+    "this beat's own, whose reply it never had": "taken_over_unanswered",
+}
 _OWNER = re.compile(r"beat-claims: owner \S+?:\d+/([0-9a-f]{8})")
-_RELEASED = re.compile(r"released (\d+) unsent claim\(s\)")
+_RELEASED = re.compile(r"beat-claims: released (\d+) unsent claim\(s\)")
+_RELEASED_SENDING = re.compile(r"beat-claims: (\d+) claim\(s\) being published when the stop"
+                               r" came")
+_SKIPPED = re.compile(r"beat-claims: recorded (\d+) occurrence\(s\) skipped \((\w+)\)")
+#: The lines that say when a beat may claim again after the store's epoch changed, with
+#: Celery's prefix "[2026-11-30 12:08:01,123: WARNING/MainProcess]" (local time).
+_SETTLE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}): [^\]]*\] beat-claims: (?:the store may"
+    r" have lost writes .*?no beat claims for|the store has a new epoch .*?claiming starts"
+    r" in) ([\d.]+)s", re.MULTILINE)
+
+
+def _stamp(day_time: str, millis: str) -> float:
+    """A Celery log timestamp (local time) as epoch seconds."""
+    return time.mktime(time.strptime(day_time, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+
+
+def settle_ends(fleet: Fleet) -> list[float]:
+    """When each beat said claiming may start again after a new store epoch (epoch
+    seconds): log time + the settle it announced."""
+    ends = []
+    for proc in fleet.procs:
+        if proc.kind == "beat":
+            ends += [_stamp(day, ms) + float(secs)
+                     for day, ms, secs in _SETTLE.findall(proc.text())]
+    return sorted(ends)
 
 
 def log_counts(fleet: Fleet) -> dict[str, int]:
-    """What the processes' logs say happened: takeovers by cause, releases, refusals."""
+    """What the processes' logs say happened: takeovers by cause, releases, refusals,
+    store outages and new epochs, skips."""
     counts: Counter[str] = Counter()
     for proc in fleet.procs:
         text = proc.text()
         if proc.kind == "beat":
-            for n, why in _TAKEOVER.findall(text):
-                key = {"dead": "taken_over_dead", "slow": "taken_over_reclaim_after"}.get(
-                    why, "taken_over_unanswered")
-                counts[key] += int(n)
+            for n, _owner, why in _TAKEOVER.findall(text):
+                counts[_TAKEOVER_KEYS.get(why, "taken_over_other")] += int(n)
             counts["released_at_stop"] += sum(int(n) for n in _RELEASED.findall(text))
+            counts["released_sending_at_stop"] += sum(
+                int(n) for n in _RELEASED_SENDING.findall(text))
             counts["not_sent_superseded"] += text.count("beat-claims: not sending")
             counts["beat_store_outages"] += text.count("beat-claims: store unreachable")
+            counts["beat_store_lost_writes"] += text.count(
+                "beat-claims: the store may have lost writes")
+            counts["beat_settle_waits"] += text.count("beat-claims: the store has a new epoch")
+            counts["beat_tick_errors"] += text.count("beat-claims: unexpected error in a tick")
+            for n, reason in _SKIPPED.findall(text):
+                counts[f"skipped_{reason}"] += int(n)
         else:
             counts["refused_deliveries"] += text.count("beat-claims: refusing delivery")
+            counts["redeliveries_run"] += text.count("is gone; running this redelivery")
             counts["worker_store_outages"] += text.count("beat-claims: store unreachable")
         counts["traceback_lines"] += text.count("Traceback (most recent call last)")
     return dict(counts)
@@ -488,17 +540,20 @@ class Chaos:
             sys.stderr.write(f"[chaos {time.time() - self.t0:7.1f}s] {message}\n")
             sys.stderr.flush()
 
-    def read_anchors(self) -> dict[str, int]:
-        store = RedisStore.from_url(self.store.url(0))
+    @contextlib.contextmanager
+    def open_store(self) -> Iterator[Store]:
+        """The store through its contract (``open_store``), as a beat of the app opens it."""
+        store = open_store(Settings(url=self.store.url(0), history_limit=HISTORY_LIMIT),
+                           timeout=5.0)
         try:
-            anchors = {}
-            for name in self.periods:
-                anchor = store.entry_info(name)["anchor"]
-                if anchor is not None:
-                    anchors[name] = anchor
-            return anchors
+            yield store
         finally:
             store.close()
+
+    def read_anchors(self) -> dict[str, int]:
+        with self.open_store() as store:
+            return {e.name: e.anchor for e in store.entries(list(self.periods))
+                    if e.anchor is not None}
 
     # -- phases ---------------------------------------------------------------------
     def start(self) -> None:
@@ -537,7 +592,7 @@ class Chaos:
         kind = "sigkill" if sig == signal.SIGKILL else "sigterm"
         self.events.append(Event(kind, now, now + self.cfg.heartbeat_ttl + self.cfg.heartbeat,
                                  f"{kind.upper()} {victim.name} (pid {victim.pid}),"
-                                 f" replaced by {replacement.name}{note}"))
+                                 f" replaced by {replacement.name}{note}", beat=victim.name))
         self.say(f"{kind.upper()} {victim.name} pid {victim.pid}; started"
                  f" {replacement.name}{note}")
         return replacement
@@ -573,7 +628,7 @@ class Chaos:
         start = time.time()
         self.events.append(Event("pause", start, start + cfg.pause_seconds,
                                  f"SIGSTOP {beat.name} (pid {beat.pid}) {mode}"
-                                 f" for {cfg.pause_seconds:g}s"))
+                                 f" for {cfg.pause_seconds:g}s", beat=beat.name))
         self.say(f"SIGSTOP {beat.name} pid {beat.pid} ({mode})")
         return start + cfg.pause_seconds
 
@@ -668,8 +723,27 @@ class Chaos:
         for worker in self.fleet.live("worker"):
             stop_process(worker.popen, signal.SIGTERM, 30)
 
+    def settle_store_restarts(self, result: Result) -> None:
+        """Extend each store restart by the settle period of the store's new epoch: the
+        beats announce in their logs when claiming may start again; no beat claims before
+        that, so runs due meanwhile are held back by the restart (and sent, late, by the
+        catch-up policy ``all``)."""
+        ends = settle_ends(self.fleet)
+        for event in self.events:
+            if event.kind != "store_restart":
+                continue
+            mine = [t for t in ends if event.start <= t <= event.end + 120]
+            if not mine:
+                continue
+            event.settle_until = max(mine)
+            result.store_settle_s = round(event.settle_until - event.end, 1)
+            event.detail += (f"; no claiming until {event.settle_until - event.start:.1f}s after"
+                             " the kill (the new epoch's settle period)")
+            event.end = max(event.end, event.settle_until + self.cfg.heartbeat)
+
     def analyse(self, end: float, result: Result) -> None:
         end_ms = int(end * 1000)
+        self.settle_store_restarts(result)
         anchors = self.read_anchors()
         result.reanchored = sorted(n for n in self.anchors if anchors.get(n) != self.anchors[n])
         rows = read_ledger(self.ledger)
@@ -684,56 +758,53 @@ class Chaos:
                              if len(v) > 1}
         grid = due_occurrences(anchors, self.periods, max((d for _, d in by_key), default=0))
         result.off_schedule = sorted(f"{e} due {iso(d)}" for e, d in set(by_key) - grid)
-        store = RedisStore.from_url(self.store.url(0))
-        try:
+        with self.open_store() as store:
             records = {name: {r.due: r for r in store.history(name)} for name in self.periods}
-            # An execution whose token is not the one the store recorded for the run ran
-            # without the store knowing (unfenced: the store was down when it started).
-            result.counts["executions_with_other_token"] = sum(
-                1 for (entry, due), execs in by_key.items() for r in execs
-                if (run := records.get(entry, {}).get(due)) is not None
-                and r.get("token") != run.token)
-            for entry, due in sorted(want - set(by_key), key=lambda k: (k[1], k[0])):
+        # An execution whose token is not the one the store recorded for the run ran
+        # without the store knowing (unfenced: the store was down when it started).
+        result.counts["executions_with_other_token"] = sum(
+            1 for (entry, due), execs in by_key.items() for r in execs
+            if (run := records.get(entry, {}).get(due)) is not None
+            and r.get("token") != run.token)
+        for entry, due in sorted(want - set(by_key), key=lambda k: (k[1], k[0])):
+            run = records.get(entry, {}).get(due)
+            state = run.state.value if run is not None else "no record"
+            explained = run is not None and state == "skipped" and run.reason is not None
+            result.missed.append({
+                "entry": entry, "due": iso(due), "state": state,
+                "reason": run.reason.value if run is not None and run.reason else None,
+                "explained": explained,
+                "record": run.as_dict() if run is not None else None,
+            })
+        result.missed_unexplained = sum(1 for m in result.missed if not m["explained"])
+        delays = {key: min(r["at"] for r in by_key[key]) - key[1] / 1000
+                  for key in want & set(by_key)}
+        if delays:
+            values = list(delays.values())
+            result.p50_delay_s = percentile(values, 0.50)
+            result.p99_delay_s = percentile(values, 0.99)
+            result.late_over_2s = sum(1 for v in values if v > 2.0)
+            owners = self.owner_names()
+            for (entry, due), delay in delays.items():
+                if delay < LATE:
+                    continue
                 run = records.get(entry, {}).get(due)
-                state = run.state.value if run is not None else "no record"
-                explained = run is not None and state == "skipped" and bool(run.reason)
-                result.missed.append({
-                    "entry": entry, "due": iso(due), "state": state,
-                    "reason": run.reason if run is not None else None,
-                    "explained": explained,
-                    "record": run.as_dict() if run is not None else None,
-                })
-            result.missed_unexplained = sum(1 for m in result.missed if not m["explained"])
-            delays = {key: min(r["at"] for r in by_key[key]) - key[1] / 1000
-                      for key in want & set(by_key)}
-            if delays:
-                values = list(delays.values())
-                result.p50_delay_s = percentile(values, 0.50)
-                result.p99_delay_s = percentile(values, 0.99)
-                result.late_over_2s = sum(1 for v in values if v > 2.0)
-                owners = self.owner_names()
-                for (entry, due), delay in delays.items():
-                    if delay < LATE:
-                        continue
-                    run = records.get(entry, {}).get(due)
-                    text, events = self.cause(due, due / 1000 + delay, run, owners)
-                    for kind in {e.kind for e in events} or {"none"}:
-                        worst_of = result.worst_by_cause
-                        worst_of[kind] = round(max(worst_of.get(kind, 0.0), delay), 3)
-                    if delay > result.worst_delay_s:
-                        result.worst_delay_s = delay
-                        result.worst = {
-                            "entry": entry, "due": iso(due), "delay_s": round(delay, 3),
-                            "cause": text,
-                            "record": run.as_dict() if run is not None else None,
-                        }
-                if not result.worst:
-                    (entry, due), delay = max(delays.items(), key=lambda kv: kv[1])
+                text, events = self.cause(due, due / 1000 + delay, run, owners)
+                for kind in {e.kind for e in events} or {"none"}:
+                    worst_of = result.worst_by_cause
+                    worst_of[kind] = round(max(worst_of.get(kind, 0.0), delay), 3)
+                if delay > result.worst_delay_s:
                     result.worst_delay_s = delay
-                    result.worst = {"entry": entry, "due": iso(due),
-                                    "delay_s": round(delay, 3), "cause": "none (on time)"}
-        finally:
-            store.close()
+                    result.worst = {
+                        "entry": entry, "due": iso(due), "delay_s": round(delay, 3),
+                        "cause": text,
+                        "record": run.as_dict() if run is not None else None,
+                    }
+            if not result.worst:
+                (entry, due), delay = max(delays.items(), key=lambda kv: kv[1])
+                result.worst_delay_s = delay
+                result.worst = {"entry": entry, "due": iso(due),
+                                "delay_s": round(delay, 3), "cause": "none (on time)"}
         result.events = list(self.events)
         result.counts.update(log_counts(self.fleet))
 
@@ -746,28 +817,39 @@ class Chaos:
                     names[prefix] = proc.name
         return names
 
-    def cause(self, due_ms: int, started: float, run: Any, owners: dict[str, str]
+    def cause(self, due_ms: int, started: float, run: Run | None, owners: dict[str, str]
               ) -> tuple[str, list[Event]]:
-        """Which chaos event held this occurrence back: the beat it was taken over from or
-        released by (from the run's record), else a store outage that overlapped its wait.
-        Returns a description and the events."""
+        """Which chaos event held this occurrence back. Returns a description and the
+        events.
+
+        The run's record names the beat it was taken back from (``reclaimed_from``) or,
+        for a claim given back at a stop, the beat that released it (``released_by``): a
+        kill or the pause of that beat while the run waited is the cause. Otherwise a store
+        restart that overlapped its wait (the outage, then the new epoch's settle period:
+        claims held through it are taken back by their own beat, which is alive); failing
+        both, an earlier event of that beat, else the machine's load.
+        """
+        lo, hi = due_ms / 1000 - 1, started
         holder, how = None, ""
         if run is not None and run.reclaimed_from:
             holder, how = owners.get(run.reclaimed_from[:8]), "taken over from"
-        elif run is not None and run.extra.get("released_by"):
-            holder, how = owners.get(str(run.extra["released_by"])[:8]), "released by"
-        if holder is not None:
-            events = [e for e in self.events if re.search(rf"\b{holder}\b", e.detail)
-                      and e.start <= started][-1:]
-            return (f"{how} {holder}: " + (events[0].detail if events else "no chaos event"),
-                    events)
-        # Not held by a beat that was killed or paused: only the store's outage could
-        # hold it back (or the machine's load).
-        events = [e for e in self.events if e.overlaps(due_ms / 1000 - 1, started)]
-        outages = [e for e in events if e.kind == "store_restart"]
+        elif run is not None and run.released_by:
+            holder, how = owners.get(run.released_by[:8]), "released by"
+        of_holder = [e for e in self.events if holder is not None and e.beat == holder
+                     and e.start <= started]
+        during = [e for e in of_holder if e.overlaps(lo, hi)][-1:]
+        if during:
+            return f"{how} {holder}: {during[0].detail}", during
+        outages = [e for e in self.events if e.kind == "store_restart" and e.overlaps(lo, hi)]
         if outages:
-            return "; ".join(e.detail for e in outages), outages
-        near = "; ".join(e.detail for e in events)
+            via = f"{how} {holder} after " if holder else ""
+            return via + "; ".join(e.detail for e in outages), outages
+        if of_holder:
+            return f"{how} {holder}: {of_holder[-1].detail}", of_holder[-1:]
+        near = "; ".join(e.detail for e in self.events if e.overlaps(lo, hi))
+        if holder is not None:
+            return f"{how} {holder}: no chaos event of it" + (f" (near {near})" if near
+                                                               else ""), []
         return "no chaos event held it (load" + (f"; near {near})" if near else ")"), []
 
     def run(self) -> Result:

@@ -406,17 +406,19 @@ def test_an_unexpected_error_in_a_tick_does_not_stop_the_beat(
         server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
     app = make_app(server)
     s = make(app)
-    real = s.store.register
+    real = s.store.claim
     calls: list[int] = []
 
-    def fails_once(entries: Any) -> Any:
+    def fails_once(*args: Any) -> Any:
         calls.append(1)
         if len(calls) == 1:
             raise ValueError("a bug")
-        return real(entries)
+        return real(*args)
 
-    s.store.register = fails_once  # type: ignore[method-assign]
-    s._ready = False  # the next tick registers the entries again
+    s.store.claim = fails_once  # type: ignore[method-assign]
+    wait_for(lambda: s.claimer.next_due() is not None
+             and s.claimer.next_due() <= s.clock.now(), 3, "an occurrence to fall due",
+             interval=0.02)
     with caplog.at_level(logging.ERROR, logger="celery.beat.claims"):
         wait = s.tick()
     assert 0 < wait <= 30
