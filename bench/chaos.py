@@ -20,7 +20,11 @@ the store restart is still to come at the end of a short run):
   15 ms (so it is often in the middle of a claim or a send), and a replacement is started
   at once;
 * once, the store's redis-server is killed (SIGKILL) and started again ``--store-down``
-  seconds later on the same port with the same data directory;
+  seconds later on the same port with the same data directory. The restarted server is a
+  new store epoch to the beats: each logs "the store may have lost writes", registers again
+  what it knows, and no beat claims for one heartbeat TTL (the settle period, announced as
+  "the store has a new epoch ... claiming starts in Xs"). Runs due during the outage and
+  the settle period are sent late, by the catch-up policy ``all``;
 * once, a beat is paused with SIGSTOP for ``--pause`` seconds (reclaim_after + 2 by
   default), then resumed with SIGCONT. That beat replaces a killed one and is armed in the
   app: it stops itself inside its first publish, after its check before publish (its
@@ -37,7 +41,13 @@ heartbeat TTL) plus ``--margin``. Beats and workers are stopped, and the ledger 
 with the schedule (interval anchors read from the store): occurrences due, executed,
 duplicates (executed more than once), missed (never executed; explained when the store
 records them ``skipped`` by a policy), the delay (execution start - due) and which chaos
-event the worst delay overlapped.
+event held each late run back: the beat its record says it was taken back from or
+released by (``reclaimed_from``, ``released_by``), when that beat was killed or paused
+while the run waited; else the store restart, whose window runs from the kill to the end
+of the settle period the beats logged (plus one heartbeat).
+
+The store is read only through its contract (``beat_claims.stores.open_store``:
+``entries()`` for the anchors, ``history()`` for the runs' records), never by its keys.
 
 Usage: python bench/chaos.py [--duration 300] [--seed 1] [--keep] [--json]
 """
@@ -445,15 +455,18 @@ _TAKEOVER_KEYS = {
 }
 _OWNER = re.compile(r"beat-claims: owner \S+?:\d+/([0-9a-f]{8})")
 _RELEASED = re.compile(r"beat-claims: released (\d+) unsent claim\(s\)")
-_RELEASED_SENDING = re.compile(r"beat-claims: (\d+) claim\(s\) being published when the stop"
+_TAKEN_BACK_AT_STOP = re.compile(r"beat-claims: (\d+) claim\(s\) being published when the stop"
                                r" came")
 _SKIPPED = re.compile(r"beat-claims: recorded (\d+) occurrence\(s\) skipped \((\w+)\)")
 #: The lines that say when a beat may claim again after the store's epoch changed, with
-#: Celery's prefix "[2026-11-30 12:08:01,123: WARNING/MainProcess]" (local time).
-_SETTLE = re.compile(
-    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}): [^\]]*\] beat-claims: (?:the store may"
-    r" have lost writes .*?no beat claims for|the store has a new epoch .*?claiming starts"
-    r" in) ([\d.]+)s", re.MULTILINE)
+#: Celery's prefix "[2026-11-30 12:08:01,123: WARNING/MainProcess]" (local time): "the store
+#: has a new epoch ... claiming starts in 2.9s", and "the store may have lost writes (...)
+#: ... no beat claims for 2.9s" (or "... meanwhile": then one heartbeat TTL is assumed).
+_PREFIX = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}): [^\]]*\] beat-claims: "
+_SETTLE = re.compile(_PREFIX + r"the store has a new epoch .*?claiming starts in ([\d.]+)s",
+                     re.MULTILINE)
+_LOST_WRITES = re.compile(_PREFIX + r"the store may have lost writes .*?no beat claims"
+                          r"(?: for ([\d.]+)s)?", re.MULTILINE)
 
 
 def _stamp(day_time: str, millis: str) -> float:
@@ -461,14 +474,16 @@ def _stamp(day_time: str, millis: str) -> float:
     return time.mktime(time.strptime(day_time, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
 
 
-def settle_ends(fleet: Fleet) -> list[float]:
+def settle_ends(fleet: Fleet, ttl: float) -> list[float]:
     """When each beat said claiming may start again after a new store epoch (epoch
-    seconds): log time + the settle it announced."""
+    seconds): the log line's time + the settle it announced (``ttl`` when it named none)."""
     ends = []
     for proc in fleet.procs:
         if proc.kind == "beat":
-            ends += [_stamp(day, ms) + float(secs)
-                     for day, ms, secs in _SETTLE.findall(proc.text())]
+            text = proc.text()
+            ends += [_stamp(day, ms) + float(secs) for day, ms, secs in _SETTLE.findall(text)]
+            ends += [_stamp(day, ms) + (float(secs) if secs else ttl)
+                     for day, ms, secs in _LOST_WRITES.findall(text)]
     return sorted(ends)
 
 
@@ -482,8 +497,8 @@ def log_counts(fleet: Fleet) -> dict[str, int]:
             for n, _owner, why in _TAKEOVER.findall(text):
                 counts[_TAKEOVER_KEYS.get(why, "taken_over_other")] += int(n)
             counts["released_at_stop"] += sum(int(n) for n in _RELEASED.findall(text))
-            counts["released_sending_at_stop"] += sum(
-                int(n) for n in _RELEASED_SENDING.findall(text))
+            counts["taken_back_at_stop"] += sum(
+                int(n) for n in _TAKEN_BACK_AT_STOP.findall(text))
             counts["not_sent_superseded"] += text.count("beat-claims: not sending")
             counts["beat_store_outages"] += text.count("beat-claims: store unreachable")
             counts["beat_store_lost_writes"] += text.count(
@@ -728,7 +743,7 @@ class Chaos:
         beats announce in their logs when claiming may start again; no beat claims before
         that, so runs due meanwhile are held back by the restart (and sent, late, by the
         catch-up policy ``all``)."""
-        ends = settle_ends(self.fleet)
+        ends = settle_ends(self.fleet, self.cfg.heartbeat_ttl)
         for event in self.events:
             if event.kind != "store_restart":
                 continue
@@ -885,6 +900,9 @@ def summary(result: Result) -> str:
     ]
     lines += [f"    {time.strftime('%H:%M:%S', time.localtime(e.start))} {e.detail}"
               for e in result.events if e.kind in ("pause", "store_restart")]
+    if result.store_settle_s is not None:
+        lines.append(f"    the store's new epoch: claiming resumed {result.store_settle_s:.1f}s"
+                     " after the store was back (settle period)")
     lines += [
         f"  due:        {f['due']} occurrences (first after each anchor .. end of chaos)",
         f"  executed:   {f['executed']} ({f['executions']} executions in the ledger)",

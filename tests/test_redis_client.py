@@ -30,21 +30,10 @@ from beat_claims.stores.redis_client import (
 )
 
 from .conftest import RedisServer, free_port
+from .processes import wait_for as poll
 
 #: Small timeouts keep the tests fast; the bounds asserted leave room for a loaded machine.
 FAST = RedisOptions(timeout=0.5, connect_timeout=0.5)
-
-
-def poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """``predicate()`` once it is truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def timed(call: Callable[[], Any]) -> tuple[float, BaseException | None]:

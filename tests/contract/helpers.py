@@ -3,7 +3,6 @@ run's life, written with the contract only."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -24,6 +23,8 @@ from beat_claims.stores.base import (
     Store,
     WorkerProcess,
 )
+
+from ..processes import wait_for
 
 T = TypeVar("T")
 
@@ -47,14 +48,7 @@ def now(store: Store) -> int:
 
 def poll(predicate: Callable[[], T], timeout: float, what: str) -> T:
     """``predicate()`` once it is truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.001)
+    return wait_for(predicate, timeout, what, interval=0.001)  # type: ignore[no-any-return]
 
 
 def after(store: Store, instant: int) -> int:
