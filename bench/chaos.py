@@ -46,16 +46,22 @@ released by (``reclaimed_from``, ``released_by``), when that beat was killed or 
 while the run waited; else the store restart, whose window runs from the kill to the end
 of the settle period the beats logged (plus one heartbeat).
 
+Every beat and worker imports ``beat_claims`` (and the chaos app) from a snapshot taken
+when the run starts (``<workdir>/src``: a copy of the working tree's package, or
+``--at-commit REV``'s), so that edits made while a long run lasts never mix versions in
+one fleet; the run reports the commit, ``-dirty`` and a digest of the snapshot.
+
 The store is read only through its contract (``beat_claims.stores.open_store``:
 ``entries()`` for the anchors, ``history()`` for the runs' records), never by its keys.
 
-Usage: python bench/chaos.py [--duration 300] [--seed 1] [--keep] [--json]
+Usage: python bench/chaos.py [--duration 300] [--seed 1] [--at-commit REV] [--keep] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import heapq
 import json
 import os
@@ -114,6 +120,7 @@ class Config:
     kill_every: tuple[float, float] = (5.0, 15.0)
     margin: float = 20.0
     fence: bool = True  # False: workers without beat_claims.install(app)
+    at_commit: str | None = None  # run the fleet on beat_claims/ of this commit
     workdir: Path | None = None
     verbose: bool = True
 
@@ -336,8 +343,9 @@ class Fleet:
     """Starts beats and workers of the chaos app; knows every process it ever started."""
 
     def __init__(self, cfg: Config, store: RedisServer, broker: RedisServer,
-                 workdir: Path) -> None:
+                 workdir: Path, src: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        self.src = src
         self.env = {
             **env,
             "CHAOS_STORE_URL": store.url(0),
@@ -347,7 +355,9 @@ class Fleet:
             "CHAOS_HEARTBEAT": str(cfg.heartbeat),
             "CHAOS_RECLAIM_AFTER": str(cfg.reclaim_after),
             "CHAOS_PAUSE_FILE": "",
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
+            # beat_claims and the app from the run's snapshot (see snapshot()), never from
+            # a working tree that may change while the run lasts
+            "PYTHONPATH": os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p),
             "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
@@ -364,7 +374,7 @@ class Fleet:
         log = self.logs / f"{name}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", APP, *args], cwd=ROOT,
+                [sys.executable, "-m", "celery", "-A", APP, *args], cwd=self.src,
                 env={**self.env, **env},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
@@ -519,17 +529,51 @@ def _ready(worker: Proc) -> bool:
     return "ready." in worker.text() or not worker.alive()
 
 
-def measured_version() -> str:
-    """The commit of beat_claims this run measured, ``-dirty`` with local changes."""
+def _git(*argv: str) -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "beat_claims"],
-                               cwd=ROOT, text=True, capture_output=True, timeout=10
-                               ).stdout.strip()
+        return subprocess.run(["git", *argv], cwd=ROOT, text=True, capture_output=True,
+                              timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (head or "unknown") + ("-dirty" if dirty else "")
+        return ""
+
+
+def _digest(package: Path) -> str:
+    """A digest of a package's files (names and contents), to tell snapshots apart."""
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def snapshot(workdir: Path, at_commit: str | None) -> tuple[Path, str]:
+    """The code every process of the run imports, fixed at its start: ``beat_claims/`` of
+    the working tree (copied) or of commit ``at_commit`` (``git archive``), and the chaos
+    app, in ``workdir/src``. Returns the directory and what was measured: the commit,
+    ``-dirty`` when the working tree's ``beat_claims/`` differs from it, and the digest of
+    the snapshot's files.
+    """
+    src = workdir / "src"
+    if src.exists():
+        shutil.rmtree(src)
+    (src / "bench").mkdir(parents=True)
+    for name in ("__init__.py", "chaos_app.py"):
+        shutil.copy2(ROOT / "bench" / name, src / "bench" / name)
+    if at_commit:
+        full = _git("rev-parse", "--verify", f"{at_commit}^{{commit}}")
+        if not full:
+            raise SystemExit(f"--at-commit: {at_commit!r} is not a commit of {ROOT}")
+        archive = subprocess.run(["git", "archive", full, "beat_claims"], cwd=ROOT,
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        version = _git("rev-parse", "--short", full)
+    else:
+        dirty = _git("status", "--porcelain", "--", "beat_claims")
+        shutil.copytree(ROOT / "beat_claims", src / "beat_claims",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        version = (_git("rev-parse", "--short", "HEAD") or "unknown") + (
+            "-dirty" if dirty else "")
+    return src, f"{version} ({_digest(src / 'beat_claims')})"
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -542,7 +586,8 @@ class Chaos:
         self.rng = random.Random(cfg.seed)
         self.store = RedisServer("store", workdir, persistent=True)
         self.broker = RedisServer("broker", workdir, persistent=False)
-        self.fleet = Fleet(cfg, self.store, self.broker, workdir)
+        self.src, self.version = snapshot(workdir, cfg.at_commit)
+        self.fleet = Fleet(cfg, self.store, self.broker, workdir, self.src)
         self.ledger = workdir / "ledger.jsonl"
         self.periods = cfg.schedule()
         self.events: list[Event] = []
@@ -869,7 +914,7 @@ class Chaos:
 
     def run(self) -> Result:
         result = Result(config={**asdict(self.cfg), "workdir": str(self.workdir)},
-                        workdir=str(self.workdir), version=measured_version())
+                        workdir=str(self.workdir), version=self.version)
         try:
             self.start()
             end = self.chaos()
@@ -946,6 +991,11 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     parser.add_argument("--no-fence", action="store_true",
                         help="workers without beat_claims.install(app): shows what the"
                              " fencing prevents (expect duplicates)")
+    parser.add_argument("--at-commit", metavar="REV", default=None,
+                        help="run the fleet on beat_claims/ of this commit (git archive)"
+                             " instead of a copy of the working tree's; the run reads the"
+                             " store through the working tree's contract, so REV must share"
+                             " it")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="logs, ledger and redis data (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir after success")
@@ -956,6 +1006,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
                  heartbeat=args.heartbeat, reclaim_after=args.reclaim_after, pause=args.pause,
                  pause_heartbeat=args.pause_heartbeat, fence=not args.no_fence,
                  store_down=args.store_down, margin=args.margin, workdir=args.workdir,
+                 at_commit=args.at_commit,
                  verbose=not args.json)
     return cfg, args
 

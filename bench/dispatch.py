@@ -7,30 +7,47 @@ Workloads
   instant T. Figures: T until the last of the N messages is published, the p50/p99 of the
   per-message lag (publish time - T), Redis commands and client round trips, CPU seconds
   and peak RSS of the beat processes.
-* ``idle_<N>``: N entries (``--idle-entries``, 10,000) none of which is due for an hour.
-  Figure: CPU seconds per minute of the beat processes over ``--idle-seconds`` (60).
+* ``idle_<N>``: N entries (``--idle-entries``, 10,000; 50,000 for the large idle case)
+  none of which is due for an hour. Figures: CPU seconds per minute of the beat processes
+  over ``--idle-seconds`` (60), peak RSS (setup included) and RSS at the end of the window.
 
-Schedulers (``--schedulers``, ``--beats``)
-------------------------------------------
+Schedulers (``--schedulers``, ``--beats``, ``--at-commit``)
+-----------------------------------------------------------
 ``persistent`` (``celery.beat.PersistentScheduler``, one beat), ``redbeat``
 (``redbeat.RedBeatScheduler``, one beat, the one holding RedBeat's lock) and
 ``beat_claims`` with 1, 2 and 4 beats (separate processes on one store; the check is that
-exactly N messages are published, each entry once). Every scheduler runs with
-``beat_max_loop_interval = 5`` and its default settings otherwise. beat-claims is used only
-through its public interface: ``beat_claims.Scheduler(app)`` configured by ``app.conf``
-(``beat_claims_url``, ``beat_claims_key_prefix``) and the ``beat_claims`` message header.
+exactly N messages are published, each entry once). ``--at-commit REV`` runs beat-claims
+of another commit too, in the same run (cases ``beat_claims_K@<short hash>``, round-robin
+with the others): its ``beat_claims/`` is extracted with ``git archive`` to a temporary
+directory, which those beats put first on ``sys.path``. Every scheduler runs with
+``beat_max_loop_interval = 5`` and its default settings otherwise.
+
+Every scheduler is used only as ``celery beat -S <class>`` uses it, so that any version
+of beat-claims can be measured: ``celery.beat.Service`` loads the class by name and builds
+it, ``beat_init`` is sent (RedBeat takes its lock there), and the beat is driven by
+``tick()``, ``should_sync()``/``_do_sync()`` and, at the end, ``Service.sync()`` (the
+scheduler's ``close()``). beat-claims is configured only by ``app.conf``
+(``beat_claims_url``, ``beat_claims_key_prefix``), and nothing reads its store: what was
+sent is counted and decoded at the broker (the ``beat_claims`` header gives each message's
+due instant), and its setup is known to be done when the store holds at least one key per
+entry (``DBSIZE``, whatever the key layout).
 
 Method
 ------
 The benchmark starts two private ``redis-server`` processes on free ports (``--save ""
 --appendonly no``): the *store* (beat-claims' store, RedBeat's keys) and the *broker*
-(queue ``celery``). Both are flushed before every run. No worker runs: messages stay in
-the queue, where the parent counts them (``LLEN``) and decodes them at the end of the run.
+(queue ``celery``). Both are flushed before every run, so every beat-claims run starts on
+a fresh store: a new store epoch, on which beat-claims since ``dc23230`` registers nothing
+and claims nothing for one heartbeat TTL (15 s with the default 5 s heartbeat). That wait
+is part of the setup (``settle_seconds``), never of the burst. No worker runs: messages
+stay in the queue, where the parent counts them (``LLEN``) and decodes them at the end of
+the run.
 
 Each beat is a child process (``spawn``). It imports Celery, kombu, redis-py and the
-scheduler first, then receives the configuration, builds the scheduler, ticks it once while
-nothing is due (setup: anchoring, heap, RedBeat's lock) and then, once every beat of the run
-is ready, is driven the way ``celery beat``'s ``Service.start`` drives it: ``tick()``,
+scheduler first, then receives the configuration, builds the scheduler and ticks it while
+nothing is due until it is ready (setup: one tick for Celery and RedBeat; for beat-claims,
+until its entries are registered, then one more tick), and then, once every beat of the
+run is ready, is driven the way ``celery beat``'s ``Service.start`` drives it: ``tick()``,
 sleep what it returns, ``_do_sync()`` when ``should_sync()``. In each beat process,
 kombu's ``Producer.publish`` is wrapped to record the time of every publish (and the due
 instant of the ``beat_claims`` header); redis-py's ``send_packed_command`` is wrapped to
@@ -40,8 +57,8 @@ the round-trip counters, so the figures of a window are exact sums over the tick
 
 The due instant T: Celery and RedBeat entries get ``last_run_at = A`` (when the
 configuration is sent) and an interval of one hour, so T = A + lead. beat-claims anchors
-interval entries in its store at the first tick (the first run is one period after the
-anchor), so its entries have an interval equal to the lead and T is the anchor + lead,
+interval entries in its store when it registers them (the first run is one period after
+the anchor), so its entries have an interval equal to the lead and T is the anchor + lead,
 read exactly from the ``due`` of the ``beat_claims`` header of each message. The lead is
 long enough for every beat to be ready before T (``--lead``; a run whose beats were not
 ready in time is run again with twice the lead). For beat-claims the next occurrence is
@@ -53,8 +70,10 @@ before T and the moment the parent sees the N-th message (the parent's own ``LLE
 and ``INFO`` calls are subtracted; commands run inside Lua scripts count). Round trips and
 CPU seconds are summed over the ticks of every beat that end after T and start before the
 last publish (``time.process_time`` of the beat, nanosecond resolution). Peak RSS is
-``ru_maxrss`` of each beat process. Idle CPU is ``time.process_time`` of each beat, read at
-both ends of the window by a helper thread of the beat that sleeps on a queue otherwise.
+``VmHWM`` of each beat process (the whole life of the process); the idle workload also
+reports ``VmRSS`` when the window ends. Idle CPU is ``time.process_time`` of each beat,
+read at both ends of the window by a helper thread of the beat that sleeps on a queue
+otherwise.
 
 Cases run round-robin (each repeat runs every workload and scheduler once before the next
 repeat starts), so slow drifts in machine load spread over all of them; medians over
@@ -66,6 +85,8 @@ Usage::
     python bench/dispatch.py                                   # everything (long)
     python bench/dispatch.py --entries 1000,5000 --repeat 3 --idle-seconds 30
     python bench/dispatch.py --schedulers beat_claims --beats 1,2 --idle-seconds 0
+    python bench/dispatch.py --entries 0 --idle-entries 50000 --schedulers redbeat,beat_claims \\
+        --beats 1 --at-commit 1bad067                          # the large idle case
 
 The last line printed is one JSON document with every figure (docs/benchmarks.md).
 """
@@ -236,10 +257,9 @@ def _peak_rss_kib() -> int:
     ``ru_maxrss`` is not used on Linux: it keeps the high-water mark of the process before
     ``exec``, so a spawned child reports at least the parent's RSS at the time of the fork.
     """
-    with contextlib.suppress(OSError), open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
+    peak = _vm_kib("VmHWM")
+    if peak is not None:
+        return peak
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
@@ -279,36 +299,87 @@ def _make_app(cfg: dict[str, Any]) -> Any:
 
 
 def _build(kind: str, app: Any, workdir: str, index: int) -> Any:
-    if kind == "persistent":
-        from celery.beat import PersistentScheduler
+    """The scheduler as ``celery beat -S <class>`` builds it: ``celery.beat.Service`` loads
+    the class by name, and ``beat_init`` is sent (RedBeat takes its lock there)."""
+    from celery import signals
+    from celery.beat import Service
 
-        path = os.path.join(workdir, f"celerybeat-schedule-{index}")
-        return PersistentScheduler(app, schedule_filename=path)
-    if kind == "redbeat":
-        from redbeat import RedBeatScheduler
-        from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, get_redis
+    service = Service(app, max_interval=MAX_LOOP_INTERVAL, scheduler_cls=LABELS[kind],
+                      schedule_filename=os.path.join(workdir, f"celerybeat-schedule-{index}"),
+                      remote_control=False)
+    sched = service.scheduler
+    for receiver, response in signals.beat_init.send_robust(sender=service):
+        if isinstance(response, Exception):  # celery beat logs and goes on; we cannot
+            raise RuntimeError(f"beat_init receiver {receiver!r} failed: {response!r}")
+    if kind == "redbeat" and getattr(sched, "lock", None) is None:
+        raise RuntimeError("RedBeat did not take its lock")
+    return service, sched
 
-        sched = RedBeatScheduler(app)
-        # What redbeat's beat_init handler does (celery beat sends beat_init; we do not).
-        client = get_redis(app)
-        lock = client.lock(sched.lock_key, timeout=sched.lock_timeout, sleep=sched.max_interval)
-        lock.lua_extend = client.register_script(LUA_EXTEND_TO_SCRIPT)
-        if not lock.acquire(blocking=False):
-            raise RuntimeError("RedBeat's lock is held by another beat")
-        sched.lock = lock
-        return sched
+
+def _store_keys(port: int) -> int:
+    """Keys in the store (DBSIZE): how the beats' setup knows that beat-claims registered
+    the entries, whatever its version's key layout (at least one key per entry)."""
+    import redis
+
+    client = redis.Redis(port=port)
+    try:
+        return int(client.dbsize())
+    finally:
+        client.close()
+
+
+def _vm_kib(field: str) -> int | None:
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
+def _setup(kind: str, sched: Any, cfg: dict[str, Any], counters: _Counters) -> dict[str, Any]:
+    """Tick while nothing is due until the scheduler is ready to send: Celery and RedBeat
+    after one tick; beat-claims once the entries are registered in its store, however long
+    its version takes (a fresh store is a new epoch: no beat registers or claims for one
+    heartbeat TTL). Returns the setup's times."""
+    t0 = time.time()
+    wait = sched.tick()
+    t1 = time.time()
+    out: dict[str, Any] = {"first_tick": (t0, t1), "registered_tick": (t0, t1),
+                           "setup_ticks": 1}
     if kind == "beat_claims":
-        from beat_claims import Scheduler
+        deadline = t0 + cfg["setup_timeout"]
+        need = len(cfg["names"])
+        while _store_keys(cfg["store_port"]) < need:
+            if time.time() > deadline:
+                raise RuntimeError(f"the entries were not registered within"
+                                   f" {cfg['setup_timeout']:g}s")
+            time.sleep(min(max(wait or 0.0, 0.01), 0.2))
+            r0 = time.time()
+            wait = sched.tick()
+            out["registered_tick"] = (r0, time.time())
+            out["setup_ticks"] += 1
+        # Another beat may have registered them while this one still waited: one more
+        # tick, so that this beat registers (or has registered) too before T.
+        time.sleep(0.1)
+        sched.tick()
+        out["setup_ticks"] += 1
+    if sched.should_sync():  # the first sync of a beat that has been running
+        sched._do_sync()
+    return out
 
-        return Scheduler(app=app)
-    raise ValueError(kind)
 
+def _child(kind: str, index: int, src: str | None, cfg_q: Any, out_q: Any, cpu_q: Any,
+           go: Any, stop: Any) -> None:
+    """One beat: import, configure, set up, then tick like ``Service.start`` until stopped.
 
-def _child(kind: str, index: int, cfg_q: Any, out_q: Any, cpu_q: Any, go: Any,
-           stop: Any) -> None:
-    """One beat: import, configure, set up, then tick like ``Service.start`` until stopped."""
+    ``src``: a directory holding the ``beat_claims`` package of another commit, imported
+    instead of the working tree's.
+    """
     import logging
     import threading
+
+    if src:
+        sys.path.insert(0, src)
 
     def answer_cpu() -> None:  # the parent asks for this process's CPU time (idle window)
         while cpu_q.get() is not None:
@@ -332,24 +403,21 @@ def _child(kind: str, index: int, cfg_q: Any, out_q: Any, cpu_q: Any, go: Any,
 
         if kind == "redbeat":
             import redbeat  # noqa: F401
-        module = None
+        module = version = None
         if kind == "beat_claims":
             import beat_claims
 
             module = os.path.dirname(os.path.abspath(beat_claims.__file__))
-        out_q.put(("imported", index, (os.getpid(), module)))
+            version = getattr(beat_claims, "__version__", None)
+        out_q.put(("imported", index, (os.getpid(), module, version)))
         cfg = cfg_q.get()
         counters.broker_port, counters.store_port = cfg["broker_port"], cfg["store_port"]
         t_setup = time.time()
         app = _make_app(cfg)
-        sched = _build(kind, app, cfg["workdir"], index)
-        t0 = time.time()
-        sched.tick()  # first tick: anchoring, heap; nothing is due yet
-        t1 = time.time()
-        if sched.should_sync():  # the first sync of a beat that has been running
-            sched._do_sync()
+        service, sched = _build(kind, app, cfg["workdir"], index)
+        setup = _setup(kind, sched, cfg, counters)
         out_q.put(("ready", index, {
-            "setup_started": t_setup, "first_tick": (t0, t1), "ready": time.time(),
+            **setup, "setup_started": t_setup, "ready": time.time(),
             "sent_during_setup": len(counters.publishes)}))
     except Exception:
         out_q.put(("error", index, traceback.format_exc()))
@@ -382,25 +450,40 @@ def _child(kind: str, index: int, cfg_q: Any, out_q: Any, cpu_q: Any, go: Any,
     out_q.put(("result", index, {
         "publishes": counters.publishes, "ticks": ticks, "error": error,
         "warnings": dict(warnings), "other_round_trips": counters.other,
-        "maxrss_kib": _peak_rss_kib()}))
+        "maxrss_kib": _peak_rss_kib(), "rss_kib": _vm_kib("VmRSS") or 0}))
     with contextlib.suppress(Exception):
-        sched.close()
+        service.sync()  # what celery beat does on its way out: the scheduler's close()
 
 
 # -- the parent: one run ------------------------------------------------------------------
 @dataclass(frozen=True)
+class Source:
+    """Where the beats import ``beat_claims`` from: the working tree (``tag`` "") or a
+    snapshot of another commit's ``beat_claims/`` (``--at-commit``)."""
+
+    tag: str = ""  # "" or the commit's short hash
+    commit: str | None = None  # full hash (None: the working tree)
+    path: str | None = None  # the directory to put first on sys.path (None: as installed)
+
+
+@dataclass(frozen=True)
 class Case:
     scheduler: str
     beats: int
+    source: Source = Source()
 
     @property
     def key(self) -> str:
-        return f"beat_claims_{self.beats}" if self.scheduler == "beat_claims" else self.scheduler
+        if self.scheduler != "beat_claims":
+            return self.scheduler
+        return f"beat_claims_{self.beats}" + (f"@{self.source.tag}" if self.source.tag else "")
 
     @property
     def label(self) -> str:
-        beats = f" x{self.beats}" if self.scheduler == "beat_claims" else ""
-        return LABELS[self.scheduler] + beats
+        if self.scheduler != "beat_claims":
+            return LABELS[self.scheduler]
+        at = f" @{self.source.tag}" if self.source.tag else ""
+        return f"{LABELS[self.scheduler]} x{self.beats}{at}"
 
 
 class Beats:
@@ -411,15 +494,16 @@ class Beats:
         self.cfg_q, self.out_q = ctx.Queue(), ctx.Queue()
         self.cpu_qs = [ctx.Queue() for _ in range(case.beats)]
         self.go, self.stop_event = ctx.Event(), ctx.Event()
-        self.procs = [ctx.Process(target=_child, args=(case.scheduler, i, self.cfg_q,
-                                                       self.out_q, self.cpu_qs[i], self.go,
-                                                       self.stop_event),
+        self.procs = [ctx.Process(target=_child, args=(case.scheduler, i, case.source.path,
+                                                       self.cfg_q, self.out_q, self.cpu_qs[i],
+                                                       self.go, self.stop_event),
                                   daemon=True)
                       for i in range(case.beats)]
         for p in self.procs:
             p.start()
         self.pids: dict[int, int] = {}
         self.module: str | None = None  # where the beats imported beat_claims from
+        self.version: str | None = None  # and its __version__
 
     def collect(self, what: str, deadline: float) -> tuple[dict[int, Any], str | None]:
         """The ``what`` message of every beat that sent one by ``deadline``, and why some
@@ -434,7 +518,7 @@ class Beats:
             if kind == "error":
                 return got, f"beat {index} failed:\n{payload}"
             if kind == "imported":
-                self.pids[index], self.module = payload
+                self.pids[index], self.module, self.version = payload
             if kind == what:
                 got[index] = payload
         return got, None
@@ -506,15 +590,25 @@ def _window(ticks: list[tuple[float, ...]], start: float, end: float) -> dict[st
 
 
 def _setup_fields(ready: dict[int, Any], started: float) -> dict[str, Any]:
-    return {"setup_seconds": round(max(r["ready"] for r in ready.values()) - started, 3)}
+    """``setup_seconds``: configuration until the last beat was ready; ``settle_seconds``:
+    from the first tick until the entries were registered (beat-claims on a fresh store:
+    the new epoch's settle period); ``ready_after_register_seconds``: from the first
+    registration until the last beat was ready."""
+    last_ready = max(r["ready"] for r in ready.values())
+    first_tick = min(r["first_tick"][0] for r in ready.values())
+    registered = min(r["registered_tick"][0] for r in ready.values())
+    return {"setup_seconds": round(last_ready - started, 3),
+            "settle_seconds": round(registered - first_tick, 3),
+            "ready_after_register_seconds": round(last_ready - registered, 3)}
 
 
 def _base_cfg(case: Case, names: list[str], store: RedisServer, broker: RedisServer,
-              workdir: str, profile_dir: str | None, run_id: str) -> dict[str, Any]:
+              workdir: str, profile_dir: str | None, run_id: str,
+              setup_timeout: float) -> dict[str, Any]:
     return {"scheduler": case.scheduler, "names": names, "store_url": store.url,
             "broker_url": broker.url, "store_port": store.port, "broker_port": broker.port,
             "workdir": tempfile.mkdtemp(dir=workdir), "profile_dir": profile_dir,
-            "run_id": run_id}
+            "run_id": run_id, "setup_timeout": setup_timeout}
 
 
 def _start_beats(case: Case, args: argparse.Namespace,
@@ -528,10 +622,13 @@ def _start_beats(case: Case, args: argparse.Namespace,
     if problem:
         beats.finish(3)
         return problem
-    if beats.module and beats.module != args.beat_claims_path:
+    expected = (os.path.join(case.source.path, "beat_claims") if case.source.path
+                else args.beat_claims_path)
+    if beats.module and os.path.realpath(beats.module) != os.path.realpath(expected):
         beats.finish(3)
-        sys.exit(f"the beats imported beat_claims from {beats.module},"
-                 f" not {args.beat_claims_path}")
+        sys.exit(f"the beats imported beat_claims from {beats.module}, not {expected}")
+    if beats.module:
+        args.imported[case.source.tag] = {"path": beats.module, "version": beats.version}
     return beats
 
 
@@ -547,23 +644,31 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     started = time.time()
     due_at = started + lead  # Celery's and RedBeat's T; beat-claims' T is at least this
     profile = args.profile if case.scheduler in args.profile_schedulers else None
-    beats.configure({**_base_cfg(case, names, store, broker, workdir, profile, run_id),
+    beats.configure({**_base_cfg(case, names, store, broker, workdir, profile, run_id,
+                                 args.setup_timeout),
                      "interval": lead, "last_run_at": due_at - ONE_HOUR, "idle": False})
-    ready, problem = beats.collect("ready", due_at - READY_MARGIN)
+    # beat-claims anchors the entries when it registers them (T = anchor + lead), after
+    # the settle period of a fresh store at some versions: its setup may take longer than
+    # the lead; Celery's and RedBeat's T is fixed.
+    bc = case.scheduler == "beat_claims"
+    ready, problem = beats.collect(
+        "ready", started + args.setup_timeout if bc else due_at - READY_MARGIN)
     if problem:
         beats.finish(3)
         status = "setup-too-slow" if problem.startswith("no 'ready'") else "error"
         return {**out, "status": status, "error": problem}
     out.update(_setup_fields(ready, started))
+    # beat-claims anchors in the tick that registers: T is at least its start + lead.
+    t_lo = min(r["registered_tick"][0] for r in ready.values()) + lead if bc else due_at
+    last_ready = max(r["ready"] for r in ready.values())
     early = broker.client.llen(QUEUE)
     if early or any(r["sent_during_setup"] for r in ready.values()):
         beats.finish(3)
         return {**out, "status": "setup-too-slow", "error": f"{early} sent before T"}
-    # beat-claims anchors at the first tick of the first beat: T is within these bounds.
-    if case.scheduler == "beat_claims":
-        t_lo = min(r["first_tick"][0] for r in ready.values()) + lead
-    else:
-        t_lo = due_at
+    if last_ready > t_lo - READY_MARGIN:
+        beats.finish(3)
+        return {**out, "status": "setup-too-slow",
+                "error": f"the last beat was ready {last_ready - t_lo:+.2f}s from T"}
     beats.go.set()
     time.sleep(max(0.0, t_lo - 0.1 - time.time()))
     stats_before = {s.name: s.commandstats() for s in (store, broker)}
@@ -705,9 +810,10 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
     if isinstance(beats, str):
         return {**out, "status": "error", "error": beats}
     started = time.time()
-    beats.configure({**_base_cfg(case, names, store, broker, workdir, None, run_id),
+    beats.configure({**_base_cfg(case, names, store, broker, workdir, None, run_id,
+                                 args.setup_timeout),
                      "interval": IDLE_INTERVAL, "last_run_at": started, "idle": True})
-    ready, problem = beats.collect("ready", started + args.timeout)
+    ready, problem = beats.collect("ready", started + args.setup_timeout + 10)
     if problem:
         beats.finish(3)
         return {**out, "status": "error", "error": problem}
@@ -745,6 +851,9 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
         "peak_rss_mib": round(max((r["maxrss_kib"] for r in results.values()),
                                   default=0) / 1024, 1),
         "rss_sum_mib": round(sum(r["maxrss_kib"] for r in results.values()) / 1024, 1),
+        # resident at the end of the window (the peak includes the setup)
+        "rss_end_mib": round(max((r.get("rss_kib", 0) for r in results.values()),
+                                 default=0) / 1024, 1),
         "errors": [r["error"] for r in results.values() if r.get("error")],
         "warnings": dict(sum((collections.Counter(r["warnings"]) for r in results.values()),
                              collections.Counter())),
@@ -759,17 +868,19 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
 # -- medians, ratios, goals -----------------------------------------------------------------
 BURST_FIGURES = ("seconds", "lag_p50_ms", "lag_p99_ms", "cpu_seconds", "peak_rss_mib",
                  "rss_sum_mib", "store_commands", "broker_commands", "store_round_trips",
-                 "broker_round_trips", "round_trips_per_task", "ticks", "setup_seconds")
+                 "broker_round_trips", "round_trips_per_task", "ticks", "setup_seconds",
+                 "settle_seconds")
 IDLE_FIGURES = ("cpu_seconds_per_minute", "store_commands_per_minute",
                 "broker_commands_per_minute", "store_round_trips_per_minute",
                 "broker_round_trips_per_minute", "ticks_per_minute", "peak_rss_mib",
-                "rss_sum_mib", "setup_seconds")
+                "rss_sum_mib", "rss_end_mib", "setup_seconds", "settle_seconds")
 RUN_FIELDS = ("status", "seconds", "lag_p50_ms", "lag_p99_ms", "cpu_seconds",
               "cpu_seconds_per_minute", "published_per_beat", "first_last_ms_per_beat",
               "exactly_n", "duplicates", "later_occurrences", "due_spread_ms",
               "sent_by_timeout",
               "store_round_trips", "broker_round_trips", "store_commands", "broker_commands",
-              "lead", "setup_seconds", "other_cpu_seconds", "loadavg_before",
+              "lead", "setup_seconds", "settle_seconds", "ready_after_register_seconds",
+              "peak_rss_mib", "rss_end_mib", "other_cpu_seconds", "loadavg_before",
               "loadavg_after", "error", "errors", "warnings", "attempts", "discarded")
 DISCARDED_FIELDS = ("status", "lead", "setup_seconds", "error", "published",
                     "published_per_beat", "first_last_ms_per_beat", "later_occurrences",
@@ -827,19 +938,30 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
+def _variant(key: str) -> tuple[int, str]:
+    """``beat_claims_2@1bad067`` -> (2, "1bad067"); ``beat_claims_1`` -> (1, "")."""
+    name, _, tag = key.partition("@")
+    return int(name.rsplit("_", 1)[1]), tag
+
+
 def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
                      idle_key: str | None,
                      timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
     def fig(case: str, workload: str, name: str) -> float | None:
         return results.get(case, {}).get(workload, {}).get(name)
 
+    def bc_key(beats: int, tag: str) -> str:
+        return f"beat_claims_{beats}" + (f"@{tag}" if tag else "")
+
     ratios: dict[str, Any] = {}
     goals: dict[str, Any] = {}
     bc_cases = sorted(k for k in results if k.startswith("beat_claims_"))
+    tags = sorted({_variant(k)[1] for k in bc_cases})
     for n in entries:
         w = f"due_{n}"
         r: dict[str, Any] = {}
         for bc in bc_cases:
+            beats, tag = _variant(bc)
             for other in ("persistent", "redbeat"):
                 r[f"{bc}/{other}"] = _ratio(fig(bc, w, "seconds"), fig(other, w, "seconds"))
                 if other in results and w in results[other] and fig(other, w, "seconds") \
@@ -848,18 +970,25 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
                     r[f"{bc}/{other}_below"] = _ratio(fig(bc, w, "seconds"), timeout)
                 r[f"{bc}/{other}_cpu"] = _ratio(fig(bc, w, "cpu_seconds"),
                                                 fig(other, w, "cpu_seconds"))
-            if bc != "beat_claims_1":
-                r[f"{bc}/beat_claims_1"] = _ratio(fig(bc, w, "seconds"),
-                                                  fig("beat_claims_1", w, "seconds"))
+            single = bc_key(1, tag)
+            if bc != single:
+                r[f"{bc}/{single}"] = _ratio(fig(bc, w, "seconds"), fig(single, w, "seconds"))
+            tree = bc_key(beats, "")
+            if tag and tree in results:  # the working tree against this commit
+                r[f"{tree}/{bc}"] = _ratio(fig(tree, w, "seconds"), fig(bc, w, "seconds"))
+                r[f"{tree}/{bc}_cpu"] = _ratio(fig(tree, w, "cpu_seconds"),
+                                               fig(bc, w, "cpu_seconds"))
         ratios[w] = r
-        one, red = fig("beat_claims_1", w, "seconds"), fig("redbeat", w, "seconds")
-        if n in (1000, 5000) and one and red:
-            goals[f"beat_claims_1_2x_faster_than_redbeat_{w}"] = {
-                "speedup": round(red / one, 2), "met": red / one >= 2.0}
-        two = fig("beat_claims_2", w, "seconds")
-        if one and two:
-            goals[f"beat_claims_2_1.6x_faster_than_1_{w}"] = {
-                "speedup": round(one / two, 2), "met": one / two >= 1.6}
+        red = fig("redbeat", w, "seconds")
+        for tag in tags:
+            at = f"@{tag}" if tag else ""
+            one, two = fig(bc_key(1, tag), w, "seconds"), fig(bc_key(2, tag), w, "seconds")
+            if n in (1000, 5000) and one and red:
+                goals[f"beat_claims_1{at}_2x_faster_than_redbeat_{w}"] = {
+                    "speedup": round(red / one, 2), "met": red / one >= 2.0}
+            if one and two:
+                goals[f"beat_claims_2{at}_1.6x_faster_than_1_{w}"] = {
+                    "speedup": round(one / two, 2), "met": one / two >= 1.6}
         for bc in bc_cases:
             store_rt, broker_rt = fig(bc, w, "store_round_trips"), fig(bc, w,
                                                                      "broker_round_trips")
@@ -874,15 +1003,30 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
                 "per_run": round((store_rt + broker_rt) / n, 3),
                 "met": store_rt + broker_rt <= allowed}
     if idle_key:
-        one = fig("beat_claims_1", idle_key, "cpu_seconds_per_minute")
+        r = {}
+        for bc in bc_cases:
+            beats, tag = _variant(bc)
+            for other in ("persistent", "redbeat"):
+                r[f"{bc}/{other}"] = _ratio(fig(bc, idle_key, "cpu_seconds_per_minute"),
+                                            fig(other, idle_key, "cpu_seconds_per_minute"))
+                r[f"{bc}/{other}_rss"] = _ratio(fig(bc, idle_key, "peak_rss_mib"),
+                                                fig(other, idle_key, "peak_rss_mib"))
+            tree = bc_key(beats, "")
+            if tag and tree in results:
+                r[f"{tree}/{bc}"] = _ratio(fig(tree, idle_key, "cpu_seconds_per_minute"),
+                                           fig(bc, idle_key, "cpu_seconds_per_minute"))
+                r[f"{tree}/{bc}_rss"] = _ratio(fig(tree, idle_key, "peak_rss_mib"),
+                                               fig(bc, idle_key, "peak_rss_mib"))
+                r[f"{tree}/{bc}_rss_end"] = _ratio(fig(tree, idle_key, "rss_end_mib"),
+                                                   fig(bc, idle_key, "rss_end_mib"))
+        ratios[idle_key] = r
         red = fig("redbeat", idle_key, "cpu_seconds_per_minute")
-        ratios[idle_key] = {
-            f"{bc}/{other}": _ratio(fig(bc, idle_key, "cpu_seconds_per_minute"),
-                                    fig(other, idle_key, "cpu_seconds_per_minute"))
-            for bc in bc_cases for other in ("persistent", "redbeat")}
-        if one is not None and red is not None:
-            goals[f"idle_cpu_not_above_redbeat_{idle_key}"] = {
-                "beat_claims_1": one, "redbeat": red, "met": one <= red}
+        for tag in tags:
+            one = fig(bc_key(1, tag), idle_key, "cpu_seconds_per_minute")
+            if one is not None and red is not None:
+                at = f"@{tag}" if tag else ""
+                goals[f"idle_cpu_not_above_redbeat_{idle_key}{at}"] = {
+                    "beat_claims_1": one, "redbeat": red, "met": one <= red}
     return ratios, goals
 
 
@@ -895,7 +1039,11 @@ def _git(*argv: str, cwd: str) -> str | None:
         return None
 
 
-def versions(commit_override: str | None) -> dict[str, Any]:
+def versions(sources: list[Source]) -> dict[str, Any]:
+    """Versions of everything measured. ``beat_claims_*`` describe the working tree's
+    package (``beat_claims_measured``: whether its beats ran); ``beat_claims_at_commits``
+    each ``--at-commit`` snapshot by its tag (``version`` and ``path`` as its beats
+    reported them, filled in after the runs)."""
     from importlib.metadata import version
 
     import celery
@@ -906,12 +1054,13 @@ def versions(commit_override: str | None) -> dict[str, Any]:
 
     pkg_dir = os.path.dirname(os.path.abspath(beat_claims.__file__))
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    commit = commit_override or _git("rev-parse", "HEAD", cwd=pkg_dir)
-    dirty = None
-    if not commit_override and commit:
-        dirty = bool(_git("status", "--porcelain", "--", ".", cwd=pkg_dir))
-    changed = _git("log", "-1", "--format=%H", commit, "--", "beat_claims",
-                   cwd=repo) if commit else None
+    commit = _git("rev-parse", "HEAD", cwd=pkg_dir)
+    dirty = bool(_git("status", "--porcelain", "--", ".", cwd=pkg_dir)) if commit else None
+
+    def last_change(rev: str | None) -> str | None:
+        return _git("log", "-1", "--format=%H", rev, "--", "beat_claims",
+                    cwd=repo) if rev else None
+
     server = subprocess.run(["redis-server", "--version"], capture_output=True,
                             text=True).stdout
     server_version = next((w[2:] for w in server.split() if w.startswith("v=")), server)
@@ -925,8 +1074,16 @@ def versions(commit_override: str | None) -> dict[str, Any]:
         "beat_claims": beat_claims.__version__,
         "beat_claims_commit": commit,
         "beat_claims_dirty": dirty,
-        "beat_claims_last_change": changed,
+        "beat_claims_last_change": last_change(commit),
         "beat_claims_path": pkg_dir,
+        "beat_claims_measured": any(not src.tag for src in sources),
+        "beat_claims_digest": next((_digest(os.path.join(src.path, "beat_claims"))
+                                    for src in sources if not src.tag and src.path), None),
+        "beat_claims_at_commits": {
+            src.tag: {"commit": src.commit, "last_change": last_change(src.commit),
+                      "digest": _digest(os.path.join(src.path, "beat_claims")),
+                      "snapshot": src.path, "version": None, "path": None}
+            for src in sources if src.tag and src.path},
     }
 
 
@@ -939,16 +1096,49 @@ def machine() -> dict[str, Any]:
             "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
-def snapshot_commit(rev: str, into: str) -> str:
-    """Extract ``beat_claims/`` of commit ``rev`` into ``into``; return the full hash."""
+def snapshot_commit(rev: str, workdir: str) -> Source:
+    """Extract ``beat_claims/`` of commit ``rev`` (``git archive``: the package as that
+    commit has it, Lua scripts and all; no checkout, the working tree is not touched) into
+    a directory of its own under ``workdir``."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    full = _git("rev-parse", rev, cwd=repo)
+    full = _git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=repo)
     if not full:
         sys.exit(f"--at-commit: {rev!r} is not a commit of {repo}")
+    tag = _git("rev-parse", "--short=7", full, cwd=repo) or full[:7]
+    into = os.path.join(workdir, f"src-{tag}")
+    os.makedirs(into, exist_ok=True)
     archive = subprocess.run(["git", "archive", full, "beat_claims"], cwd=repo,
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
-    return full
+    return Source(tag=tag, commit=full, path=into)
+
+
+def snapshot_tree(workdir: str) -> Source:
+    """Copy the working tree's ``beat_claims/`` (as imported by this process) into a
+    directory of its own under ``workdir``: every beat of the run imports the same code,
+    even if the tree is edited while the run lasts."""
+    import beat_claims
+
+    into = os.path.join(workdir, "src-tree")
+    shutil.copytree(os.path.dirname(os.path.abspath(beat_claims.__file__)),
+                    os.path.join(into, "beat_claims"),
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return Source(tag="", commit=None, path=into)
+
+
+def _digest(package: str) -> str:
+    """A digest of a package's files (names and contents), to tell snapshots apart."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for root, dirs, files in sorted(os.walk(package)):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if not name.endswith(".pyc"):
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    h.update(os.path.relpath(path, package).encode() + b"\0" + f.read())
+    return h.hexdigest()[:12]
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -997,7 +1187,7 @@ def print_tables(summary: dict[str, Any], cases: list[Case]) -> None:
         print()
         hdr = (f"{'workload':11} {'scheduler':38} {'status':>9} {'CPU s/min':>10}"
                f" {'cmds/min st/br':>15} {'RT/min st/br':>14} {'ticks/min':>10}"
-               f" {'RSS MiB':>8}")
+               f" {'RSS MiB':>8} {'RSS end':>8} {'setup s':>8}")
         print(hdr)
         print("-" * len(hdr))
         for case in cases:
@@ -1011,7 +1201,8 @@ def print_tables(summary: dict[str, Any], cases: list[Case]) -> None:
             print(f"{idle:11} {case.label:38} {r['status'][:9]:>9}"
                   f" {_fmt(r['cpu_seconds_per_minute'], '.3f'):>10} {cmds:>15} {rts:>14}"
                   f" {_fmt(r['ticks_per_minute'], '.1f'):>10}"
-                  f" {_fmt(r['peak_rss_mib'], '.0f'):>8}")
+                  f" {_fmt(r['peak_rss_mib'], '.0f'):>8} {_fmt(r.get('rss_end_mib'), '.0f'):>8}"
+                  f" {_fmt(r.get('setup_seconds'), '.1f'):>8}")
     print()
     print("ratios (beat-claims / other; time unless marked _cpu; below 1: beat-claims is"
           " faster):")
@@ -1061,17 +1252,22 @@ def default_lead(n: int, beats: int) -> float:
 
 
 def next_lead(case: Case, run: dict[str, Any], grace: float) -> float:
-    """The lead of the next run of a case, from this run's setup (and burst) time."""
-    lead = max(2.0, 1.5 * run["setup_seconds"] + 1.5)
-    if case.scheduler == "beat_claims":  # the lead is also the period: the burst must fit
-        lead = max(lead, 3.0 * (run.get("seconds") or 0.0) + grace + 2.0)
+    """The lead of the next run of a case, from this run's setup (and burst) time.
+
+    For beat-claims T is one lead after the registration (the settle period of a fresh
+    store comes before it), and the lead is also the period: the burst must fit in it.
+    """
+    if case.scheduler != "beat_claims":
+        return round(max(2.0, 1.5 * run["setup_seconds"] + 1.5), 2)
+    lead = max(2.0, 1.5 * run.get("ready_after_register_seconds", 0.0) + 1.5,
+               3.0 * (run.get("seconds") or 0.0) + grace + 2.0)
     return round(lead, 2)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--entries", type=_int_list, default=[1000, 5000, 10000],
-                    help="due-burst sizes, comma-separated (1000,5000,10000)")
+                    help="due-burst sizes, comma-separated (1000,5000,10000); 0: no burst")
     ap.add_argument("--idle-entries", type=int, default=10000,
                     help="entries of the idle schedule (10000)")
     ap.add_argument("--idle-seconds", type=float, default=60.0,
@@ -1091,9 +1287,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="after the N-th message, keep watching this long for duplicates (1)")
     ap.add_argument("--settle", type=float, default=2.0,
                     help="idle: seconds between the start of ticking and the window (2)")
-    ap.add_argument("--at-commit", metavar="REV", default=None,
-                    help="benchmark beat_claims/ as of this git commit (extracted to a temp"
-                         " dir), not the working tree")
+    ap.add_argument("--at-commit", metavar="REV", action="append", default=[],
+                    help="also benchmark beat_claims/ as of this git commit (extracted to a"
+                         " temp dir), in the same run as the working tree's; cases"
+                         " beat_claims_K@<short hash>. Repeat it or give a comma-separated"
+                         " list for several commits")
+    ap.add_argument("--without-tree", action="store_true",
+                    help="with --at-commit: do not run the working tree's beat_claims")
+    ap.add_argument("--setup-timeout", type=float, default=300.0,
+                    help="seconds a beat may take to be ready (300); beat-claims on a fresh"
+                         " store waits one heartbeat TTL (15 s) before it registers")
     ap.add_argument("--profile", metavar="DIR", default=None,
                     help="cProfile each beat of a burst from the start of ticking; writes"
                          " DIR/<run>-<beat>.prof and prints the top functions to stderr")
@@ -1108,34 +1311,45 @@ def main(argv: list[str] | None = None) -> int:
     for k in kinds:
         if k not in SCHEDULERS:
             ap.error(f"unknown scheduler {k!r}")
+    args.entries = [n for n in args.entries if n != 0]
     if args.repeat < 1 or any(b < 1 for b in args.beats) or any(n < 1 for n in args.entries):
         ap.error("--repeat, --beats and --entries must be positive")
+    revs = [r.strip() for text in args.at_commit for r in text.split(",") if r.strip()]
+    if args.without_tree and not revs:
+        ap.error("--without-tree needs --at-commit")
     args.profile_schedulers = [k for k in args.profile_schedulers.split(",") if k]
     for option in ("profile", "dump"):
         if getattr(args, option):
             setattr(args, option, os.path.abspath(getattr(args, option)))
             os.makedirs(getattr(args, option), exist_ok=True)
-    cases = [Case(k, b) for k in kinds for b in (args.beats if k == "beat_claims" else [1])]
     workdir = tempfile.mkdtemp(prefix="bench-dispatch-")
-    commit = None
-    if args.at_commit:
-        snap = os.path.join(workdir, "src")
-        os.makedirs(snap)
-        commit = snapshot_commit(args.at_commit, snap)
-        sys.path.insert(0, snap)  # spawned beats inherit sys.path
+    sources = [] if args.without_tree else [snapshot_tree(workdir)]
+    for rev in revs:
+        src = snapshot_commit(rev, workdir)
+        if all(src.tag != other.tag for other in sources):
+            sources.append(src)
+    cases = [Case(k, b, src) for k in kinds
+             for src in (sources if k == "beat_claims" else [Source()])
+             for b in (args.beats if k == "beat_claims" else [1])]
     idle_key = f"idle_{args.idle_entries}" if args.idle_seconds > 0 else None
+    if not args.entries and not idle_key:
+        ap.error("nothing to run: --entries 0 and --idle-seconds 0")
     import beat_claims
 
     args.beat_claims_path = os.path.dirname(os.path.abspath(beat_claims.__file__))
+    args.imported = {}  # source tag -> where its beats imported beat_claims from
     summary: dict[str, Any] = {
         "benchmark": "dispatch",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine(),
-        "versions": versions(commit),
+        "versions": versions(sources),
         "options": {"entries": args.entries, "idle_entries": args.idle_entries,
                     "idle_seconds": args.idle_seconds, "idle_workload": idle_key,
                     "schedulers": kinds, "beats": args.beats, "repeat": args.repeat,
-                    "timeout": args.timeout, "grace": args.grace,
+                    "at_commits": [src.tag for src in sources if src.tag],
+                    "working_tree": not args.without_tree,
+                    "timeout": args.timeout, "setup_timeout": args.setup_timeout,
+                    "grace": args.grace, "settle": args.settle,
                     "beat_max_loop_interval": MAX_LOOP_INTERVAL,
                     "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])},
     }
@@ -1179,10 +1393,10 @@ def main(argv: list[str] | None = None) -> int:
                     runs[(case.key, w)].append(run)
                     if not args.quiet:
                         shown = {k: run.get(k) for k in (
-                            "status", "seconds", "setup_seconds", "lead", "cpu_seconds",
-                            "other_cpu_seconds",
-                            "cpu_seconds_per_minute", "published_per_beat", "exactly_n")
-                            if k in run}
+                            "status", "seconds", "setup_seconds", "settle_seconds", "lead",
+                            "cpu_seconds", "other_cpu_seconds", "cpu_seconds_per_minute",
+                            "peak_rss_mib", "rss_end_mib", "published_per_beat", "exactly_n",
+                            "error") if k in run}
                         print(f"    {shown}", file=sys.stderr, flush=True)
     finally:
         store.stop()
@@ -1192,6 +1406,9 @@ def main(argv: list[str] | None = None) -> int:
     for (key, w), case_runs in runs.items():
         results[key][w] = summarise(case_runs, idle=w.startswith("idle"))
     summary["results"] = dict(results)
+    for tag, seen in args.imported.items():
+        if tag in summary["versions"]["beat_claims_at_commits"]:
+            summary["versions"]["beat_claims_at_commits"][tag].update(seen)
     summary["ratios"], summary["goals"] = ratios_and_goals(results, args.entries, idle_key,
                                                           args.timeout)
     summary["wall_seconds"] = round(time.time() - t_start, 1)

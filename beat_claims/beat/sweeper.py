@@ -11,6 +11,7 @@ away — at the first sweep after its owner is gone or after it is older than th
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 
 from ..enums import Reason, RunState
@@ -53,6 +54,7 @@ class Sweeper:
         self.metrics = metrics
         self.logger = logger
         self._lost_cursor: int | None = None
+        self._lost_last = float("-inf")
 
     @property
     def policies(self) -> dict[str, Policy]:
@@ -104,11 +106,17 @@ class Sweeper:
 
     def _presume_lost(self, now: int) -> None:
         """Runs sent or started with no outcome within their entry's ``run_timeout``
-        become lost (they are not sent again: redelivery is the broker's business)."""
+        become lost (they are not sent again: redelivery is the broker's business). Looked
+        for at a tenth of the shortest run_timeout, at most every ten sweeps."""
         default = self.settings.policy.run_timeout
         shortest = self.source.policy_bounds.run_timeout
         if shortest is None:
             return
+        interval = self.settings.heartbeat_interval
+        every = max(interval, min(10 * interval, shortest / 10))
+        if time.monotonic() - self._lost_last < every and self._lost_cursor is None:
+            return
+        self._lost_last = time.monotonic()
         runs = self.store.open_runs(before=now - int(shortest * 1000),
                                     after=self._lost_cursor, limit=LOST_BATCH)
         self._lost_cursor = next_cursor(runs, LOST_BATCH)

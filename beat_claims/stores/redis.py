@@ -99,8 +99,8 @@ _OUTAGE_CLASSES = (redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingE
 _OUTAGE_CODES = ("NOREPLICAS", "BUSY", "MISCONF", "READONLY", "LOADING", "MASTERDOWN",
                  "CLUSTERDOWN", "TRYAGAIN", "OOM", "NOAUTH", "WRONGPASS", "NOPERM")
 
-SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "start",
-           "finish", "request", "heartbeat", "leave", "anchor_instant")
+SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "open",
+           "start", "finish", "request", "heartbeat", "leave", "anchor_instant")
 
 
 def _lua_names() -> str:
@@ -147,6 +147,8 @@ class RedisStore(Store):
     def __init__(self, client: redis.Redis, prefix: str = "beat-claims",
                  history_limit: int = 100, url: str = "") -> None:
         self.client = client
+        #: One server (standalone or a Sentinel's primary): a script may read every bucket.
+        self.single_node = True
         self.prefix = prefix
         self.history_limit = history_limit
         self._url = redact(url) if url else "redis"
@@ -386,29 +388,37 @@ class RedisStore(Store):
                 for r in self._chunked(releases, build)]
 
     # -- sweeps -----------------------------------------------------------------------
+    def _bucket_groups(self) -> list[list[int]]:
+        """Buckets read by one script call: all of them on one server; one at a time on a
+        cluster, where each has its own slot."""
+        if self.single_node:
+            return [list(range(BUCKETS))]
+        return [[bucket] for bucket in range(BUCKETS)]
+
     def live_runs(self, query: LiveQuery) -> LiveRuns:
         def build(pipe: Pipeline) -> None:
-            for bucket in range(BUCKETS):
-                self._script(pipe, "live", self._bucket_keys(bucket, "due", "held"),
-                             query.owner, query.held_before, query.mine_before,
-                             query.dead_before, query.limit, *sorted(query.live_owners))
+            for group in self._bucket_groups():
+                keys = [k for b in group for k in self._bucket_keys(b, "due", "held")]
+                self._script(pipe, "live", keys, query.owner, query.held_before,
+                             query.mine_before, query.dead_before, query.limit,
+                             *sorted(query.live_owners))
 
         due: list[RunRef] = []
         held: list[HeldRun] = []
         complete = True
         for reply in self._round_trip(build):
             _raise_if_error(reply)
-            due_members, held_rows, more = reply
-            complete = complete and not int(more)
-            for member in due_members:
-                ref = _plain_member(member)
-                if ref is not None:
-                    due.append(ref)
-            for member, score in zip(held_rows[::2], held_rows[1::2]):
-                run = _held_member(member, int(float(score)))
-                if run is not None:
-                    held.append(run)
-        # The limit is per bucket in the scripts: the answer holds at most ``limit`` of each.
+            for due_members, held_rows, more in reply:
+                complete = complete and not int(more)
+                for member in due_members:
+                    ref = _plain_member(member)
+                    if ref is not None:
+                        due.append(ref)
+                for member, score in zip(held_rows[::2], held_rows[1::2]):
+                    run = _held_member(member, int(float(score)))
+                    if run is not None:
+                        held.append(run)
+        # The limit is per bucket in the script: the answer holds at most ``limit`` of each.
         if len(due) > query.limit or len(held) > query.limit:
             complete = False
             held.sort(key=lambda h: h.since)
@@ -420,17 +430,18 @@ class RedisStore(Store):
         low = "-inf" if after is None else f"({after}"
 
         def read(pipe: Pipeline) -> None:
-            for bucket in range(BUCKETS):
-                pipe.zrangebyscore(self._bucket_keys(bucket, "open")[0], low, f"({before}",
-                                   start=0, num=limit, withscores=True)
+            for group in self._bucket_groups():
+                keys = [self._bucket_keys(b, "open")[0] for b in group]
+                self._script(pipe, "open", keys, low, f"({before}", limit)
 
         found: list[tuple[float, RunRef]] = []
         for reply in self._round_trip(read):
             _raise_if_error(reply)
-            for member, score in reply:
-                ref = _plain_member(member)
-                if ref is not None:
-                    found.append((score, ref))
+            for rows in reply:
+                for member, score in zip(rows[::2], rows[1::2]):
+                    ref = _plain_member(member)
+                    if ref is not None:
+                        found.append((float(score), ref))
         found.sort(key=lambda item: (item[0], item[1].due, item[1].entry))
         chosen = [ref for _, ref in found[:limit]]
         records = self._chunked(chosen, lambda pipe, ref: pipe.hget(

@@ -31,6 +31,7 @@ from beat_claims.stores.base import (
     ClaimPlan,
     ClaimStatus,
     EntrySeed,
+    LiveQuery,
     Outcome,
     Reclaim,
     Release,
@@ -182,6 +183,9 @@ def exercise(store: RedisStore) -> None:
 
 def test_every_key_a_script_touches_is_declared_and_in_one_hash_slot(
         redis_store: RedisStore, server: RedisServer) -> None:
+    """As on a cluster: there the sweeps read one bucket per call (on one server, one call
+    reads every bucket: see the next test)."""
+    redis_store.single_node = False
     with Monitor(server) as monitor:
         exercise(redis_store)
     runs = monitor.scripts()
@@ -200,6 +204,18 @@ def test_every_key_a_script_touches_is_declared_and_in_one_hash_slot(
             assert not undeclared, (names[sha], command, declared)
             checked += 1
     assert checked > 100
+
+
+def test_on_one_server_a_sweep_reads_every_bucket_in_one_call(
+        redis_store: RedisStore, server: RedisServer) -> None:
+    """What keeps an idle beat cheap, whatever the number of entries: one script call for
+    the runs that need a beat, one for the open runs."""
+    assert redis_store.single_node
+    with Monitor(server) as monitor:
+        redis_store.live_runs(LiveQuery("o", frozenset(), 0, 0, 0))
+        redis_store.open_runs(before=1)
+    names = {_sha(name): name for name in SCRIPTS}
+    assert sorted(names[sha] for sha, _, _ in monitor.scripts()) == ["live", "open"]
 
 
 # -- names --------------------------------------------------------------------------------
