@@ -945,8 +945,10 @@ def _variant(key: str) -> tuple[int, str]:
 
 
 def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
-                     idle_key: str | None,
-                     timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+                     idle_key: str | None, timeout: float,
+                     base: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+    """Ratios between schedulers and the goals. ``base``: the tag of the beat-claims
+    source the others are compared with (the working tree, "", unless --without-tree)."""
     def fig(case: str, workload: str, name: str) -> float | None:
         return results.get(case, {}).get(workload, {}).get(name)
 
@@ -973,11 +975,11 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
             single = bc_key(1, tag)
             if bc != single:
                 r[f"{bc}/{single}"] = _ratio(fig(bc, w, "seconds"), fig(single, w, "seconds"))
-            tree = bc_key(beats, "")
-            if tag and tree in results:  # the working tree against this commit
-                r[f"{tree}/{bc}"] = _ratio(fig(tree, w, "seconds"), fig(bc, w, "seconds"))
-                r[f"{tree}/{bc}_cpu"] = _ratio(fig(tree, w, "cpu_seconds"),
-                                               fig(bc, w, "cpu_seconds"))
+            ref = bc_key(beats, base)
+            if tag != base and ref in results:  # the base (working tree) against a commit
+                r[f"{ref}/{bc}"] = _ratio(fig(ref, w, "seconds"), fig(bc, w, "seconds"))
+                r[f"{ref}/{bc}_cpu"] = _ratio(fig(ref, w, "cpu_seconds"),
+                                              fig(bc, w, "cpu_seconds"))
         ratios[w] = r
         red = fig("redbeat", w, "seconds")
         for tag in tags:
@@ -1011,14 +1013,14 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
                                             fig(other, idle_key, "cpu_seconds_per_minute"))
                 r[f"{bc}/{other}_rss"] = _ratio(fig(bc, idle_key, "peak_rss_mib"),
                                                 fig(other, idle_key, "peak_rss_mib"))
-            tree = bc_key(beats, "")
-            if tag and tree in results:
-                r[f"{tree}/{bc}"] = _ratio(fig(tree, idle_key, "cpu_seconds_per_minute"),
-                                           fig(bc, idle_key, "cpu_seconds_per_minute"))
-                r[f"{tree}/{bc}_rss"] = _ratio(fig(tree, idle_key, "peak_rss_mib"),
-                                               fig(bc, idle_key, "peak_rss_mib"))
-                r[f"{tree}/{bc}_rss_end"] = _ratio(fig(tree, idle_key, "rss_end_mib"),
-                                                   fig(bc, idle_key, "rss_end_mib"))
+            ref = bc_key(beats, base)
+            if tag != base and ref in results:
+                r[f"{ref}/{bc}"] = _ratio(fig(ref, idle_key, "cpu_seconds_per_minute"),
+                                          fig(bc, idle_key, "cpu_seconds_per_minute"))
+                r[f"{ref}/{bc}_rss"] = _ratio(fig(ref, idle_key, "peak_rss_mib"),
+                                              fig(bc, idle_key, "peak_rss_mib"))
+                r[f"{ref}/{bc}_rss_end"] = _ratio(fig(ref, idle_key, "rss_end_mib"),
+                                                  fig(bc, idle_key, "rss_end_mib"))
         ratios[idle_key] = r
         red = fig("redbeat", idle_key, "cpu_seconds_per_minute")
         for tag in tags:
@@ -1409,8 +1411,8 @@ def main(argv: list[str] | None = None) -> int:
     for tag, seen in args.imported.items():
         if tag in summary["versions"]["beat_claims_at_commits"]:
             summary["versions"]["beat_claims_at_commits"][tag].update(seen)
-    summary["ratios"], summary["goals"] = ratios_and_goals(results, args.entries, idle_key,
-                                                          args.timeout)
+    summary["ratios"], summary["goals"] = ratios_and_goals(
+        results, args.entries, idle_key, args.timeout, sources[0].tag if sources else "")
     summary["wall_seconds"] = round(time.time() - t_start, 1)
     summary["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if not args.quiet:

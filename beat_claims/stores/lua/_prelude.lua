@@ -111,6 +111,33 @@ local function drop_bad(K, due)
   end
 end
 
+-- The guards every transition shares.
+
+-- Whether ``token`` (a string from ARGV; '' = any) is the run's current token.
+local function has_token(run, token)
+  return token == '' or fmt(run.token or 0) == token
+end
+
+-- Whether ``owner`` holds the run with ``token``: claimed by it, or being sent by it.
+local function holds(run, owner, token)
+  return HELD[run.state] and run.owner == owner and has_token(run, token)
+end
+
+-- Whether the run's holder has passed the check before publish (a message may exist, and
+-- an outcome may follow): any state but claimed and due.
+local function handed_over(run)
+  return run.state ~= STATE.claimed and run.state ~= STATE.due
+end
+
+-- The run is due again, claimable by any beat that has the entry; its next claim gets a
+-- fresh token, so whoever held it cannot pass the check before publish any more.
+local function to_due(run, by, now)
+  run.released_by = by
+  run.owner = nil
+  run.state = STATE.due
+  run.released_at = now
+end
+
 local function shallow_copy(t)
   local c = {}
   for k, v in pairs(t) do c[k] = v end

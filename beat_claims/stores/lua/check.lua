@@ -10,7 +10,7 @@ local due = ARGV[4]
 local run = get_run(K, due)
 if run == nil then return {CHECK.refused, 'no such run'} end
 if run == false then return {CHECK.refused, 'unreadable record'} end
-if fmt(run.token or 0) ~= ARGV[3] or run.owner ~= ARGV[2] then
+if run.owner ~= ARGV[2] or not has_token(run, ARGV[3]) then
   return {CHECK.refused, 'superseded'}
 end
 if run.state == STATE.skipped and REASON[run.reason] then

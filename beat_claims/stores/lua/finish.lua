@@ -6,8 +6,7 @@
 local K = entry_keys(KEYS, ARGV[1])
 local run = get_run(K, ARGV[2])
 if not run then return 0 end
-if ARGV[3] ~= '' and fmt(run.token or 0) ~= ARGV[3] then return 0 end
-if FINAL[run.state] or run.state == STATE.claimed or run.state == STATE.due then return 0 end
+if not has_token(run, ARGV[3]) or FINAL[run.state] or not handed_over(run) then return 0 end
 if ARGV[4] == STATE.lost then
   if not OPEN[run.state] then return 0 end
   local cutoff = tonumber(ARGV[9])

@@ -6,14 +6,11 @@
 local K = entry_keys(KEYS, ARGV[1])
 local run = get_run(K, ARGV[2])
 if not run or not HELD[run.state] then return 0 end
-if ARGV[3] ~= '' and fmt(run.token or 0) ~= ARGV[3] then return 0 end
+if not has_token(run, ARGV[3]) then return 0 end
 local old = shallow_copy(run)
 if run.state == STATE.sending then run.maybe_sent = true end
 run.reclaimed_from = run.owner
-run.released_by = ARGV[4]
 run.reclaims = (run.reclaims or 0) + 1
-run.owner = nil
-run.state = STATE.due
-run.released_at = now_ms()
+to_due(run, ARGV[4], now_ms())
 put_run(K, run, old)
 return 1

@@ -6,8 +6,7 @@
 -- a plain release), attempts allowed. Returns the run's new state, or '' if not released.
 local K = entry_keys(KEYS, ARGV[1])
 local run = get_run(K, ARGV[4])
-if not run or run.owner ~= ARGV[2] or fmt(run.token or 0) ~= ARGV[3]
-    or not HELD[run.state] then
+if not run or not holds(run, ARGV[2], ARGV[3]) then
   return ''
 end
 local old = shallow_copy(run)
@@ -24,9 +23,6 @@ if ARGV[6] ~= '' then
     return run.state
   end
 end
-run.state = STATE.due
-run.released_by = run.owner
-run.owner = nil
-run.released_at = now
+to_due(run, run.owner, now)
 put_run(K, run, old)
 return run.state

@@ -2,8 +2,7 @@
 -- KEYS: the entry's keys. ARGV: name, token, due. Returns 1 if recorded.
 local K = entry_keys(KEYS, ARGV[1])
 local run = get_run(K, ARGV[3])
-if not run or fmt(run.token or 0) ~= ARGV[2] then return 0 end
-if run.state == STATE.claimed or run.state == STATE.due then return 0 end
+if not run or not has_token(run, ARGV[2]) or not handed_over(run) then return 0 end
 if run.state == STATE.sending then
   local old = shallow_copy(run)
   run.state = STATE.sent

@@ -17,7 +17,7 @@ if run == nil then
   return {START.untracked, 'no record of this run yet'}
 end
 if run == false then return {START.untracked, 'corrupt record'} end
-if fmt(run.token or 0) ~= ARGV[3] then
+if not has_token(run, ARGV[3]) then
   return {START.refused, 'token ' .. ARGV[3] .. ' superseded by ' .. fmt(run.token or 0)}
 end
 if FINAL[run.state] and run.state ~= STATE.lost then
