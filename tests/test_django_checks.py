@@ -131,6 +131,26 @@ def test_w001_a_store_that_never_answers_does_not_hang_the_check(app: Celery) ->
     assert took < 5
 
 
+@pytest.mark.parametrize("silent_sentinels", [1, 3])
+def test_w001_unresponsive_sentinels_cost_about_a_second_each(
+        app: Celery, silent_sentinels: int) -> None:
+    """Was 59 s for one sentinel that accepts connections and never answers, and more than
+    100 s for three: every sentinel is asked once, within the check's 1 s timeouts."""
+    from .test_redis_client import SilentServer
+
+    peers = [SilentServer() for _ in range(silent_sentinels)]
+    try:
+        url = ";".join(f"sentinel://127.0.0.1:{p.port}" for p in peers) + "/0"
+        started = time.monotonic()
+        [(check_id, msg)] = ids(beat_claims_url=url, beat_claims_sentinel_master="m")
+        took = time.monotonic() - started
+    finally:
+        for peer in peers:
+            peer.close()
+    assert check_id == "beat_claims.W001"
+    assert took < 2.5 * silent_sentinels, took
+
+
 def test_the_store_ping_can_be_turned_off(app: Celery) -> None:
     with override_settings(BEAT_CLAIMS_CHECK_STORE=False):
         assert ids(beat_claims_url=f"redis://127.0.0.1:{free_port()}/0") == []
