@@ -11,6 +11,10 @@ if TYPE_CHECKING:
 
 #: URL schemes of each backend.
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
+SQLITE_SCHEMES = ("sqlite",)
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+#: ``django`` or ``django:ALIAS``: the PostgreSQL database of a Django connection.
+DJANGO_SCHEME = "django"
 
 
 def open_store(settings: Settings, timeout: float | None = None) -> Store:
@@ -19,12 +23,22 @@ def open_store(settings: Settings, timeout: float | None = None) -> Store:
     ``timeout`` bounds each command (default: the heartbeat interval, at least 1 s): a
     caller that must answer quickly (a web page, a check) passes less.
     """
-    scheme = settings.url.split("://", 1)[0].lower() if "://" in settings.url else ""
+    url = settings.url
+    scheme = url.split("://", 1)[0].lower() if "://" in url else url.split(":", 1)[0]
+    seconds = timeout if timeout is not None else max(1.0, settings.heartbeat_interval)
+    if scheme in SQLITE_SCHEMES:
+        from .sqlite import SQLiteStore
+
+        return SQLiteStore.from_url(url, settings.key_prefix, settings.history_limit, seconds)
+    if scheme in POSTGRES_SCHEMES or scheme == DJANGO_SCHEME:
+        from .postgres import PostgresStore
+
+        return PostgresStore.from_url(url, settings.key_prefix, settings.history_limit,
+                                      seconds)
     if scheme in REDIS_SCHEMES:
         from .redis import RedisStore
         from .redis_client import RedisOptions
 
-        seconds = timeout if timeout is not None else max(1.0, settings.heartbeat_interval)
         options = RedisOptions(timeout=seconds, connect_timeout=min(seconds, 2.0),
                                sentinel_master=settings.sentinel_master)
         try:
@@ -34,7 +48,8 @@ def open_store(settings: Settings, timeout: float | None = None) -> Store:
             raise StoreConfigurationError(f"beat_claims_url: {exc}") from None
     raise StoreConfigurationError(
         f"beat_claims_url={settings.redacted_url!r}: unknown store (the URL must start with"
-        f" {', '.join(s + '://' for s in REDIS_SCHEMES)})")
+        f" {', '.join(s + '://' for s in REDIS_SCHEMES + SQLITE_SCHEMES + POSTGRES_SCHEMES)},"
+        f" or be {DJANGO_SCHEME!r} or '{DJANGO_SCHEME}:ALIAS')")
 
 
 __all__ = ["Store", "StoreConfigurationError", "StoreError", "open_store"]
