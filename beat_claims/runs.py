@@ -53,7 +53,8 @@ class Owner:
     id: str
     host: str
     pid: int
-    started_at: float  # the process's start time (epoch seconds), to detect pid reuse
+    started_at: float  # when the process started (epoch seconds): for people only
+    process: str = ""  # the process's identity on its host, to detect pid reuse
 
     @classmethod
     def current(cls) -> Owner:
@@ -62,10 +63,12 @@ class Owner:
             started = psutil.Process(pid).create_time()
         except psutil.Error:  # pragma: no cover - /proc unavailable
             started = time.time()
-        return cls(id=uuid.uuid4().hex, host=socket.gethostname(), pid=pid, started_at=started)
+        return cls(id=uuid.uuid4().hex, host=socket.gethostname(), pid=pid, started_at=started,
+                   process=process_identity(pid) or "")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "host": self.host, "pid": self.pid, "started_at": self.started_at}
+        return {"id": self.id, "host": self.host, "pid": self.pid, "started_at": self.started_at,
+                "process": self.process}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Owner:
@@ -74,31 +77,50 @@ class Owner:
             host=str(data.get("host", "")),
             pid=int(data.get("pid", 0)),
             started_at=float(data.get("started_at", 0.0)),
+            process=str(data.get("process", "")),
         )
 
     def __str__(self) -> str:
         return f"{self.host}:{self.pid}/{self.id[:8]}"
 
 
-def process_is_gone(host: str, pid: int, started_at: float) -> bool | None:
-    """Whether a process known by (host, pid, start time) is certainly gone.
+def process_identity(pid: int) -> str | None:
+    """Who the process ``pid`` of this host is, whatever the wall clock does: on Linux the
+    boot's id and the process's start in clock ticks since boot (psutil's create_time moves
+    with a step of the wall clock); elsewhere its create time. None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = f.read().rsplit(")", 1)[1].split()[19]
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{f.read().strip()}:{ticks}"
+    except (OSError, IndexError):
+        pass
+    try:
+        return f"ct:{psutil.Process(pid).create_time():.2f}"
+    except psutil.Error:
+        return None
 
-    ``None`` when this host cannot tell (the process ran on another host). A pid that now
-    belongs to a process started later than the recorded one was reused: the original is
-    gone.
+
+def process_is_gone(host: str, pid: int, process: str) -> bool | None:
+    """Whether a process known by (host, pid, identity) is certainly gone.
+
+    ``None`` when this host cannot tell (the process ran on another host, or its identity
+    was not recorded). A pid that now belongs to another process was reused: the original
+    is gone.
     """
-    if host != socket.gethostname():
+    if host != socket.gethostname() or not process:
         return None
     try:
-        proc = psutil.Process(pid)
-        created = proc.create_time()
-        if proc.status() == psutil.STATUS_ZOMBIE:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
             return True
     except psutil.NoSuchProcess:
         return True
     except psutil.Error:
         return None
-    return started_at > 0 and created > started_at + 1.0
+    now = process_identity(pid)
+    if now is None:
+        return True
+    return now != process
 
 
 @dataclass
@@ -162,7 +184,8 @@ class Run:
 
     def to_record(self) -> dict[str, Any]:
         """The stored form: JSON-ready, without empty fields."""
-        record: dict[str, Any] = {"due": self.due, "state": self.state.value}
+        record: dict[str, Any] = dict(self.extra)
+        record.update(due=self.due, state=self.state.value)
         for name in self._INTS + self._STRS:
             value = getattr(self, name)
             if value not in (None, 0, ""):

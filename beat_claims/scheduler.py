@@ -41,6 +41,10 @@ from .stores.base import Claim, EntrySeed, EntryState, LiveQuery, Reclaim, Store
 
 logger = get_logger("celery.beat.claims")
 
+#: Entries registered again per call after the store went back (the heartbeat is renewed,
+#: and the store kept settling, between two calls).
+RESYNC_CHUNK = 2000
+
 
 class ClaimsEntry(ScheduleEntry):
     """A schedule entry that also carries its ``claims`` policy overrides."""
@@ -95,8 +99,7 @@ class Scheduler(BaseScheduler):
                              self.metrics, logger)
         self.sweeper = Sweeper(self.store, self.owner, self.settings, self, self.holdings,
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
-        self.recovery = Recovery(app, self.store, self.settings, self.liveness, self.clock,
-                                 logger)
+        self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
         # Retried at least every heartbeat interval: the beat's liveness depends on it.
         self.store_outage = Outage("store", self.store.description, logger,
                                    "nothing is sent unclaimed until it returns",
@@ -263,38 +266,45 @@ class Scheduler(BaseScheduler):
         if not self._ready:
             self.claimer.sync(self.schedule)
             self._ready = True
-            if self._settle_logged or not self._registered_once:
-                logger.info("beat-claims: %d entries registered; claiming",
-                            len(self.claimer.states))
-            self._settle_logged = False
-            self._registered_once = True
+        if self._settle_logged or not self._registered_once:
+            logger.info("beat-claims: %d entries registered; claiming",
+                        len(self.claimer.states))
+        self._settle_logged = False
+        self._registered_once = True
         broker_down = self.broker_outage.waiting() > 0
         if time.monotonic() - self._last_sweep >= self.settings.heartbeat_interval:
             self._last_sweep = time.monotonic()
             if self.holdings.unmarked:
                 self.sender.flush_marks()
+            if self.claimer.refused:
+                self.claimer.retry_refused()
             self.sweeper.sweep(pick_up=not broker_down)
             if self.recovery.due():
                 self.recovery.run()
         if broker_down:
             return min(self.broker_outage.waiting(), self._sleep_for())
+        due = self.claimer.pop_due(self.clock.now())
         try:
             if self.holdings.held:  # picked up, or left from an outage: judged, then sent
                 self.holdings.waited.update(self.holdings.held)
+                # ... together with what is due now of the same entries, so that the
+                # catch-up policy sees them all at once (latest: one run, not two).
+                together = [name for name in due if name in self.holdings.entries()]
+                if together:
+                    self.claimer.claim(together, self.clock.now())
                 self.sender.send(list(self.holdings.held.values()), self.schedule)
-            due = self.claimer.pop_due(self.clock.now())
-            if due:
-                try:
-                    for chunk in self.claimer.shares(due, self.liveness.peers()):
-                        fresh, waited = self.claimer.claim(chunk, self.clock.now())
-                        self.sender.send(fresh + waited, self.schedule)
-                finally:  # each popped entry goes back once, at its next due instant
-                    for name in due:
-                        self.claimer.push(name)
+                due_rest = [name for name in due if name not in set(together)]
+            else:
+                due_rest = due
+            for chunk in self.claimer.shares(due_rest, self.liveness.peers()):
+                fresh, waited = self.claimer.claim(chunk, self.clock.now())
+                self.sender.send(fresh + waited, self.schedule)
         except BrokerDown as exc:
             self.broker_outage.down(exc.__cause__ or exc)
             return min(self.broker_outage.waiting(), self._sleep_for())
         finally:
+            for name in due:  # each popped entry goes back once, at its next due instant
+                self.claimer.push(name)
             self.claimer.skips.flush()
         self.broker_outage.up()
         return self._sleep_for()
@@ -331,9 +341,14 @@ class Scheduler(BaseScheduler):
                            " %d run(s) sent lately); no beat claims meanwhile", why,
                            len(names), len(held), len(self.knowledge.recent))
         # A beat that found it out from the data (not from the epoch) starts a new epoch:
-        # every live beat then registers what it knows, and the store settles.
+        # every live beat then registers what it knows, and the store settles (for as
+        # long as this beat is still registering: a large schedule takes a while).
         self.liveness.beat(resync=not why.startswith("the store's epoch changed"))
-        self.claimer.register(names, self._resync_seeds)
+        while self._resync_seeds:
+            chunk = self._resync_seeds[:RESYNC_CHUNK]
+            self.claimer.register([seed.name for seed in chunk], chunk)
+            del self._resync_seeds[:RESYNC_CHUNK]
+            self.liveness.beat(settling=True)
         self._resync_seeds = None
         self._went_back_why = None
         self._ready = True
@@ -393,6 +408,7 @@ class Scheduler(BaseScheduler):
                                " at stop (%s); they are taken back once its heartbeat"
                                " lapses", exc)
             self.holdings.clear()
+            self.recovery.close()
             self._ready = False
             self._closed = True
         finally:

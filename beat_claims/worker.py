@@ -15,14 +15,13 @@ import time
 from datetime import datetime
 from typing import Any
 
-import psutil
 from celery import Celery, Task, signals
 from celery.app.trace import task_has_custom
 from celery.exceptions import Ignore
 from celery.utils.log import get_logger
 
 from .enums import RunState
-from .runs import HEADER, process_is_gone, to_ms
+from .runs import HEADER, process_identity, process_is_gone, to_ms
 from .settings import ConfigurationError, Settings
 from .stores import StoreConfigurationError, open_store
 from .stores.base import Delivery, Outcome, Store, StoreError, WorkerProcess
@@ -166,7 +165,7 @@ def fence(task: Task) -> None:
         return
     entry, due, token = claim
     process = WorkerProcess(request.hostname or socket.gethostname(), os.getpid(),
-                            _process_created())
+                            process_identity(os.getpid()) or "")
     delivery = Delivery(entry, due, token, process, int(request.retries or 0),
                         request.id or "")
     try:
@@ -189,19 +188,11 @@ def fence(task: Task) -> None:
         raise Ignore()
 
 
-def _process_created() -> float:
-    """This process's start time, by its own clock: compared only with this host's."""
-    try:
-        return float(psutil.Process(os.getpid()).create_time())
-    except psutil.Error:
-        return 0.0
-
-
 def _starter_gone(task: Task, task_id: str, starter: WorkerProcess) -> bool:
     """Is the process that started this run gone? Same host: by pid and process start
     time (a pid now held by a younger process was reused); else ask its node."""
     worker = starter.worker
-    here = process_is_gone(_host_of(worker), starter.pid, starter.started_at)
+    here = process_is_gone(_host_of(worker), starter.pid, starter.process)
     if here is not None:
         return here
     try:

@@ -456,8 +456,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-#: "took back N claim(s) of owner X (why): e1, e2" -> the count, the owner id, why.
-_TAKEOVER = re.compile(r"beat-claims: took back (\d+) claim\(s\) of owner (\S+) \(([^)]*)\)")
+#: "took back N claim(s) of owner X (why): e1, e2" -> the count, the owner id, why, names.
+_TAKEOVER = re.compile(r"beat-claims: took back (\d+) claim\(s\) of owner (\S+) \(([^)]*)\):"
+                       r" (.*)$", re.MULTILINE)
 _TAKEOVER_KEYS = {
     "its owner is gone": "taken_over_dead",
     "older than reclaim_after": "taken_over_reclaim_after",
@@ -501,11 +502,14 @@ def log_counts(fleet: Fleet) -> dict[str, int]:
     """What the processes' logs say happened: takeovers by cause, releases, refusals,
     store outages and new epochs, skips."""
     counts: Counter[str] = Counter()
+    # Beats that sweep at the same moment may each log taking back the same claims (only
+    # one of them did): each (owner, why, entries) counts once.
+    takeovers: dict[tuple[str, str, str], int] = {}
     for proc in fleet.procs:
         text = proc.text()
         if proc.kind == "beat":
-            for n, _owner, why in _TAKEOVER.findall(text):
-                counts[_TAKEOVER_KEYS.get(why, "taken_over_other")] += int(n)
+            for n, owner, why, names in _TAKEOVER.findall(text):
+                takeovers[(owner, why, names)] = int(n)
             counts["released_at_stop"] += sum(int(n) for n in _RELEASED.findall(text))
             counts["taken_back_at_stop"] += sum(
                 int(n) for n in _TAKEN_BACK_AT_STOP.findall(text))
@@ -522,6 +526,8 @@ def log_counts(fleet: Fleet) -> dict[str, int]:
             counts["redeliveries_run"] += text.count("is gone; running this redelivery")
             counts["worker_store_outages"] += text.count("beat-claims: store unreachable")
         counts["traceback_lines"] += text.count("Traceback (most recent call last)")
+    for (_owner, why, _names), n in takeovers.items():
+        counts[_TAKEOVER_KEYS.get(why, "taken_over_other")] += n
     return dict(counts)
 
 
@@ -540,9 +546,11 @@ def _git(*argv: str) -> str:
 def _digest(package: Path) -> str:
     """A digest of a package's files (names and contents), to tell snapshots apart."""
     h = hashlib.sha256()
-    for path in sorted(package.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-            h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    names = sorted(path.relative_to(package).as_posix() for path in package.rglob("*")
+                   if path.is_file() and "__pycache__" not in path.parts
+                   and path.suffix != ".pyc")
+    for name in names:  # the same digest as bench/dispatch.py's
+        h.update(name.encode() + b"\0" + (package / name).read_bytes())
     return h.hexdigest()[:12]
 
 
@@ -826,6 +834,10 @@ class Chaos:
             1 for (entry, due), execs in by_key.items() for r in execs
             if (run := records.get(entry, {}).get(due)) is not None
             and r.get("token") != run.token)
+        # The truth about takeovers: runs whose record says they were taken back from a
+        # beat (the logs say why; beats sweeping together may both log the same claims).
+        result.counts["runs_taken_back"] = sum(
+            1 for runs in records.values() for run in runs.values() if run.reclaimed_from)
         for entry, due in sorted(want - set(by_key), key=lambda k: (k[1], k[0])):
             run = records.get(entry, {}).get(due)
             state = run.state.value if run is not None else "no record"
@@ -884,10 +896,11 @@ class Chaos:
 
         The run's record names the beat it was taken back from (``reclaimed_from``) or,
         for a claim given back at a stop, the beat that released it (``released_by``): a
-        kill or the pause of that beat while the run waited is the cause. Otherwise a store
-        restart that overlapped its wait (the outage, then the new epoch's settle period:
-        claims held through it are taken back by their own beat, which is alive); failing
-        both, an earlier event of that beat, else the machine's load.
+        kill or the pause of that beat while the run waited, and a store restart that
+        overlapped its wait (the outage, then the new epoch's settle period: claims held
+        through it are taken back by their own beat, which is alive), may each have held it
+        back; the cause is the one of them that ended last. Failing both, an earlier event
+        of that beat, else the machine's load.
         """
         lo, hi = due_ms / 1000 - 1, started
         holder, how = None, ""
@@ -898,12 +911,16 @@ class Chaos:
         of_holder = [e for e in self.events if holder is not None and e.beat == holder
                      and e.start <= started]
         during = [e for e in of_holder if e.overlaps(lo, hi)][-1:]
-        if during:
-            return f"{how} {holder}: {during[0].detail}", during
         outages = [e for e in self.events if e.kind == "store_restart" and e.overlaps(lo, hi)]
-        if outages:
-            via = f"{how} {holder} after " if holder else ""
-            return via + "; ".join(e.detail for e in outages), outages
+        if during or outages:
+            # Both may have held it: the one that let go last (a claim released by a
+            # stopped beat just before the store went down waited for the store).
+            last = max(during + outages, key=lambda e: e.end)
+            if last in during:
+                return f"{how} {holder}: {last.detail}", [last]
+            via = f"{how} {holder} ({during[0].detail}), then " if during else (
+                f"{how} {holder}, " if holder else "")
+            return via + last.detail, [last]
         if of_holder:
             return f"{how} {holder}: {of_holder[-1].detail}", of_holder[-1:]
         near = "; ".join(e.detail for e in self.events if e.overlaps(lo, hi))
@@ -932,7 +949,15 @@ def run(cfg: Config) -> Result:
     """One chaos run in ``cfg.workdir`` (a new temporary directory when None)."""
     workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix="beat-claims-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    return Chaos(cfg, workdir).run()
+    result = Chaos(cfg, workdir).run()
+    # Everything the run found, beside its logs and ledger (kept with --keep).
+    (workdir / "result.json").write_text(json.dumps({
+        **result.figures(), "events": [asdict(e) for e in result.events],
+        "worst": result.worst, "missed_runs": result.missed,
+        "duplicate_runs": result.duplicates, "off_schedule_runs": result.off_schedule,
+        "reanchored_entries": result.reanchored, "config": result.config,
+    }, indent=1, default=str))
+    return result
 
 
 def summary(result: Result) -> str:

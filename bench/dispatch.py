@@ -301,12 +301,17 @@ def _make_app(cfg: dict[str, Any]) -> Any:
 def _build(kind: str, app: Any, workdir: str, index: int) -> Any:
     """The scheduler as ``celery beat -S <class>`` builds it: ``celery.beat.Service`` loads
     the class by name, and ``beat_init`` is sent (RedBeat takes its lock there)."""
+    import inspect
+
     from celery import signals
     from celery.beat import Service
 
+    extra = {}
+    if "remote_control" in inspect.signature(Service).parameters:  # Celery 5.7: no pidbox
+        extra["remote_control"] = False
     service = Service(app, max_interval=MAX_LOOP_INTERVAL, scheduler_cls=LABELS[kind],
                       schedule_filename=os.path.join(workdir, f"celerybeat-schedule-{index}"),
-                      remote_control=False)
+                      **extra)
     sched = service.scheduler
     for receiver, response in signals.beat_init.send_robust(sender=service):
         if isinstance(response, Exception):  # celery beat logs and goes on; we cannot
@@ -336,7 +341,7 @@ def _vm_kib(field: str) -> int | None:
     return None
 
 
-def _setup(kind: str, sched: Any, cfg: dict[str, Any], counters: _Counters) -> dict[str, Any]:
+def _setup(kind: str, sched: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     """Tick while nothing is due until the scheduler is ready to send: Celery and RedBeat
     after one tick; beat-claims once the entries are registered in its store, however long
     its version takes (a fresh store is a new epoch: no beat registers or claims for one
@@ -415,7 +420,7 @@ def _child(kind: str, index: int, src: str | None, cfg_q: Any, out_q: Any, cpu_q
         t_setup = time.time()
         app = _make_app(cfg)
         service, sched = _build(kind, app, cfg["workdir"], index)
-        setup = _setup(kind, sched, cfg, counters)
+        setup = _setup(kind, sched, cfg)
         out_q.put(("ready", index, {
             **setup, "setup_started": t_setup, "ready": time.time(),
             "sent_during_setup": len(counters.publishes)}))
@@ -1133,13 +1138,12 @@ def _digest(package: str) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for root, dirs, files in sorted(os.walk(package)):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if not name.endswith(".pyc"):
-                path = os.path.join(root, name)
-                with open(path, "rb") as f:
-                    h.update(os.path.relpath(path, package).encode() + b"\0" + f.read())
+    names = sorted(os.path.relpath(os.path.join(root, name), package).replace(os.sep, "/")
+                   for root, dirs, files in os.walk(package) if "__pycache__" not in root
+                   for name in files if not name.endswith(".pyc"))
+    for name in names:  # the same digest as bench/chaos.py's
+        with open(os.path.join(package, name), "rb") as f:
+            h.update(name.encode() + b"\0" + f.read())
     return h.hexdigest()[:12]
 
 

@@ -142,7 +142,7 @@ def test_w001_unresponsive_sentinels_cost_about_a_second_each(
     try:
         url = ";".join(f"sentinel://127.0.0.1:{p.port}" for p in peers) + "/0"
         started = time.monotonic()
-        [(check_id, msg)] = ids(beat_claims_url=url, beat_claims_sentinel_master="m")
+        [(check_id, _msg)] = ids(beat_claims_url=url, beat_claims_sentinel_master="m")
         took = time.monotonic() - started
     finally:
         for peer in peers:

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from kombu.exceptions import OperationalError
 
 from beat_claims import occurrences
 from beat_claims.runs import Owner, RunState, iso, task_id_for
@@ -159,8 +160,13 @@ def test_abandoned_claim_is_reclaimed_by_a_long_lived_beat_without_restart(
     b.close()
 
 
+@pytest.mark.parametrize(("error", "logged"), [
+    (OperationalError, "given back"),  # kombu: the broker cannot be reached
+    (ConnectionError, "due again"),  # this message's own problem (a custom apply_async)
+], ids=["broker-outage", "message-error"])
 def test_publish_error_releases_the_claim_and_it_is_sent_later(
-        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+        server: RedisServer, caplog: pytest.LogCaptureFixture, error: type[Exception],
+        logged: str) -> None:
     app = make_app(server)
     s = make(app)
     real = s._publish
@@ -169,13 +175,13 @@ def test_publish_error_releases_the_claim_and_it_is_sent_later(
     def broken(*args: Any) -> Any:
         if not failures:
             failures.append(1)
-            raise ConnectionError("broker said no")
+            raise error("broker said no")
         return real(*args)
 
     s._publish = broken  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR):
         run_for(2.5, s)
-    assert "broker said no" in caplog.text and "given back" in caplog.text
+    assert "broker said no" in caplog.text and logged in caplog.text
     sent = occurrences_sent(server)
     no_duplicates(sent)
     history = {iso(r.due): r.state for r in s.store.history("every-1s")}

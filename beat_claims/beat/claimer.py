@@ -23,7 +23,7 @@ from ..runs import Owner, iso
 from ..settings import Policy, Settings
 from ..stores.base import Claim, ClaimPlan, ClaimResult, ClaimStatus, EntrySeed, EntryState, Store
 from .holdings import Holdings
-from .knowledge import Knowledge
+from .knowledge import TOKEN_GAP, Knowledge
 from .liveness import StoreWentBack
 
 #: Entries claimed in one call when many are due at once; beats sharing a burst each
@@ -98,21 +98,28 @@ class Claimer:
         self.knowledge = knowledge
         self.logger = logger
         self.states: dict[str, EntryState] = {}
+        self.refused: set[str] = set()  # entries the store would not register (yet)
         self.heap: list[tuple[int, str]] = []
         self.skips = SkipLog(logger)
         self._noted: set[tuple[str, str]] = set()
 
     # -- entries ----------------------------------------------------------------------
-    def register(self, names: Iterable[str], seeds: list[EntrySeed] | None = None) -> None:
+    def register(self, names: Iterable[str], seeds: list[EntrySeed] | None = None,
+                 repair: bool = False) -> None:
         """Register ``names`` (or the given seeds), with what this beat knows of each, and
-        put each on the heap at its next occurrence."""
+        put each on the heap at its next occurrence. An entry the store refuses is tried
+        again later (:meth:`retry_refused`). With ``repair`` the entry's record could not
+        be read: its token floor leaves a gap, tokens nobody alive saw may exist."""
         if seeds is None:
-            seeds = [self._seed(name) for name in names]
+            seeds = [self._seed(name, repair) for name in names]
         states = self.store.register(seeds)
+        known_before = {seed.name for seed in seeds if seed.name in self.states}
         for seed in seeds:
             state = states.get(seed.name)
             if state is None:
-                continue  # the store refused it (logged there); tried again at the next prepare
+                self.refused.add(seed.name)  # the store said why (logged there)
+                continue
+            self.refused.discard(seed.name)
             known = self.knowledge.entries.get(seed.name)
             if known is not None and known.anchor != state.anchor:
                 self.note(seed.name, f"anchor {state.anchor}", logging.WARNING,
@@ -122,10 +129,18 @@ class Claimer:
                 self.knowledge.forget(seed.name)
             self.knowledge.learn(seed.name, state)
             self.states[seed.name] = state
-        self.heap = [(due, name) for due, name in self.heap if name not in states]
-        heapq.heapify(self.heap)
+        if known_before:  # their old places on the heap go
+            self.heap = [(due, name) for due, name in self.heap if name not in known_before]
+            heapq.heapify(self.heap)
         for name in states:
             self.push(name)
+
+    def retry_refused(self) -> None:
+        """Register again the entries the store refused (a bad key since repaired)."""
+        names = sorted(n for n in self.refused if n in self.source.schedule)
+        self.refused &= set(names)
+        if names:
+            self.register(names)
 
     def sync(self, names: Iterable[str]) -> None:
         """The schedule is now ``names``: register the entries not registered yet, forget
@@ -140,15 +155,17 @@ class Claimer:
         for name in sorted(wanted & set(self.states)):
             self.push(name)
 
-    def _seed(self, name: str) -> EntrySeed:
+    def _seed(self, name: str, repair: bool = False) -> EntrySeed:
         known = self.knowledge.entries.get(name)
         description = occurrences.describe(self.source.schedule[name].schedule)
         if known is None:
             return EntrySeed(name, description)
-        return EntrySeed(name, description, known.anchor, known.checkpoint, known.token)
+        return EntrySeed(name, description, known.anchor, known.checkpoint,
+                         known.token + (TOKEN_GAP if repair else 0))
 
     def reset(self) -> None:
         self.states.clear()
+        self.refused.clear()
         self.heap = []
 
     def push(self, name: str) -> None:
@@ -273,7 +290,7 @@ class Claimer:
             self.note(name, "corrupt", logging.ERROR, "beat-claims: %s: its record in the"
                       " store cannot be read (%s); repairing it from what this beat knows",
                       name, result.detail)
-            self.register([name])
+            self.register([name], repair=True)
             return False
         assert result.state is not None
         problem = self.knowledge.learn(name, result.state)
@@ -295,6 +312,10 @@ class Claimer:
             self.skips.add(name, reason)
         if decided is not None and decided.unrecorded:
             self.skips.add_unlisted(name, decided.unrecorded, decided.unrecorded_exact)
+        for due in result.unreadable:
+            self.note(name, f"unreadable {due}", logging.ERROR, "beat-claims: %s due %s: its"
+                      " record in the store cannot be read; it is left out of the store's"
+                      " indexes (nothing will send it)", name, iso(due))
         for due in result.existing:
             self.note(name, f"existing {due}", logging.WARNING, "beat-claims: %s due %s"
                       " already has a run (an operator's, or one registered after a wipe):"

@@ -61,8 +61,11 @@ class Knowledge:
                 known.token = claim.token
 
     def sent(self, claim: Claim, task_id: str, at: int) -> None:
+        # If it has to be registered again, it is marked so: the store lost its outcome,
+        # and it must not make later runs of an overlap="skip" entry wait for one.
         self.recent.append(Run(claim.entry, claim.due, RunState.SENT, token=claim.token,
-                               task_id=task_id, sent_at=at, manual=claim.manual))
+                               task_id=task_id, sent_at=at, manual=claim.manual,
+                               extra={"reseeded": True}))
 
     def forget(self, name: str) -> None:
         self.entries.pop(name, None)

@@ -34,11 +34,11 @@ class Liveness:
     def due(self) -> bool:
         return time.monotonic() - self.last >= self.interval
 
-    def beat(self, resync: bool = False) -> bool:
+    def beat(self, resync: bool = False, settling: bool = False) -> bool:
         """Renew the heartbeat and read the store's clock, owners and epoch. True when the
         epoch changed since the last heartbeat (the store may have lost writes)."""
         asked = time.monotonic()
-        hb = self.store.heartbeat(self.owner, self.ttl, resync=resync)
+        hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling)
         answered = time.monotonic()
         self.clock.set(hb.now, asked, answered)
         self.last = answered
@@ -76,4 +76,4 @@ class Liveness:
 
 
 def _gone(owner: Owner) -> bool:
-    return process_is_gone(owner.host, owner.pid, owner.started_at) is True
+    return process_is_gone(owner.host, owner.pid, owner.process) is True

@@ -2,13 +2,18 @@
 
 Workers without beat-claims' hooks (or whose outcome could not be recorded) still report
 to the result backend; runs still sent or started are looked up there, a bounded number
-per pass and within half a heartbeat interval, keeping the heartbeat alive between lookups.
+per pass. The lookups run in a thread of their own and the beat waits for them at most
+half a heartbeat interval: a backend that answers slowly, or not at all, never holds up
+the beat's loop (a pass is skipped while the last one's lookup is still waiting).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as WaitedTooLong
 
 from celery import Celery
 from celery.backends.base import DisabledBackend
@@ -17,9 +22,8 @@ from celery.backends.rpc import RPCBackend
 from ..enums import RunState
 from ..runs import iso
 from ..settings import Settings
-from ..stores.base import Outcome, Store
+from ..stores.base import OpenRun, Outcome, Store
 from .clock import StoreClock
-from .liveness import Liveness
 from .sweeper import next_cursor
 
 #: Result backend states that settle a run.
@@ -30,16 +34,18 @@ EVERY_INTERVALS = 10
 
 
 class Recovery:
-    def __init__(self, app: Celery, store: Store, settings: Settings, liveness: Liveness,
-                 clock: StoreClock, logger: logging.Logger) -> None:
+    def __init__(self, app: Celery, store: Store, settings: Settings, clock: StoreClock,
+                 logger: logging.Logger) -> None:
         self.app = app
         self.store = store
         self.settings = settings
-        self.liveness = liveness
         self.clock = clock
         self.logger = logger
         self.last = float("-inf")
         self.cursor: int | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+        self._slow_logged = False
 
     @property
     def enabled(self) -> bool:
@@ -56,35 +62,63 @@ class Recovery:
         self.last = time.monotonic()
         if not self.enabled:
             return
+        if self._pending is not None and not self._pending.done():
+            return  # the last pass is still waiting on the backend
         settle = self.clock.now() - int(2 * self.settings.heartbeat_interval * 1000)
         limit = self.settings.recovery_batch
         runs = self.store.open_runs(before=settle, after=self.cursor, limit=limit)
         self.cursor = next_cursor(runs, limit)
-        deadline = time.monotonic() + self.settings.heartbeat_interval / 2
-        outcomes = []
-        for run in runs:
-            if time.monotonic() > deadline:
-                self.cursor = run.since - 1  # go on from here (ties included) next time
-                break
-            self.liveness.keep_alive()
-            if not run.task_id:
-                continue
-            try:
-                result = self.app.AsyncResult(run.task_id)
-                outcome = BACKEND_STATES.get(result.state)
-                if outcome is None:
-                    continue
-                exc = result.result if outcome is RunState.FAILED else None
-            except Exception as exc2:
-                self.logger.debug("beat-claims: result backend lookup failed: %r", exc2)
-                break
-            outcomes.append(Outcome(
-                run.entry, run.due, run.token, outcome,
-                exc_type=type(exc).__name__ if exc is not None else "",
-                exc_message=str(exc)[:500] if exc is not None else ""))
+        if not runs:
+            return
+        found: list[tuple[OpenRun, Outcome]] = []
+        looked = [0]
+        stop = threading.Event()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="beat-claims-recovery")
+        future = self._pool.submit(self._look_up, runs, found, looked, stop)
+        try:
+            future.result(timeout=self.settings.heartbeat_interval / 2)
+        except WaitedTooLong:
+            stop.set()
+            self._pending = future
+            if looked[0] < len(runs):  # go on from the first not looked at, next time
+                self.cursor = runs[looked[0]].since - 1
+            if not self._slow_logged:
+                self._slow_logged = True
+                self.logger.warning("beat-claims: the result backend answers slowly: %d of"
+                                    " %d lookups in %.1fs; the rest at the next passes",
+                                    looked[0], len(runs), self.settings.heartbeat_interval / 2)
+        outcomes = [outcome for _, outcome in list(found)]
         if not outcomes:
             return
         for done, recorded in zip(outcomes, self.store.finish(outcomes)):
             if recorded:
                 self.logger.info("beat-claims: %s due %s: %s (from the result backend)",
                                  done.entry, iso(done.due), done.state.value)
+
+    def _look_up(self, runs: list[OpenRun], found: list[tuple[OpenRun, Outcome]],
+                 looked: list[int], stop: threading.Event) -> None:
+        """In the lookup thread: each run's state in the result backend, until told to
+        stop. Only the backend is called from here, never the store."""
+        for run in runs:
+            if stop.is_set():
+                return
+            if run.task_id:
+                try:
+                    result = self.app.AsyncResult(run.task_id)
+                    outcome = BACKEND_STATES.get(result.state)
+                    exc = result.result if outcome is RunState.FAILED else None
+                except Exception as exc2:
+                    self.logger.debug("beat-claims: result backend lookup failed: %r", exc2)
+                    return
+                if outcome is not None:
+                    found.append((run, Outcome(
+                        run.entry, run.due, run.token, outcome,
+                        exc_type=type(exc).__name__ if exc is not None else "",
+                        exc_message=str(exc)[:500] if exc is not None else "")))
+            looked[0] += 1
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

@@ -12,7 +12,6 @@ store or the broker) are judged again by the entry's catch-up policy before they
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from ..stores.base import Check, CheckVerdict, Claim, Release, Store
 from .clock import StoreClock
 from .holdings import Holdings
 from .knowledge import Knowledge
-from .liveness import Liveness
+from .liveness import Liveness, StoreWentBack
 
 #: Claims checked before publish in one store call.
 SEND_BATCH = 100
@@ -41,21 +40,15 @@ class BrokerDown(Exception):
 
 def is_broker_outage(exc: BaseException) -> bool:
     """Whether a publish error says the broker is unreachable (rather than that this one
-    message cannot be sent: a serialization error, a task that refuses it)."""
+    message cannot be sent: a serialization error, a task or an argument that raises).
+
+    Only kombu's own word counts: it raises OperationalError when the broker connection
+    fails and its retries are spent. A TimeoutError raised by a task's custom apply_async,
+    or by an argument evaluated at publish, is that message's problem: counted as an
+    attempt, it cannot stop the other entries."""
     from kombu.exceptions import OperationalError
 
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, (OperationalError, ConnectionError, socket.timeout,
-                                TimeoutError)):
-            return True
-        if type(current).__module__.split(".")[0] in ("amqp", "redis", "kombu") and \
-                "connection" in type(current).__name__.lower():
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return isinstance(exc, OperationalError)
 
 
 class Sender:
@@ -148,7 +141,14 @@ class Sender:
         if not checks:
             return deque()
         queue: deque[Check] = deque()
-        for check, result in zip(checks, self.store.check(self.owner, checks)):
+        results = self.store.check(self.owner, checks)
+        missing = [r.claim for r in results if r.verdict is CheckVerdict.MISSING]
+        if missing:
+            # A run this beat claimed has no record: the store lost writes. The claims stay
+            # held (they are registered again as due runs), and nothing is sent meanwhile.
+            raise StoreWentBack(f"{len(missing)} run(s) this beat claimed are missing from"
+                                f" the store ({missing[0].entry} due {iso(missing[0].due)})")
+        for check, result in zip(checks, results):
             claim = result.claim
             if result.verdict is CheckVerdict.SEND:
                 self.holdings.checked.append(claim)

@@ -74,7 +74,7 @@ class Sweeper:
             self.owner.id, live, held_before=now - int(shortest * 1000),
             mine_before=now - interval, dead_before=now - interval))
         reclaims: list[Reclaim] = []
-        why: dict[tuple[str, str], list[str]] = defaultdict(list)
+        why: dict[tuple[str, int], tuple[str, str]] = {}
         for held in found.held:
             if held.owner == self.owner.id:
                 if self.holdings.knows(RunRef(held.entry, held.due)):
@@ -87,17 +87,19 @@ class Sweeper:
             else:
                 continue
             reclaims.append(Reclaim(held.entry, held.due, held.token))
-            why[(reason, held.owner)].append(held.entry)
+            why[(held.entry, held.due)] = (reason, held.owner)
         taken_back: set[str] = set()
         if reclaims:
+            done: dict[tuple[str, str], list[str]] = defaultdict(list)
             for item, ok in zip(reclaims, self.store.reclaim(reclaims, self.owner.id)):
                 if ok:
                     taken_back.add(item.entry)
-            for (reason, owner), names in sorted(why.items()):
+                    done[why[(item.entry, item.due)]].append(item.entry)
+            for (reason, owner), names in sorted(done.items()):
                 self.logger.warning("beat-claims: took back %d claim(s) of owner %s (%s): %s",
                                     len(names), owner, reason,
                                     ", ".join(sorted(set(names))[:10]))
-            self.metrics.count("taken_over", len(reclaims))
+            self.metrics.count("taken_over", sum(len(n) for n in done.values()))
         due = {ref.entry for ref in found.due} | taken_back
         mine = [name for name in due if name in self.source.schedule]
         if mine and pick_up:

@@ -143,6 +143,7 @@ class ClaimResult:
     taken: tuple[Claim, ...] = ()  # runs that were due again (released, reclaimed, requested)
     skipped: tuple[tuple[int, Reason], ...] = ()
     existing: tuple[int, ...] = ()  # planned instants that already had a run: left as they are
+    unreadable: tuple[int, ...] = ()  # runs whose record cannot be read: out of the indexes
     detail: str = ""
 
 
@@ -166,6 +167,7 @@ class CheckVerdict(str, Enum):
     SEND = "send"  # still ours and now ``sending``: publish it
     SKIPPED = "skipped"  # recorded skipped (``reason``)
     REFUSED = "refused"  # not ours any more, or not in a state to send (``why``)
+    MISSING = "missing"  # the store has no record of a run we hold: it lost writes
 
 
 @dataclass(frozen=True)
@@ -266,12 +268,13 @@ class Outcome:
 
 @dataclass(frozen=True)
 class WorkerProcess:
-    """The process that executes a delivery: node name, pid, and its start time by its own
-    host's clock (a restarted worker with the same name and pid is another process)."""
+    """The process that executes a delivery: node name, pid, and its identity on its host
+    (``runs.process_identity``: a restarted worker with the same name and pid is another
+    process, whatever the wall clock did)."""
 
     worker: str
     pid: int
-    started_at: float
+    process: str
 
 
 @dataclass(frozen=True)
@@ -328,10 +331,13 @@ class Store(abc.ABC):
 
     # beats: liveness and entries
     @abc.abstractmethod
-    def heartbeat(self, owner: Owner, ttl: float, resync: bool = False) -> Heartbeat:
+    def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
+                  settling: bool = False) -> Heartbeat:
         """Renew ``owner``'s liveness for ``ttl`` seconds and read the store's clock, epoch
         and owners. With ``resync`` the caller found the store went back: start a new epoch
-        and settle for ``ttl`` (no claiming meanwhile)."""
+        and settle for ``ttl`` (no claiming meanwhile). With ``settling`` the caller is
+        still registering what it knows: a store that is settling stays so for ``ttl``
+        more."""
 
     @abc.abstractmethod
     def leave(self, owner: Owner) -> None:
@@ -401,10 +407,12 @@ class Store(abc.ABC):
 
     # operators
     @abc.abstractmethod
-    def request_run(self, entry: str, by: str) -> int | None:
+    def request_run(self, entry: str, by: str, request_id: str = "") -> int | None:
         """Record a run of ``entry`` due now, claimed and sent by a beat like any other.
         Returns its due instant, or None when the store does not know the entry. The
-        checkpoint is not touched: scheduled occurrences neither move nor are skipped."""
+        checkpoint is not touched: scheduled occurrences neither move nor are skipped.
+        Asked again with the same ``request_id`` (after a lost reply), it records nothing
+        more and answers the same instant."""
 
     # reads
     @abc.abstractmethod

@@ -9,7 +9,8 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
 ``{P:NN}:e:D``          hash    the entry: name, schedule, anchor, checkpoint, token
 ``{P:NN}:r:D``          hash    its runs: due (ms) -> JSON record
 ``{P:NN}:h:D``          zset    its history: due -> due (``history_limit`` kept)
-``{P:NN}:l:D``          zset    its runs not final: due -> due
+``{P:NN}:d:D``          zset    its runs due again: due -> due (what a claim takes)
+``{P:NN}:b:D``          zset    its runs being sent, sent or started: due -> due
 ``{P:NN}:x:D``          zset    runs presumed lost, kept a week for late deliveries
 ``{P:NN}:due``          zset    the bucket's runs due again: "due|name" -> since
 ``{P:NN}:held``         zset    its claims: "owner|token|due|name" -> claimed or checked at
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -44,7 +46,7 @@ from redis.client import Pipeline
 from redis.exceptions import NoScriptError, ResponseError
 
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
-from ..runs import Owner, Run
+from ..runs import Owner, Run, iso
 from .base import (
     Check,
     CheckResult,
@@ -157,6 +159,13 @@ class RedisStore(Store):
         self._owners, self._alive, self._epoch = f"{g}:owners", f"{g}:alive", f"{g}:epoch"
         self._registry, self._anchoring = f"{g}:entries", f"{g}:anchoring"
         self._layout = f"{g}:layout"
+        # A reconnection may reach another server (a restart from an older snapshot, a
+        # failover) that redis-py would use without a word: every new connection first
+        # checks that its server is the one the last heartbeat read.
+        self._server: str | None = None
+        self._bad_keys: set[str] = set()
+        self._heartbeating = threading.local()
+        client.connection_pool.connection_kwargs["redis_connect_func"] = self._on_connect
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "beat-claims", history_limit: int = 100,
@@ -175,8 +184,8 @@ class RedisStore(Store):
     def entry_keys(self, entry: str) -> list[str]:
         """The keys of one entry, in the order every entry script expects them."""
         tag, d = self._tag(entry)
-        return [f"{tag}:e:{d}", f"{tag}:r:{d}", f"{tag}:h:{d}", f"{tag}:l:{d}",
-                f"{tag}:x:{d}", f"{tag}:due", f"{tag}:held", f"{tag}:open"]
+        return [f"{tag}:e:{d}", f"{tag}:r:{d}", f"{tag}:h:{d}", f"{tag}:d:{d}",
+                f"{tag}:b:{d}", f"{tag}:x:{d}", f"{tag}:due", f"{tag}:held", f"{tag}:open"]
 
     def _bucket_keys(self, bucket: int, *names: str) -> list[str]:
         return [f"{{{self.prefix}:{bucket:02d}}}:{name}" for name in names]
@@ -187,6 +196,17 @@ class RedisStore(Store):
     def _old_entry_key(self, entry: str) -> str:
         """Where beat-claims 0.1 kept the entry (read once, to keep its anchor)."""
         return f"{self.prefix}:{{{digest(entry)}}}:entry"
+
+    def _on_connect(self, conn: Any) -> None:
+        conn.on_connect()
+        if self._server is None or getattr(self._heartbeating, "on", False):
+            return
+        conn.send_command("INFO", "server")
+        match = _RUN_ID.search(str(conn.read_response()))
+        if match and match.group(1) != self._server:
+            raise redis.ConnectionError(
+                "the store's server is another process than at the last heartbeat (a restart"
+                " or a failover): its epoch must be read again before anything else")
 
     # -- round trips ------------------------------------------------------------------
     def _pipeline(self) -> Pipeline:
@@ -251,15 +271,22 @@ class RedisStore(Store):
         self._script(pipe, name, self.entry_keys(entry), entry, *args)
 
     # -- beats: liveness and entries ---------------------------------------------------
-    def heartbeat(self, owner: Owner, ttl: float, resync: bool = False) -> Heartbeat:
+    def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
+                  settling: bool = False) -> Heartbeat:
         def build(pipe: Pipeline) -> None:
             self._script(pipe, "heartbeat", [self._owners, self._alive, self._epoch],
                          owner.id, json.dumps(owner.as_dict()), max(1, round(ttl * 1000)),
-                         "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS)
+                         "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS,
+                         "1" if settling else "0")
 
-        reply = self._round_trip(build)[0]
+        self._heartbeating.on = True
+        try:
+            reply = self._round_trip(build)[0]
+        finally:
+            self._heartbeating.on = False
         _raise_if_error(reply)
-        now, epoch_id, settle, owners, alive = reply
+        now, epoch_id, settle, owners, alive, server = reply
+        self._server = str(server) or None
         return Heartbeat(now=int(now), epoch=str(epoch_id),
                          settle_until=int(settle) if settle else None,
                          owners=tuple(_owner_statuses(owners, alive, int(now))))
@@ -296,9 +323,13 @@ class RedisStore(Store):
         out: dict[str, EntryState] = {}
         for seed, reply in zip(seeds, replies):
             if isinstance(reply, Exception):
-                logger.error("beat-claims: entry %r cannot be registered in the store: %s",
-                             seed.name, reply)
+                if seed.name not in self._bad_keys:  # once, not at every try
+                    self._bad_keys.add(seed.name)
+                    logger.error("beat-claims: entry %r cannot be registered in the store"
+                                 " (%s); it is not scheduled until it can be", seed.name,
+                                 reply)
                 continue
+            self._bad_keys.discard(seed.name)
             anchor, checkpoint, token, repaired = reply
             if repaired:
                 logger.warning("beat-claims: entry %r had unreadable field(s) %s in the"
@@ -364,6 +395,8 @@ class RedisStore(Store):
                                        why=f"unreadable record: {reply}"))
             elif reply[0] == CheckVerdict.SEND.value:
                 out.append(CheckResult(item.claim, CheckVerdict.SEND))
+            elif reply[0] == CheckVerdict.MISSING.value:
+                out.append(CheckResult(item.claim, CheckVerdict.MISSING, why=str(reply[1])))
             elif reply[0] == CheckVerdict.SKIPPED.value:
                 out.append(CheckResult(item.claim, CheckVerdict.SKIPPED, Reason(reply[1])))
             else:
@@ -388,6 +421,13 @@ class RedisStore(Store):
                 for r in self._chunked(releases, build)]
 
     # -- sweeps -----------------------------------------------------------------------
+    def _note_bad_key(self, key: str) -> None:
+        if key not in self._bad_keys:
+            self._bad_keys.add(key)
+            logger.error("beat-claims: the store's key %r is not a sorted set: the runs it"
+                         " indexes are not looked at until it is repaired (delete it and"
+                         " restart a beat: every beat registers its entries again)", key)
+
     def _bucket_groups(self) -> list[list[int]]:
         """Buckets read by one script call: all of them on one server; one at a time on a
         cluster, where each has its own slot."""
@@ -408,7 +448,10 @@ class RedisStore(Store):
         complete = True
         for reply in self._round_trip(build):
             _raise_if_error(reply)
-            for due_members, held_rows, more in reply:
+            for due_members, held_rows, more, bad_key in reply:
+                if bad_key:
+                    self._note_bad_key(bad_key)
+                    complete = False
                 complete = complete and not int(more)
                 for member in due_members:
                     ref = _plain_member(member)
@@ -458,6 +501,14 @@ class RedisStore(Store):
         reclaims = list(reclaims)
         replies = self._chunked(reclaims, lambda pipe, r: self._entry_script(
             pipe, "reclaim", r.entry, r.due, "" if r.token is None else r.token, by))
+        for item, reply in zip(reclaims, replies):
+            if reply == -1 or isinstance(reply, Exception):
+                key = f"{item.entry}\0{item.due}"
+                if key not in self._bad_keys:
+                    self._bad_keys.add(key)
+                    logger.error("beat-claims: %s due %s: its record in the store cannot be"
+                                 " read; it is left out of the store's indexes (nothing will"
+                                 " send it)", item.entry, iso(item.due))
         return [r == 1 for r in replies]
 
     # -- workers ----------------------------------------------------------------------
@@ -467,7 +518,7 @@ class RedisStore(Store):
 
         reply = self._round_trip(lambda pipe: self._entry_script(
             pipe, "start", d.entry, d.due, d.token, proc.worker, proc.pid, d.retries,
-            takeover, repr(proc.started_at)))[0]
+            takeover, proc.process))[0]
         if isinstance(reply, Exception):
             return StartDecision(StartVerdict.UNTRACKED, f"unreadable record: {reply}")
         verdict = StartVerdict(reply[0])
@@ -481,7 +532,7 @@ class RedisStore(Store):
                 json.dumps({"entry": d.entry, "due": d.due, "token": d.token}), px=WEEK_MS))
         if verdict is StartVerdict.BUSY:
             return StartDecision(verdict, "busy", WorkerProcess(
-                str(reply[1]), int(reply[2]), float(reply[3])))
+                str(reply[1]), int(reply[2]), str(reply[3])))
         return StartDecision(verdict, str(reply[1]) if len(reply) > 1 else "")
 
     def finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
@@ -505,9 +556,9 @@ class RedisStore(Store):
             return None
 
     # -- operators --------------------------------------------------------------------
-    def request_run(self, entry: str, by: str) -> int | None:
+    def request_run(self, entry: str, by: str, request_id: str = "") -> int | None:
         reply = self._round_trip(lambda pipe: self._entry_script(
-            pipe, "request", entry, by, self.history_limit))[0]
+            pipe, "request", entry, by, self.history_limit, request_id))[0]
         _raise_if_error(reply)
         return int(reply) if reply else None
 
@@ -551,6 +602,9 @@ class RedisStore(Store):
 
 
 # -- replies ------------------------------------------------------------------------------
+_RUN_ID = re.compile(r"run_id:(\w+)")
+
+
 def _raise_outage(replies: list[Any]) -> None:
     for reply in replies:
         if isinstance(reply, _OUTAGE_CLASSES) or (
@@ -584,7 +638,7 @@ def _claim_result(entry: str, reply: Any) -> ClaimResult:
         anchor, checkpoint, token = reply[1:4]
         return ClaimResult(entry, status, EntryState(int(anchor), _maybe_int(checkpoint),
                                                      int(token)))
-    claimed, skipped, existing, taken, anchor, checkpoint, token = reply[1:8]
+    claimed, skipped, existing, taken, anchor, checkpoint, token, unreadable = reply[1:9]
     return ClaimResult(
         entry, status, EntryState(int(anchor), _maybe_int(checkpoint), int(token)),
         claims=tuple(Claim(entry, int(claimed[i]), int(claimed[i + 1]))
@@ -594,7 +648,8 @@ def _claim_result(entry: str, reply: Any) -> ClaimResult:
                     for i in range(0, len(taken), 5)),
         skipped=tuple((int(skipped[i]), Reason(skipped[i + 1]))
                       for i in range(0, len(skipped), 2)),
-        existing=tuple(int(d) for d in existing))
+        existing=tuple(int(d) for d in existing),
+        unreadable=tuple(int(d) for d in unreadable))
 
 
 def _plain_member(member: str) -> RunRef | None:

@@ -136,9 +136,9 @@ def state_of(store: Store, c: Claim) -> RunState:
     return run(store, c).state
 
 
-def process(n: int, started_at: float | None = None) -> WorkerProcess:
+def process(n: int, identity: str | None = None) -> WorkerProcess:
     return WorkerProcess(f"worker{n}@contract-host", 2000 + n,
-                         100.0 + n if started_at is None else started_at)
+                         f"boot-1:{100 + n}" if identity is None else identity)
 
 
 def delivery(c: Claim, proc: WorkerProcess, retries: int = 0, task_id: str = "",

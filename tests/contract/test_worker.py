@@ -60,13 +60,13 @@ def test_a_delivery_faster_than_the_sent_mark_starts_the_run(store: Store) -> No
 def test_a_second_delivery_while_the_first_runs_is_busy_and_names_the_starter(
         store: Store) -> None:
     c = sent(store)
-    first = process(1, started_at=1_700_000_000.25)
+    first = process(1, identity="9f0c6e2a-boot:4711")
     started(store, c, first)
     second = store.start(delivery(c, process(2)))
     assert second.verdict is StartVerdict.BUSY and not second.ok
     assert second.busy_with is not None
     assert (second.busy_with.worker, second.busy_with.pid) == (first.worker, first.pid)
-    assert second.busy_with.started_at == pytest.approx(first.started_at, abs=0.01)
+    assert second.busy_with.process == first.process
     assert run(store, c).worker == first.worker
 
 
@@ -79,8 +79,8 @@ def test_the_starting_process_delivering_again_is_refused(store: Store) -> None:
 
 def test_same_name_and_pid_but_a_newer_process_is_another_process(store: Store) -> None:
     c = sent(store)
-    started(store, c, process(1, started_at=100.0))
-    restarted = store.start(delivery(c, process(1, started_at=999.0)))
+    started(store, c, process(1, identity="boot-1:100"))
+    restarted = store.start(delivery(c, process(1, identity="boot-1:999")))
     assert restarted.verdict is StartVerdict.BUSY  # the caller judges whether 100.0 is gone
 
 

@@ -1,9 +1,9 @@
 -- Shared by every script (prepended, after the generated table of names: STATE, FINAL,
 -- HELD, OPEN, REASON, OVERLAP, the replies CLAIM, CHECK and START, and LOST_KEEP_MS).
 --
--- Entry scripts get the entry's keys in this order (see ENTRY_KEYS in redis.py):
---   1 entry hash, 2 runs hash, 3 history zset, 4 live zset, 5 lost zset,
---   6 bucket due zset, 7 bucket held zset, 8 bucket open zset
+-- Entry scripts get the entry's keys in this order (see entry_keys in redis.py):
+--   1 entry hash, 2 runs hash, 3 history zset, 4 its due zset, 5 its busy zset,
+--   6 lost zset, 7 bucket due zset, 8 bucket held zset, 9 bucket open zset
 -- and the entry's name as ARGV[1]. Every change of a run's state goes through put_run(),
 -- which keeps the run's record and all its indexes in one place.
 
@@ -14,14 +14,21 @@ end
 
 local function fmt(n) return string.format('%d', n) end
 
+-- Whether ``key`` holds a value of ``kind`` (or nothing): a key of another kind under our
+-- prefix is a bad record, to be skipped or replaced, never a reason to fail the call.
+local function key_is(key, kind)
+  return redis.call('EXISTS', key) == 0 or redis.call('TYPE', key).ok == kind
+end
+
 local function entry_keys(keys, name)
-  return {entry = keys[1], runs = keys[2], history = keys[3], live = keys[4], lost = keys[5],
-          due = keys[6], held = keys[7], open = keys[8], name = name}
+  return {entry = keys[1], runs = keys[2], history = keys[3], due_e = keys[4],
+          busy_e = keys[5], lost = keys[6], due = keys[7], held = keys[8], open = keys[9],
+          name = name}
 end
 
 local NUMBER_FIELDS = {'due', 'token', 'claimed_at', 'sending_at', 'sent_at', 'started_at',
   'finished_at', 'released_at', 'revived_at', 'worker_pid', 'retries', 'attempts',
-  'reclaims', 'deliveries', 'worker_created'}
+  'reclaims', 'deliveries'}
 
 -- A run's record: nil when there is none, false when it cannot be read (bad JSON, an
 -- unknown state, a number field that is not a number). A bad record is never trusted.
@@ -66,43 +73,46 @@ local function since(run)
   return run.revived_at or run.started_at or run.sent_at or run.sending_at or 0
 end
 
-local function unindex(K, run)
-  if run.state == STATE.due then
-    redis.call('ZREM', K.due, plain_member(K, run))
-  elseif HELD[run.state] then
-    redis.call('ZREM', K.held, held_member(K, run))
-  elseif OPEN[run.state] then
-    redis.call('ZREM', K.open, plain_member(K, run))
-  end
-end
-
-local function index(K, run)
+-- Where a run is indexed, as {key, member, score} places: the bucket's index of its kind,
+-- and the entry's own index of runs due again (what a claim takes) or busy — being sent,
+-- sent or started (what overlap="skip" waits for). A claimed run is only in the bucket's
+-- held index; a final one in none.
+local function places(K, run)
   local due = fmt(run.due)
-  if FINAL[run.state] then
-    redis.call('ZREM', K.live, due)
-    return
-  end
-  redis.call('ZADD', K.live, run.due, due)
   if run.state == STATE.due then
-    redis.call('ZADD', K.due, since(run), plain_member(K, run))
-  elseif HELD[run.state] then
-    redis.call('ZADD', K.held, since(run), held_member(K, run))
-  else
-    redis.call('ZADD', K.open, since(run), plain_member(K, run))
+    return {{K.due_e, due, run.due}, {K.due, plain_member(K, run), since(run)}}
+  elseif run.state == STATE.claimed then
+    return {{K.held, held_member(K, run), since(run)}}
+  elseif run.state == STATE.sending then
+    return {{K.held, held_member(K, run), since(run)}, {K.busy_e, due, run.due}}
+  elseif OPEN[run.state] then
+    return {{K.open, plain_member(K, run), since(run)}, {K.busy_e, due, run.due}}
   end
+  return {}
 end
 
--- Store ``run`` (whose previous form was ``old``: nil for a new run) and its indexes.
+-- Store ``run`` (whose previous form was ``old``: nil for a new run) and its indexes,
+-- touching only the places that change.
 local function put_run(K, run, old)
-  if old then unindex(K, old) end
-  index(K, run)
+  local before = {}
+  if old then
+    for _, p in ipairs(places(K, old)) do before[p[1] .. '\0' .. p[2]] = p end
+  end
+  for _, p in ipairs(places(K, run)) do
+    local id = p[1] .. '\0' .. p[2]
+    local was = before[id]
+    if not was or was[3] ~= p[3] then redis.call('ZADD', p[1], p[3], p[2]) end
+    before[id] = nil
+  end
+  for _, p in pairs(before) do redis.call('ZREM', p[1], p[2]) end
   redis.call('HSET', K.runs, fmt(run.due), cjson.encode(run))
 end
 
 -- Forget a run that cannot be read: out of every index of the entry (its record stays
 -- for an operator to look at until the history trims it).
 local function drop_bad(K, due)
-  redis.call('ZREM', K.live, due)
+  redis.call('ZREM', K.due_e, due)
+  redis.call('ZREM', K.busy_e, due)
   for _, key in ipairs({K.due, K.open}) do redis.call('ZREM', key, due .. '|' .. K.name) end
   -- Held members carry owner and token: find them by their due and name.
   local suffix = '|' .. due .. '|' .. K.name
@@ -197,6 +207,7 @@ local function trim(K, limit, now)
       redis.call('ZADD', K.lost, now, fmt(run.due))
     end
   end
+  if redis.call('EXISTS', K.lost) == 0 then return end
   local expired = redis.call('ZRANGEBYSCORE', K.lost, '-inf', '(' .. fmt(now - LOST_KEEP_MS))
   local over = redis.call('ZCARD', K.lost) - #expired - limit
   if over > 0 then

@@ -8,7 +8,7 @@
 local K = entry_keys(KEYS, ARGV[1])
 local due = ARGV[4]
 local run = get_run(K, due)
-if run == nil then return {CHECK.refused, 'no such run'} end
+if run == nil then return {CHECK.missing, 'no such run'} end
 if run == false then return {CHECK.refused, 'unreadable record'} end
 if run.owner ~= ARGV[2] or not has_token(run, ARGV[3]) then
   return {CHECK.refused, 'superseded'}
@@ -21,10 +21,13 @@ local old = shallow_copy(run)
 local now = now_ms()
 local reason = ARGV[6]
 if reason == '' and ARGV[7] == OVERLAP.skip and run.state == STATE.claimed then
-  for _, other in ipairs(redis.call('ZRANGE', K.live, 0, -1)) do
+  for _, other in ipairs(redis.call('ZRANGE', K.busy_e, 0, -1)) do
     if other ~= due then
       local o = get_run(K, other)
-      if o and (o.state == STATE.sending or OPEN[o.state]) then
+      -- A run registered again after a wipe as sent, that no worker has started since,
+      -- may well be finished: it does not make the next ones overlap.
+      if o and (o.state == STATE.sending or OPEN[o.state])
+          and not (o.reseeded and o.state == STATE.sent) then
         reason = REASON.overlap
         break
       end

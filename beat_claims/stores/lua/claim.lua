@@ -17,7 +17,7 @@ if not e.anchor then return {CLAIM.missing} end
 local cp_text = e.checkpoint and fmt(e.checkpoint) or ''
 local floor = tonumber(ARGV[5])
 local now = now_ms()
-local claimed, skipped, existing, taken = {}, {}, {}, {}
+local claimed, skipped, existing, taken, unreadable = {}, {}, {}, {}, {}
 if ARGV[3] ~= '' then
   if fmt(e.anchor) ~= ARGV[3] or cp_text ~= ARGV[4] then
     return {CLAIM.conflict, fmt(e.anchor), cp_text, fmt(e.token)}
@@ -53,13 +53,14 @@ if ARGV[3] ~= '' then
   end
 end
 if ARGV[6] == '1' then
-  for _, due in ipairs(redis.call('ZRANGE', K.live, 0, -1)) do
+  for _, due in ipairs(redis.call('ZRANGE', K.due_e, 0, -1)) do
     local run = get_run(K, due)
     if run == false then
       drop_bad(K, due)
-    elseif run == nil then
-      redis.call('ZREM', K.live, due)
-    elseif run.state == STATE.due then
+      unreadable[#unreadable + 1] = due
+    elseif run == nil or run.state ~= STATE.due then
+      redis.call('ZREM', K.due_e, due)  -- an index entry with no run behind it
+    else
       local old = shallow_copy(run)
       run.token = next_token(K, floor)
       floor = run.token
@@ -78,4 +79,4 @@ if ARGV[6] == '1' then
 end
 trim(K, tonumber(ARGV[7]), now)
 return {CLAIM.ok, claimed, skipped, existing, taken, fmt(e.anchor), cp_text,
-        redis.call('HGET', K.entry, 'token') or '0'}
+        redis.call('HGET', K.entry, 'token') or '0', unreadable}

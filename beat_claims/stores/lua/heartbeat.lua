@@ -6,10 +6,17 @@
 -- had one ttl to register what it knows (settle_until). Owners whose heartbeat lapsed long
 -- ago are forgotten (their claims are found from the runs' own records, not from here).
 -- KEYS: owners hash, alive zset, epoch hash. ARGV: owner id, owner JSON, ttl ms, resync
--- ('1'/'0'), a new epoch id, forget after ms.
--- Returns {now, epoch id, settle until or '', owners (flat id, JSON), alive (flat id, expiry)}.
+-- ('1'/'0'), a new epoch id, forget after ms, settling ('1': the caller is still
+-- registering what it knows; a store that is settling stays so for ttl more).
+-- Returns {now, epoch id, settle until or '', owners (flat id, JSON), alive (flat id,
+-- expiry), the server's run id}.
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
+-- A key of the wrong kind here would stop every beat: it is replaced (the owners come
+-- back at their next heartbeat; an epoch replaced is a new epoch, as after a wipe).
+for i, kind in ipairs({'hash', 'zset', 'hash'}) do
+  if not key_is(KEYS[i], kind) then redis.call('DEL', KEYS[i]) end
+end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 local server = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
@@ -17,9 +24,19 @@ local epoch = redis.call('HMGET', KEYS[3], 'id', 'settle_until', 'server')
 local id, settle = epoch[1], tonumber(epoch[2])
 if not id or epoch[3] ~= server or ARGV[4] == '1' then
   id = ARGV[5]
-  if not settle or settle < now + ttl then settle = now + ttl end
+  -- Long enough for every beat the store knows alive to notice: until the latest of their
+  -- heartbeats lapses (beats with a longer interval than the caller's), within reason.
+  local until_ = now + ttl
+  local latest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  if latest[2] and tonumber(latest[2]) > until_ then
+    until_ = math.min(tonumber(latest[2]), now + 10 * ttl)
+  end
+  if not settle or settle < until_ then settle = until_ end
   redis.call('HSET', KEYS[3], 'id', id, 'settle_until', fmt(settle), 'since', fmt(now),
              'server', server)
+elseif ARGV[7] == '1' and settle and settle > now and settle < now + ttl then
+  settle = now + ttl
+  redis.call('HSET', KEYS[3], 'settle_until', fmt(settle))
 end
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf',
     '(' .. fmt(now - tonumber(ARGV[6])))) do
@@ -27,4 +44,4 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf',
   redis.call('ZREM', KEYS[2], gone)
 end
 return {fmt(now), id, settle and fmt(settle) or '', redis.call('HGETALL', KEYS[1]),
-        redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')}
+        redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), server}

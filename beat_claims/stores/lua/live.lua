@@ -14,6 +14,9 @@ for i = 6, #ARGV do live[ARGV[i]] = true end
 local top = math.max(held_before, mine_before, dead_before)
 local out = {}
 for k = 1, #KEYS, 2 do
+  if not (key_is(KEYS[k], 'zset') and key_is(KEYS[k + 1], 'zset')) then
+    out[#out + 1] = {{}, {}, 0, KEYS[k]}  -- an unreadable bucket: named, skipped
+  else
   local more = 0
   local due = redis.call('ZRANGE', KEYS[k], 0, limit)
   if #due > limit then
@@ -35,6 +38,7 @@ for k = 1, #KEYS, 2 do
       held[#held + 1] = rows[i + 1]
     end
   end
-  out[#out + 1] = {due, held, more}
+  out[#out + 1] = {due, held, more, ''}
+  end
 end
 return out

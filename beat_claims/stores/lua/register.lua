@@ -2,7 +2,9 @@
 -- knows of it after a wipe or a rollback: its anchor (only where the store has none), a
 -- checkpoint and a token floor (the higher of the store's and the caller's is kept: nothing
 -- goes back), and runs the caller knows of (restored only where the store has no record at
--- their instant). A field that cannot be read is replaced, and named in the reply.
+-- their instant, or where the store still holds a run the caller has since sent as claimed
+-- or due). A field that cannot be read is replaced, and named in the reply; a token counter
+-- replaced so starts above every token the entry's runs hold.
 -- KEYS: the entry's keys. ARGV: name, description, anchor for a new entry, known anchor
 -- ('' none), checkpoint floor ('' none), token floor, history limit, known runs (JSON list
 -- or ''). Returns {anchor, checkpoint or '', token, repaired fields (comma separated)}.
@@ -24,6 +26,18 @@ if floor and (e.checkpoint == nil or e.checkpoint < floor) then
   redis.call('HSET', K.entry, 'checkpoint', fmt(floor))
 end
 local token_floor = tonumber(ARGV[6])
+for _, field in ipairs(repaired) do
+  if field == 'token' then
+    -- The counter could not be read: no token its runs hold may be handed out again.
+    for _, raw in ipairs(redis.call('HVALS', K.runs)) do
+      local ok, run = pcall(cjson.decode, raw)
+      if ok and type(run) == 'table' and type(run.token) == 'number'
+          and run.token > token_floor then
+        token_floor = run.token
+      end
+    end
+  end
+end
 if token_floor > e.token then
   e.token = token_floor
   redis.call('HSET', K.entry, 'token', fmt(token_floor))
@@ -32,9 +46,15 @@ redis.call('HSET', K.entry, 'name', ARGV[1], 'schedule', ARGV[2])
 if ARGV[8] ~= '' then
   for _, run in ipairs(cjson.decode(ARGV[8])) do
     local due = fmt(run.due)
-    if redis.call('HEXISTS', K.runs, due) == 0 then
+    local stored = get_run(K, due)
+    if stored == nil then
       put_run(K, run, nil)
       redis.call('ZADD', K.history, run.due, due)
+    elseif stored and run.state == STATE.sent and not FINAL[stored.state]
+        and not OPEN[stored.state] and (stored.token or 0) <= (run.token or 0) then
+      -- An older copy of the store still holds it claimed (or due again), and the caller
+      -- sent it since: what the caller knows is newer.
+      put_run(K, run, stored)
     end
   end
   trim(K, tonumber(ARGV[7]), now_ms())

@@ -4,7 +4,7 @@
 -- (ARGV takeover names it, as the caller found it). A run presumed lost (no outcome within
 -- run_timeout) whose delivery turns up late still runs: it was never sent again.
 -- KEYS: the entry's keys. ARGV: name, due, token, worker, pid, retries, takeover ('' or
--- 'worker|pid'), process start time.
+-- 'worker|pid'), process identity.
 -- Returns {'run'}, {'untracked', why}, {'refused', why} or {'busy', worker, pid, started}.
 local K = entry_keys(KEYS, ARGV[1])
 local due = ARGV[2]
@@ -30,14 +30,14 @@ if run.state == STATE.started or (run.state == STATE.lost and run.started_at) th
   -- The same process only if its start time matches too: a restarted worker may get the
   -- same node name and pid.
   local same = run.worker == ARGV[4] and fmt(run.worker_pid or -1) == ARGV[5]
-      and math.abs((run.worker_created or 0) - tonumber(ARGV[8])) < 0.01
+      and (run.worker_process or '') == ARGV[8]
   local retry = retries > (run.retries or 0)
   local takeover = ARGV[7] ~= '' and ARGV[7] == ((run.worker or '') .. '|'
       .. fmt(run.worker_pid or -1))
   if not (retry or takeover) then
     if same then return {START.refused, 'already started by this process'} end
     return {START.busy, run.worker or '', fmt(run.worker_pid or 0),
-            tostring(run.worker_created or 0)}
+            run.worker_process or ''}
   end
   if takeover then run.deliveries = (run.deliveries or 1) + 1 end
 elseif run.state == STATE.sending or run.state == STATE.sent or run.state == STATE.lost then
@@ -55,9 +55,10 @@ if run.state == STATE.lost then
   redis.call('ZADD', K.history, run.due, due)
 end
 run.state = STATE.started
+run.reseeded = nil
 run.worker = ARGV[4]
 run.worker_pid = tonumber(ARGV[5])
-run.worker_created = tonumber(ARGV[8])
+run.worker_process = ARGV[8]
 run.retries = retries
 run.started_at = run.started_at or now
 put_run(K, run, old)

@@ -1,0 +1,1589 @@
+"""The PostgreSQL store: each transition is one transaction, run by a function the store
+installs, so a batch of items is one statement and one round trip.
+
+Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claims`` ->
+``beat_claims``; see :func:`schema_name`), created and migrated by the store.
+
+=============  ================================================================================
+``version``    the layout's version (one row); a newer one than this code knows is refused
+``epoch``      the store's epoch (one row): random id, settle_until, since, the server's identity
+``anchoring``  the instant new entries are anchored at, shared for 2 s (one row)
+``owners``     beats: id -> info (host, pid, start time), heartbeat expiry (database clock, ms)
+``entries``    entries: id, name, description, anchor, checkpoint, token (typed columns)
+``runs``       runs: (entry id, due) -> ``record`` (jsonb: the same record the Redis store
+               keeps), ``in_history``, ``lost_at`` (left the history presumed lost: kept a
+               week for a late delivery), and index columns *generated* from the record
+               (``live_state``: its state unless final or unreadable, ``owner``, ``token``,
+               ``since``), so that an index can never disagree with its record
+``tasks``      task id -> the run it was started for (entry, due, token), for a week
+functions      one per transition (register, claim, check, sent, release, reclaim, start,
+               finish, request, heartbeat) and their helpers (trim, anchor_instant, ...)
+=============  ================================================================================
+
+Partial indexes on ``runs`` (``since`` where due / held / open, ``(entry, due)`` where not
+final, ``(entry, lost_at)`` where lost) keep sweeps and claims cheap whatever the number of
+entries: they read only the runs that need a beat.
+
+Semantics are the Lua scripts', transition by transition (``stores/lua``), with the entry's
+row as the mutex of the entry and its runs: every transition first locks the rows of the
+entries it names (``FOR NO KEY UPDATE``, in name order, so that two batches never deadlock),
+then reads and writes their runs. "Now" is the database's ``clock_timestamp()``, read after
+those locks are taken: ``now()`` is the transaction's start, which a transaction that waited
+for a lock would record as the time of its claim (older than writes that committed before
+it), and sweeps page through ``since`` values.
+
+Connections: one per store and process, shared by threads under a lock; autocommit (each
+call is one statement, hence one transaction); connect timeout, ``statement_timeout`` and a
+client-side deadline from ``timeout``; nothing is retried, except a statement that failed
+because the schema was missing (a wipe, a restore of an empty database): the schema is
+installed again and that statement sent again (it did nothing).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import re
+import threading
+import uuid
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from celery.utils.log import get_logger
+from psycopg import errors as pg_errors
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.types.json import Jsonb
+
+from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
+from ..runs import Owner, Run
+from .base import (
+    Check,
+    CheckResult,
+    CheckVerdict,
+    Claim,
+    ClaimPlan,
+    ClaimResult,
+    ClaimStatus,
+    Delivery,
+    EntryRecord,
+    EntrySeed,
+    EntryState,
+    Heartbeat,
+    HeldRun,
+    LiveQuery,
+    LiveRuns,
+    OpenRun,
+    Outcome,
+    OwnerStatus,
+    Reclaim,
+    Release,
+    RunRef,
+    StartDecision,
+    Store,
+    StoreConfigurationError,
+    StoreError,
+    WorkerProcess,
+)
+from .redis import ANCHOR_SHARED_MS, FORGET_OWNERS_MS, WEEK_MS
+
+logger = get_logger("celery.beat.claims")
+
+T = TypeVar("T")
+
+#: The layout's version. A change to a table or a function gets a new one and a migration.
+LAYOUT = 1
+#: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
+#: installed again whatever the version).
+MIGRATIONS: dict[int, str] = {}
+#: The oldest server the layout works on (generated columns, jsonb -> numeric casts).
+MIN_SERVER_VERSION = 120000
+#: Items per statement: a bigger batch holds its entries' locks longer.
+CHUNK = 1000
+#: Number fields of a run's record: any other type makes it unreadable (as in the Lua
+#: prelude's get_run).
+NUMBER_FIELDS = ("due", "token", "claimed_at", "sending_at", "sent_at", "started_at",
+                 "finished_at", "released_at", "revived_at", "worker_pid", "retries",
+                 "attempts", "reclaims", "deliveries")
+#: libpq keywords a Django database's OPTIONS may hold that are Django's, not libpq's.
+_DJANGO_ONLY_OPTIONS = ("isolation_level", "server_side_binding", "assume_role", "pool",
+                        "cursor_factory", "context")
+#: Errors that mean the schema (or part of it) is not there: it is installed again.
+_MISSING = (pg_errors.UndefinedTable, pg_errors.UndefinedFunction,
+            pg_errors.InvalidSchemaName, pg_errors.UndefinedColumn)
+#: Errors that mean the server cannot serve us now: an outage, not a bad record.
+_OUTAGE = (psycopg.OperationalError, psycopg.InterfaceError,
+           pg_errors.ReadOnlySqlTransaction, pg_errors.InsufficientPrivilege,
+           pg_errors.CannotConnectNow)
+
+# -- names -----------------------------------------------------------------------------
+_IDENT = re.compile(r"[^a-z0-9_]+")
+
+
+def schema_name(prefix: str) -> str:
+    """The schema of a key prefix: lower case letters, digits and ``_`` (runs of anything
+    else become one ``_``), at most 63 bytes, never a name PostgreSQL reserves. Prefixes
+    that differ only in those characters share a schema."""
+    name = _IDENT.sub("_", prefix.lower()).strip("_") or "beat_claims"
+    if name[0].isdigit() or name.startswith("pg_") or name in ("public",
+                                                                "information_schema"):
+        name = f"bc_{name}"
+    if len(name) > 63:
+        digest = f"{zlib.crc32(prefix.encode()):08x}"
+        name = f"{name[:54]}_{digest}"
+    return name
+
+
+def _quoted_list(values: Sequence[str]) -> str:
+    return "(" + ", ".join(f"'{v}'" for v in sorted(values)) + ")"
+
+
+def _sql_names(schema: str) -> dict[str, str]:
+    """What the SQL below is formatted with: the schema, and the names of states, reasons
+    and replies generated from the enums (never written a second time in SQL)."""
+    names = {"s": f'"{schema}"', "WEEK_MS": str(WEEK_MS),
+             "ANCHOR_SHARED_MS": str(ANCHOR_SHARED_MS)}
+    names.update({state.name: f"'{state.value}'" for state in RunState})
+    names.update({f"R_{reason.name}": f"'{reason.value}'" for reason in Reason})
+    names.update({f"C_{status.name}": f"'{status.value}'" for status in ClaimStatus})
+    names.update({f"V_{verdict.name}": f"'{verdict.value}'" for verdict in CheckVerdict})
+    names.update({f"S_{verdict.name}": f"'{verdict.value}'" for verdict in StartVerdict})
+    names["OVERLAP_SKIP"] = f"'{Overlap.SKIP.value}'"
+    names["STATES"] = _quoted_list([s.value for s in RunState])
+    names["FINAL"] = _quoted_list([s.value for s in FINAL_STATES])
+    names["HELD"] = _quoted_list([s.value for s in RunState if s.held])
+    names["OPEN"] = _quoted_list([s.value for s in RunState if s.open])
+    names["REASONS"] = _quoted_list([r.value for r in Reason])
+    names["NUMBERS_OK"] = "\n    AND ".join(
+        f"(NOT r ? '{f}' OR jsonb_typeof(r -> '{f}') = 'number')" for f in NUMBER_FIELDS)
+    return names
+
+
+# -- the schema ------------------------------------------------------------------------
+# Formatted with _sql_names(): {s} is the schema, {CLAIMED} a state's name, and so on.
+# Helpers used by generated columns come first (tables need them), then the tables, then
+# the transitions. Every statement is idempotent: installing again repairs what is missing.
+_DDL = """
+CREATE SCHEMA IF NOT EXISTS {s};
+
+-- An integer field of a record, or NULL (absent, not a number, out of range). Never raises:
+-- generated columns call it on whatever a record holds.
+CREATE OR REPLACE FUNCTION {s}.int_of(v jsonb) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT CASE WHEN jsonb_typeof(v) IS DISTINCT FROM 'number' THEN NULL
+              WHEN abs(v::numeric) >= 9e18 THEN NULL
+              ELSE floor(v::numeric)::bigint END
+$$;
+
+-- Whether a run's record can be read (the Lua prelude's get_run): an object with a known
+-- state, its own due instant, numbers where numbers belong, a string owner.
+CREATE OR REPLACE FUNCTION {s}.run_ok(r jsonb, due bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT CASE WHEN jsonb_typeof(r) IS DISTINCT FROM 'object' THEN false
+              WHEN jsonb_typeof(r -> 'state') IS DISTINCT FROM 'string' THEN false
+              WHEN (r ->> 'state') NOT IN {STATES} THEN false
+              WHEN {s}.int_of(r -> 'due') IS DISTINCT FROM due THEN false
+              WHEN r ? 'owner' AND jsonb_typeof(r -> 'owner') <> 'string' THEN false
+              ELSE {NUMBERS_OK} END
+$$;
+
+-- The instant a run last became what it is: what sweeps compare with their cutoffs.
+CREATE OR REPLACE FUNCTION {s}.since_of(r jsonb) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT CASE WHEN r ->> 'state' = {DUE}
+                THEN coalesce({s}.int_of(r -> 'released_at'), {s}.int_of(r -> 'claimed_at'),
+                              {s}.int_of(r -> 'due'))
+              WHEN r ->> 'state' IN {HELD}
+                THEN coalesce({s}.int_of(r -> 'sending_at'), {s}.int_of(r -> 'claimed_at'), 0)
+              ELSE coalesce({s}.int_of(r -> 'revived_at'), {s}.int_of(r -> 'started_at'),
+                            {s}.int_of(r -> 'sent_at'), {s}.int_of(r -> 'sending_at'), 0)
+         END
+$$;
+
+CREATE OR REPLACE FUNCTION {s}.now_ms() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+  SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+$$;
+
+CREATE TABLE IF NOT EXISTS {s}.version (version integer NOT NULL);
+CREATE TABLE IF NOT EXISTS {s}.epoch (
+  one boolean PRIMARY KEY DEFAULT true CHECK (one),
+  id text NOT NULL,
+  settle_until bigint,
+  since bigint NOT NULL,
+  server text NOT NULL);
+CREATE TABLE IF NOT EXISTS {s}.anchoring (
+  one boolean PRIMARY KEY DEFAULT true CHECK (one),
+  instant bigint NOT NULL,
+  expires_at bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS {s}.owners (
+  id text PRIMARY KEY,
+  info jsonb NOT NULL,
+  expires_at bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS {s}.entries (
+  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  name text NOT NULL UNIQUE,
+  description text NOT NULL DEFAULT '',
+  anchor bigint NOT NULL,
+  checkpoint bigint,
+  token bigint NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS {s}.runs (
+  entry_id bigint NOT NULL REFERENCES {s}.entries (id),
+  due bigint NOT NULL,
+  record jsonb NOT NULL,
+  in_history boolean NOT NULL DEFAULT true,
+  lost_at bigint,
+  live_state text GENERATED ALWAYS AS (
+    CASE WHEN {s}.run_ok(record, due) AND record ->> 'state' NOT IN {FINAL}
+         THEN record ->> 'state' END) STORED,
+  owner text GENERATED ALWAYS AS (record ->> 'owner') STORED,
+  token bigint GENERATED ALWAYS AS (coalesce({s}.int_of(record -> 'token'), 0)) STORED,
+  since bigint GENERATED ALWAYS AS ({s}.since_of(record)) STORED,
+  PRIMARY KEY (entry_id, due));
+CREATE INDEX IF NOT EXISTS runs_live ON {s}.runs (entry_id, due) WHERE live_state IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_due ON {s}.runs (since) WHERE live_state = {DUE};
+CREATE INDEX IF NOT EXISTS runs_held ON {s}.runs (since) WHERE live_state IN {HELD};
+CREATE INDEX IF NOT EXISTS runs_open ON {s}.runs (since) WHERE live_state IN {OPEN};
+CREATE INDEX IF NOT EXISTS runs_lost ON {s}.runs (entry_id, lost_at)
+  WHERE lost_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_unreadable ON {s}.runs (entry_id, due)
+  WHERE NOT {s}.run_ok(record, due);
+CREATE TABLE IF NOT EXISTS {s}.tasks (
+  task_id text PRIMARY KEY,
+  entry text NOT NULL,
+  due bigint NOT NULL,
+  token bigint NOT NULL,
+  expires_at bigint NOT NULL);
+CREATE INDEX IF NOT EXISTS tasks_expiry ON {s}.tasks (expires_at);
+
+-- Which server process holds the data: its system identifier, timeline and start time,
+-- and the epoch table itself (a restore or a wipe recreates it: a new relation).
+CREATE OR REPLACE FUNCTION {s}.server_identity() RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_system text := '';
+  v_timeline text := '';
+BEGIN
+  IF has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE') THEN
+    SELECT system_identifier::text INTO v_system FROM pg_catalog.pg_control_system();
+  END IF;
+  IF NOT pg_is_in_recovery()
+      AND has_function_privilege('pg_catalog.pg_current_wal_lsn()', 'EXECUTE') THEN
+    v_timeline := substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8);
+  END IF;
+  RETURN concat_ws(':', v_system, v_timeline,
+                   extract(epoch FROM pg_postmaster_start_time())::text,
+                   '{s}.epoch'::regclass::oid::text);
+END $$;
+
+-- The instant new entries are anchored at: entries first seen within ANCHOR_SHARED_MS of
+-- each other share it (anchor_instant.lua).
+CREATE OR REPLACE FUNCTION {s}.anchor_instant() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_now bigint;
+  v_instant bigint;
+BEGIN
+  PERFORM 1 FROM {s}.anchoring FOR UPDATE;
+  v_now := {s}.now_ms();
+  INSERT INTO {s}.anchoring AS a (one, instant, expires_at)
+    VALUES (true, v_now, v_now + {ANCHOR_SHARED_MS})
+    ON CONFLICT (one) DO UPDATE SET instant = excluded.instant, expires_at = excluded.expires_at
+      WHERE a.expires_at <= excluded.instant
+    RETURNING a.instant INTO v_instant;
+  IF v_instant IS NULL THEN
+    SELECT a.instant INTO v_instant FROM {s}.anchoring a;
+  END IF;
+  RETURN v_instant;
+END $$;
+
+-- Keep the entry's history to p_limit runs (the prelude's trim): the oldest final or
+-- unreadable runs go first, wherever they are; a lost run leaves the history for the lost
+-- set (kept a week, at most p_limit); only when there are not enough of those is the
+-- oldest run sent and never started pushed out, presumed lost (history_limit).
+CREATE OR REPLACE FUNCTION {s}.trim(p_entry bigint, p_limit integer, p_now bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  v_excess integer;
+  v_row record;
+  v_unstarted jsonb[] := ARRAY[]::jsonb[];
+  v_rec jsonb;
+  v_expired integer;
+  v_lost integer;
+BEGIN
+  SELECT count(*) - p_limit INTO v_excess FROM {s}.runs
+    WHERE entry_id = p_entry AND in_history;
+  IF v_excess > 0 THEN
+    FOR v_row IN SELECT r.due, r.record, {s}.run_ok(r.record, r.due) AS ok FROM {s}.runs r
+        WHERE r.entry_id = p_entry AND r.in_history ORDER BY r.due LIMIT v_excess + 64 LOOP
+      EXIT WHEN v_excess <= 0;
+      IF NOT v_row.ok THEN
+        DELETE FROM {s}.runs WHERE entry_id = p_entry AND due = v_row.due;
+        v_excess := v_excess - 1;
+      ELSIF v_row.record ->> 'state' = {LOST} THEN
+        UPDATE {s}.runs SET in_history = false,
+            lost_at = coalesce({s}.int_of(v_row.record -> 'finished_at'), p_now)
+          WHERE entry_id = p_entry AND due = v_row.due;
+        v_excess := v_excess - 1;
+      ELSIF v_row.record ->> 'state' IN {FINAL} THEN
+        DELETE FROM {s}.runs WHERE entry_id = p_entry AND due = v_row.due;
+        v_excess := v_excess - 1;
+      ELSIF v_row.record ->> 'state' = {SENT} AND NOT v_row.record ? 'started_at' THEN
+        v_unstarted := array_append(v_unstarted, v_row.record);
+      END IF;
+    END LOOP;
+    FOR i IN 1 .. least(v_excess, coalesce(array_length(v_unstarted, 1), 0)) LOOP
+      v_rec := v_unstarted[i] || jsonb_build_object(
+        'state', {LOST}, 'reason', {R_HISTORY_LIMIT}, 'finished_at', p_now);
+      UPDATE {s}.runs SET record = v_rec, in_history = false, lost_at = p_now
+        WHERE entry_id = p_entry AND due = {s}.int_of(v_rec -> 'due');
+    END LOOP;
+  END IF;
+  SELECT count(*) FILTER (WHERE lost_at < p_now - {WEEK_MS}), count(*)
+    INTO v_expired, v_lost FROM {s}.runs WHERE entry_id = p_entry AND lost_at IS NOT NULL;
+  IF v_expired > 0 OR v_lost - v_expired > p_limit THEN
+    FOR v_row IN SELECT r.due, r.record, {s}.run_ok(r.record, r.due) AS ok FROM {s}.runs r
+        WHERE r.entry_id = p_entry AND r.lost_at IS NOT NULL ORDER BY r.lost_at, r.due
+        LIMIT v_expired + greatest(v_lost - v_expired - p_limit, 0) LOOP
+      IF NOT v_row.ok OR v_row.record ->> 'state' = {LOST} THEN
+        DELETE FROM {s}.runs WHERE entry_id = p_entry AND due = v_row.due;
+      ELSE
+        UPDATE {s}.runs SET lost_at = NULL WHERE entry_id = p_entry AND due = v_row.due;
+      END IF;
+    END LOOP;
+  END IF;
+END $$;
+
+-- register.lua, for a batch of seeds [{{e, desc, a, c, t, runs}}]: new entries anchored at
+-- the shared instant (the first beat wins), floors merged without going back, known runs
+-- restored where the store has no record at their instant. (An entry's fields are typed
+-- columns: there is no unreadable field to repair.)
+CREATE OR REPLACE FUNCTION {s}.register(p_seeds jsonb, p_limit integer)
+RETURNS TABLE (o_name text, o_anchor bigint, o_checkpoint bigint, o_token bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_seed jsonb;
+  v_entry record;
+  v_anchor bigint;
+  v_run jsonb;
+BEGIN
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_seeds) x
+             WHERE NOT EXISTS (SELECT 1 FROM {s}.entries e WHERE e.name = x ->> 'e')) THEN
+    v_anchor := {s}.anchor_instant();
+    INSERT INTO {s}.entries (name, description, anchor, checkpoint, token)
+      SELECT x ->> 'e', coalesce(x ->> 'desc', ''), coalesce((x ->> 'a')::bigint, v_anchor),
+             (x ->> 'c')::bigint, coalesce((x ->> 't')::bigint, 0)
+        FROM jsonb_array_elements(p_seeds) x ORDER BY x ->> 'e'
+      ON CONFLICT (name) DO NOTHING;
+  END IF;
+  PERFORM 1 FROM {s}.entries e
+    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_seeds) x)
+    ORDER BY e.name FOR NO KEY UPDATE;
+  FOR v_seed IN SELECT x FROM jsonb_array_elements(p_seeds) x LOOP
+    UPDATE {s}.entries e SET description = coalesce(v_seed ->> 'desc', ''),
+        checkpoint = CASE WHEN e.checkpoint IS NULL OR e.checkpoint < (v_seed ->> 'c')::bigint
+                          THEN coalesce((v_seed ->> 'c')::bigint, e.checkpoint)
+                          ELSE e.checkpoint END,
+        token = greatest(e.token, coalesce((v_seed ->> 't')::bigint, 0))
+      WHERE e.name = v_seed ->> 'e'
+      RETURNING e.id, e.anchor, e.checkpoint, e.token INTO v_entry;
+    CONTINUE WHEN NOT FOUND;
+    IF jsonb_array_length(coalesce(v_seed -> 'runs', '[]')) > 0 THEN
+      FOR v_run IN SELECT x FROM jsonb_array_elements(v_seed -> 'runs') x LOOP
+        -- Where the store has a record, it is kept, unless an older copy of the store
+        -- still holds it claimed (or due again) and the caller sent it since.
+        INSERT INTO {s}.runs AS r (entry_id, due, record)
+          VALUES (v_entry.id, (v_run ->> 'due')::bigint, v_run)
+          ON CONFLICT (entry_id, due) DO UPDATE SET record = excluded.record
+            WHERE excluded.record ->> 'state' = {SENT} AND {s}.run_ok(r.record, r.due)
+              AND r.record ->> 'state' NOT IN {FINAL} AND r.record ->> 'state' NOT IN {OPEN}
+              AND coalesce({s}.int_of(r.record -> 'token'), 0)
+                  <= coalesce({s}.int_of(excluded.record -> 'token'), 0);
+      END LOOP;
+      PERFORM {s}.trim(v_entry.id, p_limit, {s}.now_ms());
+    END IF;
+    o_name := v_seed ->> 'e';
+    o_anchor := v_entry.anchor;
+    o_checkpoint := v_entry.checkpoint;
+    o_token := v_entry.token;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+
+-- claim.lua, for a batch of plans [{{e, x (expected given), a, c, f (token floor),
+-- t (take due), s: [[due, 'claim' or a skip reason], ...] sorted}}]: one compare-and-set
+-- on each entry's checkpoint, a fresh token per claim above the floor, planned skips
+-- recorded, instants that have a run left alone; then the entry's due runs are taken.
+CREATE OR REPLACE FUNCTION {s}.claim(p_owner text, p_plans jsonb, p_limit integer)
+RETURNS TABLE (o jsonb) LANGUAGE plpgsql AS $$
+DECLARE
+  v_plan jsonb;
+  v_step jsonb;
+  v_entry record;
+  v_row record;
+  v_now bigint;
+  v_floor bigint;
+  v_token bigint;
+  v_next bigint;
+  v_cp bigint;
+  v_due bigint;
+  v_rec jsonb;
+  v_claimed jsonb;
+  v_skipped jsonb;
+  v_existing jsonb;
+  v_taken jsonb;
+  v_unreadable jsonb;
+BEGIN
+  PERFORM 1 FROM {s}.entries e
+    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_plans) x)
+    ORDER BY e.name FOR NO KEY UPDATE;
+  FOR v_plan IN SELECT x FROM jsonb_array_elements(p_plans) x LOOP
+    SELECT e.id, e.anchor, e.checkpoint, e.token INTO v_entry
+      FROM {s}.entries e WHERE e.name = v_plan ->> 'e';
+    IF NOT FOUND THEN
+      o := jsonb_build_object('s', {C_MISSING});
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    IF (v_plan ->> 'x')::boolean AND (
+        v_entry.anchor IS DISTINCT FROM (v_plan ->> 'a')::bigint
+        OR v_entry.checkpoint IS DISTINCT FROM (v_plan ->> 'c')::bigint) THEN
+      o := jsonb_build_object('s', {C_CONFLICT}, 'a', v_entry.anchor,
+                              'c', v_entry.checkpoint, 'k', v_entry.token);
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    v_now := {s}.now_ms();
+    v_floor := coalesce((v_plan ->> 'f')::bigint, 0);
+    v_token := v_entry.token;
+    v_cp := v_entry.checkpoint;
+    v_claimed := '[]';
+    v_skipped := '[]';
+    v_existing := '[]';
+    v_taken := '[]';
+    v_unreadable := '[]';
+    IF (v_plan ->> 'x')::boolean THEN
+      FOR v_step IN SELECT x FROM jsonb_array_elements(v_plan -> 's') x LOOP
+        v_due := (v_step ->> 0)::bigint;
+        CONTINUE WHEN v_cp IS NOT NULL AND v_due <= v_cp;
+        v_cp := v_due;
+        IF v_step ->> 1 = 'claim' THEN
+          v_next := v_token + 1;
+          IF v_next <= v_floor THEN v_next := v_floor + 1; END IF;
+          INSERT INTO {s}.runs (entry_id, due, record) VALUES (v_entry.id, v_due,
+              jsonb_build_object('due', v_due, 'state', {CLAIMED}, 'token', v_next,
+                                 'owner', p_owner, 'claimed_at', v_now))
+            ON CONFLICT DO NOTHING;
+          IF FOUND THEN
+            v_token := v_next;
+            v_floor := v_next;
+            v_claimed := v_claimed || jsonb_build_array(jsonb_build_array(v_due, v_next));
+          ELSE
+            v_existing := v_existing || to_jsonb(v_due);
+          END IF;
+        ELSE
+          INSERT INTO {s}.runs (entry_id, due, record) VALUES (v_entry.id, v_due,
+              jsonb_build_object('due', v_due, 'state', {SKIPPED}, 'reason', v_step ->> 1,
+                                 'finished_at', v_now))
+            ON CONFLICT DO NOTHING;
+          IF FOUND THEN
+            v_skipped := v_skipped || jsonb_build_array(v_step);
+          ELSE
+            v_existing := v_existing || to_jsonb(v_due);
+          END IF;
+        END IF;
+      END LOOP;
+    END IF;
+    IF (v_plan ->> 't')::boolean THEN
+      FOR v_row IN SELECT r.due, r.record FROM {s}.runs r
+          WHERE r.entry_id = v_entry.id AND r.live_state = {DUE} ORDER BY r.due LOOP
+        v_next := v_token + 1;
+        IF v_next <= v_floor THEN v_next := v_floor + 1; END IF;
+        v_token := v_next;
+        v_floor := v_next;
+        -- The previous holder's check is not this claim's: it is held since now.
+        v_rec := (v_row.record - 'sending_at') || jsonb_build_object(
+          'token', v_next, 'state', {CLAIMED}, 'owner', p_owner, 'claimed_at', v_now);
+        UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_entry.id AND due = v_row.due;
+        v_taken := v_taken || jsonb_build_array(jsonb_build_array(
+          v_row.due, v_next, coalesce(v_rec -> 'manual' <> 'false'::jsonb, false),
+          coalesce(v_rec -> 'maybe_sent' <> 'false'::jsonb, false),
+          coalesce({s}.int_of(v_rec -> 'attempts'), 0)));
+      END LOOP;
+      -- Runs whose record cannot be read are out of every index (generated columns): the
+      -- caller is told which, so that someone hears of them.
+      SELECT coalesce(jsonb_agg(r.due ORDER BY r.due), '[]') INTO v_unreadable
+        FROM {s}.runs r WHERE r.entry_id = v_entry.id AND NOT {s}.run_ok(r.record, r.due);
+    END IF;
+    IF v_token <> v_entry.token OR v_cp IS DISTINCT FROM v_entry.checkpoint THEN
+      UPDATE {s}.entries SET token = v_token, checkpoint = v_cp WHERE id = v_entry.id;
+    END IF;
+    PERFORM {s}.trim(v_entry.id, p_limit, v_now);
+    o := jsonb_build_object('s', {C_OK}, 'a', v_entry.anchor, 'c', v_cp, 'k', v_token,
+                            'claimed', v_claimed, 'skipped', v_skipped,
+                            'existing', v_existing, 'taken', v_taken,
+                            'unreadable', v_unreadable);
+    RETURN NEXT;
+  END LOOP;
+END $$;
+
+-- check.lua, for a batch [{{e, d, t, id (task id), skip (reason or null), ov}}]: only the
+-- holder of the current token may send; the run becomes sending, or is recorded skipped.
+CREATE OR REPLACE FUNCTION {s}.check(p_owner text, p_items jsonb)
+RETURNS TABLE (o_verdict text, o_detail text) LANGUAGE plpgsql AS $$
+DECLARE
+  v_item jsonb;
+  v_entry bigint;
+  v_due bigint;
+  v_rec jsonb;
+  v_ok boolean;
+  v_reason text;
+BEGIN
+  PERFORM 1 FROM {s}.entries e
+    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
+    ORDER BY e.name FOR NO KEY UPDATE;
+  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+    v_due := (v_item ->> 'd')::bigint;
+    SELECT r.entry_id, r.record, {s}.run_ok(r.record, r.due) INTO v_entry, v_rec, v_ok
+      FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
+      WHERE e.name = v_item ->> 'e' AND r.due = v_due;
+    o_verdict := {V_REFUSED};
+    IF NOT FOUND THEN
+      o_verdict := {V_MISSING};  -- the store lost it (or never had it)
+      o_detail := 'no such run';
+    ELSIF NOT v_ok THEN
+      o_detail := 'unreadable record';
+    ELSIF v_rec ->> 'owner' IS DISTINCT FROM p_owner
+        OR coalesce({s}.int_of(v_rec -> 'token'), 0) <> (v_item ->> 't')::bigint THEN
+      o_detail := 'superseded';
+    ELSIF v_rec ->> 'state' = {SKIPPED} AND v_rec ->> 'reason' IN {REASONS} THEN
+      -- skipped by this holder's check: asked again
+      o_verdict := {V_SKIPPED};
+      o_detail := v_rec ->> 'reason';
+    ELSIF v_rec ->> 'state' NOT IN {HELD} THEN
+      o_detail := v_rec ->> 'state';
+    ELSE
+      v_reason := nullif(v_item ->> 'skip', '');
+      IF v_reason IS NULL AND v_item ->> 'ov' = {OVERLAP_SKIP}
+          AND v_rec ->> 'state' = {CLAIMED}
+          AND EXISTS (SELECT 1 FROM {s}.runs r WHERE r.entry_id = v_entry AND r.due <> v_due
+                      AND r.live_state IN ({SENDING}, {SENT}, {STARTED})
+                      -- registered again as sent after a wipe, not started since: it may
+                      -- well be finished, and does not make the next ones overlap
+                      AND NOT (r.live_state = {SENT}
+                               AND coalesce(r.record -> 'reseeded' <> 'false', false))) THEN
+        v_reason := {R_OVERLAP};
+      END IF;
+      IF v_reason IS NOT NULL THEN
+        UPDATE {s}.runs SET record = v_rec || jsonb_build_object(
+            'state', {SKIPPED}, 'reason', v_reason, 'finished_at', {s}.now_ms())
+          WHERE entry_id = v_entry AND due = v_due;
+        o_verdict := {V_SKIPPED};
+        o_detail := v_reason;
+      ELSE
+        UPDATE {s}.runs SET record = v_rec || jsonb_build_object(
+            'state', {SENDING}, 'task_id', v_item ->> 'id', 'sending_at', {s}.now_ms())
+          WHERE entry_id = v_entry AND due = v_due;
+        o_verdict := {V_SEND};
+        o_detail := '';
+      END IF;
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+
+-- sent.lua, for a batch [{{e, d, t}}]: sending becomes sent (a worker may already have
+-- started or finished the run). Returns how many were recorded.
+CREATE OR REPLACE FUNCTION {s}.sent(p_items jsonb) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_item jsonb;
+  v_entry bigint;
+  v_due bigint;
+  v_rec jsonb;
+  v_ok boolean;
+  v_count integer := 0;
+BEGIN
+  PERFORM 1 FROM {s}.entries e
+    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
+    ORDER BY e.name FOR NO KEY UPDATE;
+  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+    v_due := (v_item ->> 'd')::bigint;
+    SELECT r.entry_id, r.record, {s}.run_ok(r.record, r.due) INTO v_entry, v_rec, v_ok
+      FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
+      WHERE e.name = v_item ->> 'e' AND r.due = v_due;
+    CONTINUE WHEN NOT FOUND OR NOT v_ok;
+    CONTINUE WHEN coalesce({s}.int_of(v_rec -> 'token'), 0) <> (v_item ->> 't')::bigint;
+    CONTINUE WHEN v_rec ->> 'state' IN ({CLAIMED}, {DUE});
+    IF v_rec ->> 'state' = {SENDING} THEN
+      UPDATE {s}.runs SET record = v_rec || jsonb_build_object(
+          'state', {SENT}, 'sent_at', {s}.now_ms())
+        WHERE entry_id = v_entry AND due = v_due;
+    ELSIF NOT v_rec ? 'sent_at' THEN
+      UPDATE {s}.runs SET record = v_rec || jsonb_build_object('sent_at', {s}.now_ms())
+        WHERE entry_id = v_entry AND due = v_due;
+    END IF;
+    v_count := v_count + 1;
+  END LOOP;
+  RETURN v_count;
+END $$;
+
+-- release.lua, for a batch [{{e, d, t, et, em}}]: the holder gives claims back (due again),
+-- or, at the p_max-th failed publish, records the run failed (publish_error).
+CREATE OR REPLACE FUNCTION {s}.release(p_owner text, p_items jsonb, p_max integer)
+RETURNS TABLE (o_state text) LANGUAGE plpgsql AS $$
+DECLARE
+  v_item jsonb;
+  v_entry bigint;
+  v_due bigint;
+  v_rec jsonb;
+  v_ok boolean;
+  v_now bigint;
+  v_attempts bigint;
+BEGIN
+  PERFORM 1 FROM {s}.entries e
+    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
+    ORDER BY e.name FOR NO KEY UPDATE;
+  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+    v_due := (v_item ->> 'd')::bigint;
+    SELECT r.entry_id, r.record, {s}.run_ok(r.record, r.due) INTO v_entry, v_rec, v_ok
+      FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
+      WHERE e.name = v_item ->> 'e' AND r.due = v_due;
+    o_state := NULL;
+    IF FOUND AND v_ok AND v_rec ->> 'state' IN {HELD} AND v_rec ->> 'owner' = p_owner
+        AND coalesce({s}.int_of(v_rec -> 'token'), 0) = (v_item ->> 't')::bigint THEN
+      v_now := {s}.now_ms();
+      IF coalesce(v_item ->> 'em', '') <> '' THEN
+        v_attempts := coalesce({s}.int_of(v_rec -> 'attempts'), 0) + 1;
+        v_rec := v_rec || jsonb_build_object('attempts', v_attempts,
+          'exc_type', coalesce(v_item ->> 'et', ''), 'exc_message', v_item ->> 'em');
+        IF v_attempts >= p_max THEN
+          v_rec := v_rec || jsonb_build_object('state', {FAILED},
+            'reason', {R_PUBLISH_ERROR}, 'finished_at', v_now);
+        END IF;
+      END IF;
+      IF v_rec ->> 'state' <> {FAILED} THEN
+        v_rec := (v_rec - 'owner') || jsonb_build_object(
+          'released_by', v_rec -> 'owner', 'state', {DUE}, 'released_at', v_now);
+      END IF;
+      UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_entry AND due = v_due;
+      o_state := v_rec ->> 'state';
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+
+-- reclaim.lua, for a batch [{{e, d, t (null: any)}}]: take held claims back (due again; a
+-- run being sent is remembered as maybe sent).
+CREATE OR REPLACE FUNCTION {s}.reclaim(p_items jsonb, p_by text)
+RETURNS TABLE (o_ok boolean) LANGUAGE plpgsql AS $$
+DECLARE
+  v_item jsonb;
+  v_entry bigint;
+  v_due bigint;
+  v_rec jsonb;
+  v_ok boolean;
+BEGIN
+  PERFORM 1 FROM {s}.entries e
+    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
+    ORDER BY e.name FOR NO KEY UPDATE;
+  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+    v_due := (v_item ->> 'd')::bigint;
+    SELECT r.entry_id, r.record, {s}.run_ok(r.record, r.due) INTO v_entry, v_rec, v_ok
+      FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
+      WHERE e.name = v_item ->> 'e' AND r.due = v_due;
+    o_ok := FOUND AND v_ok AND v_rec ->> 'state' IN {HELD}
+      AND (v_item ->> 't' IS NULL
+           OR coalesce({s}.int_of(v_rec -> 'token'), 0) = (v_item ->> 't')::bigint);
+    IF o_ok THEN
+      IF v_rec ->> 'state' = {SENDING} THEN
+        v_rec := v_rec || jsonb_build_object('maybe_sent', true);
+      END IF;
+      v_rec := (v_rec - 'owner') || jsonb_build_object(
+        'reclaimed_from', v_rec -> 'owner',
+        'reclaims', coalesce({s}.int_of(v_rec -> 'reclaims'), 0) + 1,
+        'released_by', p_by, 'state', {DUE}, 'released_at', {s}.now_ms());
+      UPDATE {s}.runs SET record = jsonb_strip_nulls(v_rec)
+        WHERE entry_id = v_entry AND due = v_due;
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+
+-- start.lua: the worker's fencing for one delivery. With p_task_id, a delivery that runs
+-- records what the task id was started for (in the same transaction).
+CREATE OR REPLACE FUNCTION {s}.start(
+  p_entry text, p_due bigint, p_token bigint, p_worker text, p_pid bigint,
+  p_retries bigint, p_takeover_worker text, p_takeover_pid bigint, p_process text,
+  p_task_id text)
+RETURNS TABLE (o_verdict text, o_detail text, o_worker text, o_pid bigint, o_process text)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_entry record;
+  v_rec jsonb;
+  v_ok boolean;
+  v_found boolean;
+  v_now bigint;
+  v_state text;
+  v_same boolean;
+  v_retry boolean;
+  v_takeover boolean;
+BEGIN
+  SELECT e.id, e.checkpoint INTO v_entry FROM {s}.entries e WHERE e.name = p_entry
+    FOR NO KEY UPDATE;
+  IF FOUND THEN
+    SELECT r.record, {s}.run_ok(r.record, r.due) INTO v_rec, v_ok FROM {s}.runs r
+      WHERE r.entry_id = v_entry.id AND r.due = p_due;
+  END IF;
+  v_found := FOUND;
+  IF NOT v_found THEN
+    IF v_entry.checkpoint IS NOT NULL AND p_due <= v_entry.checkpoint THEN
+      o_verdict := {S_REFUSED};
+      o_detail := 'no record of this run (trimmed from history, or the store was wiped)';
+    ELSE
+      o_verdict := {S_UNTRACKED};
+      o_detail := 'no record of this run yet';
+    END IF;
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  IF NOT v_ok THEN
+    o_verdict := {S_UNTRACKED};
+    o_detail := 'corrupt record';
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  IF coalesce({s}.int_of(v_rec -> 'token'), 0) <> p_token THEN
+    o_verdict := {S_REFUSED};
+    o_detail := format('token %s superseded by %s', p_token,
+                       coalesce({s}.int_of(v_rec -> 'token'), 0));
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  v_state := v_rec ->> 'state';
+  IF v_state IN {FINAL} AND v_state <> {LOST} THEN
+    o_verdict := {S_REFUSED};
+    o_detail := 'already ' || v_state;
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  v_now := {s}.now_ms();
+  IF v_state = {STARTED} OR (v_state = {LOST} AND v_rec ? 'started_at') THEN
+    -- The same process only if its identity matches too: a restarted worker may get
+    -- the same node name and pid.
+    v_same := v_rec ->> 'worker' IS NOT DISTINCT FROM p_worker
+      AND coalesce({s}.int_of(v_rec -> 'worker_pid'), -1) = p_pid
+      AND coalesce(v_rec ->> 'worker_process', '') = p_process;
+    v_retry := p_retries > coalesce({s}.int_of(v_rec -> 'retries'), 0);
+    v_takeover := p_takeover_worker IS NOT NULL
+      AND p_takeover_worker = coalesce(v_rec ->> 'worker', '')
+      AND p_takeover_pid = coalesce({s}.int_of(v_rec -> 'worker_pid'), -1);
+    IF NOT (v_retry OR v_takeover) THEN
+      IF v_same THEN
+        o_verdict := {S_REFUSED};
+        o_detail := 'already started by this process';
+      ELSE
+        o_verdict := {S_BUSY};
+        o_detail := 'busy';
+        o_worker := coalesce(v_rec ->> 'worker', '');
+        o_pid := coalesce({s}.int_of(v_rec -> 'worker_pid'), 0);
+        o_process := coalesce(v_rec ->> 'worker_process', '');
+      END IF;
+      RETURN NEXT;
+      RETURN;
+    END IF;
+    IF v_takeover THEN
+      v_rec := v_rec || jsonb_build_object(
+        'deliveries', coalesce({s}.int_of(v_rec -> 'deliveries'), 1) + 1);
+    END IF;
+  ELSIF v_state IN ({SENDING}, {SENT}, {LOST}) THEN
+    v_rec := v_rec || jsonb_build_object('deliveries', 1);
+  ELSE
+    o_verdict := {S_REFUSED};
+    o_detail := 'not sent (' || v_state || ')';
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  IF v_state = {LOST} THEN
+    -- Presumed lost, and it was not: its run_timeout counts again from now.
+    v_rec := (v_rec - ARRAY['finished_at', 'reason'])
+      || jsonb_build_object('revived', true, 'revived_at', v_now);
+    UPDATE {s}.runs SET in_history = true, lost_at = NULL
+      WHERE entry_id = v_entry.id AND due = p_due;
+  END IF;
+  v_rec := (v_rec - 'reseeded') || jsonb_build_object('state', {STARTED}, 'worker', p_worker,
+    'worker_pid', p_pid, 'worker_process', p_process, 'retries', p_retries,
+    'started_at', coalesce(v_rec -> 'started_at', to_jsonb(v_now)));
+  UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_entry.id AND due = p_due;
+  IF coalesce(p_task_id, '') <> '' THEN
+    INSERT INTO {s}.tasks AS t (task_id, entry, due, token, expires_at)
+      VALUES (p_task_id, p_entry, p_due, p_token, v_now + {WEEK_MS})
+      ON CONFLICT (task_id) DO UPDATE SET entry = excluded.entry, due = excluded.due,
+        token = excluded.token, expires_at = excluded.expires_at;
+    -- A few expired ones at a time; never waits for another worker doing the same.
+    DELETE FROM {s}.tasks WHERE task_id IN (
+      SELECT t.task_id FROM {s}.tasks t WHERE t.expires_at < v_now
+        ORDER BY t.expires_at LIMIT 16 FOR UPDATE SKIP LOCKED);
+  END IF;
+  o_verdict := {S_RUN};
+  o_detail := '';
+  RETURN NEXT;
+END $$;
+
+-- finish.lua, for a batch [{{e, d, t (null: current), st, r, et, em, w, since}}]: a final
+-- state is never overwritten, a superseded token's outcome is ignored; a presumption of
+-- loss applies only to an open run not active since the caller's cutoff.
+CREATE OR REPLACE FUNCTION {s}.finish(p_items jsonb)
+RETURNS TABLE (o_ok boolean) LANGUAGE plpgsql AS $$
+DECLARE
+  v_item jsonb;
+  v_entry bigint;
+  v_due bigint;
+  v_rec jsonb;
+  v_ok boolean;
+  v_state text;
+BEGIN
+  PERFORM 1 FROM {s}.entries e
+    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
+    ORDER BY e.name FOR NO KEY UPDATE;
+  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+    v_due := (v_item ->> 'd')::bigint;
+    SELECT r.entry_id, r.record, {s}.run_ok(r.record, r.due) INTO v_entry, v_rec, v_ok
+      FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
+      WHERE e.name = v_item ->> 'e' AND r.due = v_due;
+    v_state := v_rec ->> 'state';
+    o_ok := FOUND AND v_ok
+      AND (v_item ->> 't' IS NULL
+           OR coalesce({s}.int_of(v_rec -> 'token'), 0) = (v_item ->> 't')::bigint)
+      AND v_state NOT IN {FINAL} AND v_state NOT IN ({CLAIMED}, {DUE});
+    IF o_ok AND v_item ->> 'st' = {LOST} THEN
+      o_ok := v_state IN {OPEN} AND (v_item ->> 'since' IS NULL
+                                     OR {s}.since_of(v_rec) < (v_item ->> 'since')::bigint);
+    END IF;
+    IF o_ok THEN
+      v_rec := v_rec || jsonb_build_object('state', v_item ->> 'st',
+                                           'finished_at', {s}.now_ms());
+      IF coalesce(v_item ->> 'r', '') <> '' THEN
+        v_rec := v_rec || jsonb_build_object('reason', v_item ->> 'r');
+      END IF;
+      IF coalesce(v_item ->> 'et', '') <> '' THEN
+        v_rec := v_rec || jsonb_build_object('exc_type', v_item ->> 'et');
+      END IF;
+      IF coalesce(v_item ->> 'em', '') <> '' THEN
+        v_rec := v_rec || jsonb_build_object('exc_message', v_item ->> 'em');
+      END IF;
+      IF coalesce(v_item ->> 'w', '') <> '' AND NOT v_rec ? 'worker' THEN
+        v_rec := v_rec || jsonb_build_object('worker', v_item ->> 'w');
+      END IF;
+      UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_entry AND due = v_due;
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+
+-- request.lua: an operator's run now, at the first free millisecond, recorded due. A
+-- request id seen before (asked again after a lost reply) records nothing more.
+CREATE OR REPLACE FUNCTION {s}.request(p_entry text, p_by text, p_limit integer,
+                                       p_request text)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  v_entry bigint;
+  v_due bigint;
+BEGIN
+  SELECT e.id INTO v_entry FROM {s}.entries e WHERE e.name = p_entry FOR NO KEY UPDATE;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  IF p_request IS NOT NULL THEN
+    SELECT r.due INTO v_due FROM {s}.runs r
+      WHERE r.entry_id = v_entry AND r.in_history AND r.record ->> 'request_id' = p_request
+        AND {s}.run_ok(r.record, r.due)
+      ORDER BY r.due LIMIT 1;
+    IF FOUND THEN
+      RETURN v_due;
+    END IF;
+  END IF;
+  v_due := {s}.now_ms();
+  WHILE EXISTS (SELECT 1 FROM {s}.runs r WHERE r.entry_id = v_entry AND r.due = v_due) LOOP
+    v_due := v_due + 1;
+  END LOOP;
+  INSERT INTO {s}.runs (entry_id, due, record) VALUES (v_entry, v_due, jsonb_strip_nulls(
+    jsonb_build_object(
+    'due', v_due, 'state', {DUE}, 'manual', true, 'requested_by', p_by,
+    'released_at', v_due, 'request_id', p_request)));
+  PERFORM {s}.trim(v_entry, p_limit, v_due);
+  RETURN v_due;
+END $$;
+
+-- heartbeat.lua: the owner is alive for p_ttl more; the epoch changes when there is none,
+-- when the server holding the data is another one, or on a resync, and then no beat claims
+-- until settle_until; a caller still registering what it knows (p_settling) keeps a
+-- settling store so for p_ttl more. Owners lapsed long ago are forgotten.
+CREATE OR REPLACE FUNCTION {s}.heartbeat(p_owner text, p_info jsonb, p_ttl bigint,
+                                         p_resync boolean, p_new text, p_forget bigint,
+                                         p_settling boolean)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  v_now bigint;
+  v_server text := {s}.server_identity();
+  v_epoch record;
+  v_new boolean;
+BEGIN
+  -- Its commit need not wait for the WAL flush: a heartbeat a crash loses makes its owner
+  -- look dead sooner (its claims are taken back; fencing stops it), and a restart or a
+  -- failover is a new epoch anyway.
+  PERFORM set_config('synchronous_commit', 'off', true);
+  SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep;
+  v_new := NOT FOUND OR v_epoch.server <> v_server OR p_resync;
+  IF v_new THEN
+    PERFORM 1 FROM {s}.epoch FOR UPDATE;
+  END IF;
+  -- Owners lapsed long ago are forgotten, a few at a time, never waiting for another
+  -- heartbeat doing the same.
+  DELETE FROM {s}.owners WHERE id IN (
+    SELECT o.id FROM {s}.owners o WHERE o.expires_at < {s}.now_ms() - p_forget
+      AND o.id <> p_owner ORDER BY o.expires_at LIMIT 100 FOR UPDATE SKIP LOCKED);
+  PERFORM 1 FROM {s}.owners o WHERE o.id = p_owner FOR UPDATE;
+  v_now := {s}.now_ms();  -- once the rows it writes are locked
+  INSERT INTO {s}.owners AS o (id, info, expires_at) VALUES (p_owner, p_info, v_now + p_ttl)
+    ON CONFLICT (id) DO UPDATE SET info = excluded.info, expires_at = excluded.expires_at;
+  IF v_new THEN
+    INSERT INTO {s}.epoch (one, id, settle_until, since, server)
+      VALUES (true, p_new, v_now + p_ttl, v_now, v_server) ON CONFLICT (one) DO NOTHING;
+    SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep FOR UPDATE;
+    -- Another heartbeat may have started the new epoch while this one waited.
+    IF v_epoch.id <> p_new AND (v_epoch.server <> v_server OR p_resync) THEN
+      UPDATE {s}.epoch SET id = p_new,
+          settle_until = greatest(coalesce(settle_until, 0), v_now + p_ttl),
+          since = v_now, server = v_server
+        RETURNING id, settle_until, server INTO v_epoch;
+    END IF;
+  ELSIF p_settling AND v_epoch.settle_until > v_now
+      AND v_epoch.settle_until < v_now + p_ttl THEN
+    UPDATE {s}.epoch SET settle_until = v_now + p_ttl
+      WHERE settle_until > v_now AND settle_until < v_now + p_ttl;
+    SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep;
+  END IF;
+  RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id,
+    'settle', v_epoch.settle_until, 'server', v_server,
+    'owners', (SELECT coalesce(jsonb_agg(jsonb_build_array(o.id, o.info, o.expires_at)),
+                               '[]') FROM {s}.owners o));
+END $$;
+"""
+
+
+def _ddl(schema: str) -> str:
+    return _DDL.format_map(_sql_names(schema))
+
+
+# -- connections -----------------------------------------------------------------------
+#: Whether this psycopg bounds a wait (3.3: ``Connection.wait(gen, interval, timeout)``).
+_WAIT_TAKES_TIMEOUT = {"interval", "timeout"} <= set(
+    inspect.signature(psycopg.Connection.wait).parameters)
+
+
+class _Connection(psycopg.Connection[Any]):
+    """A connection whose every wait for the server is bounded by ``deadline`` seconds
+    (when psycopg supports it): a server or a proxy that accepts a query and never answers
+    fails the call, as a socket timeout does for the Redis store."""
+
+    deadline: float | None = None
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if _WAIT_TAKES_TIMEOUT and self.deadline is not None and len(args) < 2:
+            kwargs.setdefault("timeout", self.deadline)
+        return super().wait(gen, *args, **kwargs)
+
+
+#: Connections a forked child inherited: kept referenced, their socket pointed at
+#: /dev/null, so that the child never talks on (or closes) its parent's session.
+_INHERITED: list[psycopg.Connection[Any]] = []
+
+
+def _disown(conn: psycopg.Connection[Any]) -> None:
+    try:
+        fd = conn.pgconn.socket
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+    except (psycopg.Error, OSError):
+        pass
+    _INHERITED.append(conn)
+
+
+def _redacted(params: dict[str, Any]) -> str:
+    """A connection's parameters as a URL without secrets."""
+    user = params.get("user")
+    host = params.get("host") or params.get("hostaddr") or ""
+    port = params.get("port")
+    netloc = f"{user}@" if user else ""
+    netloc += str(host) if "/" not in str(host) else ""
+    if port:
+        netloc += f":{port}"
+    query = f"?host={host}" if "/" in str(host) else ""
+    return f"postgresql://{netloc}/{params.get('dbname') or ''}{query}"
+
+
+def _django_params(alias: str) -> dict[str, Any]:
+    """libpq parameters from a Django database's settings (imported only for such URLs)."""
+    url = "django" if alias == "default" else f"django:{alias}"
+    try:
+        from django.conf import settings
+        from django.core.exceptions import ImproperlyConfigured
+    except ImportError:
+        raise StoreConfigurationError(
+            f"beat_claims_url={url!r}: Django is not installed") from None
+    try:
+        databases = settings.DATABASES
+    except ImproperlyConfigured as exc:
+        raise StoreConfigurationError(
+            f"beat_claims_url={url!r}: Django settings are not configured ({exc})") from None
+    if alias not in databases:
+        raise StoreConfigurationError(
+            f"beat_claims_url={url!r}: settings.DATABASES has no {alias!r}"
+            f" (it has {', '.join(sorted(databases)) or 'none'})")
+    db = databases[alias]
+    engine = str(db.get("ENGINE", ""))
+    if "postgresql" not in engine and "postgis" not in engine:
+        raise StoreConfigurationError(
+            f"beat_claims_url={url!r}: DATABASES[{alias!r}] is {engine!r}, not PostgreSQL")
+    params: dict[str, Any] = {
+        key: db[name] for name, key in (("NAME", "dbname"), ("USER", "user"),
+                                        ("PASSWORD", "password"), ("HOST", "host"),
+                                        ("PORT", "port"))
+        if db.get(name) not in (None, "")}
+    options = dict(db.get("OPTIONS") or {})
+    for name in _DJANGO_ONLY_OPTIONS:
+        options.pop(name, None)
+    params.update({k: v for k, v in options.items() if isinstance(v, (str, int, float))})
+    if "dbname" not in params and "service" not in params:
+        raise StoreConfigurationError(
+            f"beat_claims_url={url!r}: DATABASES[{alias!r}] has no NAME")
+    return params
+
+
+# -- the store -------------------------------------------------------------------------
+class PostgresStore(Store):
+    """The store in a PostgreSQL database (a schema of its own)."""
+
+    def __init__(self, params: dict[str, Any], prefix: str = "beat-claims",
+                 history_limit: int = 100, timeout: float = 5.0, url: str = "") -> None:
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise StoreConfigurationError(f"beat_claims_url: timeout must be a number of"
+                                          f" seconds > 0, not {timeout!r}")
+        self.prefix = prefix
+        self.schema = schema_name(prefix)
+        self.history_limit = history_limit
+        self.timeout = float(timeout)
+        self._params = self._with_bounds(params)
+        self._url = url or _redacted(params)
+        s = f'"{self.schema}"'
+        self._s = s
+        self._lock = threading.RLock()
+        self._pid = os.getpid()
+        self._conn: _Connection | None = None
+        self._ready = False  # the layout was checked (or installed) by this store
+        #: The server identity the last heartbeat read. A new connection may reach another
+        #: server (a failover, a restart, a restore): until a heartbeat has read its epoch,
+        #: every other call is refused (``_suspect``), as the Redis store does.
+        self._server: str | None = None
+        self._suspect = False
+        self._sql_live = (
+            f"(SELECT 'd', e.name, r.due, 0, NULL, r.since FROM {s}.runs r"
+            f" JOIN {s}.entries e ON e.id = r.entry_id WHERE r.live_state = '{RunState.DUE}'"
+            f" ORDER BY r.since, r.entry_id, r.due LIMIT %(n)s)"
+            f" UNION ALL"
+            f" (SELECT 'h', e.name, r.due, r.token, r.owner, r.since FROM {s}.runs r"
+            f" JOIN {s}.entries e ON e.id = r.entry_id"
+            f" WHERE r.live_state IN ('{RunState.CLAIMED}', '{RunState.SENDING}')"
+            f" AND r.since < %(top)s AND (r.since < %(held)s"
+            f" OR (coalesce(r.owner, '') = %(me)s AND r.since < %(mine)s)"
+            f" OR (coalesce(r.owner, '') <> %(me)s"
+            f" AND NOT coalesce(r.owner, '') = ANY(%(live)s::text[]) AND r.since < %(dead)s))"
+            f" ORDER BY r.since, r.entry_id, r.due LIMIT %(n)s)")
+        self._sql_open = (
+            f"SELECT e.name, r.due, r.token, r.live_state, r.since, r.record ->> 'task_id'"
+            f" FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id"
+            f" WHERE r.live_state IN ('{RunState.SENT}', '{RunState.STARTED}')"
+            f" AND r.since < %(before)s {{after}}"
+            f" ORDER BY r.since, r.due, e.name COLLATE \"C\" LIMIT %(limit)s")
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "beat-claims", history_limit: int = 100,
+                 timeout: float = 5.0) -> PostgresStore:
+        """A store for ``postgresql://`` / ``postgres://`` URLs, and ``django`` or
+        ``django:ALIAS`` (the connection settings of that Django database). Nothing is
+        connected yet: a database that is down at start is an outage, not an error."""
+        if url == "django" or url.startswith("django:"):
+            alias = url.partition(":")[2] or "default"
+            if alias.startswith("//"):
+                raise StoreConfigurationError(
+                    f"beat_claims_url={url!r}: write 'django' or 'django:ALIAS'")
+            params = _django_params(alias)
+            description = f"{url} ({_redacted(params)})"
+        else:
+            try:
+                params = conninfo_to_dict(url)
+            except psycopg.ProgrammingError as exc:
+                raise StoreConfigurationError(
+                    f"beat_claims_url: not a PostgreSQL URL: {exc}") from None
+            description = _redacted(params)
+        return cls(params, prefix, history_limit, timeout, description)
+
+    @property
+    def description(self) -> str:
+        return f"{self._url} (schema {self.schema!r})"
+
+    # -- connections ------------------------------------------------------------------
+    def _with_bounds(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Connection parameters with every wait bounded: the connect (libpq's minimum is
+        2 s), dead peers (TCP keepalives, unacknowledged data), and statements (set on
+        each new connection)."""
+        out = dict(params)
+        given = str(out.get("connect_timeout", "")).strip()
+        if not given.lstrip("-").isdigit() or int(given) <= 0:
+            out["connect_timeout"] = max(2, math.ceil(min(self.timeout, 10.0)))
+        out.setdefault("application_name", f"beat-claims ({self.schema})"[:63])
+        host = str(out.get("host", ""))
+        if not host.startswith("/"):
+            idle = max(1, math.ceil(self.timeout))
+            out.update(keepalives=1, keepalives_idle=idle, keepalives_interval=1,
+                       keepalives_count=3, tcp_user_timeout=math.ceil(self.timeout * 1000))
+        return out
+
+    def _connection(self) -> _Connection:
+        if os.getpid() != self._pid:
+            # A forked child: never use (or close) the parent's session.
+            if self._conn is not None:
+                _disown(self._conn)
+            self._conn, self._pid, self._lock = None, os.getpid(), threading.RLock()
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        try:
+            conn = _Connection.connect(make_conninfo(**self._params), autocommit=True)
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot connect to {self.description}: {exc}") from exc
+        try:
+            conn.execute(
+                f"SET statement_timeout = {max(1, round(self.timeout * 1000))};"
+                " SET lock_timeout = 0; SET default_transaction_isolation = 'read committed'")
+            conn.deadline = self.timeout + 1.0
+            if not self._ready:
+                self._check_layout(conn)
+            if self._server is not None:
+                self._suspect = self._server_of(conn) != self._server
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    def _server_of(self, conn: _Connection) -> str | None:
+        try:
+            row = conn.execute(f"SELECT {self._s}.server_identity()").fetchone()
+        except _MISSING:
+            return None  # the schema is gone: the store lost everything
+        except _OUTAGE as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+        return str(row[0]) if row else None
+
+    def _discard(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+
+    def _check_layout(self, conn: _Connection) -> None:
+        """The schema's version: installed (or migrated) when missing or older, refused
+        when newer than this code knows."""
+        try:
+            row = conn.execute(f"SELECT max(version) FROM {self._s}.version").fetchone()
+            version = row[0] if row else None
+        except _MISSING:
+            version = None
+        except _OUTAGE as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+        if version is not None and version > LAYOUT:
+            raise self._newer(version)
+        if version != LAYOUT:
+            self._install(conn)
+        self._ready = True
+
+    def _newer(self, version: int) -> StoreConfigurationError:
+        return StoreConfigurationError(
+            f"beat_claims_url: the store's schema {self.schema!r} in {self._url} was"
+            f" written by a newer beat-claims (layout {version}; this one knows up to"
+            f" {LAYOUT}): upgrade beat-claims, or give this fleet another"
+            f" beat_claims_key_prefix")
+
+    def _install(self, conn: _Connection) -> None:
+        """Create or migrate the schema in one transaction, one installer at a time."""
+        try:
+            if conn.info.server_version < MIN_SERVER_VERSION:
+                raise StoreConfigurationError(
+                    f"beat_claims_url: {self._url} runs PostgreSQL"
+                    f" {conn.info.server_version // 10000}; the store needs 12 or later")
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)",
+                             [zlib.crc32(f"beat-claims:{self.schema}".encode())])
+                row = conn.execute(
+                    "SELECT to_regclass(%s) IS NOT NULL", [f"{self._s}.version"]).fetchone()
+                version = None
+                if row and row[0]:
+                    found = conn.execute(f"SELECT max(version) FROM {self._s}.version"
+                                         ).fetchone()
+                    version = found[0] if found else None
+                if version is not None and version > LAYOUT:
+                    raise self._newer(version)
+                for step in range(version or LAYOUT, LAYOUT):
+                    conn.execute(MIGRATIONS[step].format_map(_sql_names(self.schema)))
+                conn.execute(_ddl(self.schema))
+                conn.execute(f"DELETE FROM {self._s}.version")
+                conn.execute(f"INSERT INTO {self._s}.version (version) VALUES (%s)",
+                             [LAYOUT])
+        except StoreConfigurationError:
+            raise
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+        except psycopg.Error as exc:
+            user = self._params.get("user") or "(default user)"
+            raise StoreConfigurationError(
+                f"beat_claims_url: cannot create the store's schema {self.schema!r} in"
+                f" {self._url} as {user}: {type(exc).__name__}: {exc}".rstrip()) from None
+
+    def _execute(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None,
+                 heartbeat: bool = False) -> list[tuple[Any, ...]]:
+        """One statement (one transaction, one round trip): its rows. An outage raises
+        StoreError; a schema found missing is installed again and the statement, which
+        did nothing, sent again; other errors (a bad item) are the caller's."""
+        with self._lock:
+            for attempt in (1, 2):
+                conn = self._connection()
+                if self._suspect and not heartbeat:
+                    raise StoreError(
+                        "the store's server is another one than at the last heartbeat (a"
+                        " restart, a failover or a restore): its epoch must be read first")
+                try:
+                    cur = conn.execute(query, params)
+                    return cur.fetchall() if cur.description is not None else []
+                except _MISSING as exc:
+                    if attempt == 2:
+                        raise StoreError(f"the store's schema is incomplete: {exc}") from exc
+                    logger.warning("beat-claims: the store's schema %r is missing in %s"
+                                   " (%s); installing it again", self.schema, self._url,
+                                   exc)
+                    self._install(conn)
+                    self._discard()  # a fresh session: no cached plan of the old objects
+                except _OUTAGE as exc:
+                    if (conn.closed or conn.broken
+                            or conn.info.transaction_status != pq.TransactionStatus.IDLE):
+                        self._discard()
+                    raise StoreError(f"{type(exc).__name__}: {exc}".strip()) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _batch(self, items: Sequence[T], call: Callable[[list[T]], list[Any]],
+               on_error: Callable[[T, Exception], Any]) -> list[Any]:
+        """``call`` on CHUNK items at a time (one statement each). A chunk that fails for
+        another reason than an outage is sent again one item at a time, so that a bad
+        item (a record or a name the database refuses) gets its own answer and the others
+        theirs."""
+        out: list[Any] = []
+        for start in range(0, len(items), CHUNK):
+            chunk = list(items[start:start + CHUNK])
+            try:
+                out += call(chunk)
+            except psycopg.Error as exc:
+                if len(chunk) > 1:
+                    for item in chunk:
+                        out += self._batch([item], call, on_error)
+                    continue
+                logger.error("beat-claims: the store could not take %r: %s", chunk[0], exc)
+                out.append(on_error(chunk[0], exc))
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            if os.getpid() == self._pid:
+                self._discard()
+
+    # -- beats: liveness and entries ---------------------------------------------------
+    def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
+                  settling: bool = False) -> Heartbeat:
+        try:
+            [(reply,)] = self._execute(
+                f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s)",
+                [owner.id, Jsonb(owner.as_dict()), max(1, round(ttl * 1000)), resync,
+                 uuid.uuid4().hex, FORGET_OWNERS_MS, settling], heartbeat=True)
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        with self._lock:
+            self._server, self._suspect = str(reply["server"]), False
+        now = int(reply["now"])
+        return Heartbeat(now=now, epoch=str(reply["epoch"]),
+                         settle_until=_maybe_int(reply.get("settle")),
+                         owners=tuple(_owner_statuses(reply["owners"], now)))
+
+    def leave(self, owner: Owner) -> None:
+        try:
+            self._execute(f"UPDATE {self._s}.owners SET expires_at = {self._s}.now_ms() - 1"
+                          f" WHERE id = %s", [owner.id])
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+
+    def register(self, seeds: Sequence[EntrySeed]) -> dict[str, EntryState]:
+        def call(chunk: list[EntrySeed]) -> list[Any]:
+            rows = self._execute(
+                f"SELECT * FROM {self._s}.register(%s, %s)",
+                [Jsonb([_seed(seed) for seed in chunk]), self.history_limit])
+            return list(rows)
+
+        def failed(seed: EntrySeed, exc: Exception) -> None:
+            logger.error("beat-claims: entry %r cannot be registered in the store: %s",
+                         seed.name, exc)
+
+        out: dict[str, EntryState] = {}
+        for row in self._batch(list(seeds), call, failed):
+            if row is not None:
+                name, anchor, checkpoint, token = row
+                out[name] = EntryState(int(anchor), _maybe_int(checkpoint), int(token))
+        return out
+
+    # -- beats: the life of a claim ----------------------------------------------------
+    def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
+        def call(chunk: list[ClaimPlan]) -> list[Any]:
+            rows = self._execute(f"SELECT * FROM {self._s}.claim(%s, %s, %s)",
+                                 [owner.id, Jsonb([_plan(p) for p in chunk]),
+                                  self.history_limit])
+            return [_claim_result(plan.entry, reply) for plan, (reply,) in zip(chunk, rows)]
+
+        return self._batch(list(plans), call, lambda plan, exc: ClaimResult(
+            plan.entry, ClaimStatus.CORRUPT, detail=f"{type(exc).__name__}: {exc}"))
+
+    def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
+        def call(chunk: list[Check]) -> list[Any]:
+            rows = self._execute(f"SELECT * FROM {self._s}.check(%s, %s)", [
+                owner.id, Jsonb([{"e": c.claim.entry, "d": c.claim.due, "t": c.claim.token,
+                                  "id": c.task_id, "skip": c.skip.value if c.skip else None,
+                                  "ov": c.overlap.value} for c in chunk])])
+            return [_check_result(item.claim, verdict, detail)
+                    for item, (verdict, detail) in zip(chunk, rows)]
+
+        return self._batch(list(checks), call, lambda item, exc: CheckResult(
+            item.claim, CheckVerdict.REFUSED, why=f"unreadable record: {exc}"))
+
+    def record_sent(self, owner: Owner, claims: Sequence[Claim]) -> int:
+        def call(chunk: list[Claim]) -> list[Any]:
+            [(count,)] = self._execute(f"SELECT {self._s}.sent(%s)", [
+                Jsonb([{"e": c.entry, "d": c.due, "t": c.token} for c in chunk])])
+            return [int(count)]
+
+        return sum(self._batch(list(claims), call, lambda claim, exc: 0))
+
+    def release(self, owner: Owner, releases: Sequence[Release], max_attempts: int = 0
+                ) -> list[RunState | None]:
+        def call(chunk: list[Release]) -> list[Any]:
+            rows = self._execute(f"SELECT * FROM {self._s}.release(%s, %s, %s)", [
+                owner.id, Jsonb([{"e": r.claim.entry, "d": r.claim.due, "t": r.claim.token,
+                                  "et": r.error_type, "em": r.error or ""} for r in chunk]),
+                max(1, max_attempts)])
+            return [RunState(state) if state else None for (state,) in rows]
+
+        return self._batch(list(releases), call, lambda item, exc: None)
+
+    # -- sweeps -----------------------------------------------------------------------
+    def live_runs(self, query: LiveQuery) -> LiveRuns:
+        try:
+            rows = self._execute(self._sql_live, {
+                "n": query.limit + 1, "me": query.owner, "live": sorted(query.live_owners),
+                "held": query.held_before, "mine": query.mine_before,
+                "dead": query.dead_before,
+                "top": max(query.held_before, query.mine_before, query.dead_before)})
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        due = [RunRef(name, int(d)) for kind, name, d, _, _, _ in rows if kind == "d"]
+        held = [HeldRun(name, int(d), int(token), owner or "", int(since))
+                for kind, name, d, token, owner, since in rows if kind == "h"]
+        complete = len(due) <= query.limit and len(held) <= query.limit
+        return LiveRuns(tuple(due[:query.limit]), tuple(held[:query.limit]), complete)
+
+    def open_runs(self, before: int, after: int | None = None, limit: int = 1000
+                  ) -> list[OpenRun]:
+        if limit <= 0:
+            return []
+        sql = self._sql_open.format(after="" if after is None else "AND r.since > %(after)s")
+        try:
+            rows = self._execute(sql, {"before": before, "after": after, "limit": limit})
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        return [OpenRun(name, int(due), int(token), RunState(state), int(since), task_id)
+                for name, due, token, state, since, task_id in rows]
+
+    def reclaim(self, reclaims: Sequence[Reclaim], by: str) -> list[bool]:
+        def call(chunk: list[Reclaim]) -> list[Any]:
+            rows = self._execute(f"SELECT * FROM {self._s}.reclaim(%s, %s)", [
+                Jsonb([{"e": r.entry, "d": r.due, "t": r.token} for r in chunk]), by])
+            return [bool(ok) for (ok,) in rows]
+
+        return self._batch(list(reclaims), call, lambda item, exc: False)
+
+    # -- workers ----------------------------------------------------------------------
+    def start(self, delivery: Delivery) -> StartDecision:
+        d, proc, takeover = delivery, delivery.process, delivery.takeover
+        try:
+            [(verdict, why, worker, pid, process)] = self._execute(
+                f"SELECT * FROM {self._s}.start(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                [d.entry, d.due, d.token, proc.worker, proc.pid, d.retries,
+                 takeover.worker if takeover else None, takeover.pid if takeover else None,
+                 proc.process, d.task_id or None])
+        except psycopg.Error as exc:
+            logger.error("beat-claims: the store could not fence %r: %s", d, exc)
+            return StartDecision(StartVerdict.UNTRACKED, f"unreadable record: {exc}")
+        decision = StartVerdict(verdict)
+        if decision is StartVerdict.BUSY:
+            return StartDecision(decision, str(why), WorkerProcess(
+                str(worker), int(pid), str(process)))
+        return StartDecision(decision, str(why or ""))
+
+    def finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        def call(chunk: list[Outcome]) -> list[Any]:
+            rows = self._execute(f"SELECT * FROM {self._s}.finish(%s)", [Jsonb([
+                {"e": o.entry, "d": o.due, "t": o.token, "st": o.state.value,
+                 "r": o.reason.value if o.reason else "", "et": o.exc_type,
+                 "em": o.exc_message, "w": o.worker, "since": o.inactive_since}
+                for o in chunk])])
+            return [bool(ok) for (ok,) in rows]
+
+        return self._batch(list(outcomes), call, lambda item, exc: False)
+
+    def lookup_task(self, task_id: str) -> Claim | None:
+        try:
+            rows = self._execute(
+                f"SELECT entry, due, token FROM {self._s}.tasks"
+                f" WHERE task_id = %s AND expires_at > {self._s}.now_ms()", [task_id])
+        except psycopg.Error:
+            return None
+        return Claim(str(rows[0][0]), int(rows[0][1]), int(rows[0][2])) if rows else None
+
+    # -- operators --------------------------------------------------------------------
+    def request_run(self, entry: str, by: str, request_id: str = "") -> int | None:
+        try:
+            [(due,)] = self._execute(f"SELECT {self._s}.request(%s, %s, %s, %s)",
+                                     [entry, by, self.history_limit, request_id or None])
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        return _maybe_int(due)
+
+    # -- reads ------------------------------------------------------------------------
+    def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
+        sql = (f"SELECT name, description, anchor, checkpoint, token FROM {self._s}.entries")
+        try:
+            if names is None:
+                rows = self._execute(sql)
+            else:
+                rows = self._execute(sql + " WHERE name = ANY(%s::text[])", [list(names)])
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        found = {row[0]: EntryRecord(row[0], row[1], row[2], row[3], int(row[4]))
+                 for row in rows}
+        order = sorted(found) if names is None else [n for n in names if n in found]
+        return [found[name] for name in dict.fromkeys(order)]
+
+    def history(self, entry: str, limit: int | None = None) -> list[Run]:
+        if limit is not None and limit <= 0:
+            return []
+        try:
+            rows = self._execute(
+                f"SELECT r.record FROM {self._s}.runs r JOIN {self._s}.entries e"
+                f" ON e.id = r.entry_id WHERE e.name = %s AND r.in_history"
+                f" ORDER BY r.due DESC LIMIT %s", [entry, limit])
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        return [run for (record,) in rows if (run := _parse_run(entry, record)) is not None]
+
+    def owners(self) -> list[OwnerStatus]:
+        try:
+            rows = self._execute(
+                f"SELECT n.now, o.id, o.info, o.expires_at FROM (SELECT {self._s}.now_ms()"
+                f" AS now) n LEFT JOIN {self._s}.owners o ON true")
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        now = int(rows[0][0])
+        return _owner_statuses([[i, info, exp] for _, i, info, exp in rows if i], now)
+
+
+# -- items and replies ----------------------------------------------------------------
+def _seed(seed: EntrySeed) -> dict[str, Any]:
+    return {"e": seed.name, "desc": seed.description, "a": seed.anchor, "c": seed.checkpoint,
+            "t": seed.token, "runs": [run.to_record() for run in seed.runs]}
+
+
+def _plan(plan: ClaimPlan) -> dict[str, Any]:
+    steps = sorted([(due, "claim") for due in plan.claim]
+                   + [(due, reason.value) for due, reason in plan.skip])
+    expected = plan.expected
+    return {"e": plan.entry, "x": expected is not None,
+            "a": expected.anchor if expected else None,
+            "c": expected.checkpoint if expected else None,
+            "f": plan.token_floor, "t": plan.take_due, "s": steps}
+
+
+def _claim_result(entry: str, reply: dict[str, Any]) -> ClaimResult:
+    status = ClaimStatus(reply["s"])
+    if status is ClaimStatus.MISSING:
+        return ClaimResult(entry, status)
+    state = EntryState(int(reply["a"]), _maybe_int(reply.get("c")), int(reply["k"]))
+    if status is not ClaimStatus.OK:
+        return ClaimResult(entry, status, state)
+    return ClaimResult(
+        entry, status, state,
+        claims=tuple(Claim(entry, int(due), int(token)) for due, token in reply["claimed"]),
+        taken=tuple(Claim(entry, int(due), int(token), manual=bool(manual),
+                          maybe_sent=bool(maybe_sent), attempts=int(attempts))
+                    for due, token, manual, maybe_sent, attempts in reply["taken"]),
+        skipped=tuple((int(due), Reason(reason)) for due, reason in reply["skipped"]),
+        existing=tuple(int(due) for due in reply["existing"]),
+        unreadable=tuple(int(due) for due in reply.get("unreadable", ())))
+
+
+def _check_result(claim: Claim, verdict: str, detail: str | None) -> CheckResult:
+    if verdict == CheckVerdict.SEND.value:
+        return CheckResult(claim, CheckVerdict.SEND)
+    if verdict == CheckVerdict.SKIPPED.value:
+        return CheckResult(claim, CheckVerdict.SKIPPED, Reason(detail))
+    if verdict == CheckVerdict.MISSING.value:
+        return CheckResult(claim, CheckVerdict.MISSING, why=str(detail or "no such run"))
+    return CheckResult(claim, CheckVerdict.REFUSED, why=str(detail or "refused"))
+
+
+def _maybe_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _parse_run(entry: str, record: Any) -> Run | None:
+    try:
+        return Run.from_record(entry, record)
+    except (ValueError, TypeError):
+        return None  # an unreadable record is shown as missing rather than failing a read
+
+
+def _owner_statuses(rows: list[Any], now: int) -> list[OwnerStatus]:
+    out = []
+    for _owner_id, info, expires in rows:
+        try:
+            owner = Owner.from_dict(info if isinstance(info, dict) else json.loads(info))
+        except (ValueError, KeyError, TypeError):
+            continue
+        out.append(OwnerStatus(owner, int(expires) > now, int(expires)))
+    return out
+
+
+__all__ = ["LAYOUT", "PostgresStore", "schema_name"]

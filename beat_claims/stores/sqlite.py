@@ -1,0 +1,1317 @@
+"""The SQLite store: one file shared by the beats, workers and operators of one host.
+
+Each transition is one transaction (``BEGIN IMMEDIATE``: one writer at a time, waiting up to
+the busy timeout), with the same semantics as the Redis store's scripts, step by step. A
+call with many items runs them in chunks, one transaction per chunk and a savepoint per
+item, so that a burst costs one commit per chunk and an item that fails (a record that
+cannot be read) is rolled back alone. WAL mode: readers never wait for the writer.
+
+"Now" is this host's clock, read at each transition: the store is for one host only (the
+beat is warned when owners from other hosts heartbeat into the same file).
+
+Table layout (``P`` is ``beat_claims_key_prefix`` made an identifier: ``beat-claims`` gives
+``beat_claims_runs``...; two apps with two prefixes share a file). The run's JSON record
+is the truth; its index columns are written with it, in the same statement, so the sweeps
+find every run from the records alone.
+
+================  ======================================================================
+``P_meta``        key -> value: schema ``version``, ``prefix``, the epoch (``epoch``,
+                  ``settle_until``, ``epoch_since``, ``epoch_file``: the file's device and
+                  inode), the shared anchoring instant (``anchoring``, ``anchoring_until``)
+``P_entries``     name -> description, anchor, checkpoint, token
+``P_runs``        (entry, due) -> record (JSON); index columns: kind (``due``, ``held``,
+                  ``open``; NULL once final or unreadable), since (what the sweeps compare
+                  with their cutoffs), owner and token (held runs), busy (1 while being
+                  sent, sent or started); place (``h``: in the history, ``x``: presumed
+                  lost, kept a week; NULL: neither), lost_at
+``P_owners``      owner id -> JSON (host, pid, start time), heartbeat expiry (ms)
+``P_tasks``       task id -> entry, due, token of the run it started; expiry (a week)
+================  ======================================================================
+
+Indexes: runs (kind, since) where kind is set (the sweeps: due, held, open runs, oldest
+first, whatever the number of entries); runs (entry, due) where kind is ``due`` (what a
+claim takes), where busy (what overlap="skip" waits for), where place is ``h`` (the
+history); runs (entry, lost_at) where place is ``x``; owners (expires_at); tasks
+(expires_at).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from celery.utils.log import get_logger
+
+from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
+from ..runs import Owner, Run
+from .base import (
+    Check,
+    CheckResult,
+    CheckVerdict,
+    Claim,
+    ClaimPlan,
+    ClaimResult,
+    ClaimStatus,
+    Delivery,
+    EntryRecord,
+    EntrySeed,
+    EntryState,
+    Heartbeat,
+    HeldRun,
+    LiveQuery,
+    LiveRuns,
+    OpenRun,
+    Outcome,
+    OwnerStatus,
+    Reclaim,
+    Release,
+    RunRef,
+    StartDecision,
+    Store,
+    StoreConfigurationError,
+    StoreError,
+    WorkerProcess,
+)
+
+logger = get_logger("celery.beat.claims")
+
+#: The layout of the tables above. A file written by a newer version is refused.
+SCHEMA_VERSION = 1
+#: Beats that register new entries within this many ms of each other share the instant.
+ANCHOR_SHARED_MS = 2000
+#: How long the task-id index keeps a started run, and a presumed-lost run is kept.
+WEEK_MS = 7 * 24 * 3600 * 1000
+#: Owners whose heartbeat lapsed this long ago are forgotten (an hour).
+FORGET_OWNERS_MS = 3600 * 1000
+#: Items of one call per transaction: one commit for a burst, the writer lock held briefly.
+CHUNK = 500
+#: Expired task ids deleted by each start (more than the one it adds: the table stays small).
+TASK_PURGE = 16
+#: A commit is on disk before the call returns (the check before publish must be durable
+#: before the message exists, even across a power loss).
+SYNCHRONOUS = "FULL"
+
+_STATES = frozenset(s.value for s in RunState)
+_FINAL = frozenset(s.value for s in FINAL_STATES)
+_HELD = frozenset(s.value for s in RunState if s.held)
+_OPEN = frozenset(s.value for s in RunState if s.open)
+_DUE, _CLAIMED, _SENDING, _SENT = (RunState.DUE.value, RunState.CLAIMED.value,
+                                   RunState.SENDING.value, RunState.SENT.value)
+_STARTED, _LOST, _SKIPPED, _FAILED = (RunState.STARTED.value, RunState.LOST.value,
+                                      RunState.SKIPPED.value, RunState.FAILED.value)
+_NUMBER_FIELDS = ("due", "token", "claimed_at", "sending_at", "sent_at", "started_at",
+                  "finished_at", "released_at", "revived_at", "worker_pid", "retries",
+                  "attempts", "reclaims", "deliveries")
+
+#: sqlite3 primary result codes.
+_BUSY, _LOCKED, _READONLY, _CORRUPT, _CANTOPEN, _NOTADB, _PERM, _AUTH = 5, 6, 8, 11, 14, 26, 3, 23
+#: At start these mean the path is wrong, not that the store is down for a while.
+_CONFIG_CODES = frozenset({_READONLY, _CORRUPT, _CANTOPEN, _NOTADB, _PERM, _AUTH})
+
+Record = dict[str, Any]
+T = TypeVar("T")
+I = TypeVar("I")  # noqa: E741
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The quoted table names of one prefix."""
+
+    meta: str
+    entries: str
+    runs: str
+    owners: str
+    tasks: str
+    base: str
+
+    @classmethod
+    def for_prefix(cls, prefix: str) -> Tables:
+        base = re.sub(r"[^0-9A-Za-z_]", "_", prefix) or "beat_claims"
+        if base.lower().startswith("sqlite"):  # names SQLite reserves for itself
+            base = f"bc_{base}"
+        def name(table: str) -> str:
+            return f'"{base}_{table}"'
+
+        return cls(name("meta"), name("entries"), name("runs"), name("owners"),
+                   name("tasks"), base)
+
+
+def _schema(t: Tables) -> list[str]:
+    b = t.base
+    return [
+        f"CREATE TABLE IF NOT EXISTS {t.entries} (name TEXT PRIMARY KEY,"
+        " description TEXT NOT NULL DEFAULT '', anchor INTEGER, checkpoint INTEGER,"
+        " token INTEGER) WITHOUT ROWID",
+        f"CREATE TABLE IF NOT EXISTS {t.runs} (entry TEXT NOT NULL, due INTEGER NOT NULL,"
+        " record TEXT, kind TEXT, since INTEGER, owner TEXT, token INTEGER, busy INTEGER,"
+        " place TEXT, lost_at INTEGER, PRIMARY KEY (entry, due)) WITHOUT ROWID",
+        f'CREATE INDEX IF NOT EXISTS "{b}_runs_sweep" ON {t.runs} (kind, since)'
+        " WHERE kind IS NOT NULL",
+        f'CREATE INDEX IF NOT EXISTS "{b}_runs_due" ON {t.runs} (entry, due)'
+        " WHERE kind = 'due'",
+        f'CREATE INDEX IF NOT EXISTS "{b}_runs_busy" ON {t.runs} (entry, due)'
+        " WHERE busy = 1",
+        f'CREATE INDEX IF NOT EXISTS "{b}_runs_history" ON {t.runs} (entry, due)'
+        " WHERE place = 'h'",
+        f'CREATE INDEX IF NOT EXISTS "{b}_runs_lost" ON {t.runs} (entry, lost_at)'
+        " WHERE place = 'x'",
+        f"CREATE TABLE IF NOT EXISTS {t.owners} (id TEXT PRIMARY KEY, record TEXT NOT NULL,"
+        " expires_at INTEGER NOT NULL) WITHOUT ROWID",
+        f'CREATE INDEX IF NOT EXISTS "{b}_owners_expiry" ON {t.owners} (expires_at)',
+        f"CREATE TABLE IF NOT EXISTS {t.tasks} (task_id TEXT PRIMARY KEY, entry TEXT NOT NULL,"
+        " due INTEGER NOT NULL, token INTEGER NOT NULL, expires_at INTEGER NOT NULL)"
+        " WITHOUT ROWID",
+        f'CREATE INDEX IF NOT EXISTS "{b}_tasks_expiry" ON {t.tasks} (expires_at)',
+    ]
+
+
+def _statements(t: Tables) -> dict[str, str]:
+    """Every statement the transitions run, once per store (sqlite3 caches them)."""
+    due = f'{t.runs} INDEXED BY "{t.base}_runs_due"'
+    busy = f'{t.runs} INDEXED BY "{t.base}_runs_busy"'
+    history = f'{t.runs} INDEXED BY "{t.base}_runs_history"'
+    lost = f'{t.runs} INDEXED BY "{t.base}_runs_lost"'
+    return {
+        "meta_get": f"SELECT value FROM {t.meta} WHERE key = ?",
+        "meta_set": f"INSERT INTO {t.meta} (key, value) VALUES (?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        "entry_get": f"SELECT anchor, checkpoint, token FROM {t.entries} WHERE name = ?",
+        "entry_put": f"INSERT INTO {t.entries} (name, description, anchor, checkpoint, token)"
+                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+                     " description = excluded.description, anchor = excluded.anchor,"
+                     " checkpoint = excluded.checkpoint, token = excluded.token",
+        "entry_move": f"UPDATE {t.entries} SET checkpoint = ?, token = ? WHERE name = ?",
+        "entry_read": f"SELECT name, description, anchor, checkpoint, token FROM {t.entries}"
+                      " WHERE name = ?",
+        "entries_all": f"SELECT name, description, anchor, checkpoint, token FROM {t.entries}"
+                       " ORDER BY name",
+        "run_get": f"SELECT record FROM {t.runs} WHERE entry = ? AND due = ?",
+        "run_insert": f"INSERT INTO {t.runs} (entry, due, record, kind, since, owner, token,"
+                      " busy, place) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'h')",
+        "run_update": f"UPDATE {t.runs} SET record = ?, kind = ?, since = ?, owner = ?,"
+                      " token = ?, busy = ? WHERE entry = ? AND due = ?",
+        "run_unindex": f"UPDATE {t.runs} SET kind = NULL, since = NULL, owner = NULL,"
+                       " token = NULL, busy = NULL WHERE entry = ? AND due = ?",
+        "run_delete": f"DELETE FROM {t.runs} WHERE entry = ? AND due = ?",
+        "run_place": f"UPDATE {t.runs} SET place = ?, lost_at = ? WHERE entry = ? AND due = ?",
+        "runs_due": f"SELECT due, record FROM {due} WHERE entry = ? AND kind = 'due'"
+                    " ORDER BY due",
+        "runs_busy": f"SELECT due, record FROM {busy} WHERE entry = ? AND busy = 1"
+                     " ORDER BY due",
+        "runs_from": f"SELECT due FROM {t.runs} WHERE entry = ? AND due >= ? ORDER BY due",
+        "runs_all": f"SELECT record FROM {t.runs} WHERE entry = ?",
+        "history_all": f"SELECT due, record FROM {history} WHERE entry = ?"
+                       " AND place = 'h' ORDER BY due",
+        "history_count": f"SELECT COUNT(*) FROM {history} WHERE entry = ? AND place = 'h'",
+        "history_oldest": f"SELECT due, record FROM {history} WHERE entry = ?"
+                          " AND place = 'h' ORDER BY due LIMIT ?",
+        "history_newest": f"SELECT due, record FROM {history} WHERE entry = ?"
+                          " AND place = 'h' ORDER BY due DESC LIMIT ?",
+        "lost_count": f"SELECT COUNT(*) FROM {lost} WHERE entry = ? AND place = 'x'",
+        "lost_expired": f"SELECT due FROM {lost} WHERE entry = ? AND place = 'x'"
+                        " AND lost_at < ? ORDER BY lost_at, due",
+        "lost_oldest": f"SELECT due FROM {lost} WHERE entry = ? AND place = 'x'"
+                       " ORDER BY lost_at, due LIMIT ? OFFSET ?",
+        "sweep_due": f"SELECT entry, due FROM {t.runs} WHERE kind = 'due'"
+                     " ORDER BY since LIMIT ?",
+        "sweep_held": f"SELECT entry, due, owner, token, since FROM {t.runs}"
+                      " WHERE kind = 'held' AND since < ? AND (since < ?"
+                      " OR (owner = ? AND since < ?) OR (owner <> ? AND since < ?"
+                      " AND owner NOT IN (SELECT value FROM json_each(?))))"
+                      " ORDER BY since LIMIT ?",
+        "sweep_open": f"SELECT entry, due, record, since FROM {t.runs} WHERE kind = 'open'"
+                      " AND since > ? AND since < ? ORDER BY since LIMIT ?",
+        "owner_put": f"INSERT INTO {t.owners} (id, record, expires_at) VALUES (?, ?, ?)"
+                     " ON CONFLICT (id) DO UPDATE SET record = excluded.record,"
+                     " expires_at = excluded.expires_at",
+        "owner_lapse": f"UPDATE {t.owners} SET expires_at = ? WHERE id = ?",
+        "owners_forget": f"DELETE FROM {t.owners} WHERE expires_at < ?",
+        "owners_all": f"SELECT id, record, expires_at FROM {t.owners} ORDER BY id",
+        "task_put": f"INSERT INTO {t.tasks} (task_id, entry, due, token, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET"
+                    " entry = excluded.entry, due = excluded.due, token = excluded.token,"
+                    " expires_at = excluded.expires_at",
+        "task_purge": f"DELETE FROM {t.tasks} WHERE task_id IN (SELECT task_id FROM {t.tasks}"
+                      " WHERE expires_at < ? ORDER BY expires_at LIMIT ?)",
+        "task_get": f"SELECT entry, due, token FROM {t.tasks} WHERE task_id = ?"
+                    " AND expires_at > ?",
+    }
+
+
+# -- records ------------------------------------------------------------------------------
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _parse(raw: Any, due: int) -> Record | Literal[False]:
+    """A run's record, or False when it cannot be read (bad JSON, an unknown state, a number
+    field that is not a number, another due instant): a bad record is never trusted."""
+    if not isinstance(raw, str):
+        return False
+    try:
+        run = json.loads(raw)
+    except ValueError:
+        return False
+    if not isinstance(run, dict) or not isinstance(run.get("state"), str) or (
+            run["state"] not in _STATES):
+        return False
+    for name in _NUMBER_FIELDS:
+        if name in run and not _is_number(run[name]):
+            return False
+    d = run.get("due")
+    if not _is_number(d) or d != due or (isinstance(d, float) and not d.is_integer()):
+        return False
+    if "owner" in run and not isinstance(run["owner"], str):
+        return False
+    return run
+
+
+def _encode(run: Record) -> str:
+    return json.dumps(run, separators=(",", ":"))
+
+
+def _first(run: Record, *names: str) -> Any:
+    """The first of these fields the record has (None when it has none)."""
+    for name in names:
+        value = run.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def _since(run: Record) -> int:
+    """The instant a run last became what it is: what the sweeps compare with cutoffs."""
+    state = run["state"]
+    if state == _DUE:
+        value = _first(run, "released_at", "claimed_at", "due")
+    elif state in _HELD:
+        value = _first(run, "sending_at", "claimed_at")
+    else:
+        value = _first(run, "revived_at", "started_at", "sent_at", "sending_at")
+    return int(value or 0)
+
+
+Index = tuple[str | None, int | None, str | None, int | None, int | None]
+
+
+def _index(run: Record) -> Index:
+    """The run's index columns: kind, since, owner, token (held runs), busy."""
+    state = run["state"]
+    if state in _FINAL:
+        return None, None, None, None, None
+    since = _since(run)
+    if state == _DUE:
+        return "due", since, None, None, None
+    if state in _HELD:
+        return ("held", since, str(run.get("owner") or ""), int(run.get("token") or 0),
+                1 if state == _SENDING else None)
+    return "open", since, None, None, 1
+
+
+def _token_is(run: Record, token: int | None) -> bool:
+    """Whether ``token`` (None: any) is the run's current token."""
+    return token is None or int(run.get("token") or 0) == token
+
+
+def _holds(run: Record, owner: str, token: int | None) -> bool:
+    return run["state"] in _HELD and run.get("owner") == owner and _token_is(run, token)
+
+
+def _handed_over(run: Record) -> bool:
+    """Whether its holder passed the check before publish (a message may exist)."""
+    return run["state"] not in (_CLAIMED, _DUE)
+
+
+def _to_due(run: Record, by: str | None, now: int) -> None:
+    """Due again, for any beat that has the entry; its next claim gets a fresh token."""
+    if by is None:
+        run.pop("released_by", None)
+    else:
+        run["released_by"] = by
+    run.pop("owner", None)
+    run["state"] = _DUE
+    run["released_at"] = now
+
+
+def _entry_int(value: Any) -> int | None:
+    """An entry field as stored; ValueError when it is not an integer."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        return int(value)
+    raise ValueError(value)
+
+
+def _maybe_int(value: Any) -> int | None:
+    try:
+        return _entry_int(value)
+    except ValueError:
+        return None
+
+
+# -- errors -------------------------------------------------------------------------------
+def _code(exc: sqlite3.Error) -> int | None:
+    """The primary result code (Python >= 3.11), else one read from the message."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF
+    text = str(exc).lower()
+    for words, guess in (("locked", _BUSY), ("readonly", _READONLY), ("read-only", _READONLY),
+                         ("unable to open", _CANTOPEN), ("malformed", _CORRUPT),
+                         ("not a database", _NOTADB)):
+        if words in text:
+            return guess
+    return None
+
+
+def _is_outage(exc: BaseException) -> bool:
+    """An error of the file or the connection (the whole call fails), not of one item."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return True
+    return isinstance(exc, sqlite3.DatabaseError) and _code(exc) in (_CORRUPT, _NOTADB)
+
+
+def _missing_table(exc: sqlite3.Error) -> bool:
+    return "no such table" in str(exc) or "no such index" in str(exc)
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _path_from_url(url: str) -> str:
+    """The file of a ``sqlite:///relative.db`` or ``sqlite:////absolute.db`` URL."""
+    scheme, sep, rest = url.partition("://")
+    where = f"beat_claims_url={url!r}"
+    if scheme.lower() != "sqlite" or not sep:
+        raise StoreConfigurationError(f"{where}: not a sqlite:/// URL")
+    if "?" in rest or "#" in rest:
+        raise StoreConfigurationError(f"{where}: query parameters are not supported")
+    if not rest.startswith("/") or rest == "/":
+        raise StoreConfigurationError(
+            f"{where}: write sqlite:///relative/path.db or sqlite:////absolute/path.db"
+            " (three slashes, then the path)")
+    path = rest[1:]
+    if path == ":memory:":
+        raise StoreConfigurationError(
+            f"{where}: an in-memory database is not shared between processes; name a file")
+    return path
+
+
+class SQLiteStore(Store):
+    """The store in one SQLite file, for the beats, workers and operators of one host."""
+
+    def __init__(self, path: str, prefix: str = "beat-claims", history_limit: int = 100,
+                 timeout: float = 5.0, url: str = "") -> None:
+        self.path = os.path.abspath(path)  # a later chdir (a daemon's) must not move it
+        self.prefix = prefix
+        self.history_limit = history_limit
+        self.timeout = max(0.001, float(timeout))
+        self._url = url or f"sqlite:///{path}"
+        self.tables = Tables.for_prefix(prefix)
+        self._sql = _statements(self.tables)
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+        self._db_file: tuple[int, int] | None = None
+        self._pid = os.getpid()
+        #: Connections a fork left to this process: never used nor closed here (another
+        #: process owns them), only kept from the garbage collector.
+        self._inherited: list[sqlite3.Connection] = []
+        self._foreign_hosts: set[str] = set()
+        #: The file the last heartbeat read the epoch of. Another file at the path (restored
+        #: from a copy, deleted and recreated) is refused to everything but a heartbeat
+        #: until one has read its epoch: a beat must learn that the store went back first.
+        self._heartbeat_file: tuple[int, int] | None = None
+        _STORES.add(self)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "beat-claims", history_limit: int = 100,
+                 timeout: float = 5.0) -> SQLiteStore:
+        """The store of a ``sqlite:///`` URL, opened at once: a path that cannot work is an
+        error now (naming the setting), not at the first claim."""
+        store = cls(_path_from_url(url), prefix, history_limit, timeout, url)
+        store._check_path()
+        try:
+            with store._locked():
+                store._connection(starting=True)
+        except StoreError as exc:  # busy: set up at the first call instead
+            logger.warning("beat-claims: %s is busy (%s); retried at the first call",
+                           store.description, exc)
+        return store
+
+    @property
+    def description(self) -> str:
+        return f"sqlite:///{self.path} (prefix {self.prefix!r})"
+
+    def close(self) -> None:
+        with self._locked():
+            self._drop_connection()
+
+    # -- connections --------------------------------------------------------------------
+    def _check_path(self) -> None:
+        where = f"beat_claims_url={self._url!r}"
+        directory = os.path.dirname(self.path)
+        if not os.path.isdir(directory):
+            raise StoreConfigurationError(f"{where}: the directory {directory} does not exist")
+        if os.path.isdir(self.path):
+            raise StoreConfigurationError(f"{where}: {self.path} is a directory")
+        for path, what in ((self.path, "file"), (directory, "directory")):
+            if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+                raise StoreConfigurationError(
+                    f"{where}: the {what} {path} is not writable{_read_only_fs(path)}: every"
+                    " beat, worker and operator writes to it (and SQLite keeps the file's"
+                    " -wal and -shm next to it)")
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """This store's connection, for one thread at a time (bounded by the timeout)."""
+        lock = self._lock
+        if not lock.acquire(timeout=self.timeout):
+            raise StoreError(f"{self.description}: busy in this process for {self.timeout}s")
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _connection(self, starting: bool = False) -> sqlite3.Connection:
+        """The open connection, reopened when the file at the path is another one (deleted
+        and recreated, or replaced by a copy) or after a fork."""
+        if os.getpid() != self._pid:  # forked without the hook below
+            self._forget_connection()
+        if self._db is not None and _file_id(self.path) != self._db_file:
+            self._drop_connection()
+        if self._db is None:
+            self._db = self._open(starting)
+        return self._db
+
+    def _open(self, starting: bool) -> sqlite3.Connection:
+        for stale in (self.path + "-wal", self.path + "-shm"):
+            # A -wal left by a deleted file is that file's: a new file must not replay it.
+            # (Seen before the file is found missing: a new file is created before its -wal,
+            # so this is not the -wal of a file another process is creating.)
+            if os.path.exists(stale) and not os.path.exists(self.path):
+                logger.warning("beat-claims: removing %s, left by a deleted %s", stale,
+                               self.path)
+                with contextlib.suppress(OSError):
+                    os.remove(stale)
+        try:
+            db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
+                                 check_same_thread=False, cached_statements=256)
+        except sqlite3.Error as exc:
+            raise self._failure(exc, starting) from exc
+        try:
+            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()
+            if not mode or str(mode[0]).lower() != "wal":
+                raise StoreConfigurationError(
+                    f"beat_claims_url={self._url!r}: {self.path} cannot use WAL mode"
+                    f" (journal_mode is {mode[0] if mode else None!r})")
+            db.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
+            self._set_up(db)
+            self._db_file = _file_id(self.path)
+        except StoreConfigurationError as exc:
+            db.close()
+            if starting:
+                raise
+            raise StoreError(str(exc)) from exc
+        except sqlite3.Error as exc:
+            db.close()
+            raise self._failure(exc, starting) from exc
+        return db
+
+    def _set_up(self, db: sqlite3.Connection) -> None:
+        """Create the tables (if missing) and check the file's schema version and prefix."""
+        t, where = self.tables, f"beat_claims_url={self._url!r}"
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(f"CREATE TABLE IF NOT EXISTS {t.meta} (key TEXT PRIMARY KEY,"
+                       " value TEXT) WITHOUT ROWID")
+            row = db.execute(self._sql["meta_get"], ("version",)).fetchone()
+            try:
+                version = SCHEMA_VERSION if row is None else int(row[0])
+            except (TypeError, ValueError):
+                raise StoreConfigurationError(
+                    f"{where}: the tables {t.base}_* in {self.path} have an unreadable"
+                    f" schema version {row[0]!r}") from None
+            if version > SCHEMA_VERSION:
+                raise StoreConfigurationError(
+                    f"{where}: {self.path} (tables {t.base}_*) was written by a newer"
+                    f" beat-claims (schema version {version}; this one knows up to"
+                    f" {SCHEMA_VERSION}): upgrade beat-claims here, or use another file")
+            row = db.execute(self._sql["meta_get"], ("prefix",)).fetchone()
+            if row is not None and row[0] != self.prefix:
+                raise StoreConfigurationError(
+                    f"beat_claims_key_prefix={self.prefix!r}: the tables {t.base}_* in"
+                    f" {self.path} belong to the prefix {row[0]!r}; choose another prefix")
+            for statement in _schema(t):
+                db.execute(statement)
+            db.execute(self._sql["meta_set"], ("version", str(max(version, SCHEMA_VERSION))))
+            db.execute(self._sql["meta_set"], ("prefix", self.prefix))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def _failure(self, exc: sqlite3.Error, starting: bool = False) -> Exception:
+        code = _code(exc)
+        text = f"{type(exc).__name__}: {exc}"
+        if code in (_BUSY, _LOCKED):
+            return StoreError(f"{self.description}: busy for more than {self.timeout}s"
+                              f" ({text})")
+        if starting and (code in _CONFIG_CODES or code is None):
+            return StoreConfigurationError(
+                f"beat_claims_url={self._url!r}: {self.path} cannot be opened and written"
+                f"{_read_only_fs(self.path)} ({text})")
+        return StoreError(f"{self.description}: {text}")
+
+    def _drop_connection(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+        self._db = None
+
+    def _forget_connection(self) -> None:
+        """In a forked child: the parent's connection is the parent's."""
+        if self._db is not None:
+            self._inherited.append(self._db)
+        self._db = None
+        self._pid = os.getpid()
+
+    # -- transactions -------------------------------------------------------------------
+    def _transaction(self, work: Callable[[sqlite3.Connection], T], write: bool = True,
+                     heartbeat: bool = False) -> T:
+        """``work`` in one transaction: all of it is written, or none of it."""
+        with self._locked():
+            for attempt in (0, 1):
+                db = self._connection()
+                if not heartbeat and self._heartbeat_file not in (None, self._db_file):
+                    raise StoreError(
+                        f"{self.description}: the file is another one than at the last"
+                        " heartbeat (restored from a copy, or deleted and recreated): its"
+                        " epoch must be read again before anything else")
+                try:
+                    db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                    try:
+                        result = work(db)
+                        db.execute("COMMIT")
+                        return result
+                    except BaseException:
+                        if db.in_transaction:
+                            with contextlib.suppress(sqlite3.Error):
+                                db.execute("ROLLBACK")
+                        raise
+                except sqlite3.Error as exc:
+                    if attempt == 0 and _missing_table(exc):  # dropped under us: recreate
+                        try:
+                            self._set_up(db)
+                        except (sqlite3.Error, StoreConfigurationError) as again:
+                            raise StoreError(f"{self.description}: {again}") from again
+                        continue
+                    if _code(exc) not in (_BUSY, _LOCKED):
+                        self._drop_connection()
+                    raise self._failure(exc) from exc
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    def _each(self, what: str, items: Sequence[I],
+              step: Callable[[sqlite3.Connection, int, I], T],
+              failed: Callable[[I, Exception], T]) -> list[T]:
+        """One transition per item; CHUNK items per transaction, each in its own savepoint
+        so that an item that fails (a bad record) is rolled back and answered alone."""
+        def chunk(db: sqlite3.Connection, part: Sequence[I]) -> list[T]:
+            out = []
+            for item in part:
+                db.execute("SAVEPOINT item")
+                try:
+                    result = step(db, _now(), item)
+                except Exception as exc:
+                    if _is_outage(exc):
+                        raise
+                    db.execute("ROLLBACK TO item")
+                    db.execute("RELEASE item")
+                    logger.warning("beat-claims: %s failed in %s, for this item only: %s: %s",
+                                   what, self.description, type(exc).__name__, exc)
+                    out.append(failed(item, exc))
+                    continue
+                db.execute("RELEASE item")
+                out.append(result)
+            return out
+
+        results: list[T] = []
+        for start in range(0, len(items), CHUNK):
+            part = items[start:start + CHUNK]
+            results += self._transaction(lambda db, p=part: chunk(db, p))  # type: ignore[misc]
+        return results
+
+    # -- helpers shared by the transitions (the Lua prelude's) ------------------------------
+    def _get_run(self, db: sqlite3.Connection, entry: str, due: int
+                 ) -> Record | Literal[False] | None:
+        """The run's record; None when there is none, False when it cannot be read."""
+        row = db.execute(self._sql["run_get"], (entry, due)).fetchone()
+        return None if row is None else _parse(row[0], due)
+
+    def _get_entry(self, db: sqlite3.Connection, entry: str
+                   ) -> tuple[dict[str, int | None] | None, list[str]]:
+        """The entry's anchor, checkpoint and token (None: no such entry) and the names of
+        the fields that cannot be read (those are None)."""
+        row = db.execute(self._sql["entry_get"], (entry,)).fetchone()
+        if row is None:
+            return None, []
+        values: dict[str, int | None] = {}
+        bad = []
+        for name, raw in zip(("anchor", "checkpoint", "token"), row):
+            try:
+                values[name] = _entry_int(raw)
+            except ValueError:
+                values[name] = None
+                bad.append(name)
+        return values, bad
+
+    def _insert_run(self, db: sqlite3.Connection, entry: str, run: Record) -> None:
+        """A new run, in the history."""
+        db.execute(self._sql["run_insert"], (entry, int(run["due"]), _encode(run),
+                                             *_index(run)))
+
+    def _put_run(self, db: sqlite3.Connection, entry: str, run: Record) -> None:
+        """A run's new record and its index columns, in one statement."""
+        db.execute(self._sql["run_update"], (_encode(run), *_index(run), entry,
+                                             int(run["due"])))
+
+    def _next_token(self, e: dict[str, int | None], floor: int) -> int:
+        """A fresh token, above the caller's floor (the entry row is written by the caller
+        before its transaction ends)."""
+        token = (e["token"] or 0) + 1
+        if token <= floor:
+            token = floor + 1
+        e["token"] = token
+        return token
+
+    def _trim(self, db: sqlite3.Connection, entry: str, limit: int, now: int) -> None:
+        """Keep the history to ``limit`` runs: the oldest final runs first, wherever they
+        are; a lost run moves to the lost keep (a week, at most ``limit``) for a late
+        delivery; only then is the oldest run sent and never started pushed out, presumed
+        lost (history_limit). Runs being claimed, sent or run are never dropped. Bounded:
+        a look past at most 64 live runs."""
+        q = self._sql
+        excess = db.execute(q["history_count"], (entry,)).fetchone()[0] - limit
+        if excess > 0:
+            unstarted: list[Record] = []
+            for due, raw in db.execute(q["history_oldest"], (entry, excess + 64)).fetchall():
+                if excess <= 0:
+                    break
+                run = _parse(raw, due)
+                if run is False or (run["state"] in _FINAL and run["state"] != _LOST):
+                    db.execute(q["run_delete"], (entry, due))
+                    excess -= 1
+                elif run["state"] == _LOST:
+                    lost_at = _first(run, "finished_at")
+                    db.execute(q["run_place"], ("x", int(now if lost_at is None else lost_at),
+                                                entry, due))
+                    excess -= 1
+                elif run["state"] == _SENT and run.get("started_at") is None:
+                    unstarted.append(run)
+            for run in unstarted[:max(0, excess)]:
+                run.update(state=_LOST, reason=Reason.HISTORY_LIMIT.value, finished_at=now)
+                self._put_run(db, entry, run)
+                db.execute(q["run_place"], ("x", now, entry, int(run["due"])))
+        kept = db.execute(q["lost_count"], (entry,)).fetchone()[0]
+        if not kept:
+            return
+        expired = [due for (due,) in db.execute(q["lost_expired"], (entry, now - WEEK_MS))]
+        over = kept - len(expired) - limit
+        if over > 0:
+            expired += [due for (due,) in db.execute(q["lost_oldest"],
+                                                     (entry, over, len(expired)))]
+        for due in expired:
+            kept_run = self._get_run(db, entry, due)
+            if not kept_run or kept_run["state"] == _LOST:
+                db.execute(q["run_delete"], (entry, due))
+            else:
+                db.execute(q["run_place"], (None, None, entry, due))
+
+    # -- beats: liveness and entries ---------------------------------------------------
+    def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
+                  settling: bool = False) -> Heartbeat:
+        ttl_ms = max(1, round(ttl * 1000))
+
+        def work(db: sqlite3.Connection
+                 ) -> tuple[int, str, int | None, list[Any], tuple[int, int] | None]:
+            q, now = self._sql, _now()
+            db.execute(q["owner_put"], (owner.id, json.dumps(owner.as_dict()), now + ttl_ms))
+            meta = {key: (row[0] if (row := db.execute(q["meta_get"], (key,)).fetchone())
+                          else None) for key in ("epoch", "settle_until", "epoch_file")}
+            epoch, settle = meta["epoch"], _maybe_int(meta["settle_until"])
+            file = f"{self._db_file[0]}:{self._db_file[1]}" if self._db_file else ""
+            if not epoch or meta["epoch_file"] != file or resync:
+                epoch = uuid.uuid4().hex
+                if settle is None or settle < now + ttl_ms:
+                    settle = now + ttl_ms
+                for key, value in (("epoch", epoch), ("settle_until", str(settle)),
+                                   ("epoch_since", str(now)), ("epoch_file", file)):
+                    db.execute(q["meta_set"], (key, value))
+            elif settling and settle is not None and now < settle < now + ttl_ms:
+                # The caller is still registering what it knows: settling lasts ttl more.
+                settle = now + ttl_ms
+                db.execute(q["meta_set"], ("settle_until", str(settle)))
+            db.execute(q["owners_forget"], (now - FORGET_OWNERS_MS,))
+            return (now, str(epoch), settle, db.execute(q["owners_all"]).fetchall(),
+                    self._db_file)
+
+        now, epoch, settle, rows, file_read = self._transaction(work, heartbeat=True)
+        self._heartbeat_file = file_read
+        owners = _owner_statuses(rows, now)
+        self._warn_foreign_hosts(owners)
+        return Heartbeat(now=now, epoch=epoch, settle_until=settle, owners=tuple(owners))
+
+    def _warn_foreign_hosts(self, owners: list[OwnerStatus]) -> None:
+        """This store's "now" is each host's own clock: beats of several hosts on one file
+        (a network share) would disagree about it."""
+        here = socket.gethostname()
+        for status in owners:
+            host = status.owner.host
+            if status.alive and host != here and host not in self._foreign_hosts:
+                self._foreign_hosts.add(host)
+                logger.warning(
+                    "beat-claims: a beat of another host (%s) uses %s; the SQLite store is"
+                    " for the beats of one host only (their clocks are its clock): use"
+                    " Redis or PostgreSQL for several hosts", host, self.description)
+
+    def leave(self, owner: Owner) -> None:
+        self._transaction(lambda db: db.execute(self._sql["owner_lapse"],
+                                                (_now() - 1, owner.id)))
+
+    def register(self, seeds: Sequence[EntrySeed]) -> dict[str, EntryState]:
+        seeds = list(seeds)
+        if not seeds:
+            return {}
+        anchoring: list[int] = []  # the call's anchoring instant, read by its first item
+
+        def step(db: sqlite3.Connection, now: int, seed: EntrySeed
+                 ) -> tuple[EntryState, list[str]] | None:
+            if not anchoring:
+                anchoring.append(self._anchor_instant(db, now))
+            return self._register_one(db, now, seed, anchoring[0])
+
+        def failed(seed: EntrySeed, exc: Exception) -> tuple[EntryState, list[str]] | None:
+            logger.error("beat-claims: entry %r cannot be registered in the store: %s",
+                         seed.name, exc)
+            return None
+
+        out: dict[str, EntryState] = {}
+        for seed, reply in zip(seeds, self._each("register", seeds, step, failed)):
+            if reply is None:
+                continue
+            state, repaired = reply
+            if repaired:
+                logger.warning("beat-claims: entry %r had unreadable field(s) %s in the"
+                               " store; repaired from what this beat knows", seed.name,
+                               ",".join(repaired))
+            out[seed.name] = state
+        return out
+
+    def _anchor_instant(self, db: sqlite3.Connection, now: int) -> int:
+        """The instant new entries are anchored at: beats that start together (within
+        ANCHOR_SHARED_MS) share it, so entries they first see together fall due together."""
+        q = self._sql
+        instant = db.execute(q["meta_get"], ("anchoring",)).fetchone()
+        until = db.execute(q["meta_get"], ("anchoring_until",)).fetchone()
+        value, expiry = (_maybe_int(instant[0]) if instant else None,
+                         _maybe_int(until[0]) if until else None)
+        if value is not None and expiry is not None and now < expiry:
+            return value
+        db.execute(q["meta_set"], ("anchoring", str(now)))
+        db.execute(q["meta_set"], ("anchoring_until", str(now + ANCHOR_SHARED_MS)))
+        return now
+
+    def _register_one(self, db: sqlite3.Connection, now: int, seed: EntrySeed,
+                      anchor_now: int) -> tuple[EntryState, list[str]]:
+        """register.lua: anchor once, floors only raise, known runs restored where the store
+        has no record at their instant, unreadable fields replaced (and named)."""
+        e, repaired = self._get_entry(db, seed.name)
+        e = e or {"anchor": None, "checkpoint": None, "token": None}
+        anchor = e["anchor"]
+        if anchor is None:
+            anchor = seed.anchor if seed.anchor is not None else anchor_now
+        checkpoint = e["checkpoint"]
+        if seed.checkpoint is not None and (checkpoint is None or checkpoint < seed.checkpoint):
+            checkpoint = seed.checkpoint
+        token = max(e["token"] or 0, seed.token)
+        if "token" in repaired:
+            # The counter could not be read: no token its runs hold may be handed out again.
+            token = max([token, *(self._tokens_held(db, seed.name))])
+        db.execute(self._sql["entry_put"], (seed.name, seed.description, anchor, checkpoint,
+                                            token))
+        if seed.runs:
+            for known in seed.runs:
+                stored = self._get_run(db, seed.name, known.due)
+                record = known.to_record()
+                if stored is None:
+                    self._insert_run(db, seed.name, record)
+                elif stored and known.state is RunState.SENT and (
+                        stored["state"] not in _FINAL and stored["state"] not in _OPEN
+                        and int(stored.get("token") or 0) <= known.token):
+                    # An older copy of the store still holds it claimed (or due again), and
+                    # the caller sent it since: what the caller knows is newer.
+                    self._put_run(db, seed.name, record)
+            self._trim(db, seed.name, self.history_limit, now)
+        return EntryState(anchor, checkpoint, token), repaired
+
+    def _tokens_held(self, db: sqlite3.Connection, entry: str) -> list[int]:
+        """The tokens the entry's readable records hold (bounded: its history, its live
+        runs and its lost keep)."""
+        out = []
+        for (raw,) in db.execute(self._sql["runs_all"], (entry,)):
+            try:
+                run = json.loads(raw)
+            except (TypeError, ValueError):
+                continue
+            if isinstance(run, dict) and _is_number(run.get("token")):
+                out.append(int(run["token"]))
+        return out
+
+    # -- beats: the life of a claim ----------------------------------------------------
+    def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
+        return self._each("claim", list(plans), lambda db, now, plan: self._claim_one(
+            db, now, owner.id, plan), lambda plan, exc: ClaimResult(
+            plan.entry, ClaimStatus.CORRUPT, detail=f"{type(exc).__name__}: {exc}"))
+
+    def _claim_one(self, db: sqlite3.Connection, now: int, owner: str, plan: ClaimPlan
+                   ) -> ClaimResult:
+        """claim.lua: one compare-and-set on the checkpoint; a fresh token per claim; an
+        instant that already has a run is left as it is; then the due runs are taken."""
+        q, name = self._sql, plan.entry
+        e, bad = self._get_entry(db, name)
+        if bad:
+            return ClaimResult(name, ClaimStatus.CORRUPT, detail=f"unreadable field {bad[0]!r}")
+        if e is None or e["anchor"] is None:
+            return ClaimResult(name, ClaimStatus.MISSING)
+        anchor, checkpoint = e["anchor"], e["checkpoint"]
+        start_token = e["token"] or 0
+        floor = plan.token_floor
+        claimed: list[Claim] = []
+        skipped: list[tuple[int, Reason]] = []
+        existing: list[int] = []
+        taken: list[Claim] = []
+        unreadable: list[int] = []
+        if plan.expected is not None:
+            if (anchor, checkpoint) != (plan.expected.anchor, plan.expected.checkpoint):
+                return ClaimResult(name, ClaimStatus.CONFLICT,
+                                   EntryState(anchor, checkpoint, start_token))
+            cp = checkpoint
+            steps = sorted([(due, "claim") for due in plan.claim]
+                           + [(due, reason.value) for due, reason in plan.skip])
+            for due, action in steps:
+                if cp is not None and due <= cp:
+                    continue
+                cp = due
+                if db.execute(q["run_get"], (name, due)).fetchone() is not None:
+                    existing.append(due)
+                elif action == "claim":
+                    token = floor = self._next_token(e, floor)
+                    self._insert_run(db, name, {"due": due, "state": _CLAIMED, "token": token,
+                                                "owner": owner, "claimed_at": now})
+                    claimed.append(Claim(name, due, token))
+                else:
+                    self._insert_run(db, name, {"due": due, "state": _SKIPPED,
+                                                "reason": action, "finished_at": now})
+                    skipped.append((due, Reason(action)))
+            checkpoint = cp
+        if plan.take_due:
+            for due, raw in db.execute(q["runs_due"], (name,)).fetchall():
+                run = _parse(raw, due)
+                if run is False:
+                    db.execute(q["run_unindex"], (name, due))
+                    unreadable.append(due)
+                elif run["state"] != _DUE:
+                    self._put_run(db, name, run)  # indexed as its record says, not as due
+                else:
+                    token = floor = self._next_token(e, floor)
+                    run.update(token=token, state=_CLAIMED, owner=owner, claimed_at=now)
+                    run.pop("sending_at", None)  # held since this claim, not the last check
+                    self._put_run(db, name, run)
+                    taken.append(Claim(name, due, token,
+                                       manual=run.get("manual") not in (None, False),
+                                       maybe_sent=run.get("maybe_sent") not in (None, False),
+                                       attempts=int(run.get("attempts") or 0)))
+        if checkpoint != e["checkpoint"] or e["token"] != start_token:
+            db.execute(q["entry_move"], (checkpoint, e["token"], name))
+        self._trim(db, name, self.history_limit, now)
+        return ClaimResult(name, ClaimStatus.OK, EntryState(anchor, checkpoint,
+                                                            e["token"] or 0),
+                           claims=tuple(claimed), taken=tuple(taken),
+                           skipped=tuple(skipped), existing=tuple(existing),
+                           unreadable=tuple(unreadable))
+
+    def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
+        return self._each("check", list(checks), lambda db, now, item: self._check_one(
+            db, now, owner.id, item), lambda item, exc: CheckResult(
+            item.claim, CheckVerdict.REFUSED, why=f"unreadable record: {exc}"))
+
+    def _check_one(self, db: sqlite3.Connection, now: int, owner: str, item: Check
+                   ) -> CheckResult:
+        """check.lua: only the holder of the current token may send; asked again after a
+        lost reply, the same answer."""
+        c = item.claim
+        run = self._get_run(db, c.entry, c.due)
+        if run is None:  # the store lost it (or it never was): the holder must know
+            return CheckResult(c, CheckVerdict.MISSING, why="no such run")
+        if run is False:
+            return CheckResult(c, CheckVerdict.REFUSED, why="unreadable record")
+        if run.get("owner") != owner or not _token_is(run, c.token):
+            return CheckResult(c, CheckVerdict.REFUSED, why="superseded")
+        if run["state"] == _SKIPPED and run.get("reason") in Reason._value2member_map_:
+            return CheckResult(c, CheckVerdict.SKIPPED, Reason(run["reason"]))
+        if run["state"] not in _HELD:
+            return CheckResult(c, CheckVerdict.REFUSED, why=run["state"])
+        reason = item.skip
+        if reason is None and item.overlap is Overlap.SKIP and run["state"] == _CLAIMED:
+            for due, raw in db.execute(self._sql["runs_busy"], (c.entry,)).fetchall():
+                other = _parse(raw, due) if due != c.due else False
+                # A run registered again after a wipe as sent, that no worker has started
+                # since, may well be finished: it does not make the next ones overlap.
+                if other and (other["state"] == _SENDING or other["state"] in _OPEN) and not (
+                        other.get("reseeded") not in (None, False) and other["state"] == _SENT):
+                    reason = Reason.OVERLAP
+                    break
+        if reason is not None:
+            run.update(state=_SKIPPED, reason=reason.value, finished_at=now)
+            self._put_run(db, c.entry, run)
+            return CheckResult(c, CheckVerdict.SKIPPED, reason)
+        run.update(state=_SENDING, task_id=item.task_id, sending_at=now)
+        self._put_run(db, c.entry, run)
+        return CheckResult(c, CheckVerdict.SEND)
+
+    def record_sent(self, owner: Owner, claims: Sequence[Claim]) -> int:
+        def step(db: sqlite3.Connection, now: int, c: Claim) -> bool:
+            """sent.lua: the worker may already have started (or finished) the run."""
+            run = self._get_run(db, c.entry, c.due)
+            if not run or not _token_is(run, c.token) or not _handed_over(run):
+                return False
+            if run["state"] == _SENDING:
+                run.update(state=_SENT, sent_at=now)
+                self._put_run(db, c.entry, run)
+            elif run.get("sent_at") is None:
+                run["sent_at"] = now
+                self._put_run(db, c.entry, run)
+            return True
+
+        return sum(self._each("record_sent", list(claims), step, lambda c, exc: False))
+
+    def release(self, owner: Owner, releases: Sequence[Release], max_attempts: int = 0
+                ) -> list[RunState | None]:
+        allowed = max(1, max_attempts)
+
+        def step(db: sqlite3.Connection, now: int, item: Release) -> RunState | None:
+            """release.lua: due again; with an error the attempt is counted, and at the
+            limit the run is recorded failed (publish_error) so it does not come back."""
+            c = item.claim
+            run = self._get_run(db, c.entry, c.due)
+            if not run or not _holds(run, owner.id, c.token):
+                return None
+            if item.error:
+                run["attempts"] = int(run.get("attempts") or 0) + 1
+                run["exc_type"] = item.error_type
+                run["exc_message"] = item.error
+                if run["attempts"] >= allowed:
+                    run.update(state=_FAILED, reason=Reason.PUBLISH_ERROR.value,
+                               finished_at=now)
+                    self._put_run(db, c.entry, run)
+                    return RunState.FAILED
+            _to_due(run, run.get("owner"), now)
+            self._put_run(db, c.entry, run)
+            return RunState.DUE
+
+        return self._each("release", list(releases), step, lambda item, exc: None)
+
+    # -- sweeps -----------------------------------------------------------------------
+    def live_runs(self, query: LiveQuery) -> LiveRuns:
+        q = query
+        top = max(q.held_before, q.mine_before, q.dead_before)
+        live = json.dumps(sorted(q.live_owners))
+
+        def work(db: sqlite3.Connection) -> tuple[list[Any], list[Any]]:
+            return (db.execute(self._sql["sweep_due"], (q.limit + 1,)).fetchall(),
+                    db.execute(self._sql["sweep_held"], (
+                        top, q.held_before, q.owner, q.mine_before, q.owner, q.dead_before,
+                        live, q.limit + 1)).fetchall())
+
+        due_rows, held_rows = self._transaction(work, write=False)
+        complete = len(due_rows) <= q.limit and len(held_rows) <= q.limit
+        return LiveRuns(
+            tuple(RunRef(entry, due) for entry, due in due_rows[:q.limit]),
+            tuple(HeldRun(entry, due, int(token or 0), owner or "", int(since))
+                  for entry, due, owner, token, since in held_rows[:q.limit]),
+            complete)
+
+    def open_runs(self, before: int, after: int | None = None, limit: int = 1000
+                  ) -> list[OpenRun]:
+        low = -(2 ** 63) if after is None else after
+        rows = self._transaction(lambda db: db.execute(
+            self._sql["sweep_open"], (low, before, max(0, limit))).fetchall(), write=False)
+        out = []
+        for entry, due, raw, since in rows:
+            run = _parse(raw, due)
+            if run and run["state"] in _OPEN:
+                out.append(OpenRun(entry, due, int(run.get("token") or 0),
+                                   RunState(run["state"]), int(since), run.get("task_id")))
+        return out
+
+    def reclaim(self, reclaims: Sequence[Reclaim], by: str) -> list[bool]:
+        def step(db: sqlite3.Connection, now: int, r: Reclaim) -> bool:
+            """reclaim.lua: due again, the holder fenced; a run being sent may have been
+            published, and that is remembered (maybe_sent)."""
+            run = self._get_run(db, r.entry, r.due)
+            if not run or run["state"] not in _HELD or not _token_is(run, r.token):
+                return False
+            if run["state"] == _SENDING:
+                run["maybe_sent"] = True
+            if "owner" in run:
+                run["reclaimed_from"] = run["owner"]
+            else:
+                run.pop("reclaimed_from", None)
+            run["reclaims"] = int(run.get("reclaims") or 0) + 1
+            _to_due(run, by, now)
+            self._put_run(db, r.entry, run)
+            return True
+
+        return self._each("reclaim", list(reclaims), step, lambda r, exc: False)
+
+    # -- workers ----------------------------------------------------------------------
+    def start(self, delivery: Delivery) -> StartDecision:
+        [decision] = self._each("start", [delivery], self._start_one, lambda d, exc: StartDecision(
+            StartVerdict.UNTRACKED, f"unreadable record: {exc}"))
+        return decision
+
+    def _start_one(self, db: sqlite3.Connection, now: int, d: Delivery) -> StartDecision:
+        """start.lua: the first delivery of the current token starts the run; another is
+        refused, unless it is a Celery retry or the process that started it is gone; a run
+        presumed lost whose delivery turns up late still runs."""
+        q, proc = self._sql, d.process
+        run = self._get_run(db, d.entry, d.due)
+        if run is None:
+            e, bad = self._get_entry(db, d.entry)
+            if e is not None and not bad and e["checkpoint"] is not None and (
+                    d.due <= e["checkpoint"]):
+                return StartDecision(StartVerdict.REFUSED, "no record of this run (trimmed"
+                                     " from history, or the store was wiped)")
+            return StartDecision(StartVerdict.UNTRACKED, "no record of this run yet")
+        if run is False:
+            return StartDecision(StartVerdict.UNTRACKED, "corrupt record")
+        if not _token_is(run, d.token):
+            return StartDecision(StartVerdict.REFUSED, f"token {d.token} superseded by"
+                                 f" {int(run.get('token') or 0)}")
+        state = run["state"]
+        if state in _FINAL and state != _LOST:
+            return StartDecision(StartVerdict.REFUSED, f"already {state}")
+        if state == _STARTED or (state == _LOST and run.get("started_at") is not None):
+            worker = run.get("worker") or ""
+            pid = int(run["worker_pid"]) if "worker_pid" in run else -1
+            identity = _first(run, "worker_process")
+            identity = "" if identity is None else str(identity)
+            same = worker == proc.worker and pid == proc.pid and identity == proc.process
+            retry = d.retries > int(run.get("retries") or 0)
+            takeover = d.takeover is not None and (
+                d.takeover.worker, d.takeover.pid) == (worker, pid)
+            if not (retry or takeover):
+                if same:
+                    return StartDecision(StartVerdict.REFUSED, "already started by this"
+                                         " process")
+                return StartDecision(StartVerdict.BUSY, "busy", WorkerProcess(
+                    worker, int(run.get("worker_pid") or 0), identity))
+            if takeover:
+                run["deliveries"] = int(run.get("deliveries") or 1) + 1
+        elif state in (_SENDING, _SENT, _LOST):
+            run["deliveries"] = 1
+        else:
+            return StartDecision(StartVerdict.REFUSED, f"not sent ({state})")
+        if state == _LOST:
+            # Presumed lost, and it was not: its run_timeout counts again from now.
+            run.update(revived=True, revived_at=now)
+            run.pop("finished_at", None)
+            run.pop("reason", None)
+            db.execute(q["run_place"], ("h", None, d.entry, d.due))
+        run.pop("reseeded", None)
+        run.update(state=_STARTED, worker=proc.worker, worker_pid=proc.pid,
+                   worker_process=proc.process, retries=d.retries)
+        if run.get("started_at") is None:
+            run["started_at"] = now
+        self._put_run(db, d.entry, run)
+        if d.task_id:
+            # For signals that carry only the task id. Only for a delivery that runs: a
+            # refused one (a superseded message has the same task id) must not replace it.
+            db.execute(q["task_purge"], (now, TASK_PURGE))
+            db.execute(q["task_put"], (d.task_id, d.entry, d.due, d.token, now + WEEK_MS))
+        return StartDecision(StartVerdict.RUN, "")
+
+    def finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        def step(db: sqlite3.Connection, now: int, o: Outcome) -> bool:
+            """finish.lua: a final state is never overwritten, a superseded token's outcome
+            is ignored; a presumption of loss applies only to a run open and not active
+            since the caller's cutoff."""
+            run = self._get_run(db, o.entry, o.due)
+            if not run or not _token_is(run, o.token) or run["state"] in _FINAL or (
+                    not _handed_over(run)):
+                return False
+            if o.state is RunState.LOST:
+                if run["state"] not in _OPEN:
+                    return False
+                if o.inactive_since is not None and _since(run) >= o.inactive_since:
+                    return False
+            run["state"] = o.state.value
+            run["finished_at"] = now
+            if o.reason is not None:
+                run["reason"] = o.reason.value
+            if o.exc_type:
+                run["exc_type"] = o.exc_type
+            if o.exc_message:
+                run["exc_message"] = o.exc_message
+            if o.worker and not run.get("worker"):
+                run["worker"] = o.worker
+            self._put_run(db, o.entry, run)
+            return True
+
+        return self._each("finish", list(outcomes), step, lambda o, exc: False)
+
+    def lookup_task(self, task_id: str) -> Claim | None:
+        row = self._transaction(lambda db: db.execute(
+            self._sql["task_get"], (task_id, _now())).fetchone(), write=False)
+        if row is None:
+            return None
+        entry, due, token = row
+        if not isinstance(entry, str) or _maybe_int(due) is None or _maybe_int(token) is None:
+            return None
+        return Claim(entry, int(due), int(token))
+
+    # -- operators --------------------------------------------------------------------
+    def request_run(self, entry: str, by: str, request_id: str = "") -> int | None:
+        def step(db: sqlite3.Connection, now: int, name: str) -> int | None:
+            """request.lua: a run due now (the first free millisecond), claimed by a beat
+            like any other; the checkpoint is not touched. A request id seen before (asked
+            again after a lost reply) records nothing more."""
+            e, bad = self._get_entry(db, name)
+            if e is None or bad or e["anchor"] is None:
+                return None
+            if request_id:
+                for seen, raw in db.execute(self._sql["history_all"], (name,)).fetchall():
+                    run = _parse(raw, seen)
+                    if run and run.get("request_id") == request_id:
+                        return int(seen)
+            due = now
+            for (taken,) in db.execute(self._sql["runs_from"], (name, now)).fetchall():
+                if taken != due:
+                    break
+                due += 1
+            record: Record = {"due": due, "state": _DUE, "manual": True, "requested_by": by,
+                              "released_at": due}
+            if request_id:
+                record["request_id"] = request_id
+            self._insert_run(db, name, record)
+            self._trim(db, name, self.history_limit, due)
+            return due
+
+        [due] = self._each("request_run", [entry], step, lambda name, exc: None)
+        return due
+
+    # -- reads ------------------------------------------------------------------------
+    def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
+        q = self._sql
+
+        def work(db: sqlite3.Connection) -> list[Any]:
+            if names is None:
+                return db.execute(q["entries_all"]).fetchall()
+            return [row for name in names
+                    if (row := db.execute(q["entry_read"], (name,)).fetchone()) is not None]
+
+        return [EntryRecord(name, description or "", _maybe_int(anchor),
+                            _maybe_int(checkpoint), _maybe_int(token) or 0)
+                for name, description, anchor, checkpoint, token in
+                self._transaction(work, write=False)]
+
+    def history(self, entry: str, limit: int | None = None) -> list[Run]:
+        if limit is not None and limit <= 0:
+            return []
+        rows = self._transaction(lambda db: db.execute(
+            self._sql["history_newest"], (entry, -1 if limit is None else limit)).fetchall(),
+            write=False)
+        out = []
+        for _due, raw in rows:
+            try:
+                out.append(Run.from_record(entry, json.loads(raw)))
+            except (ValueError, TypeError):
+                continue  # an unreadable record is shown as missing rather than failing a read
+        return out
+
+    def owners(self) -> list[OwnerStatus]:
+        rows = self._transaction(lambda db: db.execute(self._sql["owners_all"]).fetchall(),
+                                 write=False)
+        return _owner_statuses(rows, _now())
+
+
+def _owner_statuses(rows: list[Any], now: int) -> list[OwnerStatus]:
+    out = []
+    for _id, raw, expires in rows:
+        try:
+            owner = Owner.from_dict(json.loads(raw))
+        except (ValueError, KeyError, TypeError):
+            continue
+        expires_at = _maybe_int(expires) or 0
+        out.append(OwnerStatus(owner, expires_at > now, expires_at))
+    return out
+
+
+def _read_only_fs(path: str) -> str:
+    try:
+        flags = os.statvfs(path if os.path.exists(path) else os.path.dirname(path)).f_flag
+    except OSError:
+        return ""
+    return " (a read-only file system)" if flags & os.ST_RDONLY else ""
+
+
+# -- fork safety --------------------------------------------------------------------------
+#: Every store of this process: their connections are closed before a fork (SQLite's
+#: per-process lock bookkeeping must not be inherited) and reopened on next use.
+_STORES: weakref.WeakSet[SQLiteStore] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for store in list(_STORES):
+        if store._lock.acquire(blocking=False):  # one in use stays; the child forgets it
+            try:
+                store._drop_connection()
+            finally:
+                store._lock.release()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_STORES):
+        store._lock = threading.Lock()  # a thread of the parent may have held it
+        store._forget_connection()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+__all__ = ["SCHEMA_VERSION", "SQLiteStore", "Tables"]

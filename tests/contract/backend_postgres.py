@@ -1,0 +1,170 @@
+"""The PostgreSQL backend of the contract suite: the machine's PostgreSQL (``BC_PGHOST``,
+``BC_PGPORT``, ``BC_PGUSER``, as the Django tests), in a database of its own created once
+per session (``beat_claims_contract_<random>``, dropped at the end), a fresh schema (key
+prefix) per test.
+
+The fault hooks write with SQL, as an operator or a broken tool would. What a typed schema
+cannot hold is said where it happens: a run's record is ``jsonb`` (text that is not JSON is
+stored as a JSON string, the closest a jsonb column comes to it), an entry's anchor,
+checkpoint and token are ``bigint`` (text is refused by the column: those tests skip).
+``restart`` cannot restart the shared server: it cuts every connection to the test
+database and restores the store's schema from a backup taken just before (``pg_dump`` /
+``pg_restore``), which the store must see as a new epoch (the data is another copy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from beat_claims.stores.base import Store
+from beat_claims.stores.postgres import PostgresStore
+
+from .backend import Backend
+
+HOST = os.environ.get("BC_PGHOST", "127.0.0.1")
+PORT = os.environ.get("BC_PGPORT", "5432")
+USER = os.environ.get("BC_PGUSER", "postgres")
+
+#: The session's database and the connection the hooks use (created on first use).
+_session: dict[str, Any] = {}
+_urls: weakref.WeakKeyDictionary[PostgresStore, str] = weakref.WeakKeyDictionary()
+
+
+def url(dbname: str) -> str:
+    return f"postgresql://{USER}@{HOST}:{PORT}/{dbname}"
+
+
+def _connect(dbname: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url(dbname), autocommit=True, connect_timeout=5)
+
+
+def database(request: pytest.FixtureRequest) -> str:
+    """The session's database, created on first use and dropped when the session ends."""
+    if "name" not in _session:
+        name = f"beat_claims_contract_{uuid.uuid4().hex[:10]}"
+        try:
+            with _connect("postgres") as admin:
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        except psycopg.OperationalError as exc:
+            pytest.fail(f"PostgreSQL at {HOST}:{PORT} (user {USER}) is needed by the"
+                        f" contract suite (BC_PGHOST, BC_PGPORT, BC_PGUSER): {exc}")
+        _session["name"] = name
+        request.config.add_cleanup(_drop_database)
+    return str(_session["name"])
+
+
+def _drop_database() -> None:
+    name = _session.pop("name", None)
+    conn = _session.pop("conn", None)
+    if conn is not None:
+        conn.close()
+    if name is not None:
+        with _connect("postgres") as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+def admin() -> psycopg.Connection[Any]:
+    """The hooks' own connection to the session's database."""
+    conn = _session.get("conn")
+    if conn is None or conn.closed or conn.broken:
+        conn = _session["conn"] = _connect(_session["name"])
+    return conn  # type: ignore[no-any-return]
+
+
+def _pg(store: Store) -> PostgresStore:
+    assert isinstance(store, PostgresStore)
+    return store
+
+
+def _table(store: Store, name: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(_pg(store).schema), sql.Identifier(name))
+
+
+@contextlib.contextmanager
+def _pg_open(request: pytest.FixtureRequest, history_limit: int) -> Iterator[Store]:
+    address = url(database(request))
+    store = PostgresStore.from_url(address, f"bc-contract-{uuid.uuid4().hex[:8]}",
+                                   history_limit)
+    _urls[store] = address
+    try:
+        yield store
+    finally:
+        store.close()
+        admin().execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+            sql.Identifier(store.schema)))
+
+
+def _pg_reopen(store: Store) -> Store:
+    s = _pg(store)
+    other = PostgresStore.from_url(_urls[s], s.prefix, s.history_limit)
+    _urls[other] = _urls[s]
+    return other
+
+
+def _pg_corrupt_run(store: Store, entry: str, due: int, raw: str) -> None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw  # not JSON: a jsonb column can hold it only as a JSON string
+    cur = admin().execute(
+        sql.SQL("UPDATE {} SET record = %s WHERE due = %s AND entry_id ="
+                " (SELECT id FROM {} WHERE name = %s)").format(
+            _table(store, "runs"), _table(store, "entries")),
+        [Jsonb(value), due, entry])
+    assert cur.rowcount == 1, f"no run of {entry!r} at {due}"
+
+
+def _pg_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -> None:
+    assert field in ("anchor", "checkpoint", "token"), field
+    if not raw.strip().lstrip("-").isdigit():
+        pytest.skip(f"PostgreSQL keeps an entry's {field} in a bigint column: {raw!r} cannot"
+                    " be stored there, so this corruption cannot happen")
+    admin().execute(sql.SQL("UPDATE {} SET {} = %s WHERE name = %s").format(
+        _table(store, "entries"), sql.Identifier(field)), [int(raw), entry])
+
+
+def _pg_wipe(store: Store) -> None:
+    admin().execute(sql.SQL("DROP SCHEMA {} CASCADE").format(
+        sql.Identifier(_pg(store).schema)))
+
+
+def _terminate_others() -> None:
+    admin().execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+def _pg_restart(store: Store) -> None:
+    s = _pg(store)
+    dump, restore = shutil.which("pg_dump"), shutil.which("pg_restore")
+    if dump is None or restore is None:
+        pytest.skip("pg_dump and pg_restore are needed to restore the store from a backup")
+    _terminate_others()  # every session ends, as at a restart
+    name = _session["name"]
+    common = ["-h", HOST, "-p", str(PORT), "-U", USER, "-d", name]
+    with tempfile.TemporaryDirectory(prefix="bc-pg-") as tmp:
+        path = os.path.join(tmp, "store.dump")
+        subprocess.run([dump, *common, "-Fc", "-n", s.schema, "-f", path], check=True,
+                       capture_output=True, timeout=60)
+        _pg_wipe(store)
+        subprocess.run([restore, *common, "--single-transaction", "--exit-on-error", path],
+                       check=True, capture_output=True, timeout=60)
+
+
+BACKEND = Backend(open=_pg_open, reopen=_pg_reopen, corrupt_run=_pg_corrupt_run,
+                  corrupt_entry_field=_pg_corrupt_entry_field, wipe=_pg_wipe,
+                  restart=_pg_restart)
