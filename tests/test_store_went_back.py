@@ -26,6 +26,7 @@ from beat_claims.enums import Reason, RunState
 from beat_claims.runs import Owner, iso
 from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import Check, CheckResult, Claim, Delivery, Outcome, WorkerProcess
+from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer, seed_settled_epoch
 from .inprocess import make, make_app, messages, occurrences_sent, run_for
@@ -134,13 +135,20 @@ WORKER = WorkerProcess("w1@test", 11, "boot:11")
 OTHER_WORKER = WorkerProcess("w2@test", 22, "boot:22")
 
 
+def observer(server: RedisServer) -> RedisStore:
+    """A store client of the test's own (a worker's, an operator's): it never heartbeats,
+    so it reads a restarted server at once, where the beat's client first waits for its
+    heartbeat to read the new epoch."""
+    return RedisStore.from_url(server.url)
+
+
 class Worker:
     """What a worker with the hooks does with every message on the broker, once each: start
     its run by the message's token and, if the store lets it run, finish it (``executed``:
     the (due, token) of every delivery that ran)."""
 
-    def __init__(self, s: Scheduler, broker: RedisServer, entry: str = "e") -> None:
-        self.s, self.broker, self.entry = s, broker, entry
+    def __init__(self, store: RedisStore, broker: RedisServer, entry: str = "e") -> None:
+        self.store, self.broker, self.entry = store, broker, entry
         self.taken = 0
         self.executed: list[tuple[str, int]] = []
 
@@ -150,12 +158,12 @@ class Worker:
             meta = message["claims"]
             if not meta:
                 continue
-            dues = {iso(r.due): r.due for r in self.s.store.history(self.entry)}
+            dues = {iso(r.due): r.due for r in self.store.history(self.entry)}
             due = dues.get(meta["due"])
-            if due is not None and self.s.store.start(
+            if due is not None and self.store.start(
                     Delivery(self.entry, due, meta["token"], WORKER)).ok:
                 self.executed.append((meta["due"], meta["token"]))
-                self.s.store.finish([Outcome(self.entry, due, meta["token"], RunState.DONE)])
+                self.store.finish([Outcome(self.entry, due, meta["token"], RunState.DONE)])
         self.taken = len(found)
 
 
@@ -248,7 +256,7 @@ def test_a_run_claimed_in_an_older_snapshot_and_sent_since_is_not_sent_again(
     s = make(app)
     snap = tmp_path / "old.rdb"
     victims = check_with(s, lambda claims: store_server.snapshot(snap))
-    worker = Worker(s, broker)
+    worker = Worker(observer(store_server), broker)
 
     def step() -> None:
         s.tick()
@@ -278,10 +286,11 @@ def test_a_claim_whose_run_a_wipe_removed_before_its_check_is_sent_not_dropped(
     s = make(app)
     victims = check_with(s, lambda claims: store_server.come_back(None))
     wait_for(lambda: victims, 10, "a check before publish", interval=0.05, between=s.tick)
+    store = observer(store_server)
 
     def lost() -> list[str]:
         sent = {due for _, due in occurrences_sent(broker)}
-        recorded = {r.due for r in s.store.history("e") if r.state.final}
+        recorded = {r.due for r in store.history("e") if r.state.final}
         return [d for c in victims if (d := iso(c.due)) not in sent and c.due not in recorded]
 
     wait_for(lambda: not lost(), 12, "the claims the wipe removed to be sent or recorded",
@@ -298,7 +307,8 @@ def test_overlap_skip_runs_again_after_a_wipe(store_server: SnapshotServer,
     app = make_app(store_server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1),
                                         "claims": {"overlap": "skip"}}}, broker=broker)
     s = make(app)
-    worker = Worker(s, broker)
+    store = observer(store_server)
+    worker = Worker(store, broker)
 
     def step() -> None:
         s.tick()
@@ -310,12 +320,12 @@ def test_overlap_skip_runs_again_after_a_wipe(store_server: SnapshotServer,
     wiped = s.clock.now()
 
     def late() -> list[Any]:
-        return [r for r in s.store.history("e") if r.due > wiped + 4000 and r.state.final]
+        return [r for r in store.history("e") if r.due > wiped + 4000 and r.state.final]
 
     wait_for(lambda: len(late()) >= 2, 15, "occurrences due 4 s after the wipe to be"
              " recorded", interval=0.05, between=step)
     skipped = [iso(r.due) for r in late() if r.reason is Reason.OVERLAP]
-    phantom = [iso(r.due) for r in s.store.history("e")
+    phantom = [iso(r.due) for r in store.history("e")
                if r.state is RunState.SENT and r.due < wiped]
     assert not skipped, (f"{len(skipped)} of {len(late())} occurrences due 4 s or more after"
                          f" the wipe skipped (overlap) because of runs registered again as"

@@ -158,8 +158,12 @@ def _sql_names(schema: str) -> dict[str, str]:
     names["HELD"] = _quoted_list([s.value for s in RunState if s.held])
     names["OPEN"] = _quoted_list([s.value for s in RunState if s.open])
     names["REASONS"] = _quoted_list([r.value for r in Reason])
-    names["NUMBERS_OK"] = "\n    AND ".join(
-        f"(NOT r ? '{f}' OR jsonb_typeof(r -> '{f}') = 'number')" for f in NUMBER_FIELDS)
+    # Each present number field a number small enough for a bigint (a CASE: never cast a
+    # value before its type is known).
+    names["NUMBERS_OK"] = "\n      AND ".join(
+        f"CASE WHEN NOT r ? '{f}' THEN true WHEN jsonb_typeof(r -> '{f}') <> 'number'"
+        f" THEN false ELSE abs((r -> '{f}')::numeric) < 9e18 END"
+        for f in NUMBER_FIELDS) + "\n      AND r ? 'due'"
     return names
 
 
@@ -177,31 +181,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
   SELECT CASE WHEN jsonb_typeof(v) IS DISTINCT FROM 'number' THEN NULL
               WHEN abs(v::numeric) >= 9e18 THEN NULL
               ELSE floor(v::numeric)::bigint END
-$$;
-
--- Whether a run's record can be read (the Lua prelude's get_run): an object with a known
--- state, its own due instant, numbers where numbers belong, a string owner.
-CREATE OR REPLACE FUNCTION {s}.run_ok(r jsonb, due bigint) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT CASE WHEN jsonb_typeof(r) IS DISTINCT FROM 'object' THEN false
-              WHEN jsonb_typeof(r -> 'state') IS DISTINCT FROM 'string' THEN false
-              WHEN (r ->> 'state') NOT IN {STATES} THEN false
-              WHEN {s}.int_of(r -> 'due') IS DISTINCT FROM due THEN false
-              WHEN r ? 'owner' AND jsonb_typeof(r -> 'owner') <> 'string' THEN false
-              ELSE {NUMBERS_OK} END
-$$;
-
--- The instant a run last became what it is: what sweeps compare with their cutoffs.
-CREATE OR REPLACE FUNCTION {s}.since_of(r jsonb) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT CASE WHEN r ->> 'state' = {DUE}
-                THEN coalesce({s}.int_of(r -> 'released_at'), {s}.int_of(r -> 'claimed_at'),
-                              {s}.int_of(r -> 'due'))
-              WHEN r ->> 'state' IN {HELD}
-                THEN coalesce({s}.int_of(r -> 'sending_at'), {s}.int_of(r -> 'claimed_at'), 0)
-              ELSE coalesce({s}.int_of(r -> 'revived_at'), {s}.int_of(r -> 'started_at'),
-                            {s}.int_of(r -> 'sent_at'), {s}.int_of(r -> 'sending_at'), 0)
-         END
 $$;
 
 CREATE OR REPLACE FUNCTION {s}.now_ms() RETURNS bigint
@@ -237,12 +216,12 @@ CREATE TABLE IF NOT EXISTS {s}.runs (
   record jsonb NOT NULL,
   in_history boolean NOT NULL DEFAULT true,
   lost_at bigint,
-  live_state text GENERATED ALWAYS AS (
-    CASE WHEN {s}.run_ok(record, due) AND record ->> 'state' NOT IN {FINAL}
-         THEN record ->> 'state' END) STORED,
-  owner text GENERATED ALWAYS AS (record ->> 'owner') STORED,
-  token bigint GENERATED ALWAYS AS (coalesce({s}.int_of(record -> 'token'), 0)) STORED,
-  since bigint GENERATED ALWAYS AS ({s}.since_of(record)) STORED,
+  -- Computed from the record by index_run() at every write, whoever writes:
+  readable boolean NOT NULL DEFAULT false,
+  live_state text,
+  owner text,
+  token bigint,
+  since bigint,
   PRIMARY KEY (entry_id, due));
 CREATE INDEX IF NOT EXISTS runs_live ON {s}.runs (entry_id, due) WHERE live_state IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_due ON {s}.runs (since) WHERE live_state = {DUE};
@@ -250,8 +229,52 @@ CREATE INDEX IF NOT EXISTS runs_held ON {s}.runs (since) WHERE live_state IN {HE
 CREATE INDEX IF NOT EXISTS runs_open ON {s}.runs (since) WHERE live_state IN {OPEN};
 CREATE INDEX IF NOT EXISTS runs_lost ON {s}.runs (entry_id, lost_at)
   WHERE lost_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS runs_unreadable ON {s}.runs (entry_id, due)
-  WHERE NOT {s}.run_ok(record, due);
+CREATE INDEX IF NOT EXISTS runs_unreadable ON {s}.runs (entry_id, due) WHERE NOT readable;
+
+-- A run's index columns, from its record (the Lua prelude's get_run, index and since): a
+-- record that cannot be read (not an object, an unknown state, another due instant, a
+-- number field that is not a number, an owner that is not a string) is in no index.
+-- A trigger rather than generated columns: those are planned again at every statement,
+-- and these checks once per session.
+CREATE OR REPLACE FUNCTION {s}.index_run() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+  r jsonb := NEW.record;
+  v_state text := NEW.record ->> 'state';
+BEGIN
+  NEW.readable := false;
+  NEW.live_state := NULL;
+  NEW.owner := NULL;
+  NEW.token := NULL;
+  NEW.since := NULL;
+  IF jsonb_typeof(r) IS DISTINCT FROM 'object'
+      OR jsonb_typeof(r -> 'state') IS DISTINCT FROM 'string'
+      OR v_state NOT IN {STATES}
+      OR (r ? 'owner' AND jsonb_typeof(r -> 'owner') <> 'string') THEN
+    RETURN NEW;
+  END IF;
+  IF NOT ({NUMBERS_OK}) THEN
+    RETURN NEW;
+  END IF;
+  IF (r -> 'due')::numeric <> NEW.due THEN
+    RETURN NEW;
+  END IF;
+  NEW.readable := true;
+  NEW.live_state := CASE WHEN v_state IN {FINAL} THEN NULL ELSE v_state END;
+  NEW.owner := r ->> 'owner';
+  NEW.token := coalesce(floor((r -> 'token')::numeric), 0);
+  -- The instant the run last became what it is: what sweeps compare with their cutoffs.
+  NEW.since := floor(CASE
+    WHEN v_state = {DUE} THEN coalesce(r -> 'released_at', r -> 'claimed_at', r -> 'due')
+    WHEN v_state IN {HELD} THEN coalesce(r -> 'sending_at', r -> 'claimed_at', '0')
+    ELSE coalesce(r -> 'revived_at', r -> 'started_at', r -> 'sent_at', r -> 'sending_at',
+                  '0') END::numeric);
+  RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS index_run ON {s}.runs;
+CREATE TRIGGER index_run BEFORE INSERT OR UPDATE ON {s}.runs
+  FOR EACH ROW EXECUTE FUNCTION {s}.index_run();
+
 CREATE TABLE IF NOT EXISTS {s}.tasks (
   task_id text PRIMARY KEY,
   entry text NOT NULL,
@@ -318,7 +341,7 @@ BEGIN
   SELECT count(*) - p_limit INTO v_excess FROM {s}.runs
     WHERE entry_id = p_entry AND in_history;
   IF v_excess > 0 THEN
-    FOR v_row IN SELECT r.due, r.record, {s}.run_ok(r.record, r.due) AS ok FROM {s}.runs r
+    FOR v_row IN SELECT r.due, r.record, r.readable AS ok FROM {s}.runs r
         WHERE r.entry_id = p_entry AND r.in_history ORDER BY r.due LIMIT v_excess + 64 LOOP
       EXIT WHEN v_excess <= 0;
       IF NOT v_row.ok THEN
@@ -346,7 +369,7 @@ BEGIN
   SELECT count(*) FILTER (WHERE lost_at < p_now - {WEEK_MS}), count(*)
     INTO v_expired, v_lost FROM {s}.runs WHERE entry_id = p_entry AND lost_at IS NOT NULL;
   IF v_expired > 0 OR v_lost - v_expired > p_limit THEN
-    FOR v_row IN SELECT r.due, r.record, {s}.run_ok(r.record, r.due) AS ok FROM {s}.runs r
+    FOR v_row IN SELECT r.due, r.record, r.readable AS ok FROM {s}.runs r
         WHERE r.entry_id = p_entry AND r.lost_at IS NOT NULL ORDER BY r.lost_at, r.due
         LIMIT v_expired + greatest(v_lost - v_expired - p_limit, 0) LOOP
       IF NOT v_row.ok OR v_row.record ->> 'state' = {LOST} THEN
@@ -399,7 +422,7 @@ BEGIN
         INSERT INTO {s}.runs AS r (entry_id, due, record)
           VALUES (v_entry.id, (v_run ->> 'due')::bigint, v_run)
           ON CONFLICT (entry_id, due) DO UPDATE SET record = excluded.record
-            WHERE excluded.record ->> 'state' = {SENT} AND {s}.run_ok(r.record, r.due)
+            WHERE excluded.record ->> 'state' = {SENT} AND r.readable
               AND r.record ->> 'state' NOT IN {FINAL} AND r.record ->> 'state' NOT IN {OPEN}
               AND coalesce({s}.int_of(r.record -> 'token'), 0)
                   <= coalesce({s}.int_of(excluded.record -> 'token'), 0);
@@ -517,7 +540,7 @@ BEGIN
       -- Runs whose record cannot be read are out of every index (generated columns): the
       -- caller is told which, so that someone hears of them.
       SELECT coalesce(jsonb_agg(r.due ORDER BY r.due), '[]') INTO v_unreadable
-        FROM {s}.runs r WHERE r.entry_id = v_entry.id AND NOT {s}.run_ok(r.record, r.due);
+        FROM {s}.runs r WHERE r.entry_id = v_entry.id AND NOT r.readable;
     END IF;
     IF v_token <> v_entry.token OR v_cp IS DISTINCT FROM v_entry.checkpoint THEN
       UPDATE {s}.entries SET token = v_token, checkpoint = v_cp WHERE id = v_entry.id;
@@ -548,7 +571,7 @@ BEGIN
     ORDER BY e.name FOR NO KEY UPDATE;
   FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
     v_due := (v_item ->> 'd')::bigint;
-    SELECT r.entry_id, r.record, {s}.run_ok(r.record, r.due) INTO v_entry, v_rec, v_ok
+    SELECT r.entry_id, r.record, r.readable INTO v_entry, v_rec, v_ok
       FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
       WHERE e.name = v_item ->> 'e' AND r.due = v_due;
     o_verdict := {V_REFUSED};
@@ -613,7 +636,7 @@ BEGIN
     ORDER BY e.name FOR NO KEY UPDATE;
   FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
     v_due := (v_item ->> 'd')::bigint;
-    SELECT r.entry_id, r.record, {s}.run_ok(r.record, r.due) INTO v_entry, v_rec, v_ok
+    SELECT r.entry_id, r.record, r.readable INTO v_entry, v_rec, v_ok
       FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
       WHERE e.name = v_item ->> 'e' AND r.due = v_due;
     CONTINUE WHEN NOT FOUND OR NOT v_ok;
@@ -650,7 +673,7 @@ BEGIN
     ORDER BY e.name FOR NO KEY UPDATE;
   FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
     v_due := (v_item ->> 'd')::bigint;
-    SELECT r.entry_id, r.record, {s}.run_ok(r.record, r.due) INTO v_entry, v_rec, v_ok
+    SELECT r.entry_id, r.record, r.readable INTO v_entry, v_rec, v_ok
       FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
       WHERE e.name = v_item ->> 'e' AND r.due = v_due;
     o_state := NULL;
@@ -693,7 +716,7 @@ BEGIN
     ORDER BY e.name FOR NO KEY UPDATE;
   FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
     v_due := (v_item ->> 'd')::bigint;
-    SELECT r.entry_id, r.record, {s}.run_ok(r.record, r.due) INTO v_entry, v_rec, v_ok
+    SELECT r.entry_id, r.record, r.readable INTO v_entry, v_rec, v_ok
       FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
       WHERE e.name = v_item ->> 'e' AND r.due = v_due;
     o_ok := FOUND AND v_ok AND v_rec ->> 'state' IN {HELD}
@@ -736,7 +759,7 @@ BEGIN
   SELECT e.id, e.checkpoint INTO v_entry FROM {s}.entries e WHERE e.name = p_entry
     FOR NO KEY UPDATE;
   IF FOUND THEN
-    SELECT r.record, {s}.run_ok(r.record, r.due) INTO v_rec, v_ok FROM {s}.runs r
+    SELECT r.record, r.readable INTO v_rec, v_ok FROM {s}.runs r
       WHERE r.entry_id = v_entry.id AND r.due = p_due;
   END IF;
   v_found := FOUND;
@@ -846,13 +869,14 @@ DECLARE
   v_rec jsonb;
   v_ok boolean;
   v_state text;
+  v_since bigint;
 BEGIN
   PERFORM 1 FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
     ORDER BY e.name FOR NO KEY UPDATE;
   FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
     v_due := (v_item ->> 'd')::bigint;
-    SELECT r.entry_id, r.record, {s}.run_ok(r.record, r.due) INTO v_entry, v_rec, v_ok
+    SELECT r.entry_id, r.record, r.readable, r.since INTO v_entry, v_rec, v_ok, v_since
       FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
       WHERE e.name = v_item ->> 'e' AND r.due = v_due;
     v_state := v_rec ->> 'state';
@@ -862,7 +886,7 @@ BEGIN
       AND v_state NOT IN {FINAL} AND v_state NOT IN ({CLAIMED}, {DUE});
     IF o_ok AND v_item ->> 'st' = {LOST} THEN
       o_ok := v_state IN {OPEN} AND (v_item ->> 'since' IS NULL
-                                     OR {s}.since_of(v_rec) < (v_item ->> 'since')::bigint);
+                                     OR v_since < (v_item ->> 'since')::bigint);
     END IF;
     IF o_ok THEN
       v_rec := v_rec || jsonb_build_object('state', v_item ->> 'st',
@@ -901,7 +925,7 @@ BEGIN
   IF p_request IS NOT NULL THEN
     SELECT r.due INTO v_due FROM {s}.runs r
       WHERE r.entry_id = v_entry AND r.in_history AND r.record ->> 'request_id' = p_request
-        AND {s}.run_ok(r.record, r.due)
+        AND r.readable
       ORDER BY r.due LIMIT 1;
     IF FOUND THEN
       RETURN v_due;

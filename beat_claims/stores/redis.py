@@ -448,19 +448,19 @@ class RedisStore(Store):
         complete = True
         for reply in self._round_trip(build):
             _raise_if_error(reply)
-            for due_members, held_rows, more, bad_key in reply:
-                if bad_key:
-                    self._note_bad_key(bad_key)
-                    complete = False
-                complete = complete and not int(more)
-                for member in due_members:
-                    ref = _plain_member(member)
-                    if ref is not None:
-                        due.append(ref)
-                for member, score in zip(held_rows[::2], held_rows[1::2]):
-                    run = _held_member(member, int(float(score)))
-                    if run is not None:
-                        held.append(run)
+            due_members, held_rows, more, bad_keys = reply
+            for bad_key in bad_keys:
+                self._note_bad_key(bad_key)
+                complete = False
+            complete = complete and not int(more)
+            for member in due_members:
+                ref = _plain_member(member)
+                if ref is not None:
+                    due.append(ref)
+            for member, score in zip(held_rows[::2], held_rows[1::2]):
+                run = _held_member(member, int(float(score)))
+                if run is not None:
+                    held.append(run)
         # The limit is per bucket in the script: the answer holds at most ``limit`` of each.
         if len(due) > query.limit or len(held) > query.limit:
             complete = False

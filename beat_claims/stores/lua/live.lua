@@ -4,7 +4,8 @@
 -- KEYS: each bucket's due and held zsets, bucket after bucket (one bucket per call on a
 -- cluster, where each has its own slot; all of them on one server). ARGV: owner, held
 -- before, mine before, dead before, limit, then the ids of the live owners.
--- Returns per bucket {due members, held members and scores (flat), more (1 if cut short)}.
+-- Returns {due members, held members and scores (flat), more (1 if cut short), keys of the
+-- wrong kind}, over every bucket of the call (flat: an idle sweep parses four values).
 local me = ARGV[1]
 local held_before, mine_before, dead_before = tonumber(ARGV[2]), tonumber(ARGV[3]),
   tonumber(ARGV[4])
@@ -12,17 +13,18 @@ local limit = tonumber(ARGV[5])
 local live = {}
 for i = 6, #ARGV do live[ARGV[i]] = true end
 local top = math.max(held_before, mine_before, dead_before)
-local out = {}
+local all_due, all_held, bad = {}, {}, {}
+local more = 0
 for k = 1, #KEYS, 2 do
   if not (key_is(KEYS[k], 'zset') and key_is(KEYS[k + 1], 'zset')) then
-    out[#out + 1] = {{}, {}, 0, KEYS[k]}  -- an unreadable bucket: named, skipped
+    bad[#bad + 1] = KEYS[k]  -- an unreadable bucket: named, skipped
   else
-  local more = 0
   local due = redis.call('ZRANGE', KEYS[k], 0, limit)
   if #due > limit then
     due[#due] = nil
     more = 1
   end
+  for _, member in ipairs(due) do all_due[#all_due + 1] = member end
   local held = {}
   local rows = redis.call('ZRANGEBYSCORE', KEYS[k + 1], '-inf', '(' .. fmt(top), 'WITHSCORES')
   for i = 1, #rows, 2 do
@@ -38,7 +40,7 @@ for k = 1, #KEYS, 2 do
       held[#held + 1] = rows[i + 1]
     end
   end
-  out[#out + 1] = {due, held, more, ''}
+  for _, value in ipairs(held) do all_held[#all_held + 1] = value end
   end
 end
-return out
+return {all_due, all_held, more, bad}
