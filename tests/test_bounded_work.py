@@ -1,12 +1,15 @@
 """Every loop and every pile is bounded, and the policies hold for runs that waited:
-publish retries, runs held through a broker outage, runs that never report, result-backend
-recovery, and a gap of any length in a crontab's history."""
+publish retries (one task's errors never stop the others), runs held through a broker
+outage, runs that never report, result-backend recovery (however slow the backend), and a
+gap of any length in a crontab's history."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from celery.schedules import crontab
@@ -151,3 +154,109 @@ def test_a_year_long_gap_of_a_crontab_entry_is_bridged_without_blocking(
     assert Counter(r.due % 60_000 for r in history) == {0: 100}
     assert s.store.entries(["m"])[0].checkpoint == sent[0].due
     s.close()
+
+
+def _ms(due: str) -> int:
+    return round(datetime.fromisoformat(due.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+@pytest.mark.parametrize("sweep_first", [False, True], ids=["claim-first", "sweep-first"])
+def test_latest_sends_one_run_for_a_broker_outage_whichever_step_finds_the_broker_back(
+        server: RedisServer, broker: RedisServer, sweep_first: bool) -> None:
+    """catch_up=latest: the run whose publish hit the outage was given back. When the
+    broker returns, that run (picked up by a sweep) and the occurrences due since are
+    judged together: one run is sent for the outage, whether the tick that finds the broker
+    back claims first or sweeps first (the sweep picks up the given-back run before the
+    entry's due occurrences are claimed)."""
+    app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1)}},
+                   broker=broker, beat_claims_catch_up_grace=1)
+    s = make(app)
+    run_for(2.5, s)
+    broker.stop()
+    try:
+        run_for(6, s)
+    finally:
+        broker.start()
+    back = s.clock.now()
+
+    def tick() -> None:
+        if sweep_first:  # hold the tick until it will sweep (else a 50/50 of timing)
+            wait_for(lambda: s.broker_outage.waiting() == 0 and time.monotonic()
+                     - s._last_sweep >= s.settings.heartbeat_interval, 40,
+                     "a tick that sweeps", interval=0.01)
+        s.tick()
+
+    first = wait_for(lambda: occurrences_sent(broker), 40, "a run sent after the broker came"
+                     " back", interval=0.05, between=tick)
+    batch_end = max(back, *(_ms(due) for _, due in first))
+    run_for(1.0, s)
+    for_the_outage = [due for _, due in occurrences_sent(broker) if _ms(due) <= batch_end]
+    assert len(for_the_outage) == 1, (f"catch_up=latest, one broker outage: sent"
+                                      f" {for_the_outage} (broker back at {iso(back)})")
+    s.close()
+
+
+def test_a_timeout_raised_for_one_task_is_that_tasks_problem_not_a_broker_outage(
+        server: RedisServer) -> None:
+    """A TimeoutError raised for one task (its custom apply_async asks a rate-limit service
+    that does not answer) is counted as a failed publish of that run, not taken for a
+    broker outage: the other entries go on being sent, and the run is recorded failed
+    (publish_error) after its retries."""
+    app = make_app(server, {
+        "bad": {"task": "t.bad", "schedule": timedelta(seconds=1)},
+        "good": {"task": "t.good", "schedule": timedelta(seconds=1)}},
+        beat_claims_publish_retries=2)
+
+    class Guarded(app.Task):  # type: ignore[misc]  # app.Task is dynamic
+        def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+            raise TimeoutError("the rate-limit service did not answer")
+
+    @app.task(name="t.bad", base=Guarded)
+    def bad_task() -> None:
+        return None
+
+    s = make(app)
+
+    def both() -> bool:
+        good = [d for e, d in occurrences_sent(server) if e == "good"]
+        failed = [r for r in s.store.history("bad") if r.state is RunState.FAILED]
+        return len(good) >= 4 and bool(failed)
+
+    wait_for(both, 15, "'good' sent 4 times and a run of 'bad' recorded failed",
+             interval=0.05, between=s.tick)
+    [failed, *_] = [r for r in s.store.history("bad") if r.state is RunState.FAILED]
+    assert failed.reason is Reason.PUBLISH_ERROR and failed.exc_type == "TimeoutError"
+    assert failed.attempts == 3
+    s.close()
+
+
+def test_a_slow_result_backend_lookup_does_not_stall_the_loop(
+        server: RedisServer, broker: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Result-backend recovery against a backend whose every reply takes 1 s (overloaded,
+    or partitioned): one pass holds the beat's loop for at most half a heartbeat interval,
+    never for a whole lookup, so the beat never looks dead (TTL 3 intervals)."""
+    interval = 0.5
+    with proxy(broker.port) as slow:
+        app = make_app(server, {"e": {"task": "t.noop",
+                                      "schedule": timedelta(milliseconds=200),
+                                      "options": {"ignore_result": True}}},
+                       broker=broker, result_backend=slow.url(3),
+                       beat_claims_heartbeat_interval=interval)
+        s = make(app)
+        real_run, spent = s.recovery.run, []
+
+        def timed_run() -> None:
+            started = time.monotonic()
+            try:
+                real_run()
+            finally:
+                spent.append(time.monotonic() - started)
+
+        s.recovery.run = timed_run  # type: ignore[method-assign]
+        slow.delay = 1.0
+        with caplog.at_level(logging.WARNING, logger="celery.beat.claims"):
+            wait_for(lambda: "the result backend answers slowly" in caplog.text, 20,
+                     "a recovery pass with lookups", interval=0.02, between=s.tick)
+        s.close()
+    assert max(spent) < 3 * interval, (f"one recovery pass took {max(spent):.1f}s (heartbeat"
+                                       f" TTL {3 * interval}s): the beat looked dead")

@@ -252,7 +252,9 @@ class Outcome:
     """What became of a run. ``token`` None: the current one (the caller could not tell).
 
     ``LOST`` (a sweep's presumption) applies only if the run was not active at or after
-    ``inactive_since``.
+    ``inactive_since``. With ``unstarted_only`` the outcome applies only to a run no
+    delivery has started: a delivery revoked or expired before it ran must not change the
+    record of another delivery that is running it.
     """
 
     entry: str
@@ -264,6 +266,7 @@ class Outcome:
     exc_message: str = ""
     worker: str = ""
     inactive_since: int | None = None
+    unstarted_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,7 @@ class StartDecision:
     verdict: StartVerdict
     why: str = ""
     busy_with: WorkerProcess | None = None
+    store_id: str = ""  # the store's id (Heartbeat.store_id): a message from another's beats
 
     @property
     def ok(self) -> bool:
@@ -322,6 +326,9 @@ class Heartbeat:
     epoch: str
     settle_until: int | None
     owners: tuple[OwnerStatus, ...] = field(default=())
+    store_id: str = ""
+    """An id the store keeps as long as it keeps its records (a wipe makes a new one):
+    beats stamp it on their messages, workers compare it with their own store's."""
 
 
 # -- the contract -------------------------------------------------------------------------
@@ -402,6 +409,12 @@ class Store(abc.ABC):
         outcome is ignored, the checkpoint is never touched. Per item: recorded or not."""
 
     @abc.abstractmethod
+    def requeue(self, delivery: Delivery) -> bool:
+        """The delivery that started a run gives it back without an outcome: its message
+        goes back to the broker (``Reject(requeue=True)``) or to a task that replaces it.
+        The run is sent again, so that the next delivery of its token starts it."""
+
+    @abc.abstractmethod
     def lookup_task(self, task_id: str) -> Claim | None:
         """The run a task id was started for (signals that carry only the task id)."""
 
@@ -413,6 +426,12 @@ class Store(abc.ABC):
         checkpoint is not touched: scheduled occurrences neither move nor are skipped.
         Asked again with the same ``request_id`` (after a lost reply), it records nothing
         more and answers the same instant."""
+
+    @abc.abstractmethod
+    def forget(self, entries: Sequence[str]) -> list[str]:
+        """Remove entries that no schedule has any more, with every record of theirs (an
+        operator's prune). An entry with a run claimed, being sent, sent or started is
+        kept. Returns the names removed."""
 
     # reads
     @abc.abstractmethod

@@ -12,12 +12,15 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
 ``entries``    entries: id, name, description, anchor, checkpoint, token (typed columns)
 ``runs``       runs: (entry id, due) -> ``record`` (jsonb: the same record the Redis store
                keeps), ``in_history``, ``lost_at`` (left the history presumed lost: kept a
-               week for a late delivery), and index columns *generated* from the record
-               (``live_state``: its state unless final or unreadable, ``owner``, ``token``,
-               ``since``), so that an index can never disagree with its record
-``tasks``      task id -> the run it was started for (entry, due, token), for a week
+               week for a late delivery), and index columns computed from the record by a
+               trigger at every write, whoever writes (``readable``, ``live_state``: its
+               state unless final or unreadable, ``owner``, ``token``, ``since``), so that
+               an index never disagrees with its record
+``tasks``      task id -> the run it was started for (token): goes with the run (cascade)
+``ident``      the store's id (one row), kept as long as the store keeps its records
 functions      one per transition (register, claim, check, sent, release, reclaim, start,
-               finish, request, heartbeat) and their helpers (trim, anchor_instant, ...)
+               requeue, finish, request, forget, heartbeat) and their helpers (trim,
+               anchor_instant, index_run: the trigger that computes a run's index columns)
 =============  ================================================================================
 
 Partial indexes on ``runs`` (``since`` where due / held / open, ``(entry, due)`` where not
@@ -60,7 +63,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
-from ..runs import Owner, Run
+from ..runs import Owner, Run, iso
 from .base import (
     Check,
     CheckResult,
@@ -153,6 +156,16 @@ def _sql_names(schema: str) -> dict[str, str]:
     names.update({f"V_{verdict.name}": f"'{verdict.value}'" for verdict in CheckVerdict})
     names.update({f"S_{verdict.name}": f"'{verdict.value}'" for verdict in StartVerdict})
     names["OVERLAP_SKIP"] = f"'{Overlap.SKIP.value}'"
+    # A batch's items (entry, due) with their runs, in order, in one read: the items of one
+    # call name distinct runs (the Python side cuts a call where one repeats).
+    select_runs = (
+        "SELECT x.value, r.entry_id, r.record, r.readable{} FROM jsonb_array_elements(p_items)"
+        " WITH ORDINALITY x (value, n)"
+        f" LEFT JOIN {names['s']}.entries e ON e.name = x.value ->> 'e'"
+        f" LEFT JOIN {names['s']}.runs r"
+        " ON r.entry_id = e.id AND r.due = (x.value ->> 'd')::bigint ORDER BY x.n")
+    names["SELECT_RUNS"] = select_runs.format("")
+    names["SELECT_RUNS_SINCE"] = select_runs.format(", r.since")
     names["STATES"] = _quoted_list([s.value for s in RunState])
     names["FINAL"] = _quoted_list([s.value for s in FINAL_STATES])
     names["HELD"] = _quoted_list([s.value for s in RunState if s.held])
@@ -275,13 +288,18 @@ DROP TRIGGER IF EXISTS index_run ON {s}.runs;
 CREATE TRIGGER index_run BEFORE INSERT OR UPDATE ON {s}.runs
   FOR EACH ROW EXECUTE FUNCTION {s}.index_run();
 
+-- The run a task id was started for: it goes with the run (trimmed, or forgotten).
 CREATE TABLE IF NOT EXISTS {s}.tasks (
   task_id text PRIMARY KEY,
-  entry text NOT NULL,
+  entry_id bigint NOT NULL,
   due bigint NOT NULL,
   token bigint NOT NULL,
-  expires_at bigint NOT NULL);
-CREATE INDEX IF NOT EXISTS tasks_expiry ON {s}.tasks (expires_at);
+  FOREIGN KEY (entry_id, due) REFERENCES {s}.runs (entry_id, due) ON DELETE CASCADE);
+CREATE INDEX IF NOT EXISTS tasks_run ON {s}.tasks (entry_id, due);
+-- The store's id: kept as long as the store keeps its records (a wipe makes a new one).
+CREATE TABLE IF NOT EXISTS {s}.ident (
+  one boolean PRIMARY KEY DEFAULT true CHECK (one),
+  id text NOT NULL);
 
 -- Which server process holds the data: its system identifier, timeline and start time,
 -- and the epoch table itself (a restore or a wipe recreates it: a new relation).
@@ -438,16 +456,24 @@ BEGIN
 END $$;
 
 -- claim.lua, for a batch of plans [{{e, x (expected given), a, c, f (token floor),
--- t (take due), s: [[due, 'claim' or a skip reason], ...] sorted}}]: one compare-and-set
--- on each entry's checkpoint, a fresh token per claim above the floor, planned skips
--- recorded, instants that have a run left alone; then the entry's due runs are taken.
+-- t (take due), s: [[due, 'claim' or a skip reason], ...] sorted}}] naming distinct
+-- entries: one compare-and-set on each entry's checkpoint, a fresh token per claim above
+-- the floor, planned skips recorded, instants that have a run left alone; then the entry's
+-- due runs are taken. The common plan costs two statements (the run, the entry): what only
+-- some entries need (due runs, unreadable runs, trimming) is found for the batch at once.
 CREATE OR REPLACE FUNCTION {s}.claim(p_owner text, p_plans jsonb, p_limit integer)
-RETURNS TABLE (o jsonb) LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   v_plan jsonb;
   v_step jsonb;
-  v_entry record;
+  v_id bigint;
+  v_anchor bigint;
+  v_checkpoint bigint;
+  v_token0 bigint;
   v_row record;
+  v_ids bigint[];
+  v_with_due bigint[];
+  v_with_bad bigint[];
   v_now bigint;
   v_floor bigint;
   v_token bigint;
@@ -460,30 +486,34 @@ DECLARE
   v_existing jsonb;
   v_taken jsonb;
   v_unreadable jsonb;
+  v_out jsonb[] := ARRAY[]::jsonb[];
 BEGIN
-  PERFORM 1 FROM {s}.entries e
+  v_ids := ARRAY(SELECT e.id FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_plans) x)
-    ORDER BY e.name FOR NO KEY UPDATE;
-  FOR v_plan IN SELECT x FROM jsonb_array_elements(p_plans) x LOOP
-    SELECT e.id, e.anchor, e.checkpoint, e.token INTO v_entry
-      FROM {s}.entries e WHERE e.name = v_plan ->> 'e';
-    IF NOT FOUND THEN
-      o := jsonb_build_object('s', {C_MISSING});
-      RETURN NEXT;
+    ORDER BY e.name FOR NO KEY UPDATE);
+  v_with_due := ARRAY(SELECT DISTINCT r.entry_id FROM {s}.runs r
+    WHERE r.entry_id = ANY(v_ids) AND r.live_state = {DUE});
+  v_with_bad := ARRAY(SELECT DISTINCT r.entry_id FROM {s}.runs r
+    WHERE r.entry_id = ANY(v_ids) AND NOT r.readable);
+  FOR v_plan, v_id, v_anchor, v_checkpoint, v_token0 IN
+      SELECT x.value, e.id, e.anchor, e.checkpoint, e.token FROM jsonb_array_elements(p_plans)
+      WITH ORDINALITY x (value, n) LEFT JOIN {s}.entries e ON e.name = x.value ->> 'e'
+      ORDER BY x.n LOOP
+    IF v_id IS NULL THEN
+      v_out := array_append(v_out, jsonb_build_object('s', {C_MISSING}));
       CONTINUE;
     END IF;
     IF (v_plan ->> 'x')::boolean AND (
-        v_entry.anchor IS DISTINCT FROM (v_plan ->> 'a')::bigint
-        OR v_entry.checkpoint IS DISTINCT FROM (v_plan ->> 'c')::bigint) THEN
-      o := jsonb_build_object('s', {C_CONFLICT}, 'a', v_entry.anchor,
-                              'c', v_entry.checkpoint, 'k', v_entry.token);
-      RETURN NEXT;
+        v_anchor IS DISTINCT FROM (v_plan ->> 'a')::bigint
+        OR v_checkpoint IS DISTINCT FROM (v_plan ->> 'c')::bigint) THEN
+      v_out := array_append(v_out, jsonb_build_object(
+        's', {C_CONFLICT}, 'a', v_anchor, 'c', v_checkpoint, 'k', v_token0));
       CONTINUE;
     END IF;
     v_now := {s}.now_ms();
     v_floor := coalesce((v_plan ->> 'f')::bigint, 0);
-    v_token := v_entry.token;
-    v_cp := v_entry.checkpoint;
+    v_token := v_token0;
+    v_cp := v_checkpoint;
     v_claimed := '[]';
     v_skipped := '[]';
     v_existing := '[]';
@@ -497,7 +527,7 @@ BEGIN
         IF v_step ->> 1 = 'claim' THEN
           v_next := v_token + 1;
           IF v_next <= v_floor THEN v_next := v_floor + 1; END IF;
-          INSERT INTO {s}.runs (entry_id, due, record) VALUES (v_entry.id, v_due,
+          INSERT INTO {s}.runs (entry_id, due, record) VALUES (v_id, v_due,
               jsonb_build_object('due', v_due, 'state', {CLAIMED}, 'token', v_next,
                                  'owner', p_owner, 'claimed_at', v_now))
             ON CONFLICT DO NOTHING;
@@ -509,7 +539,7 @@ BEGIN
             v_existing := v_existing || to_jsonb(v_due);
           END IF;
         ELSE
-          INSERT INTO {s}.runs (entry_id, due, record) VALUES (v_entry.id, v_due,
+          INSERT INTO {s}.runs (entry_id, due, record) VALUES (v_id, v_due,
               jsonb_build_object('due', v_due, 'state', {SKIPPED}, 'reason', v_step ->> 1,
                                  'finished_at', v_now))
             ON CONFLICT DO NOTHING;
@@ -521,9 +551,9 @@ BEGIN
         END IF;
       END LOOP;
     END IF;
-    IF (v_plan ->> 't')::boolean THEN
+    IF (v_plan ->> 't')::boolean AND v_id = ANY(v_with_due) THEN
       FOR v_row IN SELECT r.due, r.record FROM {s}.runs r
-          WHERE r.entry_id = v_entry.id AND r.live_state = {DUE} ORDER BY r.due LOOP
+          WHERE r.entry_id = v_id AND r.live_state = {DUE} ORDER BY r.due LOOP
         v_next := v_token + 1;
         IF v_next <= v_floor THEN v_next := v_floor + 1; END IF;
         v_token := v_next;
@@ -531,27 +561,35 @@ BEGIN
         -- The previous holder's check is not this claim's: it is held since now.
         v_rec := (v_row.record - 'sending_at') || jsonb_build_object(
           'token', v_next, 'state', {CLAIMED}, 'owner', p_owner, 'claimed_at', v_now);
-        UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_entry.id AND due = v_row.due;
+        UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_id AND due = v_row.due;
         v_taken := v_taken || jsonb_build_array(jsonb_build_array(
           v_row.due, v_next, coalesce(v_rec -> 'manual' <> 'false'::jsonb, false),
           coalesce(v_rec -> 'maybe_sent' <> 'false'::jsonb, false),
           coalesce({s}.int_of(v_rec -> 'attempts'), 0)));
       END LOOP;
-      -- Runs whose record cannot be read are out of every index (generated columns): the
-      -- caller is told which, so that someone hears of them.
+    END IF;
+    IF (v_plan ->> 't')::boolean AND v_id = ANY(v_with_bad) THEN
+      -- Runs whose record cannot be read are in no index: the caller is told which, so
+      -- that someone hears of them.
       SELECT coalesce(jsonb_agg(r.due ORDER BY r.due), '[]') INTO v_unreadable
-        FROM {s}.runs r WHERE r.entry_id = v_entry.id AND NOT r.readable;
+        FROM {s}.runs r WHERE r.entry_id = v_id AND NOT r.readable;
     END IF;
-    IF v_token <> v_entry.token OR v_cp IS DISTINCT FROM v_entry.checkpoint THEN
-      UPDATE {s}.entries SET token = v_token, checkpoint = v_cp WHERE id = v_entry.id;
+    IF v_token <> v_token0 OR v_cp IS DISTINCT FROM v_checkpoint THEN
+      UPDATE {s}.entries SET token = v_token, checkpoint = v_cp WHERE id = v_id;
     END IF;
-    PERFORM {s}.trim(v_entry.id, p_limit, v_now);
-    o := jsonb_build_object('s', {C_OK}, 'a', v_entry.anchor, 'c', v_cp, 'k', v_token,
-                            'claimed', v_claimed, 'skipped', v_skipped,
-                            'existing', v_existing, 'taken', v_taken,
-                            'unreadable', v_unreadable);
-    RETURN NEXT;
+    v_out := array_append(v_out, jsonb_build_object(
+      's', {C_OK}, 'a', v_anchor, 'c', v_cp, 'k', v_token, 'claimed', v_claimed,
+      'skipped', v_skipped, 'existing', v_existing, 'taken', v_taken,
+      'unreadable', v_unreadable));
   END LOOP;
+  -- Only entries whose history may be over the limit, or that keep lost runs, are trimmed.
+  FOR v_row IN SELECT r.entry_id FROM {s}.runs r WHERE r.entry_id = ANY(v_ids) AND r.in_history
+      GROUP BY r.entry_id HAVING count(*) > p_limit
+      UNION SELECT DISTINCT r.entry_id FROM {s}.runs r
+        WHERE r.entry_id = ANY(v_ids) AND r.lost_at IS NOT NULL LOOP
+    PERFORM {s}.trim(v_row.entry_id, p_limit, {s}.now_ms());
+  END LOOP;
+  RETURN to_jsonb(v_out);
 END $$;
 
 -- check.lua, for a batch [{{e, d, t, id (task id), skip (reason or null), ov}}]: only the
@@ -569,13 +607,10 @@ BEGIN
   PERFORM 1 FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
     ORDER BY e.name FOR NO KEY UPDATE;
-  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+  FOR v_item, v_entry, v_rec, v_ok IN {SELECT_RUNS} LOOP
     v_due := (v_item ->> 'd')::bigint;
-    SELECT r.entry_id, r.record, r.readable INTO v_entry, v_rec, v_ok
-      FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
-      WHERE e.name = v_item ->> 'e' AND r.due = v_due;
     o_verdict := {V_REFUSED};
-    IF NOT FOUND THEN
+    IF v_entry IS NULL THEN
       o_verdict := {V_MISSING};  -- the store lost it (or never had it)
       o_detail := 'no such run';
     ELSIF NOT v_ok THEN
@@ -634,12 +669,9 @@ BEGIN
   PERFORM 1 FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
     ORDER BY e.name FOR NO KEY UPDATE;
-  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+  FOR v_item, v_entry, v_rec, v_ok IN {SELECT_RUNS} LOOP
     v_due := (v_item ->> 'd')::bigint;
-    SELECT r.entry_id, r.record, r.readable INTO v_entry, v_rec, v_ok
-      FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
-      WHERE e.name = v_item ->> 'e' AND r.due = v_due;
-    CONTINUE WHEN NOT FOUND OR NOT v_ok;
+    CONTINUE WHEN v_entry IS NULL OR NOT v_ok;
     CONTINUE WHEN coalesce({s}.int_of(v_rec -> 'token'), 0) <> (v_item ->> 't')::bigint;
     CONTINUE WHEN v_rec ->> 'state' IN ({CLAIMED}, {DUE});
     IF v_rec ->> 'state' = {SENDING} THEN
@@ -671,13 +703,11 @@ BEGIN
   PERFORM 1 FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
     ORDER BY e.name FOR NO KEY UPDATE;
-  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+  FOR v_item, v_entry, v_rec, v_ok IN {SELECT_RUNS} LOOP
     v_due := (v_item ->> 'd')::bigint;
-    SELECT r.entry_id, r.record, r.readable INTO v_entry, v_rec, v_ok
-      FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
-      WHERE e.name = v_item ->> 'e' AND r.due = v_due;
     o_state := NULL;
-    IF FOUND AND v_ok AND v_rec ->> 'state' IN {HELD} AND v_rec ->> 'owner' = p_owner
+    IF v_entry IS NOT NULL AND v_ok AND v_rec ->> 'state' IN {HELD}
+        AND v_rec ->> 'owner' = p_owner
         AND coalesce({s}.int_of(v_rec -> 'token'), 0) = (v_item ->> 't')::bigint THEN
       v_now := {s}.now_ms();
       IF coalesce(v_item ->> 'em', '') <> '' THEN
@@ -701,9 +731,10 @@ BEGIN
 END $$;
 
 -- reclaim.lua, for a batch [{{e, d, t (null: any)}}]: take held claims back (due again; a
--- run being sent is remembered as maybe sent).
+-- run being sent is remembered as maybe sent). Per item 1 if taken back, -1 for a record
+-- that cannot be read (reported: it is in no index), else 0.
 CREATE OR REPLACE FUNCTION {s}.reclaim(p_items jsonb, p_by text)
-RETURNS TABLE (o_ok boolean) LANGUAGE plpgsql AS $$
+RETURNS TABLE (o_result integer) LANGUAGE plpgsql AS $$
 DECLARE
   v_item jsonb;
   v_entry bigint;
@@ -714,15 +745,13 @@ BEGIN
   PERFORM 1 FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
     ORDER BY e.name FOR NO KEY UPDATE;
-  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+  FOR v_item, v_entry, v_rec, v_ok IN {SELECT_RUNS} LOOP
     v_due := (v_item ->> 'd')::bigint;
-    SELECT r.entry_id, r.record, r.readable INTO v_entry, v_rec, v_ok
-      FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
-      WHERE e.name = v_item ->> 'e' AND r.due = v_due;
-    o_ok := FOUND AND v_ok AND v_rec ->> 'state' IN {HELD}
-      AND (v_item ->> 't' IS NULL
-           OR coalesce({s}.int_of(v_rec -> 'token'), 0) = (v_item ->> 't')::bigint);
-    IF o_ok THEN
+    o_result := CASE WHEN v_entry IS NULL THEN 0 WHEN NOT v_ok THEN -1
+      WHEN v_rec ->> 'state' IN {HELD} AND (v_item ->> 't' IS NULL
+           OR coalesce({s}.int_of(v_rec -> 'token'), 0) = (v_item ->> 't')::bigint) THEN 1
+      ELSE 0 END;
+    IF o_result = 1 THEN
       IF v_rec ->> 'state' = {SENDING} THEN
         v_rec := v_rec || jsonb_build_object('maybe_sent', true);
       END IF;
@@ -738,12 +767,14 @@ BEGIN
 END $$;
 
 -- start.lua: the worker's fencing for one delivery. With p_task_id, a delivery that runs
--- records what the task id was started for (in the same transaction).
+-- records what the task id was started for (in the same transaction). The store's id is
+-- answered too.
 CREATE OR REPLACE FUNCTION {s}.start(
   p_entry text, p_due bigint, p_token bigint, p_worker text, p_pid bigint,
   p_retries bigint, p_takeover_worker text, p_takeover_pid bigint, p_process text,
   p_task_id text)
-RETURNS TABLE (o_verdict text, o_detail text, o_worker text, o_pid bigint, o_process text)
+RETURNS TABLE (o_verdict text, o_detail text, o_worker text, o_pid bigint, o_process text,
+               o_store text)
 LANGUAGE plpgsql AS $$
 DECLARE
   v_entry record;
@@ -756,6 +787,7 @@ DECLARE
   v_retry boolean;
   v_takeover boolean;
 BEGIN
+  SELECT i.id INTO o_store FROM {s}.ident i;
   SELECT e.id, e.checkpoint INTO v_entry FROM {s}.entries e WHERE e.name = p_entry
     FOR NO KEY UPDATE;
   IF FOUND THEN
@@ -843,23 +875,20 @@ BEGIN
     'started_at', coalesce(v_rec -> 'started_at', to_jsonb(v_now)));
   UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_entry.id AND due = p_due;
   IF coalesce(p_task_id, '') <> '' THEN
-    INSERT INTO {s}.tasks AS t (task_id, entry, due, token, expires_at)
-      VALUES (p_task_id, p_entry, p_due, p_token, v_now + {WEEK_MS})
-      ON CONFLICT (task_id) DO UPDATE SET entry = excluded.entry, due = excluded.due,
-        token = excluded.token, expires_at = excluded.expires_at;
-    -- A few expired ones at a time; never waits for another worker doing the same.
-    DELETE FROM {s}.tasks WHERE task_id IN (
-      SELECT t.task_id FROM {s}.tasks t WHERE t.expires_at < v_now
-        ORDER BY t.expires_at LIMIT 16 FOR UPDATE SKIP LOCKED);
+    INSERT INTO {s}.tasks AS t (task_id, entry_id, due, token)
+      VALUES (p_task_id, v_entry.id, p_due, p_token)
+      ON CONFLICT (task_id) DO UPDATE SET entry_id = excluded.entry_id, due = excluded.due,
+        token = excluded.token;
   END IF;
   o_verdict := {S_RUN};
   o_detail := '';
   RETURN NEXT;
 END $$;
 
--- finish.lua, for a batch [{{e, d, t (null: current), st, r, et, em, w, since}}]: a final
--- state is never overwritten, a superseded token's outcome is ignored; a presumption of
--- loss applies only to an open run not active since the caller's cutoff.
+-- finish.lua, for a batch [{{e, d, t (null: current), st, r, et, em, w, since, u}}]: a
+-- final state is never overwritten, a superseded token's outcome is ignored; a presumption
+-- of loss applies only to an open run not active since the caller's cutoff; with u
+-- (unstarted only), not to a run a delivery started.
 CREATE OR REPLACE FUNCTION {s}.finish(p_items jsonb)
 RETURNS TABLE (o_ok boolean) LANGUAGE plpgsql AS $$
 DECLARE
@@ -874,16 +903,16 @@ BEGIN
   PERFORM 1 FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
     ORDER BY e.name FOR NO KEY UPDATE;
-  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+  FOR v_item, v_entry, v_rec, v_ok, v_since IN {SELECT_RUNS_SINCE} LOOP
     v_due := (v_item ->> 'd')::bigint;
-    SELECT r.entry_id, r.record, r.readable, r.since INTO v_entry, v_rec, v_ok, v_since
-      FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id
-      WHERE e.name = v_item ->> 'e' AND r.due = v_due;
     v_state := v_rec ->> 'state';
-    o_ok := FOUND AND v_ok
+    o_ok := v_entry IS NOT NULL AND v_ok
       AND (v_item ->> 't' IS NULL
            OR coalesce({s}.int_of(v_rec -> 'token'), 0) = (v_item ->> 't')::bigint)
       AND v_state NOT IN {FINAL} AND v_state NOT IN ({CLAIMED}, {DUE});
+    IF o_ok AND (v_item ->> 'u')::boolean AND v_state = {STARTED} THEN
+      o_ok := false;  -- a delivery revoked before it ran: another one is running it
+    END IF;
     IF o_ok AND v_item ->> 'st' = {LOST} THEN
       o_ok := v_state IN {OPEN} AND (v_item ->> 'since' IS NULL
                                      OR v_since < (v_item ->> 'since')::bigint);
@@ -943,19 +972,69 @@ BEGIN
   RETURN v_due;
 END $$;
 
+-- requeue.lua: the delivery that started a run gives it back without an outcome (only that
+-- delivery's process, with the current token): the run is sent again, and the next
+-- delivery of its token starts it. Returns whether it was given back.
+CREATE OR REPLACE FUNCTION {s}.requeue(p_entry text, p_due bigint, p_token bigint,
+                                       p_worker text, p_pid bigint, p_process text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  v_entry bigint;
+  v_rec jsonb;
+  v_ok boolean;
+BEGIN
+  SELECT e.id INTO v_entry FROM {s}.entries e WHERE e.name = p_entry FOR NO KEY UPDATE;
+  SELECT r.record, r.readable INTO v_rec, v_ok FROM {s}.runs r
+    WHERE r.entry_id = v_entry AND r.due = p_due;
+  IF NOT FOUND OR NOT v_ok OR v_rec ->> 'state' <> {STARTED}
+      OR coalesce({s}.int_of(v_rec -> 'token'), 0) <> p_token
+      OR v_rec ->> 'worker' IS DISTINCT FROM p_worker
+      OR coalesce({s}.int_of(v_rec -> 'worker_pid'), -1) <> p_pid
+      OR coalesce(v_rec ->> 'worker_process', '') <> p_process THEN
+    RETURN false;
+  END IF;
+  UPDATE {s}.runs SET record = (v_rec - ARRAY['worker', 'worker_pid', 'worker_process'])
+      || jsonb_build_object('state', {SENT},
+                            'requeues', coalesce({s}.int_of(v_rec -> 'requeues'), 0) + 1,
+                            'sent_at', {s}.now_ms())  -- its run_timeout counts from now
+    WHERE entry_id = v_entry AND due = p_due;
+  RETURN true;
+END $$;
+
+-- forget.lua, for a batch of names: entries no schedule has any more go, with every record
+-- of their runs, unless a run of theirs is claimed, being sent, sent or started. Returns
+-- the names removed.
+CREATE OR REPLACE FUNCTION {s}.forget(p_names text[])
+RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+  v_entry record;
+BEGIN
+  FOR v_entry IN SELECT e.id, e.name FROM {s}.entries e WHERE e.name = ANY(p_names)
+      ORDER BY e.name FOR UPDATE LOOP
+    CONTINUE WHEN EXISTS (SELECT 1 FROM {s}.runs r WHERE r.entry_id = v_entry.id
+                          AND r.live_state IN ({CLAIMED}, {SENDING}, {SENT}, {STARTED}));
+    DELETE FROM {s}.runs WHERE entry_id = v_entry.id;
+    DELETE FROM {s}.entries WHERE id = v_entry.id;
+    RETURN NEXT v_entry.name;
+  END LOOP;
+END $$;
+
 -- heartbeat.lua: the owner is alive for p_ttl more; the epoch changes when there is none,
 -- when the server holding the data is another one, or on a resync, and then no beat claims
 -- until settle_until; a caller still registering what it knows (p_settling) keeps a
--- settling store so for p_ttl more. Owners lapsed long ago are forgotten.
+-- settling store so for p_ttl more. Owners lapsed long ago are forgotten. The store's id is
+-- made by the first heartbeat.
 CREATE OR REPLACE FUNCTION {s}.heartbeat(p_owner text, p_info jsonb, p_ttl bigint,
                                          p_resync boolean, p_new text, p_forget bigint,
-                                         p_settling boolean)
+                                         p_settling boolean, p_store text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   v_now bigint;
   v_server text := {s}.server_identity();
   v_epoch record;
   v_new boolean;
+  v_until bigint;
+  v_store text;
 BEGIN
   -- Its commit need not wait for the WAL flush: a heartbeat a crash loses makes its owner
   -- look dead sooner (its claims are taken back; fencing stops it), and a restart or a
@@ -976,13 +1055,18 @@ BEGIN
   INSERT INTO {s}.owners AS o (id, info, expires_at) VALUES (p_owner, p_info, v_now + p_ttl)
     ON CONFLICT (id) DO UPDATE SET info = excluded.info, expires_at = excluded.expires_at;
   IF v_new THEN
+    -- Long enough for every beat the store knows alive to notice: until the latest of
+    -- their heartbeats lapses (beats with a longer interval than the caller's), within
+    -- reason.
+    SELECT greatest(v_now + p_ttl, least(max(o.expires_at), v_now + 10 * p_ttl))
+      INTO v_until FROM {s}.owners o;
     INSERT INTO {s}.epoch (one, id, settle_until, since, server)
-      VALUES (true, p_new, v_now + p_ttl, v_now, v_server) ON CONFLICT (one) DO NOTHING;
+      VALUES (true, p_new, v_until, v_now, v_server) ON CONFLICT (one) DO NOTHING;
     SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep FOR UPDATE;
     -- Another heartbeat may have started the new epoch while this one waited.
     IF v_epoch.id <> p_new AND (v_epoch.server <> v_server OR p_resync) THEN
       UPDATE {s}.epoch SET id = p_new,
-          settle_until = greatest(coalesce(settle_until, 0), v_now + p_ttl),
+          settle_until = greatest(coalesce(settle_until, 0), v_until),
           since = v_now, server = v_server
         RETURNING id, settle_until, server INTO v_epoch;
     END IF;
@@ -992,8 +1076,13 @@ BEGIN
       WHERE settle_until > v_now AND settle_until < v_now + p_ttl;
     SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep;
   END IF;
+  SELECT i.id INTO v_store FROM {s}.ident i;
+  IF NOT FOUND THEN
+    INSERT INTO {s}.ident (one, id) VALUES (true, p_store) ON CONFLICT (one) DO NOTHING;
+    SELECT i.id INTO v_store FROM {s}.ident i;
+  END IF;
   RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id,
-    'settle', v_epoch.settle_until, 'server', v_server,
+    'settle', v_epoch.settle_until, 'server', v_server, 'store', v_store,
     'owners', (SELECT coalesce(jsonb_agg(jsonb_build_array(o.id, o.info, o.expires_at)),
                                '[]') FROM {s}.owners o));
 END $$;
@@ -1118,6 +1207,7 @@ class PostgresStore(Store):
         #: every other call is refused (``_suspect``), as the Redis store does.
         self._server: str | None = None
         self._suspect = False
+        self._noted: set[tuple[str, int]] = set()  # unreadable runs logged once
         self._sql_live = (
             f"(SELECT 'd', e.name, r.due, 0, NULL, r.since FROM {s}.runs r"
             f" JOIN {s}.entries e ON e.id = r.entry_id WHERE r.live_state = '{RunState.DUE}'"
@@ -1315,11 +1405,15 @@ class PostgresStore(Store):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _batch(self, items: Sequence[T], call: Callable[[list[T]], list[Any]],
-               on_error: Callable[[T, Exception], Any]) -> list[Any]:
-        """``call`` on CHUNK items at a time (one statement each). A chunk that fails for
-        another reason than an outage is sent again one item at a time, so that a bad
-        item (a record or a name the database refuses) gets its own answer and the others
-        theirs."""
+               on_error: Callable[[T, Exception], Any],
+               key: Callable[[T], Any] | None = None) -> list[Any]:
+        """``call`` on CHUNK items at a time (one statement each), cut where ``key``
+        repeats. A chunk that fails for another reason than an outage is sent again one
+        item at a time, so that a bad item (a record or a name the database refuses) gets
+        its own answer and the others theirs."""
+        if key is not None:
+            return [r for part in _distinct(items, key) for r in self._batch(part, call,
+                                                                             on_error)]
         out: list[Any] = []
         for start in range(0, len(items), CHUNK):
             chunk = list(items[start:start + CHUNK])
@@ -1344,15 +1438,16 @@ class PostgresStore(Store):
                   settling: bool = False) -> Heartbeat:
         try:
             [(reply,)] = self._execute(
-                f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s)",
+                f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s, %s)",
                 [owner.id, Jsonb(owner.as_dict()), max(1, round(ttl * 1000)), resync,
-                 uuid.uuid4().hex, FORGET_OWNERS_MS, settling], heartbeat=True)
+                 uuid.uuid4().hex, FORGET_OWNERS_MS, settling, uuid.uuid4().hex],
+                heartbeat=True)
         except psycopg.Error as exc:
             raise StoreError(f"the server answered with an error: {exc}") from exc
         with self._lock:
             self._server, self._suspect = str(reply["server"]), False
         now = int(reply["now"])
-        return Heartbeat(now=now, epoch=str(reply["epoch"]),
+        return Heartbeat(now=now, epoch=str(reply["epoch"]), store_id=str(reply["store"]),
                          settle_until=_maybe_int(reply.get("settle")),
                          owners=tuple(_owner_statuses(reply["owners"], now)))
 
@@ -1384,13 +1479,14 @@ class PostgresStore(Store):
     # -- beats: the life of a claim ----------------------------------------------------
     def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
         def call(chunk: list[ClaimPlan]) -> list[Any]:
-            rows = self._execute(f"SELECT * FROM {self._s}.claim(%s, %s, %s)",
-                                 [owner.id, Jsonb([_plan(p) for p in chunk]),
-                                  self.history_limit])
-            return [_claim_result(plan.entry, reply) for plan, (reply,) in zip(chunk, rows)]
+            [(replies,)] = self._execute(f"SELECT {self._s}.claim(%s, %s, %s)",
+                                         [owner.id, Jsonb([_plan(p) for p in chunk]),
+                                          self.history_limit])
+            return [_claim_result(plan.entry, reply) for plan, reply in zip(chunk, replies)]
 
         return self._batch(list(plans), call, lambda plan, exc: ClaimResult(
-            plan.entry, ClaimStatus.CORRUPT, detail=f"{type(exc).__name__}: {exc}"))
+            plan.entry, ClaimStatus.CORRUPT, detail=f"{type(exc).__name__}: {exc}"),
+            key=lambda plan: plan.entry)
 
     def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
         def call(chunk: list[Check]) -> list[Any]:
@@ -1402,7 +1498,8 @@ class PostgresStore(Store):
                     for item, (verdict, detail) in zip(chunk, rows)]
 
         return self._batch(list(checks), call, lambda item, exc: CheckResult(
-            item.claim, CheckVerdict.REFUSED, why=f"unreadable record: {exc}"))
+            item.claim, CheckVerdict.REFUSED, why=f"unreadable record: {exc}"),
+            key=lambda item: item.claim.ref)
 
     def record_sent(self, owner: Owner, claims: Sequence[Claim]) -> int:
         def call(chunk: list[Claim]) -> list[Any]:
@@ -1410,7 +1507,8 @@ class PostgresStore(Store):
                 Jsonb([{"e": c.entry, "d": c.due, "t": c.token} for c in chunk])])
             return [int(count)]
 
-        return sum(self._batch(list(claims), call, lambda claim, exc: 0))
+        return sum(self._batch(list(claims), call, lambda claim, exc: 0,
+                               key=lambda claim: claim.ref))
 
     def release(self, owner: Owner, releases: Sequence[Release], max_attempts: int = 0
                 ) -> list[RunState | None]:
@@ -1421,7 +1519,8 @@ class PostgresStore(Store):
                 max(1, max_attempts)])
             return [RunState(state) if state else None for (state,) in rows]
 
-        return self._batch(list(releases), call, lambda item, exc: None)
+        return self._batch(list(releases), call, lambda item, exc: None,
+                           key=lambda item: item.claim.ref)
 
     # -- sweeps -----------------------------------------------------------------------
     def live_runs(self, query: LiveQuery) -> LiveRuns:
@@ -1455,15 +1554,24 @@ class PostgresStore(Store):
         def call(chunk: list[Reclaim]) -> list[Any]:
             rows = self._execute(f"SELECT * FROM {self._s}.reclaim(%s, %s)", [
                 Jsonb([{"e": r.entry, "d": r.due, "t": r.token} for r in chunk]), by])
-            return [bool(ok) for (ok,) in rows]
+            return [int(result) for (result,) in rows]
 
-        return self._batch(list(reclaims), call, lambda item, exc: False)
+        reclaims = list(reclaims)
+        results = self._batch(reclaims, call, lambda item, exc: -1,
+                              key=lambda item: (item.entry, item.due))
+        for item, result in zip(reclaims, results):
+            if result == -1 and (item.entry, item.due) not in self._noted:
+                self._noted.add((item.entry, item.due))
+                logger.error("beat-claims: %s due %s: its record in the store cannot be"
+                             " read; it is left out of the store's indexes (nothing will"
+                             " send it)", item.entry, iso(item.due))
+        return [result == 1 for result in results]
 
     # -- workers ----------------------------------------------------------------------
     def start(self, delivery: Delivery) -> StartDecision:
         d, proc, takeover = delivery, delivery.process, delivery.takeover
         try:
-            [(verdict, why, worker, pid, process)] = self._execute(
+            [(verdict, why, worker, pid, process, store_id)] = self._execute(
                 f"SELECT * FROM {self._s}.start(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [d.entry, d.due, d.token, proc.worker, proc.pid, d.retries,
                  takeover.worker if takeover else None, takeover.pid if takeover else None,
@@ -1471,28 +1579,41 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             logger.error("beat-claims: the store could not fence %r: %s", d, exc)
             return StartDecision(StartVerdict.UNTRACKED, f"unreadable record: {exc}")
-        decision = StartVerdict(verdict)
+        decision, store_id = StartVerdict(verdict), str(store_id or "")
         if decision is StartVerdict.BUSY:
             return StartDecision(decision, str(why), WorkerProcess(
-                str(worker), int(pid), str(process)))
-        return StartDecision(decision, str(why or ""))
+                str(worker), int(pid), str(process)), store_id=store_id)
+        return StartDecision(decision, str(why or ""), store_id=store_id)
+
+    def requeue(self, delivery: Delivery) -> bool:
+        d, proc = delivery, delivery.process
+        try:
+            [(given_back,)] = self._execute(
+                f"SELECT {self._s}.requeue(%s, %s, %s, %s, %s, %s)",
+                [d.entry, d.due, d.token, proc.worker, proc.pid, proc.process])
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        return bool(given_back)
 
     def finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
         def call(chunk: list[Outcome]) -> list[Any]:
             rows = self._execute(f"SELECT * FROM {self._s}.finish(%s)", [Jsonb([
                 {"e": o.entry, "d": o.due, "t": o.token, "st": o.state.value,
                  "r": o.reason.value if o.reason else "", "et": o.exc_type,
-                 "em": o.exc_message, "w": o.worker, "since": o.inactive_since}
+                 "em": o.exc_message, "w": o.worker, "since": o.inactive_since,
+                 "u": o.unstarted_only}
                 for o in chunk])])
             return [bool(ok) for (ok,) in rows]
 
-        return self._batch(list(outcomes), call, lambda item, exc: False)
+        return self._batch(list(outcomes), call, lambda item, exc: False,
+                           key=lambda item: (item.entry, item.due))
 
     def lookup_task(self, task_id: str) -> Claim | None:
         try:
             rows = self._execute(
-                f"SELECT entry, due, token FROM {self._s}.tasks"
-                f" WHERE task_id = %s AND expires_at > {self._s}.now_ms()", [task_id])
+                f"SELECT e.name, t.due, t.token FROM {self._s}.tasks t"
+                f" JOIN {self._s}.entries e ON e.id = t.entry_id WHERE t.task_id = %s",
+                [task_id])
         except psycopg.Error:
             return None
         return Claim(str(rows[0][0]), int(rows[0][1]), int(rows[0][2])) if rows else None
@@ -1505,6 +1626,17 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise StoreError(f"the server answered with an error: {exc}") from exc
         return _maybe_int(due)
+
+    def forget(self, entries: Sequence[str]) -> list[str]:
+        names = list(dict.fromkeys(entries))
+        if not names:
+            return []
+        try:
+            rows = self._execute(f"SELECT * FROM {self._s}.forget(%s::text[])", [names])
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        removed = {name for (name,) in rows}
+        return [name for name in names if name in removed]
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
@@ -1545,6 +1677,21 @@ class PostgresStore(Store):
 
 
 # -- items and replies ----------------------------------------------------------------
+def _distinct(items: Sequence[T], key: Callable[[T], Any]) -> list[list[T]]:
+    """``items`` cut, in order, into parts in which no key repeats: the functions read what
+    their whole batch needs at once, which must not change within it (an entry for a claim,
+    a run for the others)."""
+    parts: list[list[T]] = [[]]
+    seen: set[Any] = set()
+    for item in items:
+        if key(item) in seen:
+            parts.append([])
+            seen.clear()
+        seen.add(key(item))
+        parts[-1].append(item)
+    return [part for part in parts if part]
+
+
 def _seed(seed: EntrySeed) -> dict[str, Any]:
     return {"e": seed.name, "desc": seed.description, "a": seed.anchor, "c": seed.checkpoint,
             "t": seed.token, "runs": [run.to_record() for run in seed.runs]}

@@ -15,13 +15,14 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
 ``{P:NN}:due``          zset    the bucket's runs due again: "due|name" -> since
 ``{P:NN}:held``         zset    its claims: "owner|token|due|name" -> claimed or checked at
 ``{P:NN}:open``         zset    its runs sent or started: "due|name" -> last active at
+``{P:NN}:t``            hash    task ids of its runs that started: id -> entry, due, token
 ``{P}:owners``          hash    beats: owner id -> JSON (host, pid, start time)
 ``{P}:alive``           zset    beats: owner id -> heartbeat expiry (store ms)
 ``{P}:epoch``           hash    the store's epoch: id, settle_until, since, server
 ``{P}:entries``         hash    every entry seen: D -> name
 ``{P}:anchoring``       string  the shared anchoring instant (2 s)
 ``{P}:layout``          string  this layout's version
-``P:task:<task id>``    string  the run a task id was started for (a week)
+``{P}:id``              string  the store's id (made once; a wipe makes a new one)
 ======================  ======  ===========================================================
 
 Records are JSON, never pickle. Names of states, reasons and policies reach the scripts
@@ -102,7 +103,8 @@ _OUTAGE_CODES = ("NOREPLICAS", "BUSY", "MISCONF", "READONLY", "LOADING", "MASTER
                  "CLUSTERDOWN", "TRYAGAIN", "OOM", "NOAUTH", "WRONGPASS", "NOPERM")
 
 SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "open",
-           "start", "finish", "request", "heartbeat", "leave", "anchor_instant")
+           "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
+           "anchor_instant")
 
 
 def _lua_names() -> str:
@@ -157,6 +159,7 @@ class RedisStore(Store):
         self._local = threading.local()
         g = f"{{{prefix}}}"
         self._owners, self._alive, self._epoch = f"{g}:owners", f"{g}:alive", f"{g}:epoch"
+        self._store_id = f"{g}:id"
         self._registry, self._anchoring = f"{g}:entries", f"{g}:anchoring"
         self._layout = f"{g}:layout"
         # A reconnection may reach another server (a restart from an older snapshot, a
@@ -185,13 +188,12 @@ class RedisStore(Store):
         """The keys of one entry, in the order every entry script expects them."""
         tag, d = self._tag(entry)
         return [f"{tag}:e:{d}", f"{tag}:r:{d}", f"{tag}:h:{d}", f"{tag}:d:{d}",
-                f"{tag}:b:{d}", f"{tag}:x:{d}", f"{tag}:due", f"{tag}:held", f"{tag}:open"]
+                f"{tag}:b:{d}", f"{tag}:x:{d}", f"{tag}:due", f"{tag}:held", f"{tag}:open",
+                f"{tag}:t"]
 
     def _bucket_keys(self, bucket: int, *names: str) -> list[str]:
         return [f"{{{self.prefix}:{bucket:02d}}}:{name}" for name in names]
 
-    def _task_key(self, task_id: str) -> str:
-        return f"{self.prefix}:task:{task_id}"
 
     def _old_entry_key(self, entry: str) -> str:
         """Where beat-claims 0.1 kept the entry (read once, to keep its anchor)."""
@@ -274,10 +276,11 @@ class RedisStore(Store):
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False) -> Heartbeat:
         def build(pipe: Pipeline) -> None:
-            self._script(pipe, "heartbeat", [self._owners, self._alive, self._epoch],
+            self._script(pipe, "heartbeat",
+                         [self._owners, self._alive, self._epoch, self._store_id],
                          owner.id, json.dumps(owner.as_dict()), max(1, round(ttl * 1000)),
                          "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS,
-                         "1" if settling else "0")
+                         "1" if settling else "0", uuid.uuid4().hex)
 
         self._heartbeating.on = True
         try:
@@ -285,9 +288,9 @@ class RedisStore(Store):
         finally:
             self._heartbeating.on = False
         _raise_if_error(reply)
-        now, epoch_id, settle, owners, alive, server = reply
+        now, epoch_id, settle, owners, alive, server, store_id = reply
         self._server = str(server) or None
-        return Heartbeat(now=int(now), epoch=str(epoch_id),
+        return Heartbeat(now=int(now), epoch=str(epoch_id), store_id=str(store_id),
                          settle_until=int(settle) if settle else None,
                          owners=tuple(_owner_statuses(owners, alive, int(now))))
 
@@ -516,44 +519,55 @@ class RedisStore(Store):
         d, proc = delivery, delivery.process
         takeover = (f"{d.takeover.worker}|{d.takeover.pid}" if d.takeover else "")
 
-        reply = self._round_trip(lambda pipe: self._entry_script(
-            pipe, "start", d.entry, d.due, d.token, proc.worker, proc.pid, d.retries,
-            takeover, proc.process))[0]
+        def build(pipe: Pipeline) -> None:
+            self._entry_script(pipe, "start", d.entry, d.due, d.token, proc.worker, proc.pid,
+                               d.retries, takeover, proc.process, d.task_id)
+            pipe.get(self._store_id)
+
+        reply, store_id = self._round_trip(build)
+        store_id = store_id if isinstance(store_id, str) else ""
         if isinstance(reply, Exception):
-            return StartDecision(StartVerdict.UNTRACKED, f"unreadable record: {reply}")
+            return StartDecision(StartVerdict.UNTRACKED, f"unreadable record: {reply}",
+                                 store_id=store_id)
         verdict = StartVerdict(reply[0])
-        if verdict is StartVerdict.RUN and d.task_id:
-            # For signals that carry only the task id (main-process failures). Only for a
-            # delivery that runs: a refused one (a superseded message has the same task id)
-            # must not replace the token that started the run. Another slot than the
-            # entry's (the id is all a signal has), so not in the script.
-            self._round_trip(lambda pipe: pipe.set(
-                self._task_key(d.task_id),
-                json.dumps({"entry": d.entry, "due": d.due, "token": d.token}), px=WEEK_MS))
         if verdict is StartVerdict.BUSY:
             return StartDecision(verdict, "busy", WorkerProcess(
-                str(reply[1]), int(reply[2]), str(reply[3])))
-        return StartDecision(verdict, str(reply[1]) if len(reply) > 1 else "")
+                str(reply[1]), int(reply[2]), str(reply[3])), store_id=store_id)
+        return StartDecision(verdict, str(reply[1]) if len(reply) > 1 else "",
+                             store_id=store_id)
+
+    def requeue(self, delivery: Delivery) -> bool:
+        d, proc = delivery, delivery.process
+        reply = self._round_trip(lambda pipe: self._entry_script(
+            pipe, "requeue", d.entry, d.due, d.token, proc.worker, proc.pid,
+            proc.process))[0]
+        _raise_if_error(reply)
+        return bool(reply == 1)
 
     def finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
         def build(pipe: Pipeline, o: Outcome) -> None:
             self._entry_script(
                 pipe, "finish", o.entry, o.due, "" if o.token is None else o.token,
                 o.state.value, o.reason.value if o.reason else "", o.exc_type, o.exc_message,
-                o.worker, "" if o.inactive_since is None else o.inactive_since)
+                o.worker, "" if o.inactive_since is None else o.inactive_since,
+                "1" if o.unstarted_only else "0")
 
         outcomes = list(outcomes)
         return [r == 1 for r in self._chunked(outcomes, build)]
 
     def lookup_task(self, task_id: str) -> Claim | None:
-        raw = self._round_trip(lambda pipe: pipe.get(self._task_key(task_id)))[0]
-        if not raw or isinstance(raw, Exception):
-            return None
-        try:
-            data = json.loads(raw)
-            return Claim(str(data["entry"]), int(data["due"]), int(data["token"]))
-        except (ValueError, KeyError, TypeError):
-            return None
+        # The id is all the caller has: it is looked for in every bucket, in one round trip.
+        replies = self._round_trip(lambda pipe: [
+            pipe.hget(self._bucket_keys(b, "t")[0], task_id) for b in range(BUCKETS)])
+        for raw in replies:
+            if not raw or isinstance(raw, Exception):
+                continue
+            try:
+                data = json.loads(raw)
+                return Claim(str(data["entry"]), int(data["due"]), int(data["token"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return None
 
     # -- operators --------------------------------------------------------------------
     def request_run(self, entry: str, by: str, request_id: str = "") -> int | None:
@@ -561,6 +575,16 @@ class RedisStore(Store):
             pipe, "request", entry, by, self.history_limit, request_id))[0]
         _raise_if_error(reply)
         return int(reply) if reply else None
+
+    def forget(self, entries: Sequence[str]) -> list[str]:
+        names = list(entries)
+        replies = self._chunked(names, lambda pipe, name: self._entry_script(
+            pipe, "forget", name))
+        removed = [name for name, reply in zip(names, replies) if reply == 1]
+        if removed:
+            self._round_trip(lambda pipe: pipe.hdel(self._registry,
+                                                    *[digest(n) for n in removed]))
+        return removed
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:

@@ -75,7 +75,7 @@ def test_the_keys_of_an_entry_share_one_hash_slot() -> None:
         buckets = set()
         for name in [*ODD_NAMES, *(f"entry-{i}" for i in range(200))]:
             keys = store.entry_keys(name)
-            assert len(keys) == 9 and len(set(keys)) == 9
+            assert len(keys) == 10 and len(set(keys)) == 10
             assert len({key_slot(k.encode()) for k in keys}) == 1, (prefix, name, keys)
             buckets.add(keys[-1])
         assert len(buckets) == BUCKETS  # the entries are spread over every bucket
@@ -165,7 +165,8 @@ def exercise(store: RedisStore) -> None:
         store.finish([Outcome(name, again.due, again.token, RunState.LOST, Reason.RUN_TIMEOUT,
                               inactive_since=lost_at)])
         store.start(delivery(again, process(3)))  # revived
-        store.request_run(name, "operator:alice")
+        store.requeue(delivery(again, process(3)))  # handed back (a Reject, a replace)
+        store.request_run(name, "operator:alice", f"request-{name}")
         state = register(store, name)[name]
         claim(store, C, state, state.anchor + 9000,
               skip=((state.anchor + 8000, Reason.CATCH_UP),))  # trims the history
@@ -178,6 +179,8 @@ def exercise(store: RedisStore) -> None:
     store.open_runs(before=now(store) + 1)
     store.entries()
     store.owners()
+    register(store, "removed")
+    store.forget(["removed", ODD_NAMES[0]])
     store.leave(A)
 
 

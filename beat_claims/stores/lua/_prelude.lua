@@ -3,7 +3,8 @@
 --
 -- Entry scripts get the entry's keys in this order (see entry_keys in redis.py):
 --   1 entry hash, 2 runs hash, 3 history zset, 4 its due zset, 5 its busy zset,
---   6 lost zset, 7 bucket due zset, 8 bucket held zset, 9 bucket open zset
+--   6 lost zset, 7 bucket due zset, 8 bucket held zset, 9 bucket open zset,
+--   10 bucket task-id hash
 -- and the entry's name as ARGV[1]. Every change of a run's state goes through put_run(),
 -- which keeps the run's record and all its indexes in one place.
 
@@ -23,7 +24,7 @@ end
 local function entry_keys(keys, name)
   return {entry = keys[1], runs = keys[2], history = keys[3], due_e = keys[4],
           busy_e = keys[5], lost = keys[6], due = keys[7], held = keys[8], open = keys[9],
-          name = name}
+          tasks = keys[10], name = name}
 end
 
 local NUMBER_FIELDS = {'due', 'token', 'claimed_at', 'sending_at', 'sent_at', 'started_at',
@@ -148,6 +149,12 @@ local function to_due(run, by, now)
   run.released_at = now
 end
 
+-- A final run leaves the store: its record, and the task id it was started under.
+local function forget_run(K, run)
+  redis.call('HDEL', K.runs, fmt(run.due))
+  if type(run.task_id) == 'string' then redis.call('HDEL', K.tasks, run.task_id) end
+end
+
 local function shallow_copy(t)
   local c = {}
   for k, v in pairs(t) do c[k] = v end
@@ -189,7 +196,7 @@ local function trim(K, limit, now)
         redis.call('ZADD', K.lost, run.finished_at or now, due)
         excess = excess - 1
       elseif FINAL[run.state] then
-        redis.call('HDEL', K.runs, due)
+        forget_run(K, run)
         redis.call('ZREM', K.history, due)
         excess = excess - 1
       elseif run.state == STATE.sent and not run.started_at then
@@ -217,7 +224,11 @@ local function trim(K, limit, now)
   end
   for _, due in ipairs(expired) do
     local run = get_run(K, due)
-    if not run or run.state == STATE.lost then redis.call('HDEL', K.runs, due) end
+    if not run then
+      redis.call('HDEL', K.runs, due)
+    elseif run.state == STATE.lost then
+      forget_run(K, run)
+    end
     redis.call('ZREM', K.lost, due)
   end
 end

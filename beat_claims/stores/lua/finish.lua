@@ -2,11 +2,13 @@
 -- is ignored; the entry's checkpoint is never touched. A presumption of loss (a sweep's)
 -- applies only to a run sent or started, not active since the caller's cutoff.
 -- KEYS: the entry's keys. ARGV: name, due, token ('' = the current one), state, reason,
--- exc type, exc message, worker, inactive since ('' none). Returns 1 if recorded.
+-- exc type, exc message, worker, inactive since ('' none), unstarted only ('1': not if a
+-- delivery started the run). Returns 1 if recorded.
 local K = entry_keys(KEYS, ARGV[1])
 local run = get_run(K, ARGV[2])
 if not run then return 0 end
 if not has_token(run, ARGV[3]) or FINAL[run.state] or not handed_over(run) then return 0 end
+if ARGV[10] == '1' and run.state == STATE.started then return 0 end
 if ARGV[4] == STATE.lost then
   if not OPEN[run.state] then return 0 end
   local cutoff = tonumber(ARGV[9])

@@ -5,16 +5,17 @@
 -- heartbeat to see it starts the new epoch; then no beat claims until every live beat has
 -- had one ttl to register what it knows (settle_until). Owners whose heartbeat lapsed long
 -- ago are forgotten (their claims are found from the runs' own records, not from here).
--- KEYS: owners hash, alive zset, epoch hash. ARGV: owner id, owner JSON, ttl ms, resync
+-- The store's id (kept until it is wiped) is made here too, the first time.
+-- KEYS: owners hash, alive zset, epoch hash, store id. ARGV: owner id, owner JSON, ttl ms, resync
 -- ('1'/'0'), a new epoch id, forget after ms, settling ('1': the caller is still
--- registering what it knows; a store that is settling stays so for ttl more).
+-- registering what it knows; a store that is settling stays so for ttl more), a new store id.
 -- Returns {now, epoch id, settle until or '', owners (flat id, JSON), alive (flat id,
--- expiry), the server's run id}.
+-- expiry), the server's run id, the store's id}.
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
 -- A key of the wrong kind here would stop every beat: it is replaced (the owners come
 -- back at their next heartbeat; an epoch replaced is a new epoch, as after a wipe).
-for i, kind in ipairs({'hash', 'zset', 'hash'}) do
+for i, kind in ipairs({'hash', 'zset', 'hash', 'string'}) do
   if not key_is(KEYS[i], kind) then redis.call('DEL', KEYS[i]) end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -43,5 +44,10 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf',
   redis.call('HDEL', KEYS[1], gone)
   redis.call('ZREM', KEYS[2], gone)
 end
+local store_id = redis.call('GET', KEYS[4])
+if not store_id then
+  store_id = ARGV[8]
+  redis.call('SET', KEYS[4], store_id)
+end
 return {fmt(now), id, settle and fmt(settle) or '', redis.call('HGETALL', KEYS[1]),
-        redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), server}
+        redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), server, store_id}

@@ -3,8 +3,10 @@
 -- Celery retry (more retries than recorded) or the process that started the run is gone
 -- (ARGV takeover names it, as the caller found it). A run presumed lost (no outcome within
 -- run_timeout) whose delivery turns up late still runs: it was never sent again.
+-- A delivery that runs indexes its task id (for signals that carry only that), in the
+-- entry's bucket, so that the id goes when the run leaves the history.
 -- KEYS: the entry's keys. ARGV: name, due, token, worker, pid, retries, takeover ('' or
--- 'worker|pid'), process identity.
+-- 'worker|pid'), process identity, task id ('' none).
 -- Returns {'run'}, {'untracked', why}, {'refused', why} or {'busy', worker, pid, started}.
 local K = entry_keys(KEYS, ARGV[1])
 local due = ARGV[2]
@@ -62,4 +64,8 @@ run.worker_process = ARGV[8]
 run.retries = retries
 run.started_at = run.started_at or now
 put_run(K, run, old)
+if ARGV[9] ~= '' then
+  redis.call('HSET', K.tasks, ARGV[9], cjson.encode({entry = K.name, due = run.due,
+                                                     token = run.token}))
+end
 return {START.run}

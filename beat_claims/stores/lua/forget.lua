@@ -1,0 +1,21 @@
+-- An operator removes an entry no schedule has any more, with every record of its runs.
+-- An entry with a run claimed, being sent, sent or started is kept (it may still be sent,
+-- or report). KEYS: the entry's keys. ARGV: name. Returns 1 if removed.
+local K = entry_keys(KEYS, ARGV[1])
+if redis.call('EXISTS', K.entry) == 0 then return 0 end
+if redis.call('ZCARD', K.busy_e) > 0 then return 0 end
+local suffix = '|' .. K.name
+for _, m in ipairs(redis.call('ZRANGE', K.held, 0, -1)) do
+  if string.sub(m, -#suffix) == suffix then return 0 end
+end
+for _, due in ipairs(redis.call('ZRANGE', K.due_e, 0, -1)) do
+  redis.call('ZREM', K.due, due .. suffix)
+end
+for _, raw in ipairs(redis.call('HVALS', K.runs)) do
+  local ok, run = pcall(cjson.decode, raw)
+  if ok and type(run) == 'table' and type(run.task_id) == 'string' then
+    redis.call('HDEL', K.tasks, run.task_id)
+  end
+end
+redis.call('DEL', K.entry, K.runs, K.history, K.due_e, K.busy_e, K.lost)
+return 1
