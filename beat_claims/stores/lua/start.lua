@@ -63,6 +63,7 @@ run.worker_pid = tonumber(ARGV[5])
 run.worker_process = ARGV[8]
 run.retries = retries
 run.started_at = run.started_at or now
+if ARGV[9] ~= '' then run.task_id = ARGV[9] end  -- what the task-id index points from
 put_run(K, run, old)
 if ARGV[9] ~= '' then
   redis.call('HSET', K.tasks, ARGV[9], cjson.encode({entry = K.name, due = run.due,
