@@ -374,7 +374,9 @@ class Scheduler(BaseScheduler):
         headers = dict(options.get("headers") or {})
         headers["celery_beat_task"] = True
         headers["periodic_task_name"] = entry.name  # django-celery-results records it
-        headers[HEADER] = {"entry": entry.name, "due": iso(claim.due), "token": claim.token}
+        headers[HEADER] = {"entry": entry.name, "due": iso(claim.due), "token": claim.token,
+                           "prefix": self.settings.key_prefix,
+                           "store": self.liveness.store_id}
         options["headers"] = headers
         options["task_id"] = task_id
         args = _evaluate_entry_args(entry.args)

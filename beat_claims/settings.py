@@ -25,6 +25,12 @@ MAX_SECONDS = 10 * 366 * 24 * 3600.0
 DEFAULT_RUN_TIMEOUT = 24 * 3600.0
 #: The longest entry name, in bytes of UTF-8.
 MAX_NAME_BYTES = 1024
+#: Every ``beat_claims_*`` setting: any other name with the prefix is a typo, refused.
+SETTINGS = ("url", "key_prefix", "sentinel_master", "heartbeat_interval", "reclaim_after",
+            "catch_up", "max_catch_up", "catch_up_window", "catch_up_grace", "overlap",
+            "run_timeout", "history_limit", "publish_retries", "result_backend_recovery",
+            "recovery_batch", "metrics_port", "entry_claims", "worker_timeout",
+            "worker_unprotected")
 
 E = TypeVar("E", bound=Enum)
 
@@ -60,6 +66,8 @@ class Settings:
     result_backend_recovery: bool = True
     recovery_batch: int = 100
     publish_retries: int = 3
+    worker_timeout: float = 1.0
+    worker_unprotected: bool = False
     sentinel_master: str | None = None
     metrics_port: int | None = None
     policy: Policy = Policy()
@@ -77,6 +85,7 @@ class Settings:
     @classmethod
     def from_app(cls, app: Celery) -> Settings:
         conf = app.conf
+        _refuse_unknown(conf)
         url = conf.get("beat_claims_url") or _default_url(conf.get("broker_url") or "")
         master = conf.get("beat_claims_sentinel_master") or (
             (conf.get("broker_transport_options") or {}).get("master_name"))
@@ -118,6 +127,10 @@ class Settings:
                                          conf.get("beat_claims_recovery_batch", 100)),
             publish_retries=_positive_int("beat_claims_publish_retries",
                                           conf.get("beat_claims_publish_retries", 3)),
+            worker_timeout=_seconds("beat_claims_worker_timeout",
+                                    conf.get("beat_claims_worker_timeout", 1.0)),
+            worker_unprotected=_flag("beat_claims_worker_unprotected",
+                                     conf.get("beat_claims_worker_unprotected", False)),
             sentinel_master=master,
             metrics_port=(None if conf.get("beat_claims_metrics_port") is None else
                           _positive_int("beat_claims_metrics_port",
@@ -152,6 +165,25 @@ class Settings:
             else:
                 changes[key] = _optional_seconds(label, value)
         return replace(self.policy, **changes)
+
+
+def _refuse_unknown(conf: Any) -> None:
+    """A misspelt setting would leave the beat on its defaults without a word."""
+    import difflib
+
+    known = {f"beat_claims_{name}" for name in SETTINGS}
+    for key in sorted(k for k in conf if str(k).lower().startswith("beat_claims_")):
+        if key not in known:
+            close = difflib.get_close_matches(str(key).lower(), sorted(known), n=1)
+            hint = (f"did you mean {close[0]}?" if close else
+                    f"known: {', '.join(sorted(known))}")
+            raise ConfigurationError(f"{key}: unknown beat-claims setting ({hint})")
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name}={value!r}: must be True or False")
+    return value
 
 
 def _default_url(broker_url: str) -> str:

@@ -1,27 +1,40 @@
 """The worker side: fencing before a delivery runs, and outcomes from Celery's signals.
 
-Fencing happens in ``Task.before_start`` raising :class:`celery.exceptions.Ignore`, the one
-place Celery lets a task be skipped (a ``task_prerun`` handler cannot stop it). It is added
-to every registered task's class when the worker starts, so users change no task class.
+The decision is taken in ``task_prerun`` (before Celery records STARTED in the result
+backend, so that a refused duplicate never writes there) and carried out in
+``Task.before_start`` raising :class:`celery.exceptions.Ignore`, the one place Celery lets
+a task be skipped. ``before_start`` (and ``on_replace``) are set on the app's base task
+class when :func:`install` runs, and on every task class when the app is finalized and
+when a worker or pool process starts: every tracer, built whenever and in whichever
+process (fork, spawn, threads), sees them.
+
 Outcome handlers are idempotent: a final state is never overwritten, a superseded token's
-outcome is ignored, and nothing here moves an entry's checkpoint.
+outcome is ignored, and nothing here moves an entry's checkpoint. A delivery that ends
+without an outcome (``Reject``, a task that ``replace``\\ s itself, the user's ``Ignore``)
+gets the record that says what became of it.
+
+The store is asked with a short timeout (``beat_claims_worker_timeout``); after one
+failure this process treats it as down — deliveries run unfenced, logged once — and a
+background probe finds out when it answers again: a store that hangs costs one delivery
+one timeout per outage, not every task.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from datetime import datetime
 from typing import Any
 
-from celery import Celery, Task, signals
-from celery.app.trace import task_has_custom
-from celery.exceptions import Ignore
+from celery import Celery, Task, signals, states
+from celery.exceptions import Ignore, Reject
 from celery.utils.log import get_logger
+from celery.utils.objects import mro_lookup
 
 from .enums import RunState
-from .runs import HEADER, process_identity, process_is_gone, to_ms
+from .runs import HEADER, iso, process_identity, process_is_gone, to_ms
 from .settings import ConfigurationError, Settings
 from .stores import StoreConfigurationError, open_store
 from .stores.base import Delivery, Outcome, Store, StoreError, WorkerProcess
@@ -30,60 +43,75 @@ logger = get_logger("celery.worker.claims")
 
 _MARK = "_beat_claims_fenced"
 _MESSAGE_LIMIT = 500
-#: How long a worker waits for the store on a delivery (a beat waits longer).
-STORE_TIMEOUT = 2.0
+#: While the store is down, a process asks it again this often (in the background).
+PROBE_EVERY = 5.0
+#: What Celery's Task.replace raises once the replacement is sent.
+_REPLACED = "Replaced by new task"
 
 
 class _Context:
-    """Per-process store, created lazily after fork."""
+    """This process's settings and store, and whether the store answers. Created lazily
+    in each process (after a fork, or in a spawned child)."""
 
     def __init__(self) -> None:
         self.app: Celery | None = None
+        self.settings: Settings | None = None
         self.store: Store | None = None
         self.pid = 0
-        self.broken = False
+        self.broken: str | None = None  # a configuration error: no fencing at all
+        self.down_since: float | None = None
+        self._lock = threading.Lock()
+        self._noted: set[str] = set()
 
     def get(self) -> Store | None:
-        if self.app is None or self.broken:
+        """The store, or None when it cannot be used (misconfigured, or down)."""
+        if self.app is None or self.broken is not None:
             return None
         if self.store is None or self.pid != os.getpid():
             try:
-                settings = Settings.from_app(self.app)
-                self.store = open_store(settings, timeout=STORE_TIMEOUT)
+                self.settings = Settings.from_app(self.app)
+                self.store = open_store(self.settings, timeout=self.settings.worker_timeout)
             except (ConfigurationError, StoreConfigurationError) as exc:
-                logger.error("beat-claims: worker side disabled: %s", exc)
-                self.broken = True
+                self.broken = str(exc)
+                logger.error("beat-claims: the worker side is off in this process: %s", exc)
                 return None
             self.pid = os.getpid()
-        return self.store
+            self.down_since = None
+        return None if self.down_since is not None else self.store
+
+    def failed(self, what: str, exc: Exception) -> None:
+        """The store did not answer: down until a probe says otherwise, logged once."""
+        with self._lock:
+            if self.down_since is not None:
+                return
+            self.down_since = time.monotonic()
+        logger.error("beat-claims: store unreachable (%s: %s) while %s; until it answers,"
+                     " deliveries run unfenced and their outcomes are not recorded here"
+                     " (logged once per outage)", type(exc).__name__, exc, what)
+        threading.Thread(target=self._probe, name="beat-claims-probe", daemon=True).start()
+
+    def _probe(self) -> None:
+        while self.down_since is not None and self.store is not None:
+            time.sleep(PROBE_EVERY)
+            try:
+                self.store.owners()
+            except Exception:
+                continue
+            since, self.down_since = self.down_since, None
+            logger.warning("beat-claims: store reachable again after %.1fs; deliveries are"
+                           " fenced again", time.monotonic() - (since or time.monotonic()))
+
+    def note(self, key: str, message: str, *args: Any) -> None:
+        """Log a condition once per process."""
+        if key not in self._noted:
+            self._noted.add(key)
+            logger.error(message, *args)
 
 
 _context = _Context()
-
-
-class _Outage:
-    """Log a store outage once per outage in this process, not once per task."""
-
-    def __init__(self) -> None:
-        self.since: float | None = None
-
-    def down(self, what: str, exc: Exception) -> None:
-        if self.since is None:
-            self.since = time.monotonic()
-            logger.error("beat-claims: store unreachable (%s: %s): %s; further failures are"
-                         " logged at debug level until it returns", type(exc).__name__, exc,
-                         what)
-        else:
-            logger.debug("beat-claims: store still unreachable: %s", what)
-
-    def up(self) -> None:
-        if self.since is not None:
-            logger.warning("beat-claims: store reachable again after %.1fs",
-                           time.monotonic() - self.since)
-            self.since = None
-
-
-_outage = _Outage()
+#: Task ids of deliveries refused in this process, while they finish: Celery would record
+#: them STARTED in the result backend over the run's real result.
+_refused: set[str] = set()
 
 
 def install(app: Celery) -> None:
@@ -93,10 +121,14 @@ def install(app: Celery) -> None:
     it for you. Tasks need no change of base class.
     """
     _context.app = app
+    _patch_class(app.Task)
+    app.on_after_finalize.connect(_patch_all, weak=False)
     if getattr(install, "_connected", False):
         return
-    signals.worker_init.connect(_patch_tasks_on_start, weak=False)
-    signals.worker_process_init.connect(_patch_tasks_on_start, weak=False)
+    signals.worker_init.connect(_on_worker_init, weak=False)
+    signals.worker_process_init.connect(_patch_all, weak=False)
+    signals.task_prerun.connect(_decide, weak=False)
+    signals.task_postrun.connect(_after, weak=False)
     signals.task_success.connect(_on_success, weak=False)
     signals.task_failure.connect(_on_failure, weak=False)
     signals.task_revoked.connect(_on_revoked, weak=False)
@@ -105,39 +137,146 @@ def install(app: Celery) -> None:
     install._connected = True  # type: ignore[attr-defined]
 
 
-# -- fencing ----------------------------------------------------------------------------
-def _patch_tasks_on_start(sender: Any = None, **kwargs: Any) -> None:
+# -- patching ---------------------------------------------------------------------------
+def _patch_all(sender: Any = None, **kwargs: Any) -> None:
     app = _context.app
     if app is None:
         return
     for task in list(app.tasks.values()):
         patch_task(task)
+    _guard_backend(app)
 
 
 def patch_task(task: Task) -> None:
-    """Add the fencing check to the task's class ``before_start`` (once)."""
-    cls = type(task)
+    _patch_class(type(task))
+
+
+def _patch_class(cls: type) -> None:
+    """``before_start`` (carry out the fence) and ``on_replace`` (hand the run to the
+    replacing task) on ``cls``, once; a class's own versions still run, and a class that
+    inherits ours from a patched base is left as it is."""
     if cls.__dict__.get(_MARK):
         return
-    original = cls.before_start if task_has_custom(task, "before_start") else None
+    own_start = _own(cls, "before_start")
+    own_replace = _own(cls, "on_replace")
+    if own_start is not _ALREADY:
+        def before_start(self: Task, task_id: str, args: Any, kwargs: Any) -> None:
+            fence(self)
+            if own_start is not None:
+                own_start(self, task_id, args, kwargs)
 
-    def before_start(self: Task, task_id: str, args: Any, kwargs: Any) -> None:
-        fence(self)
-        if original is not None:
-            original(self, task_id, args, kwargs)
+        before_start.__module__ = __name__
+        before_start._beat_claims = True  # type: ignore[attr-defined]
+        cls.before_start = before_start  # type: ignore[attr-defined]
+    if own_replace is not _ALREADY:
+        original = own_replace if own_replace is not None else Task.on_replace
 
-    before_start.__module__ = __name__
-    cls.before_start = before_start
+        def on_replace(self: Task, sig: Any) -> Any:
+            _hand_to_replacement(self, sig)
+            return original(self, sig)
+
+        on_replace.__module__ = __name__
+        on_replace._beat_claims = True  # type: ignore[attr-defined]
+        cls.on_replace = on_replace  # type: ignore[attr-defined]
     setattr(cls, _MARK, True)
 
 
+_ALREADY = object()
+
+
+def _own(cls: type, name: str) -> Any:
+    """The class's own version of ``name`` (None: Celery's; _ALREADY: one of ours, from a
+    patched base)."""
+    owner = mro_lookup(cls, name, stop={Task, object}, monkey_patched=["celery.app.task"])
+    if owner is None:
+        return None
+    value = owner.__dict__[name]
+    return _ALREADY if getattr(value, "_beat_claims", False) else value
+
+
+def _guard_backend(app: Celery) -> None:
+    """A refused duplicate must not write STARTED over the run's result: the result
+    backend's class skips that one write for the task ids refused in this process."""
+    try:
+        cls = type(app.backend)
+    except Exception:
+        return
+    if cls.__dict__.get(_MARK) or not hasattr(cls, "store_result"):
+        return
+    original = cls.store_result
+
+    def store_result(self: Any, task_id: str, result: Any, state: str, *args: Any,
+                     **kwargs: Any) -> Any:
+        if state == states.STARTED and task_id in _refused:
+            return result
+        return original(self, task_id, result, state, *args, **kwargs)
+
+    cls.store_result = store_result
+    setattr(cls, _MARK, True)
+
+
+# -- the worker starts ------------------------------------------------------------------
+def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
+    """Say what this worker protects, after asking the store; a configuration error stops
+    it (unless ``beat_claims_worker_unprotected``), an unreachable store is an outage."""
+    _patch_all()
+    app = _context.app
+    if app is None:
+        return
+    fenced = len([name for name in app.tasks if not name.startswith("celery.")])
+    try:
+        settings = Settings.from_app(app)
+        store = open_store(settings, timeout=settings.worker_timeout)
+    except (ConfigurationError, StoreConfigurationError) as exc:
+        _refuse_to_start(app, str(exc))
+        return
+    try:
+        store.owners()
+    except StoreConfigurationError as exc:
+        _refuse_to_start(app, str(exc))
+        return
+    except StoreError as exc:
+        logger.error("beat-claims: store unreachable at start (%s: %s); %d task(s) run"
+                     " unfenced until it answers (store %s)", type(exc).__name__, exc,
+                     fenced, store.description)
+        return
+    finally:
+        store.close()
+    logger.info("beat-claims: fencing %d task(s) with store %s", fenced, store.description)
+
+
+def _refuse_to_start(app: Celery, why: str) -> None:
+    unprotected = bool(app.conf.get("beat_claims_worker_unprotected", False))
+    if unprotected:
+        logger.error("beat-claims: %s; beat_claims_worker_unprotected is set: this worker"
+                     " runs periodic tasks unfenced and records no outcome", why)
+        _context.broken = why
+        return
+    logger.critical("beat-claims: %s (the worker does not start; set"
+                    " beat_claims_worker_unprotected = True to run it unfenced)", why)
+    raise SystemExit(1)
+
+
+# -- fencing ----------------------------------------------------------------------------
 def claim_of(request: Any) -> tuple[str, int, int] | None:
     """(entry, due ms, token) from a request's ``beat_claims`` header, if it has one."""
+    parsed = _header(request)
+    if parsed is None:
+        return None
+    entry, due, token, _ = parsed
+    return entry, due, token
+
+
+def _header(request: Any) -> tuple[str, int, int, dict[str, Any]] | None:
     meta = getattr(request, HEADER, None)
     if meta is None:
         headers = getattr(request, "headers", None) or {}
         meta = headers.get(HEADER) if isinstance(headers, dict) else None
-    return parse_header(meta)
+    parsed = parse_header(meta)
+    if parsed is None or not isinstance(meta, dict):
+        return None
+    entry, due, token = parsed
+    return entry, due, token, meta
 
 
 def parse_header(meta: Any) -> tuple[str, int, int] | None:
@@ -152,20 +291,36 @@ def parse_header(meta: Any) -> tuple[str, int, int] | None:
         return None
 
 
-def fence(task: Task) -> None:
-    """Raise Ignore when this delivery must not run (see invariant 6 in the README)."""
-    request = task.request
-    if getattr(request, _MARK, False):
+def _process(request: Any) -> WorkerProcess:
+    return WorkerProcess(getattr(request, "hostname", None) or socket.gethostname(),
+                         os.getpid(), process_identity(os.getpid()) or "")
+
+
+def _decide(sender: Any = None, task_id: str | None = None, task: Any = None,
+            **kwargs: Any) -> None:
+    """``task_prerun``: may this delivery run? Decided once per delivery, before Celery
+    records it STARTED; carried out by before_start."""
+    task = task or sender
+    request = getattr(task, "request", None)
+    if request is None or getattr(request, _MARK, None) is not None:
         return
-    claim = claim_of(request)
-    if claim is None:
+    setattr(request, _MARK, "")
+    parsed = _header(request)
+    if parsed is None:
         return  # not sent by beat-claims: runs untouched
+    entry, due, token, meta = parsed
     store = _context.get()
-    if store is None:
+    if store is None or _context.settings is None:
         return
-    entry, due, token = claim
-    process = WorkerProcess(request.hostname or socket.gethostname(), os.getpid(),
-                            process_identity(os.getpid()) or "")
+    prefix = meta.get("prefix")
+    if prefix is not None and prefix != _context.settings.key_prefix:
+        _context.note(f"prefix {prefix}", "beat-claims: deliveries come from beats using key"
+                      " prefix %r; this worker uses %r (store %s): they run unfenced here."
+                      " Give beats and workers the same beat_claims_url and"
+                      " beat_claims_key_prefix.", prefix, _context.settings.key_prefix,
+                      store.description)
+        return
+    process = _process(request)
     delivery = Delivery(entry, due, token, process, int(request.retries or 0),
                         request.id or "")
     try:
@@ -173,24 +328,45 @@ def fence(task: Task) -> None:
         busy = decision.busy_with
         if not decision.ok and busy is not None and _starter_gone(task, request.id, busy):
             logger.warning("beat-claims: %s due %s: the process that started it (%s pid %d)"
-                           " is gone; running this redelivery", entry, _iso(due), busy.worker,
+                           " is gone; running this redelivery", entry, iso(due), busy.worker,
                            busy.pid)
             decision = store.start(Delivery(entry, due, token, process, delivery.retries,
-                                            takeover=busy))
+                                            request.id or "", takeover=busy))
     except StoreError as exc:
-        _outage.down(f"running {entry} due {_iso(due)} (task {request.id}) unfenced", exc)
+        _context.failed(f"starting {entry} due {iso(due)} (task {request.id})", exc)
         return
-    _outage.up()
-    setattr(request, _MARK, True)
-    if not decision.ok:
+    beats_store = meta.get("store")
+    if beats_store and decision.store_id and beats_store != decision.store_id:
+        _context.note(f"store {beats_store}", "beat-claims: deliveries come from beats whose"
+                      " store has id %s; this worker's store %s has id %s: another store (or"
+                      " it was wiped since they were sent). They run unfenced here.",
+                      beats_store, store.description, decision.store_id)
+        return
+    if decision.ok:
+        setattr(request, _MARK, "started")
+        return
+    setattr(request, _MARK, f"refused: {decision.why or 'already started'}")
+    if request.id:
+        _refused.add(request.id)
+
+
+def fence(task: Task) -> None:
+    """before_start: raise Ignore when this delivery was refused (see invariant 6)."""
+    request = task.request
+    if getattr(request, _MARK, None) is None:
+        _decide(task=task)  # an eager call, or a tracer without the prerun signal
+    decision = getattr(request, _MARK, "") or ""
+    if decision.startswith("refused"):
+        claim = claim_of(request)
+        entry, due, token = claim if claim is not None else ("?", 0, 0)
         logger.warning("beat-claims: refusing delivery of %s due %s token %d (task %s): %s",
-                       entry, _iso(due), token, request.id, decision.why or "already started")
+                       entry, iso(due), token, request.id, decision[len("refused: "):])
         raise Ignore()
 
 
 def _starter_gone(task: Task, task_id: str, starter: WorkerProcess) -> bool:
-    """Is the process that started this run gone? Same host: by pid and process start
-    time (a pid now held by a younger process was reused); else ask its node."""
+    """Is the process that started this run gone? Same host: by pid and process identity
+    (a pid now held by another process was reused); else ask its node."""
     worker = starter.worker
     here = process_is_gone(_host_of(worker), starter.pid, starter.process)
     if here is not None:
@@ -209,10 +385,67 @@ def _host_of(worker: str) -> str:
     return worker.split("@", 1)[1] if "@" in worker else worker
 
 
-def _iso(due: int) -> str:
-    from .runs import iso
+# -- deliveries without an outcome ------------------------------------------------------
+def _hand_to_replacement(task: Task, sig: Any) -> None:
+    """``self.replace(sig)``: the replacement keeps the task id; it gets the header too and
+    the run is handed to it before it is sent, so that it starts it and its outcome is
+    the run's."""
+    request = task.request
+    if getattr(request, _MARK, None) != "started":
+        return
+    parsed = _header(request)
+    store = _context.get()
+    if parsed is None or store is None:
+        return
+    entry, due, token, meta = parsed
+    target = sig.tasks[-1] if hasattr(sig, "tasks") and getattr(sig, "tasks", None) else sig
+    try:
+        headers = dict(target.options.get("headers") or {})
+        headers[HEADER] = dict(meta)
+        target.set(headers=headers)
+        store.requeue(Delivery(entry, due, token, _process(request)))
+    except StoreError as exc:
+        _context.failed(f"handing {entry} due {iso(due)} to its replacement", exc)
+    except Exception:
+        logger.exception("beat-claims: could not hand %s due %s to its replacement", entry,
+                         iso(due))
+    setattr(request, _MARK, "replaced")
 
-    return iso(due) or str(due)
+
+def _after(sender: Any = None, task_id: str | None = None, task: Any = None,
+           retval: Any = None, state: str | None = None, **kwargs: Any) -> None:
+    """``task_postrun``: a delivery that ended without an outcome signal."""
+    task = task or sender
+    request = getattr(task, "request", None)
+    decision = getattr(request, _MARK, None) if request is not None else None
+    if task_id:
+        _refused.discard(task_id)
+    if decision != "started":
+        return
+    parsed = _header(request)
+    store = _context.get()
+    if parsed is None or store is None:
+        return
+    entry, due, token, _ = parsed
+    try:
+        if state == states.REJECTED and isinstance(retval, Reject):
+            if retval.requeue:  # the broker delivers it again: that delivery runs it
+                store.requeue(Delivery(entry, due, token, _process(request)))
+            else:
+                store.finish([Outcome(entry, due, token, RunState.CANCELLED,
+                                      exc_type="Reject", exc_message=_text(retval))])
+        elif state == states.IGNORED and isinstance(retval, Ignore) and \
+                str(retval) != _REPLACED:
+            # The task asked Celery to record nothing; it did run, without an error.
+            store.finish([Outcome(entry, due, token, RunState.DONE, exc_type="Ignore",
+                                  exc_message=_text(retval),
+                                  worker=getattr(request, "hostname", "") or "")])
+    except StoreError as exc:
+        _context.failed(f"recording what became of {entry} due {iso(due)}", exc)
+
+
+def _text(exc: Any) -> str:
+    return str(exc)[:_MESSAGE_LIMIT]
 
 
 # -- outcomes ---------------------------------------------------------------------------
@@ -228,37 +461,43 @@ def _resolve(task: Any, task_id: str | None) -> tuple[str, int, int | None] | No
     try:
         found = store.lookup_task(task_id)
     except StoreError as exc:
-        _outage.down(f"cannot look up task {task_id}", exc)
+        _context.failed(f"looking up task {task_id}", exc)
         return None
     return (found.entry, found.due, None) if found else None
 
 
 def _record(where: tuple[str, int, int | None] | None, state: RunState, exc: Any = None,
-            worker: str = "") -> None:
+            worker: str = "", unstarted_only: bool = False) -> None:
     store = _context.get()
     if where is None or store is None:
         return
     entry, due, token = where
-    exc_type = type(exc).__name__ if exc is not None else ""
-    message = str(exc)[:_MESSAGE_LIMIT] if exc is not None else ""
     try:
-        store.finish([Outcome(entry, due, token, state, exc_type=exc_type,
-                              exc_message=message, worker=worker)])
+        store.finish([Outcome(entry, due, token, state,
+                              exc_type=type(exc).__name__ if exc is not None else "",
+                              exc_message=_text(exc) if exc is not None else "",
+                              worker=worker, unstarted_only=unstarted_only)])
     except StoreError as exc2:
-        _outage.down(f"could not record {state.value} of {entry} due {_iso(due)}", exc2)
-    else:
-        _outage.up()
+        _context.failed(f"recording {state.value} of {entry} due {iso(due)}", exc2)
+
+
+def _refused_here(request: Any) -> bool:
+    return str(getattr(request, _MARK, "") or "").startswith("refused")
 
 
 def _on_success(sender: Any = None, **kwargs: Any) -> None:
     # task_success carries no task id: the running request has it.
     request = getattr(sender, "request", None)
+    if _refused_here(request):
+        return
     _record(_resolve(sender, None), RunState.DONE,
             worker=getattr(request, "hostname", "") or "")
 
 
 def _on_failure(sender: Any = None, task_id: str | None = None, exception: Any = None,
                 **kwargs: Any) -> None:
+    if _refused_here(getattr(sender, "request", None)):
+        return
     _record(_resolve(sender, task_id), RunState.FAILED, exception)
 
 
@@ -267,7 +506,11 @@ def _on_internal_error(sender: Any = None, task_id: str | None = None, exception
     _record(_resolve(sender, task_id), RunState.FAILED, exception)
 
 
-def _on_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+def _on_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
+                expired: bool = False, **kwargs: Any) -> None:
+    """A revoked delivery: the run is cancelled if this delivery was running it
+    (terminated); one revoked or expired before it ran cancels only a run nobody
+    started — a duplicate that expires never changes the record of the one running."""
     if request is None:
         return
     task_id = getattr(request, "id", None)
@@ -277,12 +520,13 @@ def _on_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         headers = getattr(request, "request_dict", None) or {}
         where = parse_header(headers.get(HEADER)) if isinstance(headers, dict) else None
     _record(where or _resolve(None, task_id), RunState.CANCELLED,
-            worker=getattr(request, "hostname", "") or "")
+            worker=getattr(request, "hostname", "") or "", unstarted_only=not terminated)
 
 
 def _on_rejected(message: Any = None, exc: Any = None, **kwargs: Any) -> None:
+    """A message the worker could not handle at all (an unknown task): its run did not
+    start here."""
     headers = getattr(message, "headers", None) or {}
     task_id = headers.get("id")
     where = parse_header(headers.get(HEADER)) or _resolve(None, task_id)
-    _record(where, RunState.CANCELLED, exc)
-
+    _record(where, RunState.CANCELLED, exc, unstarted_only=True)

@@ -207,7 +207,7 @@ def test_a_timeout_raised_for_one_task_is_that_tasks_problem_not_a_broker_outage
         "good": {"task": "t.good", "schedule": timedelta(seconds=1)}},
         beat_claims_publish_retries=2)
 
-    class Guarded(app.Task):  # type: ignore[misc]  # app.Task is dynamic
+    class Guarded(app.Task):
         def apply_async(self, *args: Any, **kwargs: Any) -> Any:
             raise TimeoutError("the rate-limit service did not answer")
 

@@ -1,7 +1,9 @@
 """Every transition with its reply lost: the store executed the call, the client saw the
 connection drop (a real TCP proxy in front of a real redis-server throws the reply away).
 Each affected occurrence is still sent once (or recorded), never stuck, and with
-``overlap: "skip"`` later occurrences are not skipped for ever because of it."""
+``overlap: "skip"`` later occurrences are not skipped for ever because of it. The same for
+a beat killed between two of its writes; and an operator's request asked again with its
+request id after a lost reply records one run."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ import pytest
 from beat_claims.enums import RunState
 from beat_claims.runs import iso
 from beat_claims.scheduler import Scheduler
-from beat_claims.stores.base import Delivery, Outcome, WorkerProcess
-from beat_claims.stores.redis import _sha
+from beat_claims.stores.base import Delivery, EntrySeed, Outcome, StoreError, WorkerProcess
+from beat_claims.stores.redis import RedisStore, _sha
 
 from .conftest import RedisServer
 from .faults import Proxy, proxy
@@ -192,3 +194,73 @@ def test_a_lost_reply_to_a_take_over(server: RedisServer, lossy: Proxy, overlap:
                                          if r.state in (RunState.DONE, RunState.SKIPPED)}
     assert_each_sent_once(server, history, overlap)
     b.close()
+
+
+class Killed(BaseException):
+    """kill -9 of a beat: nothing after it runs in that beat, not even close()."""
+
+
+@pytest.mark.parametrize("where", ["after-publish", "before-publish"])
+def test_a_beat_killed_between_two_writes(server: RedisServer, where: str) -> None:
+    """Beat A dies between its publish and its sent mark (or between its check and its
+    publish): the run stays 'sending' under a dead owner. Beat B takes it back once A's
+    heartbeat lapses and sends it again with a new token; a worker that takes the
+    messages in order runs the occurrence once."""
+    app = make_app(server, {ENTRY: {"task": "t.noop", "schedule": timedelta(seconds=1),
+                                    "claims": {"catch_up": "all"}}})
+    a, b = make(app), make(app)
+    real = a._publish
+    victim: list[Any] = []
+
+    def publish(entry: Any, claim: Any, task_id: str) -> Any:
+        victim.append(claim)
+        if where == "after-publish":
+            real(entry, claim, task_id)
+        raise Killed()
+
+    a._publish = publish  # type: ignore[method-assign]
+
+    def step() -> None:
+        try:
+            a.tick()
+        except Killed:
+            return
+        b.tick()
+
+    wait_for(lambda: victim, 10, "A's first publish", interval=0.02, between=step)
+    [claim] = victim
+    target = iso(claim.due)
+
+    def resent() -> list[Any]:
+        return [m for m in messages(server) if m["claims"] and m["claims"]["due"] == target
+                and m["claims"]["token"] != claim.token]
+
+    wait_for(resent, 10, "B to take the dead beat's run back and send it", interval=0.05,
+             between=b.tick)
+    sent = [m for m in messages(server) if m["claims"] and m["claims"]["due"] == target]
+    assert len(sent) == (2 if where == "after-publish" else 1), sent
+    ran = []
+    for message in messages(server):  # the worker is slow: it takes them after B re-sent
+        meta = message["claims"]
+        if meta and meta["due"] == target and b.store.start(
+                Delivery(ENTRY, claim.due, meta["token"], WORKER)).ok:
+            ran.append(meta["token"])
+            b.store.finish([Outcome(ENTRY, claim.due, meta["token"], RunState.DONE)])
+    assert len(ran) == 1, (target, ran)
+    b.close()
+
+
+def test_a_request_run_asked_again_with_its_request_id_after_a_lost_reply_records_one_run(
+        server: RedisServer, lossy: Proxy) -> None:
+    """An operator's request whose reply was lost is asked again with the same request
+    id: the store records one manual run, and the second answer is its instant."""
+    store = RedisStore.from_url(lossy.url())
+    store.register([EntrySeed(ENTRY)])
+    lossy.drop_reply_to(_sha("request"))
+    with pytest.raises(StoreError):
+        store.request_run(ENTRY, "operator", "req-1")
+    assert lossy.pending() == 0
+    due = store.request_run(ENTRY, "operator", "req-1")  # asked again: safe
+    manual = [r for r in RedisStore.from_url(server.url).history(ENTRY) if r.manual]
+    assert [r.due for r in manual] == [due], f"{len(manual)} manual runs for one request"
+    assert store.request_run(ENTRY, "operator", "req-2") not in (None, due)  # another one

@@ -39,7 +39,8 @@ def test_sends_with_claim_header_and_derived_task_id_without_mutating_options(
     msgs = messages(server)
     assert len(msgs) >= 2
     m = msgs[0]
-    assert set(m["claims"]) == {"entry", "due", "token"}
+    assert set(m["claims"]) == {"entry", "due", "token", "prefix", "store"}
+    assert m["claims"]["prefix"] == "beat-claims" and m["claims"]["store"]
     assert m["claims"]["entry"] == "e" and m["claims"]["due"].endswith("Z")
     due_ms = s.store.history("e")[-1].due
     assert msgs[0]["claims"]["due"] == iso(due_ms)

@@ -28,6 +28,7 @@ class Liveness:
         self.clock = clock
         self.last = float("-inf")  # monotonic instant of the last heartbeat
         self.epoch: str | None = None
+        self.store_id = ""  # stamped on messages: workers compare it with their store's
         self.settle_until: int | None = None
         self.owners: tuple[OwnerStatus, ...] = ()
 
@@ -44,6 +45,7 @@ class Liveness:
         self.last = answered
         changed = self.epoch is not None and hb.epoch != self.epoch
         self.epoch = hb.epoch
+        self.store_id = hb.store_id
         self.settle_until = hb.settle_until
         self.owners = hb.owners
         return changed and not resync

@@ -44,6 +44,7 @@ installed again and that statement sent again (it did nothing).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
@@ -1208,14 +1209,15 @@ class PostgresStore(Store):
         self._server: str | None = None
         self._suspect = False
         self._noted: set[tuple[str, int]] = set()  # unreadable runs logged once
+        self._refused: set[str] = set()  # items the database refused, logged once
         self._sql_live = (
             f"(SELECT 'd', e.name, r.due, 0, NULL, r.since FROM {s}.runs r"
-            f" JOIN {s}.entries e ON e.id = r.entry_id WHERE r.live_state = '{RunState.DUE}'"
+            f" JOIN {s}.entries e ON e.id = r.entry_id WHERE r.live_state = '{RunState.DUE.value}'"
             f" ORDER BY r.since, r.entry_id, r.due LIMIT %(n)s)"
             f" UNION ALL"
             f" (SELECT 'h', e.name, r.due, r.token, r.owner, r.since FROM {s}.runs r"
             f" JOIN {s}.entries e ON e.id = r.entry_id"
-            f" WHERE r.live_state IN ('{RunState.CLAIMED}', '{RunState.SENDING}')"
+            f" WHERE r.live_state IN ('{RunState.CLAIMED.value}', '{RunState.SENDING.value}')"
             f" AND r.since < %(top)s AND (r.since < %(held)s"
             f" OR (coalesce(r.owner, '') = %(me)s AND r.since < %(mine)s)"
             f" OR (coalesce(r.owner, '') <> %(me)s"
@@ -1224,7 +1226,7 @@ class PostgresStore(Store):
         self._sql_open = (
             f"SELECT e.name, r.due, r.token, r.live_state, r.since, r.record ->> 'task_id'"
             f" FROM {s}.runs r JOIN {s}.entries e ON e.id = r.entry_id"
-            f" WHERE r.live_state IN ('{RunState.SENT}', '{RunState.STARTED}')"
+            f" WHERE r.live_state IN ('{RunState.SENT.value}', '{RunState.STARTED.value}')"
             f" AND r.since < %(before)s {{after}}"
             f" ORDER BY r.since, r.due, e.name COLLATE \"C\" LIMIT %(limit)s")
 
@@ -1271,12 +1273,16 @@ class PostgresStore(Store):
                        keepalives_count=3, tcp_user_timeout=math.ceil(self.timeout * 1000))
         return out
 
-    def _connection(self) -> _Connection:
+    def _after_fork(self) -> None:
+        """In a forked child: a lock and a session of its own (the parent's are never
+        used, nor closed). Called before the lock is taken: a thread of the parent may
+        have held it when the process forked."""
         if os.getpid() != self._pid:
-            # A forked child: never use (or close) the parent's session.
             if self._conn is not None:
                 _disown(self._conn)
             self._conn, self._pid, self._lock = None, os.getpid(), threading.RLock()
+
+    def _connection(self) -> _Connection:
         conn = self._conn
         if conn is not None and not conn.closed and not conn.broken:
             return conn
@@ -1311,10 +1317,8 @@ class PostgresStore(Store):
     def _discard(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            with contextlib.suppress(psycopg.Error):
                 conn.close()
-            except psycopg.Error:
-                pass
 
     def _check_layout(self, conn: _Connection) -> None:
         """The schema's version: installed (or migrated) when missing or older, refused
@@ -1379,6 +1383,7 @@ class PostgresStore(Store):
         """One statement (one transaction, one round trip): its rows. An outage raises
         StoreError; a schema found missing is installed again and the statement, which
         did nothing, sent again; other errors (a bad item) are the caller's."""
+        self._after_fork()
         with self._lock:
             for attempt in (1, 2):
                 conn = self._connection()
@@ -1424,14 +1429,20 @@ class PostgresStore(Store):
                     for item in chunk:
                         out += self._batch([item], call, on_error)
                     continue
-                logger.error("beat-claims: the store could not take %r: %s", chunk[0], exc)
+                if repr(chunk[0]) not in self._refused:  # once, not at every try
+                    if len(self._refused) > 10_000:
+                        self._refused.clear()
+                    self._refused.add(repr(chunk[0]))
+                    logger.error("beat-claims: the store refused %r (%s: %s); it is left"
+                                 " out until it can be taken", chunk[0], type(exc).__name__,
+                                 exc)
                 out.append(on_error(chunk[0], exc))
         return out
 
     def close(self) -> None:
+        self._after_fork()
         with self._lock:
-            if os.getpid() == self._pid:
-                self._discard()
+            self._discard()
 
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
@@ -1465,12 +1476,8 @@ class PostgresStore(Store):
                 [Jsonb([_seed(seed) for seed in chunk]), self.history_limit])
             return list(rows)
 
-        def failed(seed: EntrySeed, exc: Exception) -> None:
-            logger.error("beat-claims: entry %r cannot be registered in the store: %s",
-                         seed.name, exc)
-
         out: dict[str, EntryState] = {}
-        for row in self._batch(list(seeds), call, failed):
+        for row in self._batch(list(seeds), call, lambda seed, exc: None):
             if row is not None:
                 name, anchor, checkpoint, token = row
                 out[name] = EntryState(int(anchor), _maybe_int(checkpoint), int(token))

@@ -15,9 +15,11 @@ is the truth; its index columns are written with it, in the same statement, so t
 find every run from the records alone.
 
 ================  ======================================================================
-``P_meta``        key -> value: schema ``version``, ``prefix``, the epoch (``epoch``,
-                  ``settle_until``, ``epoch_since``, ``epoch_file``: the file's device and
-                  inode), the shared anchoring instant (``anchoring``, ``anchoring_until``)
+``P_meta``        key -> value: schema ``version``, ``prefix``, the store's id
+                  (``store_id``: made with the tables, kept as long as the file keeps its
+                  records), the epoch (``epoch``, ``settle_until``, ``epoch_since``,
+                  ``epoch_file``: the file's device and inode), the shared anchoring instant
+                  (``anchoring``, ``anchoring_until``)
 ``P_entries``     name -> description, anchor, checkpoint, token
 ``P_runs``        (entry, due) -> record (JSON); index columns: kind (``due``, ``held``,
                   ``open``; NULL once final or unreadable), since (what the sweeps compare
@@ -25,19 +27,27 @@ find every run from the records alone.
                   sent, sent or started); place (``h``: in the history, ``x``: presumed
                   lost, kept a week; NULL: neither), lost_at
 ``P_owners``      owner id -> JSON (host, pid, start time), heartbeat expiry (ms)
-``P_tasks``       task id -> entry, due, token of the run it started; expiry (a week)
+``P_tasks``       task id -> entry, due, token of the run a delivery of it started; the
+                  row goes with its run (a trigger on ``P_runs``: trimmed from the
+                  history or the lost keep, forgotten), so the table is bounded by the
+                  history. expires_at: schema 1's expiry, written far ahead (processes of
+                  schema 1 still connected to a file migrated under them read it)
 ================  ======================================================================
 
 Indexes: runs (kind, since) where kind is set (the sweeps: due, held, open runs, oldest
 first, whatever the number of entries); runs (entry, due) where kind is ``due`` (what a
 claim takes), where busy (what overlap="skip" waits for), where place is ``h`` (the
-history); runs (entry, lost_at) where place is ``x``; owners (expires_at); tasks
-(expires_at).
+history); runs (entry, lost_at) where place is ``x``; owners (expires_at); tasks (entry,
+due).
+
+Schema versions: 1 (task ids kept a week), 2 (task ids go with their run; the store's id).
+A file of schema 1 is migrated when it is opened: task ids whose run is gone are removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -54,7 +64,7 @@ from typing import Any, Literal, TypeVar
 from celery.utils.log import get_logger
 
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
-from ..runs import Owner, Run
+from ..runs import Owner, Run, iso
 from .base import (
     Check,
     CheckResult,
@@ -86,18 +96,20 @@ from .base import (
 
 logger = get_logger("celery.beat.claims")
 
-#: The layout of the tables above. A file written by a newer version is refused.
-SCHEMA_VERSION = 1
+#: The layout of the tables above. A file written by a newer version is refused; an older
+#: one is migrated.
+SCHEMA_VERSION = 2
 #: Beats that register new entries within this many ms of each other share the instant.
 ANCHOR_SHARED_MS = 2000
-#: How long the task-id index keeps a started run, and a presumed-lost run is kept.
+#: How long a presumed-lost run is kept (for a late delivery).
 WEEK_MS = 7 * 24 * 3600 * 1000
 #: Owners whose heartbeat lapsed this long ago are forgotten (an hour).
 FORGET_OWNERS_MS = 3600 * 1000
 #: Items of one call per transaction: one commit for a burst, the writer lock held briefly.
 CHUNK = 500
-#: Expired task ids deleted by each start (more than the one it adds: the table stays small).
-TASK_PURGE = 16
+#: The expiry written in P_tasks.expires_at: schema 1's processes (which drop an expired id)
+#: never drop one; the id goes with its run.
+TASK_NEVER_EXPIRES = 2 ** 62
 #: A commit is on disk before the call returns (the check before publish must be durable
 #: before the message exists, even across a power loss).
 SYNCHRONOUS = "FULL"
@@ -176,8 +188,24 @@ def _schema(t: Tables) -> list[str]:
         f"CREATE TABLE IF NOT EXISTS {t.tasks} (task_id TEXT PRIMARY KEY, entry TEXT NOT NULL,"
         " due INTEGER NOT NULL, token INTEGER NOT NULL, expires_at INTEGER NOT NULL)"
         " WITHOUT ROWID",
-        f'CREATE INDEX IF NOT EXISTS "{b}_tasks_expiry" ON {t.tasks} (expires_at)',
+        f'DROP INDEX IF EXISTS "{b}_tasks_expiry"',  # schema 1's
+        f'CREATE INDEX IF NOT EXISTS "{b}_tasks_run" ON {t.tasks} (entry, due)',
+        # A run that leaves the store takes the task ids it was started under with it,
+        # whoever deletes it (a trim, a forget, an operator with the sqlite3 shell).
+        f'CREATE TRIGGER IF NOT EXISTS "{b}_runs_tasks" AFTER DELETE ON {t.runs}'
+        f" BEGIN DELETE FROM {t.tasks} WHERE entry = old.entry AND due = old.due; END",
     ]
+
+
+def _migrations(t: Tables) -> dict[int, list[str]]:
+    """What brings a file of schema N to N + 1, once the tables of SCHEMA_VERSION exist."""
+    return {
+        # Task ids go with their run: those whose run is gone are removed, and the others
+        # never expire (schema 1's processes still connected drop expired ids).
+        1: [f"DELETE FROM {t.tasks} WHERE NOT EXISTS (SELECT 1 FROM {t.runs} r"
+            f" WHERE r.entry = {t.tasks}.entry AND r.due = {t.tasks}.due)",
+            f"UPDATE {t.tasks} SET expires_at = {TASK_NEVER_EXPIRES}"],
+    }
 
 
 def _statements(t: Tables) -> dict[str, str]:
@@ -190,12 +218,15 @@ def _statements(t: Tables) -> dict[str, str]:
         "meta_get": f"SELECT value FROM {t.meta} WHERE key = ?",
         "meta_set": f"INSERT INTO {t.meta} (key, value) VALUES (?, ?)"
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        "meta_add": f"INSERT INTO {t.meta} (key, value) VALUES (?, ?)"
+                    " ON CONFLICT (key) DO NOTHING",
         "entry_get": f"SELECT anchor, checkpoint, token FROM {t.entries} WHERE name = ?",
         "entry_put": f"INSERT INTO {t.entries} (name, description, anchor, checkpoint, token)"
                      " VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
                      " description = excluded.description, anchor = excluded.anchor,"
                      " checkpoint = excluded.checkpoint, token = excluded.token",
         "entry_move": f"UPDATE {t.entries} SET checkpoint = ?, token = ? WHERE name = ?",
+        "entry_delete": f"DELETE FROM {t.entries} WHERE name = ?",
         "entry_read": f"SELECT name, description, anchor, checkpoint, token FROM {t.entries}"
                       " WHERE name = ?",
         "entries_all": f"SELECT name, description, anchor, checkpoint, token FROM {t.entries}"
@@ -215,6 +246,9 @@ def _statements(t: Tables) -> dict[str, str]:
                      " ORDER BY due",
         "runs_from": f"SELECT due FROM {t.runs} WHERE entry = ? AND due >= ? ORDER BY due",
         "runs_all": f"SELECT record FROM {t.runs} WHERE entry = ?",
+        "runs_live": f"SELECT 1 FROM {t.runs} WHERE entry = ? AND kind IN ('held', 'open')"
+                     " LIMIT 1",
+        "runs_forget": f"DELETE FROM {t.runs} WHERE entry = ?",
         "history_all": f"SELECT due, record FROM {history} WHERE entry = ?"
                        " AND place = 'h' ORDER BY due",
         "history_count": f"SELECT COUNT(*) FROM {history} WHERE entry = ? AND place = 'h'",
@@ -242,14 +276,12 @@ def _statements(t: Tables) -> dict[str, str]:
         "owner_lapse": f"UPDATE {t.owners} SET expires_at = ? WHERE id = ?",
         "owners_forget": f"DELETE FROM {t.owners} WHERE expires_at < ?",
         "owners_all": f"SELECT id, record, expires_at FROM {t.owners} ORDER BY id",
+        "owners_latest": f"SELECT MAX(expires_at) FROM {t.owners}",
         "task_put": f"INSERT INTO {t.tasks} (task_id, entry, due, token, expires_at)"
                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET"
                     " entry = excluded.entry, due = excluded.due, token = excluded.token,"
                     " expires_at = excluded.expires_at",
-        "task_purge": f"DELETE FROM {t.tasks} WHERE task_id IN (SELECT task_id FROM {t.tasks}"
-                      " WHERE expires_at < ? ORDER BY expires_at LIMIT ?)",
-        "task_get": f"SELECT entry, due, token FROM {t.tasks} WHERE task_id = ?"
-                    " AND expires_at > ?",
+        "task_get": f"SELECT entry, due, token FROM {t.tasks} WHERE task_id = ?",
     }
 
 
@@ -321,6 +353,14 @@ def _index(run: Record) -> Index:
         return ("held", since, str(run.get("owner") or ""), int(run.get("token") or 0),
                 1 if state == _SENDING else None)
     return "open", since, None, None, 1
+
+
+def _started_by(run: Record) -> tuple[str, int, str]:
+    """The process that started the run: worker, pid (-1: none), identity ('' none)."""
+    pid = run.get("worker_pid")
+    identity = run.get("worker_process")
+    return (str(run.get("worker") or ""), -1 if pid is None else int(pid),
+            "" if identity is None else str(identity))
 
 
 def _token_is(run: Record, token: int | None) -> bool:
@@ -441,6 +481,7 @@ class SQLiteStore(Store):
         #: process owns them), only kept from the garbage collector.
         self._inherited: list[sqlite3.Connection] = []
         self._foreign_hosts: set[str] = set()
+        self._noted: set[tuple[str, int]] = set()  # unreadable runs reported (once each)
         #: The file the last heartbeat read the epoch of. Another file at the path (restored
         #: from a copy, deleted and recreated) is refused to everything but a heartbeat
         #: until one has read its epoch: a beat must learn that the store went back first.
@@ -542,7 +583,8 @@ class SQLiteStore(Store):
         return db
 
     def _set_up(self, db: sqlite3.Connection) -> None:
-        """Create the tables (if missing) and check the file's schema version and prefix."""
+        """Create the tables (if missing), check the file's schema version and prefix, and
+        migrate a file of an older schema."""
         t, where = self.tables, f"beat_claims_url={self._url!r}"
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -551,6 +593,8 @@ class SQLiteStore(Store):
             row = db.execute(self._sql["meta_get"], ("version",)).fetchone()
             try:
                 version = SCHEMA_VERSION if row is None else int(row[0])
+                if version < 1:
+                    raise ValueError(version)
             except (TypeError, ValueError):
                 raise StoreConfigurationError(
                     f"{where}: the tables {t.base}_* in {self.path} have an unreadable"
@@ -567,8 +611,16 @@ class SQLiteStore(Store):
                     f" {self.path} belong to the prefix {row[0]!r}; choose another prefix")
             for statement in _schema(t):
                 db.execute(statement)
+            migrations = _migrations(t)
+            for old in range(version, SCHEMA_VERSION):
+                for statement in migrations[old]:
+                    db.execute(statement)
+                logger.warning("beat-claims: %s (tables %s_*) migrated from schema version"
+                               " %d to %d", self.path, t.base, old, old + 1)
             db.execute(self._sql["meta_set"], ("version", str(max(version, SCHEMA_VERSION))))
             db.execute(self._sql["meta_set"], ("prefix", self.prefix))
+            # The store's id: made with its tables, and kept as long as they are.
+            db.execute(self._sql["meta_add"], ("store_id", uuid.uuid4().hex))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -757,7 +809,10 @@ class SQLiteStore(Store):
         ttl_ms = max(1, round(ttl * 1000))
 
         def work(db: sqlite3.Connection
-                 ) -> tuple[int, str, int | None, list[Any], tuple[int, int] | None]:
+                 ) -> tuple[int, str, int | None, list[Any], tuple[int, int] | None, str]:
+            """heartbeat.lua: the owner is alive for ttl more; the epoch changes when the
+            file has none, is another file, or on a resync, and then no beat claims until
+            every beat known alive has had its heartbeat to notice (settle_until)."""
             q, now = self._sql, _now()
             db.execute(q["owner_put"], (owner.id, json.dumps(owner.as_dict()), now + ttl_ms))
             meta = {key: (row[0] if (row := db.execute(q["meta_get"], (key,)).fetchone())
@@ -766,8 +821,15 @@ class SQLiteStore(Store):
             file = f"{self._db_file[0]}:{self._db_file[1]}" if self._db_file else ""
             if not epoch or meta["epoch_file"] != file or resync:
                 epoch = uuid.uuid4().hex
-                if settle is None or settle < now + ttl_ms:
-                    settle = now + ttl_ms
+                # Long enough for every beat the store knows alive to notice: until the
+                # latest of their heartbeats lapses (beats with a longer interval than the
+                # caller's), within reason.
+                until = now + ttl_ms
+                latest = _maybe_int(db.execute(q["owners_latest"]).fetchone()[0])
+                if latest is not None and latest > until:
+                    until = min(latest, now + 10 * ttl_ms)
+                if settle is None or settle < until:
+                    settle = until
                 for key, value in (("epoch", epoch), ("settle_until", str(settle)),
                                    ("epoch_since", str(now)), ("epoch_file", file)):
                     db.execute(q["meta_set"], (key, value))
@@ -777,13 +839,24 @@ class SQLiteStore(Store):
                 db.execute(q["meta_set"], ("settle_until", str(settle)))
             db.execute(q["owners_forget"], (now - FORGET_OWNERS_MS,))
             return (now, str(epoch), settle, db.execute(q["owners_all"]).fetchall(),
-                    self._db_file)
+                    self._db_file, self._store_id(db))
 
-        now, epoch, settle, rows, file_read = self._transaction(work, heartbeat=True)
+        now, epoch, settle, rows, file_read, store_id = self._transaction(work,
+                                                                          heartbeat=True)
         self._heartbeat_file = file_read
         owners = _owner_statuses(rows, now)
         self._warn_foreign_hosts(owners)
-        return Heartbeat(now=now, epoch=epoch, settle_until=settle, owners=tuple(owners))
+        return Heartbeat(now=now, epoch=epoch, settle_until=settle, owners=tuple(owners),
+                         store_id=store_id)
+
+    def _store_id(self, db: sqlite3.Connection) -> str:
+        """The store's id (made with the tables; again if someone deleted it)."""
+        q = self._sql
+        row = db.execute(q["meta_get"], ("store_id",)).fetchone()
+        if row is None or not isinstance(row[0], str) or not row[0]:
+            db.execute(q["meta_set"], ("store_id", uuid.uuid4().hex))
+            row = db.execute(q["meta_get"], ("store_id",)).fetchone()
+        return str(row[0])
 
     def _warn_foreign_hosts(self, owners: list[OwnerStatus]) -> None:
         """This store's "now" is each host's own clock: beats of several hosts on one file
@@ -1079,12 +1152,16 @@ class SQLiteStore(Store):
         return out
 
     def reclaim(self, reclaims: Sequence[Reclaim], by: str) -> list[bool]:
-        def step(db: sqlite3.Connection, now: int, r: Reclaim) -> bool:
+        def step(db: sqlite3.Connection, now: int, r: Reclaim) -> int:
             """reclaim.lua: due again, the holder fenced; a run being sent may have been
-            published, and that is remembered (maybe_sent)."""
+            published, and that is remembered (maybe_sent). A record that cannot be read is
+            taken out of the indexes (else every sweep would find it again, for ever)."""
             run = self._get_run(db, r.entry, r.due)
+            if run is False:
+                db.execute(self._sql["run_unindex"], (r.entry, r.due))
+                return -1
             if not run or run["state"] not in _HELD or not _token_is(run, r.token):
-                return False
+                return 0
             if run["state"] == _SENDING:
                 run["maybe_sent"] = True
             if "owner" in run:
@@ -1094,15 +1171,29 @@ class SQLiteStore(Store):
             run["reclaims"] = int(run.get("reclaims") or 0) + 1
             _to_due(run, by, now)
             self._put_run(db, r.entry, run)
-            return True
+            return 1
 
-        return self._each("reclaim", list(reclaims), step, lambda r, exc: False)
+        reclaims = list(reclaims)
+        results = self._each("reclaim", reclaims, step, lambda r, exc: -1)
+        for item, result in zip(reclaims, results):
+            if result == -1 and (item.entry, item.due) not in self._noted:
+                self._noted.add((item.entry, item.due))  # once, not at every sweep
+                logger.error("beat-claims: %s due %s: its record in the store cannot be"
+                             " read; it is left out of the store's indexes (nothing will"
+                             " send it)", item.entry, iso(item.due))
+        return [result == 1 for result in results]
 
     # -- workers ----------------------------------------------------------------------
     def start(self, delivery: Delivery) -> StartDecision:
-        [decision] = self._each("start", [delivery], self._start_one, lambda d, exc: StartDecision(
+        store_id = [""]  # read first, so that a failed start answers it too
+
+        def step(db: sqlite3.Connection, now: int, d: Delivery) -> StartDecision:
+            store_id[0] = self._store_id(db)
+            return self._start_one(db, now, d)
+
+        [decision] = self._each("start", [delivery], step, lambda d, exc: StartDecision(
             StartVerdict.UNTRACKED, f"unreadable record: {exc}"))
-        return decision
+        return dataclasses.replace(decision, store_id=store_id[0])
 
     def _start_one(self, db: sqlite3.Connection, now: int, d: Delivery) -> StartDecision:
         """start.lua: the first delivery of the current token starts the run; another is
@@ -1126,11 +1217,8 @@ class SQLiteStore(Store):
         if state in _FINAL and state != _LOST:
             return StartDecision(StartVerdict.REFUSED, f"already {state}")
         if state == _STARTED or (state == _LOST and run.get("started_at") is not None):
-            worker = run.get("worker") or ""
-            pid = int(run["worker_pid"]) if "worker_pid" in run else -1
-            identity = _first(run, "worker_process")
-            identity = "" if identity is None else str(identity)
-            same = worker == proc.worker and pid == proc.pid and identity == proc.process
+            worker, pid, identity = _started_by(run)
+            same = (worker, pid, identity) == (proc.worker, proc.pid, proc.process)
             retry = d.retries > int(run.get("retries") or 0)
             takeover = d.takeover is not None and (
                 d.takeover.worker, d.takeover.pid) == (worker, pid)
@@ -1157,23 +1245,49 @@ class SQLiteStore(Store):
                    worker_process=proc.process, retries=d.retries)
         if run.get("started_at") is None:
             run["started_at"] = now
+        if d.task_id:
+            run["task_id"] = d.task_id  # what the task-id index points from
         self._put_run(db, d.entry, run)
         if d.task_id:
             # For signals that carry only the task id. Only for a delivery that runs: a
             # refused one (a superseded message has the same task id) must not replace it.
-            db.execute(q["task_purge"], (now, TASK_PURGE))
-            db.execute(q["task_put"], (d.task_id, d.entry, d.due, d.token, now + WEEK_MS))
+            # The id goes with the run (the trigger on the runs table).
+            db.execute(q["task_put"], (d.task_id, d.entry, d.due, int(run.get("token") or 0),
+                                       TASK_NEVER_EXPIRES))
         return StartDecision(StartVerdict.RUN, "")
+
+    def requeue(self, delivery: Delivery) -> bool:
+        def step(db: sqlite3.Connection, now: int, d: Delivery) -> bool:
+            """requeue.lua: only the process that started the run, with the current token,
+            gives it back: it is sent again, and the next delivery of its token starts it."""
+            proc = d.process
+            run = self._get_run(db, d.entry, d.due)
+            if not run or run["state"] != _STARTED or not _token_is(run, d.token):
+                return False
+            if _started_by(run) != (proc.worker, proc.pid, proc.process):
+                return False
+            run.update(state=_SENT, requeues=int(run.get("requeues") or 0) + 1,
+                       sent_at=now)  # its run_timeout counts from now
+            for name in ("worker", "worker_pid", "worker_process"):
+                run.pop(name, None)
+            self._put_run(db, d.entry, run)
+            return True
+
+        [given_back] = self._each("requeue", [delivery], step, lambda d, exc: False)
+        return given_back
 
     def finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
         def step(db: sqlite3.Connection, now: int, o: Outcome) -> bool:
             """finish.lua: a final state is never overwritten, a superseded token's outcome
             is ignored; a presumption of loss applies only to a run open and not active
-            since the caller's cutoff."""
+            since the caller's cutoff; an outcome for unstarted runs only leaves a started
+            one alone."""
             run = self._get_run(db, o.entry, o.due)
             if not run or not _token_is(run, o.token) or run["state"] in _FINAL or (
                     not _handed_over(run)):
                 return False
+            if o.unstarted_only and run["state"] == _STARTED:
+                return False  # a delivery that never ran: not the one running it
             if o.state is RunState.LOST:
                 if run["state"] not in _OPEN:
                     return False
@@ -1196,7 +1310,7 @@ class SQLiteStore(Store):
 
     def lookup_task(self, task_id: str) -> Claim | None:
         row = self._transaction(lambda db: db.execute(
-            self._sql["task_get"], (task_id, _now())).fetchone(), write=False)
+            self._sql["task_get"], (task_id,)).fetchone(), write=False)
         if row is None:
             return None
         entry, due, token = row
@@ -1233,6 +1347,24 @@ class SQLiteStore(Store):
 
         [due] = self._each("request_run", [entry], step, lambda name, exc: None)
         return due
+
+    def forget(self, entries: Sequence[str]) -> list[str]:
+        def step(db: sqlite3.Connection, now: int, name: str) -> bool:
+            """forget.lua: an entry no schedule has any more goes with every record of its
+            runs (history, lost keep, task ids: the trigger), unless a run is claimed,
+            being sent, sent or started (it may still be sent, or report)."""
+            q = self._sql
+            if db.execute(q["entry_get"], (name,)).fetchone() is None:
+                return False
+            if db.execute(q["runs_live"], (name,)).fetchone() is not None:
+                return False
+            db.execute(q["runs_forget"], (name,))
+            db.execute(q["entry_delete"], (name,))
+            return True
+
+        names = list(entries)
+        removed = self._each("forget", names, step, lambda name, exc: False)
+        return [name for name, ok in zip(names, removed) if ok]
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:

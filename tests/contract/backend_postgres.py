@@ -109,6 +109,20 @@ def _pg_open(request: pytest.FixtureRequest, history_limit: int) -> Iterator[Sto
             sql.Identifier(store.schema)))
 
 
+@contextlib.contextmanager
+def fresh_store(request: pytest.FixtureRequest, history_limit: int = 100
+                ) -> Iterator[PostgresStore]:
+    """A store on a fresh schema of the session's database (for the PostgreSQL-only
+    tests), its schema dropped on exit."""
+    with _pg_open(request, history_limit) as store:
+        yield _pg(store)
+
+
+def address(store: Store) -> str:
+    """The URL a store was opened with."""
+    return _urls[_pg(store)]
+
+
 def _pg_reopen(store: Store) -> Store:
     s = _pg(store)
     other = PostgresStore.from_url(_urls[s], s.prefix, s.history_limit)

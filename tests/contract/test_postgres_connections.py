@@ -1,0 +1,164 @@
+"""PostgreSQL only: how the store talks to its server. A connection that dies in the middle
+of a call, a statement that waits past the timeout and a server that cannot be reached are
+outages (StoreError), never a crash; the next call connects again. A connection to another
+server than the last heartbeat read is refused until a heartbeat reads its epoch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from beat_claims.enums import StartVerdict
+from beat_claims.stores.base import ClaimStatus, StoreError
+from beat_claims.stores.postgres import PostgresStore
+
+from ..processes import wait_for
+from .backend_postgres import BACKEND, address, admin, fresh_store
+from .helpers import A, claim, delivery, process, register
+
+TTL = 10.0
+
+
+@pytest.fixture
+def pg(request: pytest.FixtureRequest) -> Iterator[PostgresStore]:
+    with fresh_store(request) as store:
+        yield store
+
+
+def _backend_waiting_on_a_lock(store: PostgresStore) -> int:
+    rows = admin().execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = %s AND wait_event_type = 'Lock'",
+        [f"beat-claims ({store.schema})"]).fetchall()
+    return int(rows[0][0]) if rows else 0
+
+
+def _in_thread(call: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _entry_locked(store: PostgresStore, name: str) -> psycopg.Connection[Any]:
+    """Another session holding the entry's row, as a long transition would."""
+    other = psycopg.connect(address(store))
+    other.execute(f'SELECT 1 FROM "{store.schema}".entries WHERE name = %s FOR UPDATE', [name])
+    return other
+
+
+def test_a_connection_killed_in_the_middle_of_a_call_is_an_outage_and_the_next_reconnects(
+        pg: PostgresStore) -> None:
+    state = register(pg, "e")["e"]
+    other = _entry_locked(pg, "e")
+    try:
+        thread, outcome = _in_thread(lambda: claim(pg, A, state, state.anchor + 1000))
+        pid = wait_for(lambda: _backend_waiting_on_a_lock(pg), 10, "the claim to wait")
+        admin().execute("SELECT pg_terminate_backend(%s)", [pid])
+        thread.join(10)
+    finally:
+        other.rollback()
+        other.close()
+    assert isinstance(outcome.get("error"), StoreError), outcome
+    # Its transaction died with the connection: nothing was written, and the next call
+    # (a new connection) claims as if it had never been made.
+    result = claim(pg, A, state, state.anchor + 1000)
+    assert result.status is ClaimStatus.OK and [c.token for c in result.claims] == [1]
+    assert [r.token for r in pg.history("e")] == [1]
+
+
+def test_a_statement_waiting_past_the_timeout_is_an_outage_and_writes_nothing(
+        pg: PostgresStore) -> None:
+    store = PostgresStore.from_url(address(pg), pg.prefix, timeout=0.5)
+    try:
+        state = register(store, "e")["e"]
+        other = _entry_locked(pg, "e")
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreError):
+                claim(store, A, state, state.anchor + 1000)
+            assert time.monotonic() - started < 3
+        finally:
+            other.rollback()
+            other.close()
+        assert store.history("e") == []  # the same connection goes on
+        assert claim(store, A, state, state.anchor + 1000).status is ClaimStatus.OK
+    finally:
+        store.close()
+
+
+def test_a_server_that_cannot_be_reached_is_an_outage_not_an_error_at_start() -> None:
+    store = PostgresStore.from_url("postgresql://postgres@127.0.0.1:1/nothing", "bc-down",
+                                   timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(StoreError):
+        store.heartbeat(A, TTL)
+    with pytest.raises(StoreError):
+        store.entries()
+    assert time.monotonic() - started < 10
+
+
+def test_a_reconnection_to_another_server_is_refused_until_a_heartbeat_reads_its_epoch(
+        pg: PostgresStore, request: pytest.FixtureRequest) -> None:
+    first = pg.heartbeat(A, TTL)
+    state = register(pg, "e")["e"]
+    BACKEND.restart(pg)  # every session ends; the data comes back from a backup
+    refused = 0
+    for _ in range(2):  # the first call finds its connection gone
+        try:
+            claim(pg, A, state, state.anchor + 1000)
+        except StoreError as exc:
+            refused += "heartbeat" in str(exc)
+    assert refused == 1
+    hb = pg.heartbeat(A, TTL)
+    assert hb.epoch != first.epoch and hb.store_id == first.store_id
+    assert pg.entries(["e"])[0].checkpoint is None  # nothing was claimed meanwhile
+    assert claim(pg, A, state, state.anchor + 1000).status is ClaimStatus.OK
+
+
+def test_a_worker_store_goes_on_after_the_schema_was_dropped(pg: PostgresStore) -> None:
+    """A worker never heartbeats: it is not refused, and finds the store empty."""
+    state = register(pg, "e")["e"]
+    [c] = claim(pg, A, state, state.anchor + 1000).claims
+    worker = PostgresStore.from_url(address(pg), pg.prefix)
+    assert worker.start(delivery(c, process(1))).verdict is StartVerdict.REFUSED  # not sent
+    BACKEND.wipe(pg)
+    assert worker.start(delivery(c, process(1))).verdict is StartVerdict.UNTRACKED
+    assert worker.lookup_task("t") is None
+    worker.close()
+
+
+def test_threads_share_one_store(pg: PostgresStore) -> None:
+    names = [f"e{i}" for i in range(8)]
+    states = register(pg, *names)
+    errors: list[BaseException] = []
+
+    def work(name: str) -> None:
+        try:
+            for i in range(20):
+                pg.heartbeat(A, TTL)
+                state = register(pg, name)[name]
+                result = claim(pg, A, state, state.anchor + 1000 * (i + 1), entry=name)
+                assert result.status is ClaimStatus.OK, result
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(name,)) for name in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert {r.name: r.token for r in pg.entries()} == {name: 20 for name in states}

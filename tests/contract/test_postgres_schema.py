@@ -1,0 +1,151 @@
+"""PostgreSQL only: the store's schema. Created on first use and carrying a version; a
+schema written by a newer version is refused; a user who may not create it gets an error
+naming the setting, and one who may only read and write a schema an administrator created
+uses it without any DDL; beats starting together install it once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from psycopg import sql
+
+from beat_claims.stores.base import ClaimStatus, StoreConfigurationError
+from beat_claims.stores.postgres import LAYOUT, PostgresStore, schema_name
+
+from .backend_postgres import HOST, PORT, address, admin, database, fresh_store
+from .helpers import A, claim, register
+
+
+@pytest.fixture
+def pg(request: pytest.FixtureRequest) -> Iterator[PostgresStore]:
+    with fresh_store(request) as store:
+        yield store
+
+
+@pytest.fixture
+def role(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A login role with no privilege of its own on the session's database."""
+    database(request)
+    name = f"bc_role_{uuid.uuid4().hex[:8]}"
+    admin().execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    yield name
+    admin().execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+    admin().execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def _as(role: str, store: PostgresStore) -> PostgresStore:
+    dbname = address(store).rsplit("/", 1)[1]
+    return PostgresStore.from_url(f"postgresql://{role}@{HOST}:{PORT}/{dbname}", store.prefix)
+
+
+def test_the_schema_is_created_on_first_use_with_its_version(pg: PostgresStore) -> None:
+    assert admin().execute("SELECT to_regnamespace(%s)", [pg.schema]).fetchone() == (None,)
+    register(pg, "e")
+    [(version,)] = admin().execute(
+        sql.SQL("SELECT version FROM {}.version").format(sql.Identifier(pg.schema))).fetchall()
+    assert version == LAYOUT
+
+
+def test_a_schema_written_by_a_newer_version_is_refused_naming_the_setting(
+        pg: PostgresStore) -> None:
+    register(pg, "e")
+    admin().execute(sql.SQL("UPDATE {}.version SET version = %s").format(
+        sql.Identifier(pg.schema)), [LAYOUT + 1])
+    newer = PostgresStore.from_url(address(pg), pg.prefix)
+    with pytest.raises(StoreConfigurationError) as refused:
+        newer.heartbeat(A, 10)
+    message = str(refused.value)
+    assert "beat_claims_url" in message and "newer" in message and pg.schema in message
+    # Nothing was changed by the refusal.
+    [(version,)] = admin().execute(
+        sql.SQL("SELECT version FROM {}.version").format(sql.Identifier(pg.schema))).fetchall()
+    assert version == LAYOUT + 1
+
+
+def test_a_user_who_cannot_create_the_schema_is_refused_at_its_first_call(
+        pg: PostgresStore, role: str) -> None:
+    store = _as(role, pg)
+    with pytest.raises(StoreConfigurationError) as refused:
+        store.heartbeat(A, 10)
+    message = str(refused.value)
+    assert "beat_claims_url" in message and role in message and pg.schema in message
+    assert "InsufficientPrivilege" in message
+
+
+def test_a_schema_an_administrator_created_is_used_without_ddl(pg: PostgresStore,
+                                                               role: str) -> None:
+    register(pg, "e")  # installed by the administrator
+    ident, who = sql.Identifier(pg.schema), sql.Identifier(role)
+    for grant in ("GRANT USAGE ON SCHEMA {} TO {}",
+                  "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}",
+                  "GRANT USAGE ON ALL SEQUENCES IN SCHEMA {} TO {}"):
+        admin().execute(sql.SQL(grant).format(ident, who))
+    store = _as(role, pg)
+    assert store.heartbeat(A, 10).epoch
+    state = register(store, "e", "f")
+    assert claim(store, A, state["f"], state["f"].anchor + 1000, entry="f").status is (
+        ClaimStatus.OK)
+    store.close()
+
+
+def _install(url: str, prefix: str, barrier: Any, out: Any) -> None:
+    try:
+        store = PostgresStore.from_url(url, prefix)
+        barrier.wait(30)
+        out.put(register(store, "e")["e"].anchor)
+    except Exception as exc:
+        out.put(repr(exc))
+
+
+def test_beats_starting_together_install_the_schema_once(pg: PostgresStore) -> None:
+    ctx = multiprocessing.get_context("fork")
+    n = 6
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_install, args=(address(pg), pg.prefix, barrier, out))
+             for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        answers = [out.get(timeout=60) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(10)
+    assert all(isinstance(anchor, int) for anchor in answers), answers
+    assert set(answers) == {register(pg, "e")["e"].anchor}  # the first beat's anchor
+    [(rows,)] = admin().execute(sql.SQL("SELECT count(*) FROM {}.version").format(
+        sql.Identifier(pg.schema))).fetchall()
+    assert rows == 1
+
+
+@pytest.mark.parametrize(("prefix", "schema"), [
+    ("beat-claims", "beat_claims"),
+    ("Beat.Claims:prod", "beat_claims_prod"),
+    ("public", "bc_public"),
+    ("pg_x", "bc_pg_x"),
+    ("1st", "bc_1st"),
+    ("---", "beat_claims"),
+])
+def test_schema_names(prefix: str, schema: str) -> None:
+    assert schema_name(prefix) == schema
+
+
+def test_a_long_prefix_gets_a_schema_name_of_at_most_63_bytes() -> None:
+    long_a, long_b = "a" * 70 + "-one", "a" * 70 + "-two"
+    assert len(schema_name(long_a)) == 63
+    assert schema_name(long_a) != schema_name(long_b)
+
+
+def test_the_description_names_the_schema_and_never_the_password() -> None:
+    store = PostgresStore.from_url("postgresql://alice:s3cret@db.example:6543/app?sslmode=require",
+                                   "beat-claims")
+    assert store.description == "postgresql://alice@db.example:6543/app (schema 'beat_claims')"
+    assert "s3cret" not in store.description
+
+
+def test_a_url_that_is_not_one_is_refused_naming_the_setting() -> None:
+    with pytest.raises(StoreConfigurationError, match="beat_claims_url"):
+        PostgresStore.from_url("postgresql://host/db?nosuchoption=1")

@@ -1,0 +1,103 @@
+"""A large schedule due at once: every occurrence is sent once with two beats, and a
+single beat keeps its heartbeat alive through the whole burst (it renews it from its own
+loop as it sends, never from a thread).
+
+Scaled down from 10,000 entries (the review's probe, about a minute on the 2-core CI VM)
+to 3,000: the two-beat test still has a burst that takes a tick seconds, and the heartbeat
+test uses a 0.5 s interval so that its burst lasts several heartbeat TTLs, which is what
+it pins."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+from beat_claims.enums import RunState
+from beat_claims.scheduler import Scheduler
+
+from .conftest import RedisServer, seed_settled_epoch
+from .inprocess import make, make_app, occurrences_sent
+from .processes import wait_for
+
+N = 3_000
+PERIOD = timedelta(seconds=4)
+
+
+def schedule() -> dict[str, Any]:
+    return {f"e{i:05d}": {"task": "t.noop", "schedule": PERIOD} for i in range(N)}
+
+
+def record_heartbeats(s: Scheduler) -> list[float]:
+    """The monotonic instants of ``s``'s heartbeats from now on."""
+    times: list[float] = []
+    real = s.liveness.beat
+
+    def beat(resync: bool = False, settling: bool = False) -> bool:
+        times.append(time.monotonic())
+        return real(resync, settling)
+
+    s.liveness.beat = beat  # type: ignore[method-assign]
+    return times
+
+
+def test_a_large_schedule_due_at_once_is_sent_once_by_two_beats(server: RedisServer) -> None:
+    """Two beats ticked alternately: each entry's first occurrence is sent, none twice, and
+    none is left claimed, being sent or due again."""
+    seed_settled_epoch(server)
+    entries = schedule()
+    app = make_app(server, entries, beat_claims_heartbeat_interval=2,
+                   beat_claims_catch_up_grace=5)
+    a, b = make(app), make(app)
+    worst = [0.0]
+
+    def tick_both() -> None:
+        for s in (a, b):
+            started = time.monotonic()
+            s.tick()
+            worst[0] = max(worst[0], time.monotonic() - started)
+
+    def entries_sent() -> int:
+        return len({entry for entry, _ in occurrences_sent(server)})
+
+    wait_for(lambda: entries_sent() == N, 25, f"all {N} entries to be sent", interval=0.02,
+             between=tick_both)
+    sent = Counter(occurrences_sent(server))
+    assert {k: n for k, n in sent.items() if n > 1} == {}
+    sample = sorted(entries)[:: N // 100]
+    firsts = [min(a.store.history(name), key=lambda r: r.due) for name in sample]
+    assert [r for r in firsts if r.state is not RunState.SENT] == []
+    # Alternate ticks: a beat cannot renew its heartbeat during the other's tick, so only
+    # the longest tick says something here (the heartbeat is the next test's).
+    assert worst[0] < 15, f"a tick took {worst[0]:.1f}s"
+    a.close()
+    b.close()
+
+
+def test_one_beat_keeps_its_heartbeat_through_a_burst_longer_than_its_ttl(
+        server: RedisServer) -> None:
+    """Every entry due at once, one beat: its tick sends them all (about 4 s on the CI VM,
+    several heartbeat TTLs), and no two of its heartbeats are a TTL apart meanwhile."""
+    seed_settled_epoch(server)
+    interval = 0.5
+    app = make_app(server, schedule(), beat_claims_heartbeat_interval=interval,
+                   beat_claims_catch_up_grace=5)
+    s = make(app)
+    times = record_heartbeats(s)
+    started = time.monotonic()
+    longest = [0.0]
+
+    def tick() -> None:
+        began = time.monotonic()
+        s.tick()
+        longest[0] = max(longest[0], time.monotonic() - began)
+
+    wait_for(lambda: len({e for e, _ in occurrences_sent(server)}) == N, 25,
+             f"all {N} entries to be sent", interval=0.02, between=tick)
+    gaps = [y - x for x, y in itertools.pairwise([started, *times])]
+    assert max(gaps) < 3 * interval, (
+        f"{max(gaps):.1f}s between two heartbeats of one beat (TTL {3 * interval}s; the"
+        f" longest tick took {longest[0]:.1f}s)")
+    s.close()
