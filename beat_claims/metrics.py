@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery.utils.log import get_logger
+
 from .settings import ConfigurationError
+
+logger = get_logger("celery.beat.claims")
 
 #: What the ``beat_claims_runs_total`` counter counts, by its ``event`` label.
 EVENTS = ("claimed", "sent", "skipped", "released", "taken_over", "not_sent", "publish_failed")
@@ -44,7 +48,15 @@ class Metrics:
             "beat_claims_last_heartbeat_seconds", "Unix time of this beat's last heartbeat"))
         for event in EVENTS:
             self._runs.labels(event=event)
-        prom.start_http_server(port, addr=addr)
+        try:
+            prom.start_http_server(port, addr=addr)
+        except OSError as exc:
+            # One port per host: a second beat on it must keep scheduling, without metrics.
+            logger.error("beat-claims: beat_claims_metrics_port=%d cannot be served (%s):"
+                         " this beat runs without its metrics endpoint. The port serves one"
+                         " process per host: give each beat its own (e.g. from an"
+                         " environment variable in its settings)", port, exc)
+            return
         _serving[port] = self
 
     def count(self, event: str, n: int = 1) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -37,7 +38,16 @@ from .metrics import Metrics
 from .runs import HEADER, Owner, from_ms, iso
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
 from .stores import open_store
-from .stores.base import Claim, EntrySeed, EntryState, LiveQuery, Reclaim, Store, StoreError
+from .stores.base import (
+    Claim,
+    EntrySeed,
+    EntryState,
+    LiveQuery,
+    Reclaim,
+    Store,
+    StoreConfigurationError,
+    StoreError,
+)
 
 logger = get_logger("celery.beat.claims")
 
@@ -79,6 +89,16 @@ class Scheduler(BaseScheduler):
 
     def __init__(self, app: Celery, *args: Any, store: Store | None = None,
                  **kwargs: Any) -> None:
+        try:
+            self._setup(app, store, *args, **kwargs)
+        except (ConfigurationError, StoreConfigurationError) as exc:
+            if not _built_by_celery_beat():
+                raise
+            # One line, and the beat exits: a user's mistake, not a bug (no traceback).
+            logger.critical("beat-claims: %s", exc)
+            raise SystemExit(1) from None
+
+    def _setup(self, app: Celery, store: Store | None, *args: Any, **kwargs: Any) -> None:
         self.settings = Settings.from_app(app)
         self.owner = Owner.current()
         self.store: Store = store or open_store(self.settings)
@@ -103,7 +123,8 @@ class Scheduler(BaseScheduler):
         # Retried at least every heartbeat interval: the beat's liveness depends on it.
         self.store_outage = Outage("store", self.store.description, logger,
                                    "nothing is sent unclaimed until it returns",
-                                   max_backoff=max(0.5, interval))
+                                   max_backoff=max(0.5, interval),
+                                   waiting=lambda: self.claimer.due_count(self.clock.now()))
         self.broker_outage = Outage("broker", "publishing failed", logger,
                                     "this beat claims nothing until it returns (what it held"
                                     " was given back)")
@@ -120,6 +141,17 @@ class Scheduler(BaseScheduler):
         self._in_tick = False
         super().__init__(app, *args, **kwargs)
         self.max_interval: float = min(float(self.max_interval), interval)
+        if _built_by_celery_beat() and not kwargs.get("lazy"):
+            self._first_contact()
+
+    def _first_contact(self) -> None:
+        """Credentials refused, a host that does not exist: found before the loop starts
+        (raised: one line, and the beat exits). A store that merely does not answer yet is
+        an outage: the beat runs, and waits."""
+        try:
+            self.store.owners()
+        except StoreError as exc:
+            self.store_outage.down(exc)
 
     # -- setup ------------------------------------------------------------------------
     def setup_schedule(self) -> None:
@@ -213,7 +245,7 @@ class Scheduler(BaseScheduler):
         self._in_tick = True
         try:
             wait = self._tick()
-        except StoreError as exc:
+        except (StoreError, StoreConfigurationError) as exc:
             return self._store_down(exc)
         except StoreWentBack as exc:
             # Kept until done: if registering again fails half way (the store went away
@@ -242,7 +274,7 @@ class Scheduler(BaseScheduler):
         self._in_tick = True
         try:
             return float(step())
-        except StoreError as exc:
+        except (StoreError, StoreConfigurationError) as exc:
             return self._store_down(exc)
         finally:
             self._in_tick = False
@@ -405,7 +437,7 @@ class Scheduler(BaseScheduler):
         try:
             try:
                 self._give_back()
-            except StoreError as exc:
+            except (StoreError, StoreConfigurationError) as exc:
                 logger.warning("beat-claims: could not give back the claims this beat held"
                                " at stop (%s); they are taken back once its heartbeat"
                                " lapses", exc)
@@ -475,6 +507,19 @@ def _deliver_held(held: Held | None) -> None:
         signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     for sig in dict.fromkeys(pending):
         signal.raise_signal(sig)
+
+
+def _built_by_celery_beat() -> bool:
+    """Whether Celery's beat service is building this scheduler (``celery beat``, ``worker
+    -B``, or its banner): a configuration error is then one line and an exit, not a
+    traceback. Built by other code (a test, a script), the error is raised as it is."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "celery.beat" and \
+                frame.f_code.co_name == "get_scheduler":
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 @signals.beat_embedded_init.connect

@@ -276,15 +276,24 @@ def test_a_run_claimed_in_an_older_snapshot_and_sent_since_is_not_sent_again(
                                   f" {runs_of_it}; published with tokens {sends})")
 
 
+@pytest.mark.parametrize("wipe", ["restart", "flushall"])
 def test_a_claim_whose_run_a_wipe_removed_before_its_check_is_sent_not_dropped(
-        store_server: SnapshotServer, broker: RedisServer) -> None:
-    """The store is wiped between a claim and its check before publish: the check finds
-    no such run. That is the sign the store went back, not a claim to drop: the claim is
-    registered again and sent (catch_up=all), or recorded; never silently lost."""
+        store_server: SnapshotServer, broker: RedisServer, wipe: str) -> None:
+    """The store is wiped between a claim and its check before publish: restarted without
+    persistence (the beat's next call finds another server), or emptied in place (the
+    check finds no such run). Either is the sign the store went back, not a claim to drop:
+    the claim is registered again and sent (catch_up=all), or recorded; never lost."""
     app = make_app(store_server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1),
                                         "claims": {"catch_up": "all"}}}, broker=broker)
     s = make(app)
-    victims = check_with(s, lambda claims: store_server.come_back(None))
+
+    def wiped(claims: list[Claim]) -> None:
+        if wipe == "restart":
+            store_server.come_back(None)
+        else:
+            store_server.client().flushall()
+
+    victims = check_with(s, wiped)
     wait_for(lambda: victims, 10, "a check before publish", interval=0.05, between=s.tick)
     store = observer(store_server)
 

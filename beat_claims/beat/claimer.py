@@ -211,6 +211,10 @@ class Claimer:
                 due[name] = None
         return list(due)
 
+    def due_count(self, now: int) -> int:
+        """How many entries have an occurrence due (for a reminder during an outage)."""
+        return sum(1 for due, _ in self.heap if due <= now)
+
     def next_due(self) -> int | None:
         return self.heap[0][0] if self.heap else None
 

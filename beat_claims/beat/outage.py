@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 #: The longest wait between two tries.
 MAX_BACKOFF = 30.0
@@ -14,8 +15,10 @@ REMIND_EVERY = 300.0
 
 class Outage:
     def __init__(self, what: str, where: str, logger: logging.Logger, consequence: str,
-                 max_backoff: float = MAX_BACKOFF) -> None:
+                 max_backoff: float = MAX_BACKOFF,
+                 waiting: Callable[[], int] | None = None) -> None:
         self.what = what
+        self.waiting_runs = waiting
         self.max_backoff = max_backoff
         self.where = where
         self.logger = logger
@@ -44,8 +47,10 @@ class Outage:
                               type(exc).__name__, exc, self.consequence)
         elif now - self._reminded >= REMIND_EVERY:
             self._reminded = now
-            self.logger.error("beat-claims: %s still unreachable after %.0fs (%s: %s)",
-                              self.what, now - self.since, type(exc).__name__, exc)
+            waiting = (f"; {self.waiting_runs()} entr(ies) have occurrences waiting"
+                       if self.waiting_runs is not None else "")
+            self.logger.error("beat-claims: %s still unreachable after %.0fs (%s: %s)%s",
+                              self.what, now - self.since, type(exc).__name__, exc, waiting)
         self.backoff = min(self.max_backoff, max(0.5, self.backoff * 2))
         self.retry_at = now + self.backoff
         return self.backoff

@@ -35,6 +35,12 @@ those locks are taken: ``now()`` is the transaction's start, which a transaction
 for a lock would record as the time of its claim (older than writes that committed before
 it), and sweeps page through ``since`` values.
 
+A batch is one statement, ``SELECT schema.claim(owner, items)`` over a jsonb array of up to
+CHUNK items: the function reads what the whole batch needs at once (the entries, their
+runs), so the items of one call name distinct entries (claims) or runs (the others), and
+the client cuts a call where one repeats. Heartbeats commit without waiting for the WAL
+flush: one a crash loses makes its owner look dead sooner, which is safe.
+
 Connections: one per store and process, shared by threads under a lock; autocommit (each
 call is one statement, hence one transaction); connect timeout, ``statement_timeout`` and a
 client-side deadline from ``timeout``; nothing is retried, except a statement that failed
@@ -104,7 +110,8 @@ LAYOUT = 1
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version).
 MIGRATIONS: dict[int, str] = {}
-#: The oldest server the layout works on (generated columns, jsonb -> numeric casts).
+#: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
+#: casts, EXECUTE FUNCTION triggers; tested on 15).
 MIN_SERVER_VERSION = 120000
 #: Items per statement: a bigger batch holds its entries' locks longer.
 CHUNK = 1000
@@ -183,13 +190,13 @@ def _sql_names(schema: str) -> dict[str, str]:
 
 # -- the schema ------------------------------------------------------------------------
 # Formatted with _sql_names(): {s} is the schema, {CLAIMED} a state's name, and so on.
-# Helpers used by generated columns come first (tables need them), then the tables, then
-# the transitions. Every statement is idempotent: installing again repairs what is missing.
+# Tables first, then the trigger that indexes runs, then the transitions. Every statement
+# is idempotent: installing again repairs what is missing.
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
 
--- An integer field of a record, or NULL (absent, not a number, out of range). Never raises:
--- generated columns call it on whatever a record holds.
+-- An integer field of a record, or NULL (absent, not a number, out of range). Never raises,
+-- whatever a record holds.
 CREATE OR REPLACE FUNCTION {s}.int_of(v jsonb) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
   SELECT CASE WHEN jsonb_typeof(v) IS DISTINCT FROM 'number' THEN NULL
@@ -488,6 +495,7 @@ DECLARE
   v_taken jsonb;
   v_unreadable jsonb;
   v_out jsonb[] := ARRAY[]::jsonb[];
+  v_claimed_ids bigint[] := ARRAY[]::bigint[];
 BEGIN
   v_ids := ARRAY(SELECT e.id FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_plans) x)
@@ -578,16 +586,19 @@ BEGIN
     IF v_token <> v_token0 OR v_cp IS DISTINCT FROM v_checkpoint THEN
       UPDATE {s}.entries SET token = v_token, checkpoint = v_cp WHERE id = v_id;
     END IF;
+    v_claimed_ids := array_append(v_claimed_ids, v_id);
     v_out := array_append(v_out, jsonb_build_object(
       's', {C_OK}, 'a', v_anchor, 'c', v_cp, 'k', v_token, 'claimed', v_claimed,
       'skipped', v_skipped, 'existing', v_existing, 'taken', v_taken,
       'unreadable', v_unreadable));
   END LOOP;
-  -- Only entries whose history may be over the limit, or that keep lost runs, are trimmed.
-  FOR v_row IN SELECT r.entry_id FROM {s}.runs r WHERE r.entry_id = ANY(v_ids) AND r.in_history
+  -- The entries claimed are trimmed: only those whose history is over the limit, or
+  -- that keep lost runs, have anything to trim.
+  FOR v_row IN SELECT r.entry_id FROM {s}.runs r
+      WHERE r.entry_id = ANY(v_claimed_ids) AND r.in_history
       GROUP BY r.entry_id HAVING count(*) > p_limit
       UNION SELECT DISTINCT r.entry_id FROM {s}.runs r
-        WHERE r.entry_id = ANY(v_ids) AND r.lost_at IS NOT NULL LOOP
+        WHERE r.entry_id = ANY(v_claimed_ids) AND r.lost_at IS NOT NULL LOOP
     PERFORM {s}.trim(v_row.entry_id, p_limit, {s}.now_ms());
   END LOOP;
   RETURN to_jsonb(v_out);
@@ -874,6 +885,9 @@ BEGIN
   v_rec := (v_rec - 'reseeded') || jsonb_build_object('state', {STARTED}, 'worker', p_worker,
     'worker_pid', p_pid, 'worker_process', p_process, 'retries', p_retries,
     'started_at', coalesce(v_rec -> 'started_at', to_jsonb(v_now)));
+  IF coalesce(p_task_id, '') <> '' THEN
+    v_rec := v_rec || jsonb_build_object('task_id', p_task_id);  -- the one indexed
+  END IF;
   UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_entry.id AND due = p_due;
   IF coalesce(p_task_id, '') <> '' THEN
     INSERT INTO {s}.tasks AS t (task_id, entry_id, due, token)

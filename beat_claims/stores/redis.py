@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -72,6 +73,7 @@ from .base import (
     RunRef,
     StartDecision,
     Store,
+    StoreConfigurationError,
     StoreError,
     WorkerProcess,
 )
@@ -230,7 +232,7 @@ class RedisStore(Store):
             commands = [args for args, _ in pipe.command_stack]
             replies = list(pipe.execute(raise_on_error=False))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+            raise _store_error(exc) from exc
         finally:
             pipe.reset()
         _raise_outage(replies)
@@ -245,7 +247,7 @@ class RedisStore(Store):
                 for i, reply in zip(lost, again.execute(raise_on_error=False)):
                     replies[i] = reply
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+                raise _store_error(exc) from exc
             finally:
                 self._pipeline()
             _raise_outage(replies)
@@ -629,8 +631,27 @@ class RedisStore(Store):
 _RUN_ID = re.compile(r"run_id:(\w+)")
 
 
+def _store_error(exc: Exception) -> Exception:
+    """What a failed round trip means: credentials refused or a host that does not exist
+    are the configuration's fault (the beat says so and stops, at start); anything else
+    is an outage (connection refused, timeouts, a server that is loading)."""
+    if isinstance(exc, (redis.exceptions.AuthenticationError,
+                        redis.exceptions.NoPermissionError)):
+        return StoreConfigurationError(f"beat_claims_url: the store refused the"
+                                       f" credentials ({type(exc).__name__}: {exc})")
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, socket.gaierror) and cause.errno in (socket.EAI_NONAME,
+                                                              getattr(socket, "EAI_NODATA", -5)):
+        return StoreConfigurationError(f"beat_claims_url: the store's host cannot be"
+                                       f" resolved ({exc})")
+    return StoreError(f"{type(exc).__name__}: {exc}")
+
+
 def _raise_outage(replies: list[Any]) -> None:
     for reply in replies:
+        if isinstance(reply, (redis.exceptions.AuthenticationError,
+                              redis.exceptions.NoPermissionError)):
+            raise _store_error(reply) from reply
         if isinstance(reply, _OUTAGE_CLASSES) or (
                 isinstance(reply, ResponseError)
                 and str(reply).split(" ", 1)[0] in _OUTAGE_CODES):

@@ -1266,8 +1266,9 @@ class SQLiteStore(Store):
                 return False
             if _started_by(run) != (proc.worker, proc.pid, proc.process):
                 return False
+            # As requeue.lua: its run_timeout counts again from now.
             run.update(state=_SENT, requeues=int(run.get("requeues") or 0) + 1,
-                       sent_at=now)  # its run_timeout counts from now
+                       revived_at=now)
             for name in ("worker", "worker_pid", "worker_process"):
                 run.pop(name, None)
             self._put_run(db, d.entry, run)

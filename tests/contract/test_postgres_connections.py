@@ -17,9 +17,10 @@ from beat_claims.enums import StartVerdict
 from beat_claims.stores.base import ClaimStatus, StoreError
 from beat_claims.stores.postgres import PostgresStore
 
+from ..faults import proxy
 from ..processes import wait_for
-from .backend_postgres import BACKEND, address, admin, fresh_store
-from .helpers import A, claim, delivery, process, register
+from .backend_postgres import BACKEND, PORT, address, admin, fresh_store
+from .helpers import A, claim, delivery, now, process, query, register
 
 TTL = 10.0
 
@@ -162,3 +163,46 @@ def test_threads_share_one_store(pg: PostgresStore) -> None:
         t.join(60)
     assert errors == []
     assert {r.name: r.token for r in pg.entries()} == {name: 20 for name in states}
+
+
+def test_a_server_that_never_answers_is_an_outage_within_the_timeout(
+        pg: PostgresStore) -> None:
+    """The server got the query and answered, but nothing comes back (a proxy that
+    stalls): no server-side timeout can help, the client's deadline does."""
+    with proxy(int(PORT)) as p:
+        url = address(pg).replace(f":{PORT}/", f":{p.port}/")
+        store = PostgresStore.from_url(url, pg.prefix, timeout=1.0)
+        try:
+            assert store.heartbeat(A, TTL).epoch
+            p.delay = 30.0
+            started = time.monotonic()
+            with pytest.raises(StoreError):
+                store.heartbeat(A, TTL)
+            assert time.monotonic() - started < 5
+            p.delay = 0.0
+            assert store.heartbeat(A, TTL).epoch  # a new connection
+        finally:
+            store.close()
+
+
+def test_a_claim_whose_reply_was_lost_is_found_again_and_not_claimed_twice(
+        pg: PostgresStore) -> None:
+    state = register(pg, "e")["e"]
+    with proxy(int(PORT)) as p:
+        url = address(pg).replace(f":{PORT}/", f":{p.port}/")
+        store = PostgresStore.from_url(url, pg.prefix)
+        try:
+            store.entries()  # connected (and the layout checked) before the fault
+            p.drop_reply_to(f'"{pg.schema}".claim(')
+            with pytest.raises(StoreError):
+                claim(store, A, state, state.anchor + 1000)
+            assert p.pending() == 0
+            # The server acted: the claim is in the records, and asking again with the same
+            # plan hands out no second token.
+            again = claim(store, A, state, state.anchor + 1000)
+            assert again.status is ClaimStatus.CONFLICT and again.state is not None
+            assert again.state.token == 1
+            [held] = store.live_runs(query(A, live=(A,), mine_before=now(store) + 1)).held
+            assert (held.entry, held.token, held.owner) == ("e", 1, A.id)
+        finally:
+            store.close()

@@ -4,6 +4,8 @@ file too long, and the store's own bounds (index-only statements, expiries)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import multiprocessing
 import os
@@ -19,20 +21,37 @@ from typing import Any
 
 import pytest
 
-from beat_claims.enums import RunState
+from beat_claims.enums import Reason, RunState
 from beat_claims.runs import Owner
 from beat_claims.settings import Settings
 from beat_claims.stores import open_store
 from beat_claims.stores import sqlite as sqlite_module
 from beat_claims.stores.base import (
+    Claim,
     ClaimPlan,
     ClaimStatus,
+    Delivery,
+    Outcome,
     StoreConfigurationError,
     StoreError,
 )
 from beat_claims.stores.sqlite import SCHEMA_VERSION, SQLiteStore
 
-from .helpers import A, B, claim, claims, now, one_claim, process, register, runs, send, started
+from .helpers import (
+    A,
+    B,
+    claim,
+    claims,
+    delivery,
+    now,
+    one_claim,
+    process,
+    register,
+    run,
+    runs,
+    send,
+    started,
+)
 
 TTL = 10.0
 
@@ -191,6 +210,120 @@ def test_a_file_written_by_a_newer_version_is_refused_with_a_clear_message(
     # Nothing was rewritten: the newer version's file is as it left it.
     assert raw(db_path, "SELECT value FROM beat_claims_meta WHERE key = 'version'") == [
         (str(SCHEMA_VERSION + 1),)]
+
+
+#: The tables beat-claims with schema version 1 made (prefix "beat-claims").
+SCHEMA_1 = [
+    "CREATE TABLE beat_claims_meta (key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID",
+    "CREATE TABLE beat_claims_entries (name TEXT PRIMARY KEY, description TEXT NOT NULL"
+    " DEFAULT '', anchor INTEGER, checkpoint INTEGER, token INTEGER) WITHOUT ROWID",
+    "CREATE TABLE beat_claims_runs (entry TEXT NOT NULL, due INTEGER NOT NULL, record TEXT,"
+    " kind TEXT, since INTEGER, owner TEXT, token INTEGER, busy INTEGER, place TEXT,"
+    " lost_at INTEGER, PRIMARY KEY (entry, due)) WITHOUT ROWID",
+    "CREATE INDEX beat_claims_runs_sweep ON beat_claims_runs (kind, since)"
+    " WHERE kind IS NOT NULL",
+    "CREATE INDEX beat_claims_runs_due ON beat_claims_runs (entry, due) WHERE kind = 'due'",
+    "CREATE INDEX beat_claims_runs_busy ON beat_claims_runs (entry, due) WHERE busy = 1",
+    "CREATE INDEX beat_claims_runs_history ON beat_claims_runs (entry, due)"
+    " WHERE place = 'h'",
+    "CREATE INDEX beat_claims_runs_lost ON beat_claims_runs (entry, lost_at)"
+    " WHERE place = 'x'",
+    "CREATE TABLE beat_claims_owners (id TEXT PRIMARY KEY, record TEXT NOT NULL,"
+    " expires_at INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX beat_claims_owners_expiry ON beat_claims_owners (expires_at)",
+    "CREATE TABLE beat_claims_tasks (task_id TEXT PRIMARY KEY, entry TEXT NOT NULL,"
+    " due INTEGER NOT NULL, token INTEGER NOT NULL, expires_at INTEGER NOT NULL)"
+    " WITHOUT ROWID",
+    "CREATE INDEX beat_claims_tasks_expiry ON beat_claims_tasks (expires_at)",
+]
+
+
+def _schema_1_file(path: str, at: int) -> None:
+    """A file as beat-claims with schema 1 left it: an entry with a started run (its task
+    id indexed for a week) and the task id of a run the history trimmed since."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode = WAL")
+        for statement in SCHEMA_1:
+            db.execute(statement)
+        db.executemany("INSERT INTO beat_claims_meta VALUES (?, ?)", [
+            ("version", "1"), ("prefix", "beat-claims"), ("epoch", "old-epoch")])
+        db.execute("INSERT INTO beat_claims_entries VALUES ('e', 'every 1s', ?, ?, 2)",
+                   (at - 5000, at))
+        record = {"due": at, "state": "started", "token": 2, "owner": A.id,
+                  "task_id": "kept", "sent_at": at, "started_at": at}
+        worker = process(1)
+        record.update(worker=worker.worker, worker_pid=worker.pid,
+                      worker_process=worker.process)
+        db.execute("INSERT INTO beat_claims_runs (entry, due, record, kind, since, busy,"
+                   " place) VALUES ('e', ?, ?, 'open', ?, 1, 'h')",
+                   (at, json.dumps(record), at))
+        db.executemany("INSERT INTO beat_claims_tasks VALUES (?, 'e', ?, ?, ?)", [
+            ("kept", at, 2, at + sqlite_module.WEEK_MS),
+            ("trimmed", at - 1000, 1, at + sqlite_module.WEEK_MS)])
+    finally:
+        db.close()
+
+
+def test_a_file_of_schema_1_is_migrated_when_opened(
+        db_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    at = int(time.time() * 1000)
+    _schema_1_file(db_path, at)
+    caplog.set_level(logging.WARNING, logger="celery.beat.claims")
+    store = SQLiteStore.from_url(f"sqlite:///{db_path}")
+    try:
+        assert raw(db_path, "SELECT value FROM beat_claims_meta WHERE key = 'version'") == [
+            (str(SCHEMA_VERSION),)]
+        assert any("migrated from schema version 1 to 2" in r.getMessage()
+                   for r in caplog.records)
+        # Its records are kept; the task id of a run gone is not.
+        assert store.lookup_task("kept") == Claim("e", at, 2)
+        assert store.lookup_task("trimmed") is None
+        assert [(r.due, r.state) for r in store.history("e")] == [(at, RunState.STARTED)]
+        assert store.heartbeat(A, TTL).store_id
+        objects = {name for (name,) in raw(db_path, "SELECT name FROM sqlite_master")}
+        assert {"beat_claims_tasks_run", "beat_claims_runs_tasks"} <= objects
+        assert "beat_claims_tasks_expiry" not in objects
+        # A process of schema 1 still connected goes on with its own statements.
+        assert raw(db_path, "SELECT token FROM beat_claims_tasks WHERE task_id = ?"
+                            " AND expires_at > ?", "kept", at + sqlite_module.WEEK_MS) == [(2,)]
+        # The run gives its delivery back, the next one starts it, and it finishes.
+        c = Claim("e", at, 2)
+        assert store.requeue(delivery(c, process(1)))
+        assert store.start(delivery(c, process(2), task_id="next")).verdict.value == "run"
+        assert store.finish([Outcome("e", at, 2, RunState.DONE)]) == [True]
+        # Opened again: nothing more to migrate.
+        caplog.clear()
+        SQLiteStore.from_url(f"sqlite:///{db_path}").close()
+        assert not any("migrated" in r.getMessage() for r in caplog.records)
+    finally:
+        store.close()
+
+
+def test_the_store_id_is_kept_with_the_records_and_made_again_for_a_new_file(
+        store: SQLiteStore) -> None:
+    """Made with the tables: a worker that starts a run before any beat heartbeats gets it
+    too."""
+    c = send(store, A, one_claim(store, A))
+    first = store.start(delivery(c, process(1))).store_id
+    assert first and store.heartbeat(A, TTL).store_id == first
+    copy = store.path + ".backup"
+    source, target = sqlite3.connect(store.path), sqlite3.connect(copy)
+    source.backup(target)
+    source.close()
+    target.close()
+    store.close()
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(store.path + suffix)
+    os.replace(copy, store.path)  # restored from a copy: the same records, the same id
+    assert store.heartbeat(A, TTL).store_id == first
+    store.close()
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(store.path + suffix)
+    fresh = store.heartbeat(A, TTL).store_id  # a new file: another store
+    assert fresh and fresh != first
 
 
 def test_two_prefixes_share_a_file_and_a_prefix_naming_anothers_tables_is_refused(
@@ -353,18 +486,54 @@ def later(monkeypatch: pytest.MonkeyPatch, ms: int) -> None:
     monkeypatch.setattr(sqlite_module, "_now", lambda: real() + ms)
 
 
-def test_task_ids_are_kept_a_week(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    first, second = claims(store, A, 1000, 2000)
-    for c, task in ((first, "t1"), (second, "t2")):
-        send(store, A, c)
-        started(store, c, process(1), task_id=task)
-    assert store.lookup_task("t1") is not None
-    later(monkeypatch, sqlite_module.WEEK_MS + 1000)
-    assert store.lookup_task("t1") is None
-    # A later start purges expired ids (a bounded number each time).
-    third = send(store, A, one_claim(store, A, 3000))
-    started(store, third, process(1), task_id="t3")
-    assert raw(store.path, f"SELECT task_id FROM {store.tables.tasks}") == [("t3",)]
+def _tasks(store: SQLiteStore) -> list[str]:
+    return sorted(t for (t,) in raw(store.path, f"SELECT task_id FROM {store.tables.tasks}"))
+
+
+@pytest.mark.parametrize("history_limit", [2])
+def test_task_ids_go_with_their_run_and_not_before(
+        db_path: str, history_limit: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The task-id index is bounded by the history: an id stays as long as its run (a week
+    is nothing to it), and leaves with it."""
+    store = SQLiteStore.from_url(f"sqlite:///{db_path}", history_limit=history_limit)
+    try:
+        first, second = claims(store, A, 1000, 2000)
+        for c, task in ((first, "t1"), (second, "t2")):
+            send(store, A, c)
+            started(store, c, process(1), task_id=task)
+            store.finish([Outcome("e", c.due, c.token, RunState.DONE)])
+        later(monkeypatch, sqlite_module.WEEK_MS + 1000)
+        assert store.lookup_task("t1") == Claim("e", first.due, first.token)
+        third = send(store, A, one_claim(store, A, 3000))  # trims the first run
+        assert first.due not in runs(store)
+        assert store.lookup_task("t1") is None and _tasks(store) == ["t2"]
+        started(store, third, process(1), task_id="t3")
+        assert run(store, third).task_id == "t3"
+        assert store.lookup_task("t3") == Claim("e", third.due, third.token)
+        # An operator deleting a run with the sqlite3 shell takes its task id too.
+        raw(store.path, f"DELETE FROM {store.tables.runs} WHERE due = ?", second.due)
+        assert _tasks(store) == ["t3"]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("history_limit", [1])
+def test_the_task_id_of_a_run_presumed_lost_goes_when_its_keep_expires(
+        db_path: str, history_limit: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SQLiteStore.from_url(f"sqlite:///{db_path}", history_limit=history_limit)
+    try:
+        c = send(store, A, one_claim(store, A, 1000))
+        started(store, c, process(1), task_id="t1")
+        assert store.finish([Outcome("e", c.due, c.token, RunState.LOST,
+                                     Reason.RUN_TIMEOUT)]) == [True]
+        send(store, A, one_claim(store, A, 2000))  # out of the history: in the lost keep
+        assert c.due not in runs(store) and store.lookup_task("t1") is not None
+        later(monkeypatch, sqlite_module.WEEK_MS + 1000)
+        state = register(store, "e")["e"]
+        claim(store, A, state, state.anchor + 3000)  # a trim: the week has passed
+        assert store.lookup_task("t1") is None and _tasks(store) == []
+    finally:
+        store.close()
 
 
 def test_owners_are_forgotten_an_hour_after_their_heartbeat_lapsed(
@@ -389,8 +558,7 @@ def test_runs_presumed_lost_are_kept_a_week_for_late_deliveries(
         later(monkeypatch, sqlite_module.WEEK_MS + 1000)
         state = register(store, "e")["e"]
         claim(store, A, state, state.anchor + 4000)  # a trim: the week has passed
-        decision = store.start(sqlite_module.Delivery("e", pushed.due, pushed.token,
-                                                      process(1)))
+        decision = store.start(Delivery("e", pushed.due, pushed.token, process(1)))
         assert decision.verdict.value == "refused"
         assert RunState.LOST not in {r.state for r in store.history("e")}
     finally:

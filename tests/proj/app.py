@@ -42,6 +42,8 @@ app.conf.update(
 )
 if os.environ.get("BC_CATCH_UP"):
     app.conf.beat_claims_catch_up = os.environ["BC_CATCH_UP"]
+# Any other setting, as JSON (a misconfiguration to try, a pool start method, ...).
+app.conf.update(json.loads(os.environ.get("BC_CONF", "{}")))
 
 
 def _schedule() -> dict[str, Any]:

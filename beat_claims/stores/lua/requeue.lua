@@ -15,6 +15,6 @@ local old = shallow_copy(run)
 run.state = STATE.sent
 run.requeues = (run.requeues or 0) + 1
 run.worker, run.worker_pid, run.worker_process = nil, nil, nil
-run.sent_at = now_ms()  -- its run_timeout counts from now
+run.revived_at = now_ms()  -- its run_timeout counts again from now (since() reads it)
 put_run(K, run, old)
 return 1
