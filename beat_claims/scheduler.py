@@ -95,7 +95,10 @@ class Scheduler(BaseScheduler):
             if not _built_by_celery_beat():
                 raise
             # One line, and the beat exits: a user's mistake, not a bug (no traceback).
-            logger.critical("beat-claims: %s", exc)
+            if logging.getLogger().handlers:
+                logger.critical("beat-claims: %s", exc)
+            else:  # Celery builds one for its banner before its logging is set up
+                sys.stderr.write(f"beat-claims: {exc}\n")
             raise SystemExit(1) from None
 
     def _setup(self, app: Celery, store: Store | None, *args: Any, **kwargs: Any) -> None:

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from datetime import datetime
 from typing import Any
 
 from celery import Celery, Task, signals, states
+from celery._state import connect_on_app_finalize
 from celery.exceptions import Ignore, Reject
 from celery.utils.log import get_logger
 from celery.utils.objects import mro_lookup
@@ -121,11 +123,14 @@ def install(app: Celery) -> None:
     it for you. Tasks need no change of base class.
     """
     _context.app = app
-    _patch_class(app.Task)
-    app.on_after_finalize.connect(_patch_all, weak=False)
+    _patch_app(app)
     if getattr(install, "_connected", False):
         return
+    # A pool process started afresh (spawn, macOS) rebuilds the app from a pickle: that
+    # app, finalized in the child before its tracers are built, is patched too.
+    connect_on_app_finalize(_patch_rebuilt)
     signals.worker_init.connect(_on_worker_init, weak=False)
+    signals.worker_ready.connect(_on_worker_ready, weak=False)
     signals.worker_process_init.connect(_patch_all, weak=False)
     signals.task_prerun.connect(_decide, weak=False)
     signals.task_postrun.connect(_after, weak=False)
@@ -138,13 +143,32 @@ def install(app: Celery) -> None:
 
 
 # -- patching ---------------------------------------------------------------------------
-def _patch_all(sender: Any = None, **kwargs: Any) -> None:
-    app = _context.app
-    if app is None:
-        return
+def _patch_app(app: Celery) -> None:
+    _patch_class(app.Task)
+    app.on_after_finalize.connect(lambda sender=None, **kw: _patch_tasks(app), weak=False)
+
+
+def _patch_rebuilt(app: Celery) -> None:
+    if _context.app is not None and app is not _context.app and \
+            app.main == _context.app.main:
+        _patch_app(app)
+
+
+def _patch_tasks(app: Celery) -> None:
     for task in list(app.tasks.values()):
         patch_task(task)
     _guard_backend(app)
+
+
+def _patch_all(sender: Any = None, **kwargs: Any) -> None:
+    app = _context.app
+    if app is not None:
+        _patch_tasks(app)
+    from celery import current_app
+
+    if current_app is not app and _context.app is not None and \
+            current_app.main == _context.app.main:
+        _patch_tasks(current_app)
 
 
 def patch_task(task: Task) -> None:
@@ -217,43 +241,49 @@ def _guard_backend(app: Celery) -> None:
 
 # -- the worker starts ------------------------------------------------------------------
 def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
-    """Say what this worker protects, after asking the store; a configuration error stops
-    it (unless ``beat_claims_worker_unprotected``), an unreachable store is an outage."""
+    """Before the worker consumes anything: a configuration error stops it (unless
+    ``beat_claims_worker_unprotected``). Celery's logging is not set up yet here, so that
+    one line goes to stderr itself."""
     _patch_all()
     app = _context.app
     if app is None:
         return
-    fenced = len([name for name in app.tasks if not name.startswith("celery.")])
     try:
         settings = Settings.from_app(app)
-        store = open_store(settings, timeout=settings.worker_timeout)
+        open_store(settings, timeout=settings.worker_timeout).close()
     except (ConfigurationError, StoreConfigurationError) as exc:
         _refuse_to_start(app, str(exc))
+
+
+def _on_worker_ready(sender: Any = None, **kwargs: Any) -> None:
+    """The worker is up: say what it protects, after asking the store."""
+    app = _context.app
+    if app is None or _context.broken is not None:
         return
+    fenced = len([name for name in app.tasks if not name.startswith("celery.")])
+    store = _context.get()
+    if store is None:
+        return  # a configuration error, said at init
     try:
         store.owners()
     except StoreConfigurationError as exc:
-        _refuse_to_start(app, str(exc))
+        logger.critical("beat-claims: %s: %d task(s) run unfenced", exc, fenced)
         return
-    except StoreError as exc:
-        logger.error("beat-claims: store unreachable at start (%s: %s); %d task(s) run"
-                     " unfenced until it answers (store %s)", type(exc).__name__, exc,
-                     fenced, store.description)
+    except StoreError as exc:  # an outage: logged once, probed until it answers
+        _context.failed(f"starting the worker ({fenced} task(s) of store"
+                        f" {store.description})", exc)
         return
-    finally:
-        store.close()
     logger.info("beat-claims: fencing %d task(s) with store %s", fenced, store.description)
 
 
 def _refuse_to_start(app: Celery, why: str) -> None:
-    unprotected = bool(app.conf.get("beat_claims_worker_unprotected", False))
-    if unprotected:
-        logger.error("beat-claims: %s; beat_claims_worker_unprotected is set: this worker"
-                     " runs periodic tasks unfenced and records no outcome", why)
+    if bool(app.conf.get("beat_claims_worker_unprotected", False)):
+        sys.stderr.write(f"beat-claims: {why}; beat_claims_worker_unprotected is set: this"
+                         " worker runs periodic tasks unfenced and records no outcome\n")
         _context.broken = why
         return
-    logger.critical("beat-claims: %s (the worker does not start; set"
-                    " beat_claims_worker_unprotected = True to run it unfenced)", why)
+    sys.stderr.write(f"beat-claims: {why} (the worker does not start; set"
+                     " beat_claims_worker_unprotected = True to run it unfenced)\n")
     raise SystemExit(1)
 
 

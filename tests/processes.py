@@ -71,8 +71,9 @@ class Fleet:
         return self._spawn("beat", ["beat", "-S", "claims", "--loglevel", "INFO",
                                     "-s", str(self.log_dir / f"unused-{len(self.procs)}")], **env)
 
-    def worker(self, *extra: str, concurrency: int = 2, **env: str) -> subprocess.Popen[bytes]:
-        return self._spawn("worker", ["worker", "--loglevel", "INFO", "-P", "prefork",
+    def worker(self, *extra: str, concurrency: int = 2, pool: str = "prefork",
+               **env: str) -> subprocess.Popen[bytes]:
+        return self._spawn("worker", ["worker", "--loglevel", "INFO", "-P", pool,
                                       "-c", str(concurrency), "--without-gossip",
                                       "--without-mingle",
                                       "-n", f"w{len(self.procs)}@%h", *extra], **env)

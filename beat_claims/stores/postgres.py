@@ -108,7 +108,8 @@ T = TypeVar("T")
 #: The layout's version. A change to a table or a function gets a new one and a migration.
 LAYOUT = 1
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
-#: installed again whatever the version).
+#: installed again whatever the version). A function whose arguments change must be dropped
+#: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
 MIGRATIONS: dict[int, str] = {}
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
 #: casts, EXECUTE FUNCTION triggers; tested on 15).
@@ -354,7 +355,10 @@ END $$;
 -- unreadable runs go first, wherever they are; a lost run leaves the history for the lost
 -- set (kept a week, at most p_limit); only when there are not enough of those is the
 -- oldest run sent and never started pushed out, presumed lost (history_limit).
-CREATE OR REPLACE FUNCTION {s}.trim(p_entry bigint, p_limit integer, p_now bigint)
+-- A caller that counted the history already passes the count (p_count), and whether the
+-- entry keeps lost runs (p_lost).
+CREATE OR REPLACE FUNCTION {s}.trim(p_entry bigint, p_limit integer, p_now bigint,
+                                    p_count bigint DEFAULT NULL, p_lost boolean DEFAULT true)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
   v_excess integer;
@@ -364,8 +368,10 @@ DECLARE
   v_expired integer;
   v_lost integer;
 BEGIN
-  SELECT count(*) - p_limit INTO v_excess FROM {s}.runs
-    WHERE entry_id = p_entry AND in_history;
+  IF p_count IS NULL THEN
+    SELECT count(*) INTO p_count FROM {s}.runs WHERE entry_id = p_entry AND in_history;
+  END IF;
+  v_excess := p_count - p_limit;
   IF v_excess > 0 THEN
     FOR v_row IN SELECT r.due, r.record, r.readable AS ok FROM {s}.runs r
         WHERE r.entry_id = p_entry AND r.in_history ORDER BY r.due LIMIT v_excess + 64 LOOP
@@ -378,6 +384,7 @@ BEGIN
             lost_at = coalesce({s}.int_of(v_row.record -> 'finished_at'), p_now)
           WHERE entry_id = p_entry AND due = v_row.due;
         v_excess := v_excess - 1;
+        p_lost := true;
       ELSIF v_row.record ->> 'state' IN {FINAL} THEN
         DELETE FROM {s}.runs WHERE entry_id = p_entry AND due = v_row.due;
         v_excess := v_excess - 1;
@@ -390,7 +397,11 @@ BEGIN
         'state', {LOST}, 'reason', {R_HISTORY_LIMIT}, 'finished_at', p_now);
       UPDATE {s}.runs SET record = v_rec, in_history = false, lost_at = p_now
         WHERE entry_id = p_entry AND due = {s}.int_of(v_rec -> 'due');
+      p_lost := true;
     END LOOP;
+  END IF;
+  IF NOT p_lost THEN
+    RETURN;
   END IF;
   SELECT count(*) FILTER (WHERE lost_at < p_now - {WEEK_MS}), count(*)
     INTO v_expired, v_lost FROM {s}.runs WHERE entry_id = p_entry AND lost_at IS NOT NULL;
@@ -594,12 +605,12 @@ BEGIN
   END LOOP;
   -- The entries claimed are trimmed: only those whose history is over the limit, or
   -- that keep lost runs, have anything to trim.
-  FOR v_row IN SELECT r.entry_id FROM {s}.runs r
-      WHERE r.entry_id = ANY(v_claimed_ids) AND r.in_history
-      GROUP BY r.entry_id HAVING count(*) > p_limit
-      UNION SELECT DISTINCT r.entry_id FROM {s}.runs r
-        WHERE r.entry_id = ANY(v_claimed_ids) AND r.lost_at IS NOT NULL LOOP
-    PERFORM {s}.trim(v_row.entry_id, p_limit, {s}.now_ms());
+  FOR v_row IN SELECT r.entry_id, count(*) FILTER (WHERE r.in_history) AS kept,
+        bool_or(r.lost_at IS NOT NULL) AS lost
+      FROM {s}.runs r WHERE r.entry_id = ANY(v_claimed_ids) GROUP BY r.entry_id
+      HAVING count(*) FILTER (WHERE r.in_history) > p_limit OR bool_or(r.lost_at IS NOT NULL)
+      LOOP
+    PERFORM {s}.trim(v_row.entry_id, p_limit, {s}.now_ms(), v_row.kept, v_row.lost);
   END LOOP;
   RETURN to_jsonb(v_out);
 END $$;
@@ -1011,7 +1022,8 @@ BEGIN
   UPDATE {s}.runs SET record = (v_rec - ARRAY['worker', 'worker_pid', 'worker_process'])
       || jsonb_build_object('state', {SENT},
                             'requeues', coalesce({s}.int_of(v_rec -> 'requeues'), 0) + 1,
-                            'sent_at', {s}.now_ms())  -- its run_timeout counts from now
+                            -- its run_timeout counts again from now (since reads it)
+                            'revived_at', {s}.now_ms())
     WHERE entry_id = v_entry AND due = p_due;
   RETURN true;
 END $$;
@@ -1196,6 +1208,25 @@ def _django_params(alias: str) -> dict[str, Any]:
     return params
 
 
+#: What libpq says when the server refuses who we are (no SQLSTATE comes with a failed
+#: connection), and when a host name does not exist (not a resolver that is down).
+_REFUSED = ("password authentication failed", "no pg_hba.conf entry", "does not exist",
+            "authentication failed", "Name or service not known",
+            "nodename nor servname provided", "No address associated with hostname")
+
+
+def _connect_error(exc: psycopg.Error, where: str) -> Exception:
+    """What a failed connection means, as for the Redis store: credentials (or a role, a
+    database) refused and a host that does not exist are the configuration's fault (the
+    beat says so and stops, at start); anything else is an outage (connection refused, a
+    timeout, a server starting or shutting down)."""
+    message = str(exc)
+    if any(marker in message for marker in _REFUSED):
+        return StoreConfigurationError(f"beat_claims_url: {where} refused the connection:"
+                                       f" {message}")
+    return StoreError(f"cannot connect to {where}: {message}")
+
+
 # -- the store -------------------------------------------------------------------------
 class PostgresStore(Store):
     """The store in a PostgreSQL database (a schema of its own)."""
@@ -1272,13 +1303,13 @@ class PostgresStore(Store):
 
     # -- connections ------------------------------------------------------------------
     def _with_bounds(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Connection parameters with every wait bounded: the connect (libpq's minimum is
-        2 s), dead peers (TCP keepalives, unacknowledged data), and statements (set on
-        each new connection)."""
+        """Connection parameters with every wait bounded: the connect (2 s, as the Redis
+        store's, and libpq's minimum, unless the URL names another), dead peers (TCP
+        keepalives, unacknowledged data), and statements (set on each new connection)."""
         out = dict(params)
         given = str(out.get("connect_timeout", "")).strip()
-        if not given.lstrip("-").isdigit() or int(given) <= 0:
-            out["connect_timeout"] = max(2, math.ceil(min(self.timeout, 10.0)))
+        if not given.isdigit() or int(given) <= 0:
+            out["connect_timeout"] = 2
         out.setdefault("application_name", f"beat-claims ({self.schema})"[:63])
         host = str(out.get("host", ""))
         if not host.startswith("/"):
@@ -1303,7 +1334,7 @@ class PostgresStore(Store):
         try:
             conn = _Connection.connect(make_conninfo(**self._params), autocommit=True)
         except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to {self.description}: {exc}") from exc
+            raise _connect_error(exc, self.description) from exc
         try:
             conn.execute(
                 f"SET statement_timeout = {max(1, round(self.timeout * 1000))};"

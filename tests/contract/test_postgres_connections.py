@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from beat_claims.enums import StartVerdict
-from beat_claims.stores.base import ClaimStatus, StoreError
+from beat_claims.stores.base import ClaimStatus, StoreConfigurationError, StoreError
 from beat_claims.stores.postgres import PostgresStore
 
 from ..faults import proxy
@@ -206,3 +206,16 @@ def test_a_claim_whose_reply_was_lost_is_found_again_and_not_claimed_twice(
             assert (held.entry, held.token, held.owner) == ("e", 1, A.id)
         finally:
             store.close()
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("postgresql://postgres@127.0.0.1:{port}/no_such_database_here", "does not exist"),
+    ("postgresql://no_such_role_here@127.0.0.1:{port}/postgres", "does not exist"),
+    ("postgresql://postgres@no-such-host.invalid:{port}/postgres", "resolve"),
+])
+def test_credentials_refused_and_hosts_that_do_not_exist_are_configuration_errors(
+        url: str, why: str) -> None:
+    store = PostgresStore.from_url(url.format(port=PORT), "bc-refused")
+    with pytest.raises(StoreConfigurationError) as refused:
+        store.heartbeat(A, TTL)
+    assert "beat_claims_url" in str(refused.value) and why in str(refused.value)

@@ -139,3 +139,38 @@ def hangs(self: Any) -> None:
     _note(self, "run")
     while True:
         time.sleep(0.05)
+
+
+@app.task(bind=True, name="proj.reject_once")
+def reject_once(self: Any) -> str:
+    """Rejects its first delivery (requeued by the broker), then runs."""
+    from celery.exceptions import Reject
+
+    _note(self, "run")
+    if _store.incr(f"rejected:{self.request.id}") == 1:
+        raise Reject("not now", requeue=True)
+    _note(self, "end")
+    return "ok"
+
+
+@app.task(bind=True, name="proj.reject")
+def reject(self: Any) -> None:
+    from celery.exceptions import Reject
+
+    _note(self, "run")
+    raise Reject("never", requeue=False)
+
+
+@app.task(bind=True, name="proj.ignore")
+def ignore(self: Any) -> None:
+    from celery.exceptions import Ignore
+
+    _note(self, "run")
+    raise Ignore()
+
+
+@app.task(bind=True, name="proj.replaced")
+def replaced(self: Any) -> None:
+    """Replaces itself with proj.record (which keeps the task id)."""
+    _note(self, "run")
+    raise self.replace(record.si())
