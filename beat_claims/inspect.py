@@ -7,6 +7,7 @@ documents are a documented interface (README, "Inspecting runs").
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -14,7 +15,7 @@ from celery.beat import ScheduleEntry
 
 from . import occurrences
 from .enums import RunState
-from .runs import Run, iso
+from .runs import Owner, Run, iso
 from .settings import Settings
 from .stores import open_store as _open_store
 from .stores.base import Store
@@ -89,14 +90,59 @@ def status(app: Celery, store: Store | None = None,
         })
     return {
         "generated_at": iso(int(time.time() * 1000)),
-        "owners": [{**o.owner.as_dict(), "alive": o.alive, "expires_at": iso(o.expires_at)}
-                   for o in owners],
+        "owners": [owner_doc(o.owner, o.alive, o.expires_at) for o in owners],
         "entries": entries,
     }
+
+
+def owner_doc(owner: Owner, alive: bool, expires_at: int) -> dict[str, Any]:
+    """A beat as operators see it: ``host:pid`` and its id, times in ISO 8601 UTC."""
+    return {"beat": f"{owner.host}:{owner.pid}", "id": owner.id, "host": owner.host,
+            "pid": owner.pid, "started_at": iso(round(owner.started_at * 1000)),
+            "alive": alive, "expires_at": iso(expires_at)}
+
+
+class UnknownEntry(LookupError):
+    """The store has never seen this entry."""
 
 
 def history(app: Celery, entry: str, limit: int | None = None,
             store: Store | None = None) -> dict[str, Any]:
     store = store or open_store(app)
     runs: list[Run] = store.history(entry, limit)
+    if not runs and not any(e.anchor is not None for e in store.entries([entry])):
+        known = sorted(e.name for e in store.entries())
+        shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10
+                                         else "")
+        raise UnknownEntry(f"no entry {entry!r} in the store"
+                           + (f" (its entries: {shown})" if known else " (it has none)"))
     return {"entry": entry, "runs": [r.as_dict() for r in runs]}
+
+
+@dataclass(frozen=True)
+class Prune:
+    """What ``claims prune`` removes (or would): entries of the store that are in no
+    schedule of this app and have not run for ``older_than`` seconds."""
+
+    removed: list[str]
+    kept_live: list[str]  # a run still claimed, being sent, sent or started
+    kept_recent: list[str]  # ran within the grace
+
+
+def prune(app: Celery, older_than: float, dry_run: bool, store: Store | None = None,
+          schedules: dict[str, Any] | None = None) -> Prune:
+    store = store or open_store(app)
+    schedules = beat_schedules(app) if schedules is None else schedules
+    cutoff = int(time.time() * 1000) - int(older_than * 1000)
+    removable: list[str] = []
+    recent: list[str] = []
+    for record in store.entries():
+        if record.name in schedules:
+            continue
+        runs = store.history(record.name, 1)
+        last = max([r.finished_at or r.sent_at or r.due for r in runs], default=0)
+        (recent if last > cutoff else removable).append(record.name)
+    if dry_run:
+        return Prune(removable, [], recent)
+    removed = store.forget(removable)
+    return Prune(removed, sorted(set(removable) - set(removed)), recent)

@@ -35,9 +35,9 @@ def record_heartbeats(s: Scheduler) -> list[float]:
     times: list[float] = []
     real = s.liveness.beat
 
-    def beat(resync: bool = False, settling: bool = False) -> bool:
+    def beat(*args: Any, **kwargs: Any) -> bool:
         times.append(time.monotonic())
-        return real(resync, settling)
+        return real(*args, **kwargs)
 
     s.liveness.beat = beat  # type: ignore[method-assign]
     return times

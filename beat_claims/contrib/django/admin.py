@@ -12,6 +12,7 @@ its own permission and is logged (admin log and the ``celery.beat.claims`` logge
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from celery.utils.log import get_logger
@@ -88,8 +89,7 @@ class EntryAdmin(admin.ModelAdmin):
         entries = [self._entry_row(e, owners) for e in doc["entries"]]
         context = {
             **self._context(request, "Entries"),
-            "owners": [dict(o, started=iso(int(o["started_at"] * 1000)))
-                       for o in doc["owners"]],
+            "owners": doc["owners"],
             "entries": entries,
             "error": error,
             **(extra_context or {}),
@@ -180,7 +180,7 @@ class EntryAdmin(admin.ModelAdmin):
         by = f"admin:{request.user.get_username()}"
         app = celery_app()
         try:
-            due = source.store_for(app).request_run(name, by)
+            due = source.store_for(app).request_run(name, by, uuid.uuid4().hex)
         except STORE_ERRORS as exc:
             messages.error(request, self._store_error(exc))
             return self._back(request, name)

@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from beat_claims.cli import history_table, status_table
+from beat_claims.inspect import UnknownEntry
 from beat_claims.settings import ConfigurationError
 from beat_claims.stores import StoreConfigurationError, StoreError
 
@@ -38,6 +39,8 @@ class Command(BaseCommand):
             else:
                 doc = source.history(options["entry"], options["limit"])
                 text = json.dumps(doc, indent=2) if options["json"] else history_table(doc)
+        except UnknownEntry as exc:
+            raise CommandError(f"beat-claims: {exc}") from None
         except (StoreError, StoreConfigurationError, OSError, ConfigurationError) as exc:
             raise CommandError(f"beat-claims: {type(exc).__name__}: {exc}") from exc
         self.stdout.write(text)

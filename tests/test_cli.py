@@ -1,0 +1,125 @@
+"""``celery claims`` as a Celery user expects it: real ``celery`` processes against a
+private store. A user's mistake is one line and exit code 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from beat_claims.enums import RunState
+from beat_claims.runs import Owner
+from beat_claims.stores.base import Check, ClaimPlan, EntrySeed, Outcome
+from beat_claims.stores.redis import RedisStore
+
+from .conftest import RedisServer, free_port
+from .processes import ROOT
+
+SCHEDULE = {"ok": {"every": 60}, "boom": {"every": 60, "task": "fail"}}
+
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+
+def cli(server: RedisServer | None, *args: str, app: bool = True,
+        schedule: dict[str, Any] | None = None, **env: str) -> Ran:
+    environ = {**os.environ, "BC_SCHEDULE": json.dumps(schedule or SCHEDULE),
+               "PYTHONPATH": str(ROOT), **env}
+    if server is not None:
+        environ.update(BC_REDIS_URL=server.url, BC_BROKER_URL=server.broker_url())
+    where = ["-A", "tests.proj.app"] if app else []
+    done = subprocess.run([sys.executable, "-m", "celery", *where, "claims", *args], cwd=ROOT,
+                          env=environ, capture_output=True, text=True, timeout=60)
+    return Ran(done.returncode, done.stdout, done.stderr)
+
+
+def one_line(ran: Ran) -> str:
+    lines = [line for line in ran.err.splitlines() if line.strip()]
+    assert ran.code == 1 and len(lines) == 1 and "Traceback" not in ran.err, ran
+    return lines[0]
+
+
+@pytest.fixture
+def store(server: RedisServer) -> RedisStore:
+    """A store as beats left it: two entries of the schedule with runs, one entry that
+    is no longer in the schedule, a beat alive."""
+    s = RedisStore.from_url(server.url)
+    beat = Owner("0123456789abcdef", "beat-host", 4242, 1_796_000_000.5)
+    s.heartbeat(beat, 60)
+    states = s.register([EntrySeed(n, "every 60s") for n in ("ok", "boom", "gone")])
+    for name, state in states.items():
+        [result] = s.claim(beat, [ClaimPlan(name, state, (state.anchor + 1000,))])
+        [claim] = result.claims
+        s.check(beat, [Check(claim, f"task-{name}")])
+        s.record_sent(beat, [claim])
+        s.finish([Outcome(name, claim.due, claim.token, RunState.DONE)])
+    return s
+
+
+def test_status_names_beats_as_host_pid_with_their_id_and_times_in_iso(
+        server: RedisServer, store: RedisStore) -> None:
+    ran = cli(server, "status", "-j")
+    assert ran.code == 0, ran.err
+    doc = json.loads(ran.out)
+    [owner] = doc["owners"]
+    assert owner["beat"] == "beat-host:4242" and owner["id"] == "0123456789abcdef"
+    assert owner["started_at"].endswith("Z") and owner["expires_at"].endswith("Z")
+    by_name = {e["name"]: e for e in doc["entries"]}
+    assert by_name["gone"]["in_schedule"] is False and by_name["ok"]["in_schedule"] is True
+    table = cli(server, "status").out
+    assert "beat-host:4242 (01234567)" in table
+    assert "gone (removed)" in table and "ok (removed)" not in table
+
+
+def test_history_of_an_unknown_entry_is_an_error(server: RedisServer,
+                                                  store: RedisStore) -> None:
+    line = one_line(cli(server, "history", "nosuch"))
+    assert "no entry 'nosuch'" in line and "ok" in line
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "many"])
+def test_history_limit_must_be_a_positive_integer(server: RedisServer, store: RedisStore,
+                                                  limit: str) -> None:
+    ran = cli(server, "history", "ok", "--limit", limit)
+    assert ran.code == 2 and "--limit" in ran.err and "Traceback" not in ran.err, ran
+
+
+def test_history_json_has_a_short_flag_and_help_says_the_defaults(
+        server: RedisServer, store: RedisStore) -> None:
+    ran = cli(server, "history", "ok", "-j")
+    assert ran.code == 0 and json.loads(ran.out)["entry"] == "ok"
+    helped = cli(server, "history", "--help").out
+    assert "ENTRY (an entry's name" in helped and "default: 20" in helped
+
+
+def test_without_an_app_it_says_so_in_one_line(server: RedisServer) -> None:
+    line = one_line(cli(None, "status", app=False))
+    assert "beat_claims_url" in line and "celery -A proj claims" in line
+
+
+def test_an_unreachable_store_is_one_line(tmp_path: Any) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    line = one_line(cli(None, "status", BC_REDIS_URL=url, BC_BROKER_URL=url))
+    assert "store unreachable" in line and "Connection refused" in line
+
+
+def test_prune_removes_entries_no_schedule_has(server: RedisServer, store: RedisStore) -> None:
+    recent = json.loads(cli(server, "prune", "--dry-run", "-j").out)
+    assert recent == {"dry_run": True, "removed": [], "kept_live": [],
+                      "kept_recent": ["gone"]}  # it ran a moment ago
+    dry = json.loads(cli(server, "prune", "--older-than", "0", "--dry-run", "-j").out)
+    assert dry["removed"] == ["gone"]
+    assert {e.name for e in store.entries()} == {"ok", "boom", "gone"}
+    ran = cli(server, "prune", "--older-than", "0")
+    assert ran.code == 0 and "removed 1 entr(ies): gone" in ran.out
+    assert {e.name for e in store.entries()} == {"ok", "boom"}
+    assert store.history("gone") == []
