@@ -172,7 +172,9 @@ def _refuse_unknown(conf: Any) -> None:
     import difflib
 
     known = {f"beat_claims_{name}" for name in SETTINGS}
-    for key in sorted(k for k in conf if str(k).lower().startswith("beat_claims_")):
+    # Lower case: Celery's names (Django's CELERY_BEAT_CLAIMS_X arrives as beat_claims_x;
+    # BEAT_CLAIMS_CELERY_APP and BEAT_CLAIMS_CHECK_STORE are Django's own settings).
+    for key in sorted(k for k in conf if str(k).startswith("beat_claims_")):
         if key not in known:
             close = difflib.get_close_matches(str(key).lower(), sorted(known), n=1)
             hint = (f"did you mean {close[0]}?" if close else

@@ -434,3 +434,32 @@ def test_two_real_beats_send_every_database_occurrence_once(
         assert to_ms(row_1s.last_run_at) == dues_of(ran, "every-1s")[-1]
         sys.stdout.write(f"executions: {dict(Counter(r['entry'] for r in ran))}\n")
 
+
+
+@pytest.mark.django_db
+def test_run_now_on_one_off_and_clocked_rows_keeps_their_own_instant(
+        server: RedisServer) -> None:
+    """An operator's run of a one-off or clocked row runs at once, and the row's own
+    occurrence still runs at its instant (and only then is the row disabled)."""
+    s = scheduler(server)
+    now = timezone.now()
+    once = row("once-later", interval=every(0.5), one_off=True,
+               start_time=now + timedelta(seconds=2.5))
+    clocked = row("clocked-later", clocked=at(now + timedelta(seconds=2.5)), one_off=True)
+    s._refresh(force=True)
+    run_for(0.6, s)  # registers the rows
+    for name in ("once-later", "clocked-later"):
+        assert s.store.request_run(name, "admin:op", f"req-{name}") is not None
+    wait_for(lambda: s.tick() is not None and all(
+        any(r.manual and r.state is RunState.SENT for r in s.store.history(n))
+        for n in ("once-later", "clocked-later")), 10, "the operator's runs")
+    for one_off in (once, clocked):
+        one_off.refresh_from_db()
+        assert one_off.enabled, f"{one_off.name} was disabled by a manual run"
+    run_for(3.0, s)
+    s.close()
+    for one_off in (once, clocked):
+        one_off.refresh_from_db()
+        scheduled = [r for r in s.store.history(one_off.name) if not r.manual]
+        assert len(scheduled) == 1 and scheduled[0].state is RunState.SENT, scheduled
+        assert not one_off.enabled  # disabled once its own occurrence ran

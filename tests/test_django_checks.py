@@ -164,3 +164,28 @@ def test_manage_py_check_reports_them(app: Celery) -> None:
     with configured(app, beat_claims_url=f"redis://127.0.0.1:{free_port()}/0"):
         call_command("check", stderr=err)
     assert "beat_claims.W001" in err.getvalue()
+
+
+def test_without_the_apps_path_the_checks_find_the_project_app_or_say_so() -> None:
+    """No BEAT_CLAIMS_CELERY_APP, and Celery's default app is current (the project's app
+    was never made current): never a false E001 while CELERY_BEAT_CLAIMS_URL is set."""
+    from celery import _state
+
+    previous = _state.get_current_app()
+    _state.default_app.set_current()
+    try:
+        with override_settings(BEAT_CLAIMS_CELERY_APP=None,
+                               SETTINGS_MODULE="tests.djangosite.settings",
+                               CELERY_BEAT_CLAIMS_URL="redis://127.0.0.1:1/0",
+                               BEAT_CLAIMS_CHECK_STORE=False):
+            found = [(m.id, m.msg) for m in run_checks(tags=["beat_claims"])]
+        # The site's package has celery.py with an app: found, nothing to say.
+        assert [i for i, _ in found] == [], found
+        with override_settings(BEAT_CLAIMS_CELERY_APP=None, SETTINGS_MODULE="nowhere.settings",
+                               CELERY_BEAT_CLAIMS_URL="redis://127.0.0.1:1/0",
+                               BEAT_CLAIMS_CHECK_STORE=False):
+            found = [(m.id, m.hint) for m in run_checks(tags=["beat_claims"])]
+        assert [i for i, _ in found] == ["beat_claims.W002"], found
+        assert "BEAT_CLAIMS_CELERY_APP = 'proj.celery:app'" in str(found[0][1])
+    finally:
+        previous.set_current()

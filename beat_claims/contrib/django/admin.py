@@ -37,7 +37,7 @@ from beat_claims.stores import StoreConfigurationError, StoreError
 from beat_claims.stores.base import Reclaim
 
 from . import status as source
-from .apps import celery_app
+from .apps import project_app
 from .checks import mask
 from .models import Entry
 
@@ -178,7 +178,7 @@ class EntryAdmin(admin.ModelAdmin):
             raise PermissionDenied
         name = unquote(object_id)
         by = f"admin:{request.user.get_username()}"
-        app = celery_app()
+        app = project_app()
         try:
             due = source.store_for(app).request_run(name, by, uuid.uuid4().hex)
         except STORE_ERRORS as exc:
@@ -218,7 +218,7 @@ class EntryAdmin(admin.ModelAdmin):
 
     def _store_label(self) -> str:
         try:
-            settings = Settings.from_app(celery_app())
+            settings = Settings.from_app(project_app())
         except ConfigurationError as exc:
             return f"(misconfigured: {exc})"
         return f"{mask(settings.url)} (prefix {settings.key_prefix!r})"

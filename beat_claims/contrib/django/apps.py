@@ -15,7 +15,9 @@ def celery_app() -> Any:
 
     The setting is a dotted path such as ``"proj.celery:app"`` (or ``"proj.celery.app"``).
     Without it, the app is the one the project made current by creating it, as the usual
-    ``proj/__init__.py`` does with ``from .celery import app as celery_app``.
+    ``proj/__init__.py`` does with ``from .celery import app as celery_app``; when none
+    was (Celery's default app is current), the project's ``celery`` module next to its
+    settings is looked for. None when there is no telling.
     """
     path = getattr(settings, "BEAT_CLAIMS_CELERY_APP", None)
     if path:
@@ -26,9 +28,48 @@ def celery_app() -> Any:
         except (ImportError, AttributeError, ValueError) as exc:
             raise ImproperlyConfigured(
                 f"BEAT_CLAIMS_CELERY_APP={path!r} cannot be imported: {exc}") from exc
-    from celery import current_app
+    from celery import _state, current_app
 
-    return current_app._get_current_object()
+    app = current_app._get_current_object()
+    if app is not _state.default_app:
+        return app
+    return _project_app()
+
+
+def _project_app() -> Any:
+    """``<package>.celery:app`` (or ``celery_app``) where ``<package>`` holds the settings
+    module, as Celery's Django guide lays a project out."""
+    import importlib
+
+    package = str(getattr(settings, "SETTINGS_MODULE", "") or "").rpartition(".")[0]
+    for module_name in (f"{package}.celery", package) if package else ():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for attr in ("app", "celery_app", "celery"):
+            candidate = getattr(module, attr, None)
+            if candidate is not None and hasattr(candidate, "conf") and \
+                    hasattr(candidate, "tasks"):
+                return candidate
+    return None
+
+
+def project_app() -> Any:
+    """The project's Celery app, or one configured from Django's settings when it cannot
+    be found: what the admin and the commands read the settings from."""
+    app = celery_app()
+    return app if app is not None else settings_app()
+
+
+def settings_app() -> Any:
+    """A Celery app configured from Django's settings (the ``CELERY_`` namespace), for the
+    checks to read what beats would, when the project's own app cannot be found."""
+    from celery import Celery
+
+    app = Celery("beat_claims_checks", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    return app
 
 
 class BeatClaimsConfig(AppConfig):
@@ -42,4 +83,18 @@ class BeatClaimsConfig(AppConfig):
         from . import checks
 
         checks.register()
-        beat_claims.install(celery_app())
+        app = celery_app()
+        if app is not None:
+            beat_claims.install(app)
+        else:  # found when a worker starts: its app
+            from celery import signals
+
+            signals.worker_init.connect(_install_on_worker, weak=False)
+
+
+def _install_on_worker(sender: Any = None, **kwargs: Any) -> None:
+    import beat_claims
+
+    app = getattr(sender, "app", None)
+    if app is not None:
+        beat_claims.install(app)

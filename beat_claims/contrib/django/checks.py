@@ -37,16 +37,33 @@ def register() -> None:
 
 
 def check_configuration(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+
+    from .apps import celery_app, settings_app
+
+    notes: list[checks.CheckMessage] = []
+    app = celery_app()
+    if app is None:
+        app = settings_app()
+        notes.append(checks.Warning(
+            "beat-claims cannot find the project's Celery app (none is current, and the"
+            " settings' package has no celery module with an app): the checks read the"
+            " CELERY_* settings instead.",
+            hint="Set BEAT_CLAIMS_CELERY_APP = 'proj.celery:app' (the app beats and"
+                 " workers run), or import it in proj/__init__.py as Celery's Django guide"
+                 " shows.",
+            id="beat_claims.W002"))
+    return notes + _check_app(app)
+
+
+def _check_app(app: Any) -> list[checks.CheckMessage]:
     from beat_claims.settings import ConfigurationError, Settings
 
-    from .apps import celery_app
-
-    app = celery_app()
     if _url_missing(app.conf):
         return [checks.Error(
             "beat-claims has no store: CELERY_BEAT_CLAIMS_URL is not set and the broker"
             f" ({mask(str(app.conf.get('broker_url') or '')) or 'none'}) is not Redis.",
-            hint="Set CELERY_BEAT_CLAIMS_URL to a redis://, rediss:// or sentinel:// URL.",
+            hint="Set CELERY_BEAT_CLAIMS_URL to the store's URL: redis://, rediss://,"
+                 " sentinel://, postgresql://, sqlite:///path, or 'django'.",
             id="beat_claims.E001")]
     try:
         settings = Settings.from_app(app)

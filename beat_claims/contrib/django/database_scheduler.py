@@ -373,7 +373,9 @@ class DatabaseScheduler(Scheduler):
 
     def on_sent(self, entry: Any, claim: Claim) -> None:
         row = self._rows.get(entry.name)
-        if row is not None:
+        # An operator's "Run now" is not the row's occurrence: a one-off or clocked row
+        # keeps its own instant (and is disabled only after that one ran).
+        if row is not None and not claim.manual:
             sent = self._sent.get(row.pk)
             if sent is None:
                 self._sent[row.pk] = _Sent(claim.due, 1, row.one_off)

@@ -19,7 +19,7 @@ from beat_claims.settings import Settings
 from beat_claims.stores import open_store
 from beat_claims.stores.base import Store
 
-from .apps import celery_app
+from .apps import project_app
 
 #: How long a page waits for the store: it must not hang on it.
 STORE_TIMEOUT = 2.0
@@ -31,7 +31,7 @@ _lock = threading.Lock()
 
 def store_for(app: Any = None) -> Store:
     """The store of ``app`` (default: the project's Celery app), one client per process."""
-    settings = Settings.from_app(app or celery_app())
+    settings = Settings.from_app(app or project_app())
     key = (settings.url, settings.key_prefix, settings.sentinel_master)
     with _lock:
         store = _stores.get(key)
@@ -72,11 +72,14 @@ def schedules(app: Any) -> dict[str, Any] | None:
 
 def status(app: Any = None) -> dict[str, Any]:
     """The ``celery claims status`` document of the project's app."""
-    app = app or celery_app()
+    app = app or project_app()
     return inspect.status(app, store_for(app), schedules=schedules(app))
 
 
 def history(entry: str, limit: int | None = None, app: Any = None) -> dict[str, Any]:
     """The ``celery claims history ENTRY`` document of the project's app."""
-    app = app or celery_app()
-    return inspect.history(app, entry, limit, store=store_for(app))
+    app = app or project_app()
+    try:
+        return inspect.history(app, entry, limit, store=store_for(app))
+    except inspect.UnknownEntry:  # a page for it all the same (no beat has seen it yet)
+        return {"entry": entry, "runs": []}
