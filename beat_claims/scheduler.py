@@ -119,7 +119,7 @@ class Scheduler(BaseScheduler):
         self.sender = Sender(self.store, self.owner, self.settings, self.policies,
                              self.holdings, self.knowledge, self.liveness, self.clock,
                              lambda claim, task_id: self._publish_claim(claim, task_id),
-                             self.metrics, logger)
+                             self.metrics, self.claimer.skips, logger)
         self.sweeper = Sweeper(self.store, self.owner, self.settings, self, self.holdings,
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
         self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)

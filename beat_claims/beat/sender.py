@@ -23,6 +23,7 @@ from ..metrics import Metrics
 from ..runs import Owner, iso, task_id_for
 from ..settings import Policy, Settings
 from ..stores.base import Check, CheckVerdict, Claim, Release, Store
+from .claimer import SkipLog
 from .clock import StoreClock
 from .holdings import Holdings
 from .knowledge import Knowledge
@@ -55,7 +56,8 @@ class Sender:
     def __init__(self, store: Store, owner: Owner, settings: Settings,
                  policies: dict[str, Policy], holdings: Holdings, knowledge: Knowledge,
                  liveness: Liveness, clock: StoreClock, publish: Publish, metrics: Metrics,
-                 logger: logging.Logger) -> None:
+                 skips: SkipLog, logger: logging.Logger) -> None:
+        self.skips = skips
         self.store = store
         self.owner = owner
         self.settings = settings
@@ -155,10 +157,9 @@ class Sender:
                 queue.append(check)
                 continue
             self.holdings.drop(claim.ref)
-            if result.verdict is CheckVerdict.SKIPPED:
+            if result.verdict is CheckVerdict.SKIPPED and result.reason is not None:
                 self.metrics.count("skipped")
-                self.logger.info("beat-claims: %s due %s recorded skipped (%s)", claim.entry,
-                                 iso(claim.due), result.reason)
+                self.skips.add(claim.entry, result.reason)  # one line per reason per tick
             else:
                 self.metrics.count("not_sent")
                 self.logger.warning("beat-claims: not sending %s due %s (token %d): %s",
