@@ -1,4 +1,4 @@
-"""Is an owner known dead? Same host: by pid and process start time (pid reuse)."""
+"""Is an owner known dead? Same host: by pid and process identity (pid reuse)."""
 
 from __future__ import annotations
 
@@ -7,28 +7,35 @@ import socket
 import subprocess
 import sys
 
-import psutil
-
-from beat_claims.runs import Owner, process_is_gone
+from beat_claims.runs import Owner, process_identity, process_is_gone
 
 
 def test_a_running_process_is_not_gone() -> None:
     me = Owner.current()
-    assert process_is_gone(me.host, me.pid, me.started_at) is False
+    assert process_is_gone(me.host, me.pid, me.process) is False
 
 
 def test_an_exited_process_is_gone() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    started = psutil.Process(proc.pid).create_time()
-    proc.wait()
-    assert process_is_gone(socket.gethostname(), proc.pid, started) is True
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        identity = process_identity(proc.pid)
+        assert identity
+    finally:
+        proc.kill()
+        proc.wait()
+    assert process_is_gone(socket.gethostname(), proc.pid, identity) is True
 
 
 def test_a_reused_pid_means_the_owner_is_gone() -> None:
-    # The recorded owner started long before the process that now has its pid.
-    started = psutil.Process(os.getpid()).create_time()
-    assert process_is_gone(socket.gethostname(), os.getpid(), started - 3600) is True
+    # The recorded owner had another identity than the process that now has its pid.
+    mine = process_identity(os.getpid())
+    assert mine
+    assert process_is_gone(socket.gethostname(), os.getpid(), mine + "-older") is True
 
 
 def test_another_host_cannot_be_judged_here() -> None:
-    assert process_is_gone("some-other-host", os.getpid(), 0.0) is None
+    assert process_is_gone("some-other-host", os.getpid(), "x:1") is None
+
+
+def test_an_unrecorded_identity_cannot_be_judged() -> None:
+    assert process_is_gone(socket.gethostname(), os.getpid(), "") is None

@@ -16,8 +16,11 @@ local top = math.max(held_before, mine_before, dead_before)
 local all_due, all_held, bad = {}, {}, {}
 local more = 0
 for k = 1, #KEYS, 2 do
-  if not (key_is(KEYS[k], 'zset') and key_is(KEYS[k + 1], 'zset')) then
-    bad[#bad + 1] = KEYS[k]  -- an unreadable bucket: named, skipped
+  local due_ok, held_ok = key_is(KEYS[k], 'zset'), key_is(KEYS[k + 1], 'zset')
+  if not (due_ok and held_ok) then
+    -- an unreadable bucket: the key of the wrong kind is named, the bucket skipped
+    if not due_ok then bad[#bad + 1] = KEYS[k] end
+    if not held_ok then bad[#bad + 1] = KEYS[k + 1] end
   else
   local due = redis.call('ZRANGE', KEYS[k], 0, limit)
   if #due > limit then
