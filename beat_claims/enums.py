@@ -21,6 +21,7 @@ class RunState(_Named):
     """The life of one occurrence, as the store records it."""
 
     DUE = "due"  # released, reclaimed or requested: claimable by any beat that has the entry
+    WAITING = "waiting"  # overlap="buffer_one": claimable once the previous run is final
     CLAIMED = "claimed"
     SENDING = "sending"  # the holder passed the check before publish; a message may exist
     SENT = "sent"
@@ -61,6 +62,7 @@ class Reason(_Named):
     PUBLISH_ERROR = "publish_error"  # the publish failed publish_retries times
     RUN_TIMEOUT = "run_timeout"  # no outcome within the entry's run_timeout
     HISTORY_LIMIT = "history_limit"  # sent, never started, and pushed out of the history
+    PAUSED = "paused"  # the entry was paused by an operator when the occurrence came due
 
 
 class CatchUp(_Named):
@@ -76,6 +78,7 @@ class Overlap(_Named):
 
     ALLOW = "allow"
     SKIP = "skip"
+    BUFFER_ONE = "buffer_one"  # the newest waits for the previous run; older waiting: skipped
 
 
 class StartVerdict(_Named):

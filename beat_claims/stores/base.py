@@ -73,6 +73,15 @@ class EntrySeed:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """An operator's pause of an entry: who, why, since when (store clock, UTC ms)."""
+
+    by: str
+    note: str
+    at: int
+
+
+@dataclass(frozen=True)
 class EntryRecord:
     """An entry as operators see it."""
 
@@ -81,6 +90,9 @@ class EntryRecord:
     anchor: int | None
     checkpoint: int | None
     token: int
+    paused: Pause | None = None
+    resumed_by: str | None = None  # the last resume: who, and when (UTC ms)
+    resumed_at: int | None = None
 
 
 # -- claims -------------------------------------------------------------------------------
@@ -116,7 +128,10 @@ class ClaimPlan:
     only if the store still holds that anchor and checkpoint (otherwise nothing is, and the
     result carries the store's state). ``None`` claims no new occurrence. With
     ``take_due``, runs of the entry that are due again (released, reclaimed, requested) are
-    claimed too. No token handed out is at or below ``token_floor``.
+    claimed too, and a ``waiting`` run once the entry has no run being sent, sent or
+    started. No token handed out is at or below ``token_floor``. While the entry is paused,
+    new occurrences and runs due again that are not an operator's request are recorded
+    skipped (``paused``) instead, and reported in ``skipped``.
     """
 
     entry: str
@@ -141,7 +156,7 @@ class ClaimResult:
     state: EntryState | None = None  # the store's state after the call (or the conflict's)
     claims: tuple[Claim, ...] = ()  # new occurrences claimed
     taken: tuple[Claim, ...] = ()  # runs that were due again (released, reclaimed, requested)
-    skipped: tuple[tuple[int, Reason], ...] = ()
+    skipped: tuple[tuple[int, Reason], ...] = ()  # planned skips, and what a pause skipped
     existing: tuple[int, ...] = ()  # planned instants that already had a run: left as they are
     unreadable: tuple[int, ...] = ()  # runs whose record cannot be read: out of the indexes
     detail: str = ""
@@ -152,9 +167,13 @@ class ClaimResult:
 class Check:
     """The holder's last word on one claim, immediately before it publishes (or not).
 
-    With ``skip`` the run is recorded skipped for that reason instead. With
-    ``overlap=SKIP`` the store records it skipped (``overlap``) when another run of the
-    entry is being sent, sent or started.
+    With ``skip`` the run is recorded skipped for that reason instead; a run that is not an
+    operator's request of an entry that is paused is recorded skipped (``paused``). When
+    another run of the entry is being sent, sent or started: with ``overlap=SKIP`` the run
+    is recorded skipped (``overlap``); with ``overlap=BUFFER_ONE`` it is recorded
+    ``waiting`` (and any older waiting run of the entry skipped, ``overlap``; if a newer one
+    waits, this one is skipped instead), to be claimed again once the entry has no such
+    run.
     """
 
     claim: Claim
@@ -166,6 +185,7 @@ class Check:
 class CheckVerdict(str, Enum):
     SEND = "send"  # still ours and now ``sending``: publish it
     SKIPPED = "skipped"  # recorded skipped (``reason``)
+    WAITING = "waiting"  # recorded waiting (overlap=BUFFER_ONE): not ours any more
     REFUSED = "refused"  # not ours any more, or not in a state to send (``why``)
     MISSING = "missing"  # the store has no record of a run we hold: it lost writes
 
@@ -305,6 +325,17 @@ class StartDecision:
         return self.verdict in (StartVerdict.RUN, StartVerdict.UNTRACKED)
 
 
+# -- operators ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BackfillResult:
+    """What a backfill did: the instants it recorded due (manual), and those it left as
+    they were, with the state of the run found there."""
+
+    entry: str
+    created: tuple[int, ...]
+    kept: tuple[tuple[int, RunState], ...]
+
+
 # -- liveness -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OwnerStatus:
@@ -427,6 +458,30 @@ class Store(abc.ABC):
         Asked again with the same ``request_id`` (after a lost reply), it records nothing
         more and answers the same instant."""
 
+    def pause(self, entry: str, by: str, note: str = "") -> EntryRecord | None:
+        """Pause the entry: from now on, on every beat, each of its occurrences is recorded
+        skipped (``paused``) instead of being sent — at its claim, when taken due again,
+        or at the check before publish of a run claimed before the pause. Runs already
+        handed to the broker are not touched; an operator's requests (run now, backfill)
+        are still sent. Pausing a paused entry keeps its instant and takes the new note and
+        who. None when the store does not know the entry."""
+        raise NotImplementedError  # TEMP: abstract once every backend has it
+
+    def resume(self, entry: str, by: str) -> EntryRecord | None:
+        """End the entry's pause (recording who, and when); occurrences due from now on are
+        sent again (the ones skipped while paused stay skipped). Resuming an entry that is
+        not paused records nothing. None when the store does not know the entry."""
+        raise NotImplementedError  # TEMP: abstract once every backend has it
+
+    def backfill(self, entry: str, dues: Sequence[int], by: str) -> BackfillResult | None:
+        """Record a manual run (``requested_by``) due at each of these instants that has no
+        run, or whose run ended without running (skipped, lost, cancelled): the beats claim
+        and send them like any run due again, oldest first. Instants whose run ran, runs or
+        is on its way (due, waiting, claimed, sending, sent, started, done, failed) are
+        kept as they are, so asking twice (after a lost reply) sends each once. The
+        checkpoint is not touched. None when the store does not know the entry."""
+        raise NotImplementedError  # TEMP: abstract once every backend has it
+
     @abc.abstractmethod
     def forget(self, entries: Sequence[str]) -> list[str]:
         """Remove entries that no schedule has any more, with every record of theirs (an
@@ -446,6 +501,10 @@ class Store(abc.ABC):
     def owners(self) -> list[OwnerStatus]:
         """Every registered beat and whether its heartbeat is alive."""
 
+    def now(self) -> int:
+        """The store's clock (UTC ms): what readers such as a health probe compare with."""
+        raise NotImplementedError  # TEMP: abstract once every backend has it
+
     def close(self) -> None:  # noqa: B027 - optional for backends
         """Release connections."""
 
@@ -456,9 +515,9 @@ class Store(abc.ABC):
 
 
 __all__ = [
-    "Check", "CheckResult", "CheckVerdict", "Claim", "ClaimPlan", "ClaimResult",
-    "ClaimStatus", "Delivery", "EntryRecord", "EntrySeed", "EntryState", "Heartbeat",
-    "HeldRun", "LiveQuery", "LiveRuns", "OpenRun", "Outcome", "OwnerStatus", "Reclaim",
-    "Release", "RunRef", "StartDecision", "Store", "StoreConfigurationError", "StoreError",
-    "WorkerProcess",
+    "BackfillResult", "Check", "CheckResult", "CheckVerdict", "Claim", "ClaimPlan",
+    "ClaimResult", "ClaimStatus", "Delivery", "EntryRecord", "EntrySeed", "EntryState",
+    "Heartbeat", "HeldRun", "LiveQuery", "LiveRuns", "OpenRun", "Outcome", "OwnerStatus",
+    "Pause", "Reclaim", "Release", "RunRef", "StartDecision", "Store",
+    "StoreConfigurationError", "StoreError", "WorkerProcess",
 ]
