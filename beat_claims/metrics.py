@@ -16,7 +16,8 @@ from .settings import ConfigurationError
 logger = get_logger("celery.beat.claims")
 
 #: What the ``beat_claims_runs_total`` counter counts, by its ``event`` label.
-EVENTS = ("claimed", "sent", "skipped", "released", "taken_over", "not_sent", "publish_failed")
+EVENTS = ("claimed", "sent", "skipped", "waiting", "released", "taken_over", "not_sent",
+          "publish_failed")
 
 
 class Metrics:

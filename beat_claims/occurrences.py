@@ -13,6 +13,7 @@ nothing.
 from __future__ import annotations
 
 import copy
+import hashlib
 import sys
 from dataclasses import dataclass
 from datetime import timedelta, timezone
@@ -299,3 +300,14 @@ __all__ = [
     "period_ms",
     "to_ms",
 ]
+
+
+def jitter_offset(entry: str, due_ms: int, jitter_s: float) -> int:
+    """The fixed delay (ms, in ``[0, jitter)``) after ``due_ms`` at which the occurrence is
+    sent: derived from the entry and the instant alone, so that every beat, before and
+    after a restart, sends it at the same moment."""
+    span = int(jitter_s * 1000)
+    if span <= 0:
+        return 0
+    digest = hashlib.blake2b(f"{entry}\0{due_ms}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % span

@@ -162,10 +162,11 @@ class Scheduler(BaseScheduler):
         self._refuse_bad_names()
         self._read_policies()
         for name, policy in self.policies.items():
-            if policy.overlap is Overlap.SKIP and policy.run_timeout is None:
-                logger.warning("beat-claims: entry %r has overlap=skip and run_timeout=None:"
-                               " a run whose outcome is never reported would skip every"
-                               " later occurrence. Set claims['run_timeout'].", name)
+            if policy.overlap is not Overlap.ALLOW and policy.run_timeout is None:
+                logger.warning("beat-claims: entry %r has overlap=%s and run_timeout=None:"
+                               " a run whose outcome is never reported would hold back every"
+                               " later occurrence. Set claims['run_timeout'].", name,
+                               policy.overlap)
         if self.settings.metrics_port is not None:
             self.metrics.start(self.settings.metrics_port)
         logger.info("beat-claims: owner %s, %d entries, store %s", self.owner,

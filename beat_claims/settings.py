@@ -16,21 +16,26 @@ from celery import Celery
 from .enums import CatchUp, Overlap
 
 ENTRY_KEYS = ("catch_up", "max_catch_up", "catch_up_window", "overlap", "reclaim_after",
-              "run_timeout")
+              "run_timeout", "jitter")
+#: The largest jitter accepted (a day): a spread, not a second schedule.
+MAX_JITTER = 24 * 3600.0
 #: The longest window, interval or timeout accepted (ten years): beyond it instants in
 #: milliseconds lose their precision in the store's number types.
 MAX_SECONDS = 10 * 366 * 24 * 3600.0
 #: A run with no outcome this long after it was sent or started is presumed lost, unless
 #: the entry's ``run_timeout`` says otherwise (None: never).
 DEFAULT_RUN_TIMEOUT = 24 * 3600.0
+#: How many runs one backfill request may create, unless ``beat_claims_backfill_limit``
+#: says otherwise.
+DEFAULT_BACKFILL_LIMIT = 1000
 #: The longest entry name, in bytes of UTF-8.
 MAX_NAME_BYTES = 1024
 #: Every ``beat_claims_*`` setting: any other name with the prefix is a typo, refused.
 SETTINGS = ("url", "key_prefix", "sentinel_master", "heartbeat_interval", "reclaim_after",
             "catch_up", "max_catch_up", "catch_up_window", "catch_up_grace", "overlap",
             "run_timeout", "history_limit", "publish_retries", "result_backend_recovery",
-            "recovery_batch", "metrics_port", "entry_claims", "worker_timeout",
-            "worker_unprotected")
+            "recovery_batch", "metrics_port", "entry_claims", "worker_timeout", "jitter",
+            "worker_unprotected", "backfill_limit", "health_grace")
 
 E = TypeVar("E", bound=Enum)
 
@@ -49,6 +54,7 @@ class Policy:
     overlap: Overlap = Overlap.ALLOW
     reclaim_after: float = 300.0
     run_timeout: float | None = DEFAULT_RUN_TIMEOUT
+    jitter: float = 0.0  # seconds: each occurrence is sent at due + a fixed offset below it
 
     def __post_init__(self) -> None:
         # Names as written in settings ("latest") are the enums' values.
@@ -70,6 +76,8 @@ class Settings:
     worker_unprotected: bool = False
     sentinel_master: str | None = None
     metrics_port: int | None = None
+    backfill_limit: int = DEFAULT_BACKFILL_LIMIT
+    health_grace: float | None = None
     policy: Policy = Policy()
 
     @property
@@ -81,6 +89,15 @@ class Settings:
     def heartbeat_ttl(self) -> float:
         """A beat whose heartbeat is older than this is dead: three missed renewals."""
         return 3 * self.heartbeat_interval
+
+    @property
+    def overdue_after(self) -> float:
+        """How late an occurrence may be before ``celery claims health`` calls its entry
+        overdue: ``beat_claims_health_grace``, by default one heartbeat TTL (a store that
+        restarted settles that long before any beat claims) plus 30 s."""
+        if self.health_grace is not None:
+            return self.health_grace
+        return self.heartbeat_ttl + 30.0
 
     @classmethod
     def from_app(cls, app: Celery) -> Settings:
@@ -112,6 +129,7 @@ class Settings:
             run_timeout=_optional_seconds("beat_claims_run_timeout",
                                           conf.get("beat_claims_run_timeout",
                                                    DEFAULT_RUN_TIMEOUT)),
+            jitter=_jitter("beat_claims_jitter", conf.get("beat_claims_jitter", 0.0)),
         )
         return cls(
             url=url,
@@ -135,6 +153,11 @@ class Settings:
             metrics_port=(None if conf.get("beat_claims_metrics_port") is None else
                           _positive_int("beat_claims_metrics_port",
                                         conf.get("beat_claims_metrics_port"))),
+            backfill_limit=_positive_int("beat_claims_backfill_limit",
+                                         conf.get("beat_claims_backfill_limit",
+                                                  DEFAULT_BACKFILL_LIMIT)),
+            health_grace=_optional_seconds("beat_claims_health_grace",
+                                           conf.get("beat_claims_health_grace")),
             policy=policy,
         )
 
@@ -162,6 +185,8 @@ class Settings:
                 changes[key] = _positive_int(label, value)
             elif key == "reclaim_after":
                 changes[key] = _seconds(label, value)
+            elif key == "jitter":
+                changes[key] = _jitter(label, value)
             else:
                 changes[key] = _optional_seconds(label, value)
         return replace(self.policy, **changes)
@@ -236,6 +261,14 @@ def _seconds(name: str, value: Any) -> float:
     seconds = _number(name, value)
     if not seconds > 0:
         raise ConfigurationError(f"{name}={value!r}: must be greater than 0 seconds")
+    return seconds
+
+
+def _jitter(name: str, value: Any) -> float:
+    seconds = _number(name, value)
+    if not 0 <= seconds <= MAX_JITTER:
+        raise ConfigurationError(
+            f"{name}={value!r}: must be between 0 and {MAX_JITTER:.0f} seconds (a day)")
     return seconds
 
 

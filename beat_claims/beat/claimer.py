@@ -185,7 +185,8 @@ class Claimer:
         until = self.source.bounds(name)[1]
         if until is not None and nxt > until:
             return
-        heapq.heappush(self.heap, (nxt, name))
+        jitter = self.source.policies[name].jitter
+        heapq.heappush(self.heap, (nxt + occurrences.jitter_offset(name, nxt, jitter), name))
 
     def after(self, name: str, state: EntryState) -> int:
         """The instant after which the entry's next occurrences are looked for.
@@ -278,9 +279,19 @@ class Claimer:
         window = occurrences.due_between(
             self.source.schedule[name].schedule, state.anchor, self.after(name, state),
             now if until is None else min(now, until), keep)
-        decided = plan(policy, window.newest, window.total, now,
-                       int(self.settings.catch_up_grace * 1000), self.settings.history_limit,
-                       window.exact)
+        newest, total, grace = window.newest, window.total, self.settings.catch_up_grace
+        if policy.jitter:
+            # An occurrence is claimed once due + its offset has come; the ones after the
+            # first still to come wait with it (the checkpoint must not pass it). Sent up to
+            # the jitter after its due instant, an occurrence is still on time.
+            for i, due in enumerate(newest):
+                if due + occurrences.jitter_offset(name, due, policy.jitter) > now:
+                    total -= len(newest) - i
+                    newest = newest[:i]
+                    break
+            grace += policy.jitter
+        decided = plan(policy, newest, total, now, int(grace * 1000),
+                       self.settings.history_limit, window.exact)
         return ClaimPlan(name, state, tuple(decided.run), tuple(decided.skip),
                          token_floor=self._token_floor(name)), decided
 

@@ -160,6 +160,12 @@ class Sender:
             if result.verdict is CheckVerdict.SKIPPED and result.reason is not None:
                 self.metrics.count("skipped")
                 self.skips.add(claim.entry, result.reason)  # one line per reason per tick
+            elif result.verdict is CheckVerdict.WAITING:
+                # overlap="buffer_one": the store keeps it waiting for the previous run;
+                # whichever beat sweeps first once that run is final claims it again.
+                self.metrics.count("waiting")
+                self.logger.info("beat-claims: %s due %s waits for the previous run to"
+                                 " finish (overlap=buffer_one)", claim.entry, iso(claim.due))
             else:
                 self.metrics.count("not_sent")
                 self.logger.warning("beat-claims: not sending %s due %s (token %d): %s",

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 #: URL schemes of each backend.
-REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
+REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
 SQLITE_SCHEMES = ("sqlite",)
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 #: ``django`` or ``django:ALIAS``: the PostgreSQL database of a Django connection.

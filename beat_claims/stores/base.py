@@ -167,9 +167,10 @@ class ClaimResult:
 class Check:
     """The holder's last word on one claim, immediately before it publishes (or not).
 
-    With ``skip`` the run is recorded skipped for that reason instead; a run that is not an
-    operator's request of an entry that is paused is recorded skipped (``paused``). When
-    another run of the entry is being sent, sent or started: with ``overlap=SKIP`` the run
+    With ``skip`` the run is recorded skipped for that reason instead. An operator's
+    requests (run now, backfill) are sent whatever the pause and overlap policy; for the
+    others: a run of an entry that is paused is recorded skipped (``paused``), and when
+    another run of the entry is being sent, sent or started, with ``overlap=SKIP`` the run
     is recorded skipped (``overlap``); with ``overlap=BUFFER_ONE`` it is recorded
     ``waiting`` (and any older waiting run of the entry skipped, ``overlap``; if a newer one
     waits, this one is skipped instead), to be claimed again once the entry has no such

@@ -18,7 +18,9 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
 ``{P:NN}:t``            hash    task ids of its runs that started: id -> entry, due, token
 ``{P}:owners``          hash    beats: owner id -> JSON (host, pid, start time)
 ``{P}:alive``           zset    beats: owner id -> heartbeat expiry (store ms)
-``{P}:epoch``           hash    the store's epoch: id, settle_until, since, server
+``{P}:epoch``           hash    the store's epoch: id, settle_until, since, server (its
+                                run id; on a cluster, those of the masters of every bucket
+                                and of ``{P}``, sorted, comma-separated)
 ``{P}:entries``         hash    every entry seen: D -> name
 ``{P}:anchoring``       string  the shared anchoring instant (2 s)
 ``{P}:layout``          string  this layout's version
@@ -27,6 +29,14 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
 
 Records are JSON, never pickle. Names of states, reasons and policies reach the scripts
 as a table generated from :mod:`beat_claims.enums`.
+
+On Redis Cluster (a :class:`~.redis_client.ClusterClient`) a round trip is one pipelined
+pass over the masters concerned (:meth:`ClusterClient.execute`: redirections followed,
+nothing sent twice), the sweeps read one bucket per script call, and the epoch covers
+every master that holds one of the store's slots: the heartbeat first reads each one's
+run id (``server.lua``, routed by a key of each bucket and of ``{P}``), and a new
+connection to a node whose run id is not among them is refused until a heartbeat reads
+them again (a master restarted or failed over may hold older data).
 """
 
 from __future__ import annotations
@@ -45,11 +55,12 @@ from typing import Any
 import redis
 from celery.utils.log import get_logger
 from redis.client import Pipeline
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from .base import (
+    BackfillResult,
     Check,
     CheckResult,
     CheckVerdict,
@@ -68,6 +79,7 @@ from .base import (
     OpenRun,
     Outcome,
     OwnerStatus,
+    Pause,
     Reclaim,
     Release,
     RunRef,
@@ -77,7 +89,7 @@ from .base import (
     StoreError,
     WorkerProcess,
 )
-from .redis_client import RedisOptions, connect, redact
+from .redis_client import ClusterClient, RedisOptions, connect, redact
 
 logger = get_logger("celery.beat.claims")
 
@@ -106,7 +118,7 @@ _OUTAGE_CODES = ("NOREPLICAS", "BUSY", "MISCONF", "READONLY", "LOADING", "MASTER
 
 SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "open",
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
-           "anchor_instant")
+           "anchor_instant", "server", "pause", "resume", "backfill")
 
 
 def _lua_names() -> str:
@@ -150,11 +162,13 @@ def digest(name: str) -> str:
 class RedisStore(Store):
     """The store on one Redis server (or a Sentinel-managed primary)."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "beat-claims",
+    def __init__(self, client: redis.Redis | ClusterClient, prefix: str = "beat-claims",
                  history_limit: int = 100, url: str = "") -> None:
         self.client = client
+        self._cluster = client if isinstance(client, ClusterClient) else None
         #: One server (standalone or a Sentinel's primary): a script may read every bucket.
-        self.single_node = True
+        #: False on a cluster: there each bucket has its own slot.
+        self.single_node = self._cluster is None
         self.prefix = prefix
         self.history_limit = history_limit
         self._url = redact(url) if url else "redis"
@@ -168,9 +182,14 @@ class RedisStore(Store):
         # failover) that redis-py would use without a word: every new connection first
         # checks that its server is the one the last heartbeat read.
         self._server: str | None = None
+        self._servers: frozenset[str] = frozenset()  # its run ids (a cluster's masters)
         self._bad_keys: set[str] = set()
         self._heartbeating = threading.local()
-        client.connection_pool.connection_kwargs["redis_connect_func"] = self._on_connect
+        if isinstance(client, ClusterClient):
+            client.keyless_key = self._epoch  # TIME: the clock the heartbeat reads
+            client.on_connect = self._check_server
+        else:
+            client.connection_pool.connection_kwargs["redis_connect_func"] = self._on_connect
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "beat-claims", history_limit: int = 100,
@@ -203,11 +222,15 @@ class RedisStore(Store):
 
     def _on_connect(self, conn: Any) -> None:
         conn.on_connect()
+        self._check_server(conn)
+
+    def _check_server(self, conn: Any) -> None:
+        """A new connection (set up): its server must be one the last heartbeat read."""
         if self._server is None or getattr(self._heartbeating, "on", False):
             return
         conn.send_command("INFO", "server")
         match = _RUN_ID.search(str(conn.read_response()))
-        if match and match.group(1) != self._server:
+        if match and match.group(1) not in self._servers:
             raise redis.ConnectionError(
                 "the store's server is another process than at the last heartbeat (a restart"
                 " or a failover): its epoch must be read again before anything else")
@@ -226,6 +249,8 @@ class RedisStore(Store):
         """One round trip; each command's reply or its error (a bad record affects only its
         own item). Commands whose script the server lost (a restart, SCRIPT FLUSH) did not
         run: the scripts are loaded and those commands alone are sent again."""
+        if self._cluster is not None:
+            return self._cluster_round_trip(self._cluster, build)
         pipe = self._pipeline()
         try:
             build(pipe)
@@ -252,6 +277,60 @@ class RedisStore(Store):
                 self._pipeline()
             _raise_outage(replies)
         return replies
+
+    def _cluster_round_trip(self, cluster: ClusterClient, build: Callable[[Pipeline], Any]
+                            ) -> list[Any]:
+        """:meth:`_round_trip` on a cluster: one pass over the masters concerned. A master
+        that lost the scripts (restarted, failed over, SCRIPT FLUSH) gets them, and only
+        the commands it refused are sent again; a reply lost on the way (a timeout, a
+        connection error) is an outage for the whole call, never a second try."""
+        recorder: Pipeline | None = getattr(self._local, "recorder", None)
+        if recorder is None:
+            # Only records the commands (their replies are parsed by each node's client).
+            recorder = self._local.recorder = redis.Redis().pipeline(transaction=False)
+        recorder.reset()
+        try:
+            build(recorder)
+            commands = [(args, dict(options)) for args, options in recorder.command_stack]
+        finally:
+            recorder.reset()
+        try:
+            answered = cluster.execute(commands)
+            replies = [reply for reply, _ in answered]
+            _raise_outage(replies)
+            for _ in range(2):  # once more if a master lost them again meanwhile
+                lost = [i for i, reply in enumerate(replies)
+                        if isinstance(reply, NoScriptError)]
+                if not lost:
+                    break
+                nodes = {}
+                for i in lost:
+                    node = answered[i][1]
+                    if node is not None:
+                        nodes[node.name] = node
+                for node in nodes.values():
+                    self._load_scripts(cluster, node)
+                for i, (reply, node) in zip(lost, cluster.execute([commands[i]
+                                                                    for i in lost])):
+                    replies[i], answered[i] = reply, (reply, node)
+                _raise_outage(replies)
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException,
+                redis.exceptions.ClusterError, redis.exceptions.TryAgainError) as exc:
+            raise _store_error(exc) from exc  # (TRYAGAIN: ClusterClient.execute gave up)
+        for reply in replies:
+            if isinstance(reply, NoScriptError):
+                raise StoreError(f"a cluster node keeps losing the scripts: {reply}")
+        return replies
+
+    def _load_scripts(self, cluster: ClusterClient, node: Any) -> None:
+        """Every script, on the one node that lacks them (one round trip)."""
+        pipe = cluster.get_redis_connection(node).pipeline(transaction=False)
+        for name in SCRIPTS:
+            pipe.script_load(_source(name))
+        replies = pipe.execute(raise_on_error=False)
+        _raise_outage(replies)
+        for reply in replies:
+            _raise_if_error(reply)
 
     def _chunked(self, items: Sequence[Any], build: Callable[[Pipeline, Any], Any]
                  ) -> list[Any]:
@@ -282,19 +361,38 @@ class RedisStore(Store):
                          [self._owners, self._alive, self._epoch, self._store_id],
                          owner.id, json.dumps(owner.as_dict()), max(1, round(ttl * 1000)),
                          "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS,
-                         "1" if settling else "0", uuid.uuid4().hex)
+                         "1" if settling else "0", uuid.uuid4().hex, *servers)
 
         self._heartbeating.on = True
         try:
+            # On a cluster the script cannot read the other masters' run ids: they are read
+            # just before (a master that restarts in between is caught by _check_server).
+            servers = () if self.single_node else (self._masters(),)
             reply = self._round_trip(build)[0]
         finally:
             self._heartbeating.on = False
         _raise_if_error(reply)
         now, epoch_id, settle, owners, alive, server, store_id = reply
         self._server = str(server) or None
+        self._servers = frozenset(self._server.split(",")) if self._server else frozenset()
         return Heartbeat(now=int(now), epoch=str(epoch_id), store_id=str(store_id),
                          settle_until=int(settle) if settle else None,
                          owners=tuple(_owner_statuses(owners, alive, int(now))))
+
+    def _masters(self) -> str:
+        """The run ids of the masters holding the store's slots (each bucket's, and the one
+        of the global keys), sorted and comma-separated: the epoch changes when any of them
+        is another process. Routed by key, so the answer is the cluster's, not the slot
+        table this client last read."""
+        keys = [self._epoch, *(self._bucket_keys(b, "due")[0] for b in range(BUCKETS))]
+        def build(pipe: Pipeline) -> None:
+            for key in keys:
+                self._script(pipe, "server", [key])
+
+        replies = self._round_trip(build)
+        for reply in replies:
+            _raise_if_error(reply)
+        return ",".join(sorted({str(reply) for reply in replies if reply}))
 
     def leave(self, owner: Owner) -> None:
         reply = self._round_trip(
@@ -404,6 +502,8 @@ class RedisStore(Store):
                 out.append(CheckResult(item.claim, CheckVerdict.MISSING, why=str(reply[1])))
             elif reply[0] == CheckVerdict.SKIPPED.value:
                 out.append(CheckResult(item.claim, CheckVerdict.SKIPPED, Reason(reply[1])))
+            elif reply[0] == CheckVerdict.WAITING.value:
+                out.append(CheckResult(item.claim, CheckVerdict.WAITING))
             else:
                 out.append(CheckResult(item.claim, CheckVerdict.REFUSED, why=str(reply[1])))
         return out
@@ -578,6 +678,36 @@ class RedisStore(Store):
         _raise_if_error(reply)
         return int(reply) if reply else None
 
+    def pause(self, entry: str, by: str, note: str = "") -> EntryRecord | None:
+        reply = self._round_trip(lambda pipe: self._entry_script(
+            pipe, "pause", entry, by, note))[0]
+        _raise_if_error(reply)
+        if not reply:
+            return None
+        return self._entry_record(entry)
+
+    def resume(self, entry: str, by: str) -> EntryRecord | None:
+        reply = self._round_trip(lambda pipe: self._entry_script(
+            pipe, "resume", entry, by))[0]
+        _raise_if_error(reply)
+        return None if reply == -1 else self._entry_record(entry)
+
+    def backfill(self, entry: str, dues: Sequence[int], by: str) -> BackfillResult | None:
+        instants = sorted({int(d) for d in dues})
+        reply = self._round_trip(lambda pipe: self._entry_script(
+            pipe, "backfill", entry, by, self.history_limit, *instants))[0]
+        _raise_if_error(reply)
+        if not reply:
+            return None
+        created, kept = reply
+        pairs = [(int(kept[i]), RunState(kept[i + 1])) for i in range(0, len(kept), 2)
+                 if kept[i + 1]]
+        return BackfillResult(entry, tuple(int(d) for d in created), tuple(pairs))
+
+    def _entry_record(self, entry: str) -> EntryRecord | None:
+        found = self.entries([entry])
+        return found[0] if found else None
+
     def forget(self, entries: Sequence[str]) -> list[str]:
         names = list(entries)
         replies = self._chunked(names, lambda pipe, name: self._entry_script(
@@ -594,14 +724,20 @@ class RedisStore(Store):
             names = sorted(self._round_trip(lambda pipe: pipe.hvals(self._registry))[0])
         names = list(names)
         replies = self._chunked(names, lambda pipe, name: pipe.hmget(
-            self.entry_keys(name)[0], ["anchor", "checkpoint", "token", "schedule"]))
+            self.entry_keys(name)[0], ["anchor", "checkpoint", "token", "schedule",
+                                       "paused_at", "paused_by", "paused_note",
+                                       "resumed_by", "resumed_at"]))
         out = []
         for name, reply in zip(names, replies):
             if isinstance(reply, Exception):
                 continue
-            anchor, checkpoint, token, schedule = reply
+            anchor, checkpoint, token, schedule, *pause = reply
+            paused_at, paused_by, note, resumed_by, resumed_at = pause
+            paused = (None if _maybe_int(paused_at) is None else
+                      Pause(paused_by or "", note or "", int(paused_at)))
             out.append(EntryRecord(name, schedule or "", _maybe_int(anchor),
-                                   _maybe_int(checkpoint), _maybe_int(token) or 0))
+                                   _maybe_int(checkpoint), _maybe_int(token) or 0, paused,
+                                   resumed_by, _maybe_int(resumed_at)))
         return out
 
     def history(self, entry: str, limit: int | None = None) -> list[Run]:
@@ -614,6 +750,10 @@ class RedisStore(Store):
             return []
         raws = self._round_trip(lambda pipe: pipe.hmget(keys[1], list(dues)))[0]
         return [run for raw in raws if (run := _parse_run(entry, raw)) is not None]
+
+    def now(self) -> int:
+        seconds, micros = self._round_trip(lambda pipe: pipe.time())[0]
+        return int(seconds) * 1000 + int(micros) // 1000
 
     def owners(self) -> list[OwnerStatus]:
         owners, alive, (seconds, micros) = self._round_trip(lambda pipe: (
@@ -644,6 +784,17 @@ def _store_error(exc: Exception) -> Exception:
                                                               getattr(socket, "EAI_NODATA", -5)):
         return StoreConfigurationError(f"beat_claims_url: the store's host cannot be"
                                        f" resolved ({exc})")
+    if isinstance(exc, RedisClusterException):
+        # redis-py wraps what the seed answered: the first cause says what went wrong.
+        inner = exc.__cause__
+        if isinstance(inner, RedisClusterException) and "not enabled" in str(inner):
+            return StoreConfigurationError(f"beat_claims_url: the store's node is not in"
+                                           f" cluster mode ({inner}): use redis:// for a"
+                                           f" single server")
+        if isinstance(inner, (redis.ConnectionError, redis.TimeoutError)):
+            wrapped = _store_error(inner)
+            if isinstance(wrapped, StoreConfigurationError):
+                return wrapped
     return StoreError(f"{type(exc).__name__}: {exc}")
 
 

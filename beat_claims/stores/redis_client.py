@@ -24,23 +24,51 @@ Time bounds, for a server or sentinel that does not answer at all:
 
 A server that answers, but slowly, may take up to ``timeout`` for each reply of the
 connection setup (AUTH, CLIENT SETINFO, SELECT) as well.
+
+Redis Cluster (``redis+cluster://`` and ``rediss+cluster://``, redis-py's ``RedisCluster``)
+has more steps, each bounded the same way: every connection to every node gets the two
+timeouts and no retry, the cluster client's own retries are off (redis-py retries a
+command or a pipeline that timed out after reconnecting: a script would run twice), and
+:meth:`ClusterClient.execute` follows redirections itself, only for replies that say the
+command did not run. For ``N`` masters known to the client, with ``T = connect_timeout +
+timeout``:
+
+- discovering the topology (``CLUSTER SLOTS``, at the first command, after a connection
+  error and after a ``MOVED`` reply) asks the known nodes one after the other, each within
+  ``T``: at most ``N x T`` when none answers (the seed alone at the first command);
+- one pass of a batch writes to every node concerned, then reads each reply: at most
+  ``N x T`` for connections and reads, plus one discovery when a connection fails;
+- a batch makes at most ``REDIRECT_PASSES`` (5) passes, the later ones only with the
+  commands that were redirected (``MOVED``, ``ASK``, ``TRYAGAIN``: not run), then fails.
+
+With the defaults (2 s + 5 s) and three masters a command fails within 42 s when a
+master stops answering mid-batch; a dead seed at the first command, within 7 s.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, PipelineCommand, RedisCluster
 from redis.connection import ConnectionPool, parse_url
+from redis.exceptions import AskError, MovedError, TryAgainError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 DEFAULT_SENTINEL_PORT = 26379
+#: ``redis+cluster://`` and ``rediss+cluster://`` (TLS): a Redis Cluster, any node as seed.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+#: Passes a batch may make when the cluster redirects some of its commands.
+REDIRECT_PASSES = 5
 
 #: Client options beat-claims owns: a URL's query cannot loosen them (the store's URL is
 #: often the broker's, whose query may carry settings meant for the broker).
@@ -80,7 +108,7 @@ class SentinelURL:
     password: str | None = None
 
 
-def connect(url: str, options: RedisOptions = RedisOptions()) -> redis.Redis:
+def connect(url: str, options: RedisOptions = RedisOptions()) -> redis.Redis | ClusterClient:
     """A client for ``url`` with bounded waits and no automatic retries (module docstring).
 
     ``redis://``, ``rediss://`` and ``unix://`` URLs are read as redis-py reads them (ACL
@@ -88,8 +116,12 @@ def connect(url: str, options: RedisOptions = RedisOptions()) -> redis.Redis:
     that the timeouts and retries are always those of ``options``. ``sentinel://`` URLs
     are read as Celery's broker reads them (``sentinel://[user:password@]h1:26379;
     sentinel://h2:26379/0``); the client follows ``options.sentinel_master`` across
-    failovers. Nothing is connected until the first command.
+    failovers. ``redis+cluster://[user:password@]host:port`` (``rediss+cluster://`` for
+    TLS) is a Redis Cluster, any of its nodes as the seed: a :class:`ClusterClient`.
+    Nothing is connected until the first command.
     """
+    if url.split("://", 1)[0].lower() in CLUSTER_SCHEMES:
+        return ClusterClient(url, options)
     common: dict[str, Any] = {
         "decode_responses": True,
         "socket_timeout": options.timeout,
@@ -117,6 +149,193 @@ def connect(url: str, options: RedisOptions = RedisOptions()) -> redis.Redis:
     )
     return sentinel.master_for(options.sentinel_master, db=parsed.db,
                                username=parsed.username, password=parsed.password, **common)
+
+
+class ClusterClient:
+    """redis-py's ``RedisCluster`` for a ``redis+cluster://`` URL, built at its first use
+    (``RedisCluster`` reads the topology from the seed as it is built: a cluster that is
+    down when a beat starts is an outage, not a crash), and a batch executor that never
+    runs a command twice (:meth:`execute`).
+
+    Other attributes are the ``RedisCluster``'s (``client.hset(...)`` routes by key).
+    ``on_connect`` is called with every new connection to any node, after its setup.
+    """
+
+    def __init__(self, url: str, options: RedisOptions = RedisOptions()) -> None:
+        self.url = url
+        self.kwargs = parse_cluster_url(url)
+        self.options = options
+        self.on_connect: Callable[[Any], None] | None = None
+        #: Commands without a key (TIME) go to the node holding this key's slot.
+        self.keyless_key = ""
+        self._client: RedisCluster | None = None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def cluster(self) -> RedisCluster:
+        """The ``RedisCluster``, built (and the topology read from the seed) on first use.
+        Raises what redis-py raises when no node answers (``RedisClusterException``, its
+        cause the node's error)."""
+        client = self._client
+        if client is not None:
+            return client
+        with self._lock:
+            if self._client is None:
+                client = RedisCluster(
+                    **self.kwargs,
+                    decode_responses=True,
+                    socket_timeout=self.options.timeout,
+                    socket_connect_timeout=self.options.connect_timeout,
+                    # The cluster client's retries (each node's connections get none).
+                    retry=Retry(NoBackoff(), 0),
+                    redis_connect_func=self._connected,
+                )
+                client.cluster_error_retry_attempts = 0  # redis-py 5 reads this instead
+                self._client = client
+            return self._client
+
+    def _connected(self, conn: Any) -> None:
+        if self.on_connect is not None:
+            self.on_connect(conn)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.cluster(), name)
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    # -- one batch --------------------------------------------------------------------
+    def node_of(self, args: Sequence[Any]) -> ClusterNode:
+        """The master that serves the command, by its first key (EVAL and EVALSHA: their
+        first declared key), as the client's slot table has it."""
+        name = str(args[0]).upper()
+        if name in ("EVALSHA", "EVAL"):
+            key = args[3] if int(args[2]) > 0 else self.keyless_key
+        else:
+            key = args[1] if len(args) > 1 else self.keyless_key
+        node = self.cluster().get_node_from_key(key)
+        assert node is not None  # (None only when a replica is asked for)
+        return node
+
+    def execute(self, commands: Sequence[tuple[Sequence[Any], dict[str, Any]]]
+                ) -> list[tuple[Any, ClusterNode | None]]:
+        """Each command's reply (or its error) and the node that answered, in order.
+
+        The commands go out in one pipelined pass (written to every node concerned, then
+        read). A command redirected by a reply that says it did not run (``MOVED``: the
+        slot table is read again; ``ASK``: sent again to that node after ``ASKING``;
+        ``TRYAGAIN``) is sent again, in at most ``REDIRECT_PASSES`` passes. Nothing else
+        is sent again: a connection error or a timeout raises at once (the commands may
+        have run: the caller reconciles), and other error replies are returned.
+        """
+        cluster = self.cluster()
+        replies: list[tuple[Any, ClusterNode | None]] = [(None, None)] * len(commands)
+        pending = list(range(len(commands)))
+        asking: dict[int, ClusterNode] = {}
+        for attempt in range(REDIRECT_PASSES):
+            again: list[int] = []
+            moved = False
+            if pending:
+                stack, nodes = [], []
+                for position, i in enumerate(pending):
+                    args, options = commands[i]
+                    node = self.node_of(args)
+                    nodes.append(node)
+                    stack.append(PipelineCommand(tuple(args),
+                                                 {**options, "target_nodes": node}, position))
+                results = self._pipeline().send_cluster_commands(
+                    stack, raise_on_error=False, allow_redirections=False)
+                for i, node, result in zip(pending, nodes, results):
+                    moved = self._sort(i, node, result, replies, again, asking) or moved
+            for target in {node.name: node for node in asking.values()}.values():
+                batch = [i for i, node in asking.items() if node.name == target.name]
+                for i in batch:
+                    del asking[i]
+                pipe = cluster.get_redis_connection(target).pipeline(transaction=False)
+                for i in batch:
+                    args, options = commands[i]
+                    pipe.execute_command("ASKING")
+                    pipe.execute_command(*args, **options)
+                results = pipe.execute(raise_on_error=False)[1::2]
+                for i, result in zip(batch, results):
+                    moved = self._sort(i, target, result, replies, again, asking) or moved
+            if not again and not asking:
+                return replies
+            if moved:
+                cluster.nodes_manager.initialize()
+            else:
+                time.sleep(0.05 * (attempt + 1))  # TRYAGAIN: a slot's keys are moving
+            pending = again
+        raise redis.exceptions.TryAgainError(
+            f"the cluster kept redirecting {len(pending) + len(asking)} command(s) after"
+            f" {REDIRECT_PASSES} passes (slots moving)")
+
+    @staticmethod
+    def _sort(i: int, node: ClusterNode, result: Any,
+              replies: list[tuple[Any, ClusterNode | None]], again: list[int],
+              asking: dict[int, ClusterNode]) -> bool:
+        """File one reply; True when it was a MOVED (the slot table is stale)."""
+        if isinstance(result, (redis.ConnectionError, redis.TimeoutError)):
+            raise result  # the command may have run: never sent again
+        if isinstance(result, MovedError):
+            again.append(i)
+            return True
+        if isinstance(result, AskError):
+            asking[i] = ClusterNode(result.host, result.port)
+        elif isinstance(result, TryAgainError):
+            again.append(i)
+        else:
+            replies[i] = (result, node)
+        return False
+
+    def _pipeline(self) -> Any:
+        """This thread's ClusterPipeline (used for its pipelined send only)."""
+        cluster = self.cluster()
+        pipe = getattr(self._local, "pipe", None)
+        if pipe is None or getattr(self._local, "of", None) is not cluster:
+            pipe = self._local.pipe = cluster.pipeline()
+            self._local.of = cluster
+        return pipe
+
+
+def parse_cluster_url(url: str) -> dict[str, Any]:
+    """``redis+cluster://[user:password@]host[:port][/0][?options]`` (``rediss+cluster``:
+    TLS) as keyword arguments of ``RedisCluster``: the seed, the credentials, TLS and
+    redis-py's query options (``ssl_cert_reqs``, ``ssl_ca_certs``...). A cluster has no
+    database but 0; options redis-py would drop for a cluster are refused, and the ones
+    beat-claims owns (timeouts, retries, decoding) are ignored as for other URLs."""
+    where = redact(url)
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in CLUSTER_SCHEMES:
+        raise ValueError(f"{where}: a cluster URL starts with redis+cluster:// or"
+                         " rediss+cluster://")
+    if ";" in rest or "," in urlsplit(url).netloc:
+        raise ValueError(f"{where}: one seed node (any node of the cluster): the client"
+                         " finds the others")
+    try:
+        parsed = parse_url(scheme.split("+", 1)[0] + "://" + rest)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if not parsed.get("host"):
+        raise ValueError(f"{where}: no host")
+    if parsed.pop("db", 0) != 0:
+        raise ValueError(f"{where}: a Redis Cluster has only database 0")
+    kwargs: dict[str, Any] = {"port": 6379}
+    for key, value in parsed.items():
+        if key in _OWNED or key == "connection_class":  # (rediss: SSLConnection; see ssl)
+            continue
+        if key not in REDIS_ALLOWED_KEYS:
+            raise ValueError(f"{where}: the option {key!r} is not supported for a cluster")
+        kwargs[key] = value
+    if scheme == "rediss+cluster":
+        kwargs["ssl"] = True
+    return kwargs
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:
@@ -186,4 +405,5 @@ def redact(url: str) -> str:
     return ";".join(out)
 
 
-__all__ = ["RedisOptions", "SentinelURL", "connect", "parse_sentinel_url", "redact"]
+__all__ = ["CLUSTER_SCHEMES", "ClusterClient", "RedisOptions", "SentinelURL", "connect",
+           "parse_cluster_url", "parse_sentinel_url", "redact"]

@@ -167,6 +167,10 @@ def exercise(store: RedisStore) -> None:
         store.start(delivery(again, process(3)))  # revived
         store.requeue(delivery(again, process(3)))  # handed back (a Reject, a replace)
         store.request_run(name, "operator:alice", f"request-{name}")
+        store.pause(name, "operator:alice", "a note")
+        store.backfill(name, [c3.due, c3.due - 500], "operator:alice")
+        store.check(B, [Check(again, "t", overlap=Overlap.BUFFER_ONE)])
+        store.resume(name, "operator:alice")
         state = register(store, name)[name]
         claim(store, C, state, state.anchor + 9000,
               skip=((state.anchor + 8000, Reason.CATCH_UP),))  # trims the history

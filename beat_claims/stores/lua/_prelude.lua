@@ -70,6 +70,7 @@ local function plain_member(K, run) return fmt(run.due) .. '|' .. K.name end
 -- The instant a run last became what it is: what the sweeps compare with their cutoffs.
 local function since(run)
   if run.state == STATE.due then return run.released_at or run.claimed_at or run.due end
+  if run.state == STATE.waiting then return run.waiting_at or run.due end
   if HELD[run.state] then return run.sending_at or run.claimed_at or 0 end
   return run.revived_at or run.started_at or run.sent_at or run.sending_at or 0
 end
@@ -77,10 +78,11 @@ end
 -- Where a run is indexed, as {key, member, score} places: the bucket's index of its kind,
 -- and the entry's own index of runs due again (what a claim takes) or busy — being sent,
 -- sent or started (what overlap="skip" waits for). A claimed run is only in the bucket's
--- held index; a final one in none.
+-- held index; a final one in none. A waiting run (overlap="buffer_one") is indexed as a
+-- due one: the sweeps find it, and a claim takes it once the entry is not busy.
 local function places(K, run)
   local due = fmt(run.due)
-  if run.state == STATE.due then
+  if run.state == STATE.due or run.state == STATE.waiting then
     return {{K.due_e, due, run.due}, {K.due, plain_member(K, run), since(run)}}
   elseif run.state == STATE.claimed then
     return {{K.held, held_member(K, run), since(run)}}
@@ -122,7 +124,43 @@ local function drop_bad(K, due)
   end
 end
 
+local function shallow_copy(t)
+  local c = {}
+  for k, v in pairs(t) do c[k] = v end
+  return c
+end
+
 -- The guards every transition shares.
+
+-- Whether another run of the entry than ``due`` is being sent, sent or started: what the
+-- overlap policies wait for. A run registered again after a wipe as sent, that no worker
+-- has started since, may well be finished: it does not count.
+local function busy_besides(K, due)
+  for _, other in ipairs(redis.call('ZRANGE', K.busy_e, 0, -1)) do
+    if other ~= due then
+      local o = get_run(K, other)
+      if o and (o.state == STATE.sending or OPEN[o.state])
+          and not (o.reseeded and o.state == STATE.sent) then
+        return true
+      end
+    end
+  end
+  return false
+end
+
+-- Whether an operator paused the entry: its scheduled runs are recorded skipped.
+local function is_paused(K)
+  return redis.call('HEXISTS', K.entry, 'paused_at') == 1
+end
+
+-- Record a run skipped for ``reason``.
+local function skip_run(K, run, reason, now)
+  local old = shallow_copy(run)
+  run.state = STATE.skipped
+  run.reason = reason
+  run.finished_at = now
+  put_run(K, run, old)
+end
 
 -- Whether ``token`` (a string from ARGV; '' = any) is the run's current token.
 local function has_token(run, token)
@@ -135,9 +173,10 @@ local function holds(run, owner, token)
 end
 
 -- Whether the run's holder has passed the check before publish (a message may exist, and
--- an outcome may follow): any state but claimed and due.
+-- an outcome may follow): any state but claimed, due and waiting.
 local function handed_over(run)
   return run.state ~= STATE.claimed and run.state ~= STATE.due
+    and run.state ~= STATE.waiting
 end
 
 -- The run is due again, claimable by any beat that has the entry; its next claim gets a
@@ -155,11 +194,6 @@ local function forget_run(K, run)
   if type(run.task_id) == 'string' then redis.call('HDEL', K.tasks, run.task_id) end
 end
 
-local function shallow_copy(t)
-  local c = {}
-  for k, v in pairs(t) do c[k] = v end
-  return c
-end
 
 -- A fresh token, above the caller's floor (what it has seen: a store that went back must
 -- not hand out a token again).

@@ -1,15 +1,19 @@
 -- The check immediately before publish: only the holder of the current token may send.
 -- It marks the run 'sending' with its task id, or records it skipped (the caller's reason,
--- or 'overlap' when the entry's policy is to skip while another run of it is being sent,
--- sent or started). A holder that checked before and lost the reply may check again, and
--- gets the same answer.
+-- 'paused' for a scheduled run of a paused entry, or 'overlap' when the entry's policy is
+-- to skip while another run of it is being sent, sent or started), or, with overlap
+-- "buffer_one", waiting until that run is final. A holder that checked before and lost
+-- the reply may check again, and gets the same answer.
 -- KEYS: the entry's keys. ARGV: name, owner, token, due, task id, skip reason ('' none),
--- overlap policy. Returns {'send'}, {'skipped', reason} or {'refused', why}.
+-- overlap policy. Returns {'send'}, {'skipped', reason}, {'waiting'} or {'refused', why}.
 local K = entry_keys(KEYS, ARGV[1])
 local due = ARGV[4]
 local run = get_run(K, due)
 if run == nil then return {CHECK.missing, 'no such run'} end
 if run == false then return {CHECK.refused, 'unreadable record'} end
+if run.state == STATE.waiting and run.waited_by == ARGV[2] and has_token(run, ARGV[3]) then
+  return {CHECK.waiting}  -- made waiting by this holder's check: asked again
+end
 if run.owner ~= ARGV[2] or not has_token(run, ARGV[3]) then
   return {CHECK.refused, 'superseded'}
 end
@@ -20,17 +24,31 @@ if not HELD[run.state] then return {CHECK.refused, run.state} end
 local old = shallow_copy(run)
 local now = now_ms()
 local reason = ARGV[6]
-if reason == '' and ARGV[7] == OVERLAP.skip and run.state == STATE.claimed then
-  for _, other in ipairs(redis.call('ZRANGE', K.busy_e, 0, -1)) do
-    if other ~= due then
+if reason == '' and not run.manual and is_paused(K) then reason = REASON.paused end
+local overlap = ARGV[7]
+if reason == '' and run.state == STATE.claimed and overlap ~= OVERLAP.allow
+    and not run.manual and busy_besides(K, due) then
+  if overlap == OVERLAP.skip then
+    reason = REASON.overlap
+  elseif overlap == OVERLAP.buffer_one then
+    -- The newest waits; any other waiting run of the entry is skipped (the older one).
+    for _, other in ipairs(redis.call('ZRANGE', K.due_e, 0, -1)) do
       local o = get_run(K, other)
-      -- A run registered again after a wipe as sent, that no worker has started since,
-      -- may well be finished: it does not make the next ones overlap.
-      if o and (o.state == STATE.sending or OPEN[o.state])
-          and not (o.reseeded and o.state == STATE.sent) then
-        reason = REASON.overlap
-        break
+      if o and o.state == STATE.waiting and other ~= due then
+        if o.due > run.due then
+          reason = REASON.overlap
+        else
+          skip_run(K, o, REASON.overlap, now)
+        end
       end
+    end
+    if reason == '' then
+      run.state = STATE.waiting
+      run.waited_by = run.owner
+      run.owner = nil
+      run.waiting_at = now
+      put_run(K, run, old)
+      return {CHECK.waiting}
     end
   end
 end

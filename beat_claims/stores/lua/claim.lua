@@ -17,6 +17,7 @@ if not e.anchor then return {CLAIM.missing} end
 local cp_text = e.checkpoint and fmt(e.checkpoint) or ''
 local floor = tonumber(ARGV[5])
 local now = now_ms()
+local paused = is_paused(K)
 local claimed, skipped, existing, taken, unreadable = {}, {}, {}, {}, {}
 if ARGV[3] ~= '' then
   if fmt(e.anchor) ~= ARGV[3] or cp_text ~= ARGV[4] then
@@ -30,6 +31,12 @@ if ARGV[3] ~= '' then
       cp = due_n
       if redis.call('HEXISTS', K.runs, due) == 1 then
         existing[#existing + 1] = due
+      elseif action == 'claim' and paused then
+        put_run(K, {due = due_n, state = STATE.skipped, reason = REASON.paused,
+                    finished_at = now}, nil)
+        redis.call('ZADD', K.history, due_n, due)
+        skipped[#skipped + 1] = due
+        skipped[#skipped + 1] = REASON.paused
       elseif action == 'claim' then
         local token = next_token(K, floor)
         floor = token
@@ -58,8 +65,14 @@ if ARGV[6] == '1' then
     if run == false then
       drop_bad(K, due)
       unreadable[#unreadable + 1] = due
-    elseif run == nil or run.state ~= STATE.due then
+    elseif run == nil or (run.state ~= STATE.due and run.state ~= STATE.waiting) then
       redis.call('ZREM', K.due_e, due)  -- an index entry with no run behind it
+    elseif paused and not run.manual then
+      skip_run(K, run, REASON.paused, now)
+      skipped[#skipped + 1] = due
+      skipped[#skipped + 1] = REASON.paused
+    elseif run.state == STATE.waiting and busy_besides(K, due) then
+      -- overlap="buffer_one": it waits on, until the entry's unfinished run is final
     else
       local old = shallow_copy(run)
       run.token = next_token(K, floor)
@@ -68,6 +81,7 @@ if ARGV[6] == '1' then
       run.owner = owner
       run.claimed_at = now
       run.sending_at = nil  -- the previous holder's check: this claim is held since now
+      run.waiting_at, run.waited_by = nil, nil
       put_run(K, run, old)
       taken[#taken + 1] = due
       taken[#taken + 1] = fmt(run.token)

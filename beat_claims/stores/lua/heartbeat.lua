@@ -8,9 +8,12 @@
 -- The store's id (kept until it is wiped) is made here too, the first time.
 -- KEYS: owners hash, alive zset, epoch hash, store id. ARGV: owner id, owner JSON, ttl ms, resync
 -- ('1'/'0'), a new epoch id, forget after ms, settling ('1': the caller is still
--- registering what it knows; a store that is settling stays so for ttl more), a new store id.
+-- registering what it knows; a store that is settling stays so for ttl more), a new store id,
+-- and on a cluster the run ids of the masters of every bucket and of these keys (sorted,
+-- comma-separated: server.lua, just before; a restart or failover of any master is a new
+-- epoch); on one server, the script reads its run id itself.
 -- Returns {now, epoch id, settle until or '', owners (flat id, JSON), alive (flat id,
--- expiry), the server's run id, the store's id}.
+-- expiry), the server's run id (the masters' on a cluster), the store's id}.
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
 -- A key of the wrong kind here would stop every beat: it is replaced (the owners come
@@ -20,7 +23,7 @@ for i, kind in ipairs({'hash', 'zset', 'hash', 'string'}) do
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-local server = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+local server = ARGV[9] or string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
 local epoch = redis.call('HMGET', KEYS[3], 'id', 'settle_until', 'server')
 local id, settle = epoch[1], tonumber(epoch[2])
 if not id or epoch[3] ~= server or ARGV[4] == '1' then

@@ -1,0 +1,34 @@
+-- An operator asks for past occurrences to run: each instant with no run, or whose run
+-- ended without running (skipped, lost, cancelled), gets a manual run due now (as a
+-- requested run): a beat claims it with a fresh token and sends it. Instants whose run
+-- ran, runs or is on its way are kept as they are. The checkpoint is not touched.
+-- KEYS: the entry's keys. ARGV: name, requested by, history limit, then the instants.
+-- Returns {created instants, kept (instant, state) pairs}, or {} for an unknown entry.
+local K = entry_keys(KEYS, ARGV[1])
+local e = get_entry(K)
+if not e or not e.anchor then return {} end
+local again = {[STATE.skipped] = true, [STATE.lost] = true, [STATE.cancelled] = true}
+local now = now_ms()
+local created, kept = {}, {}
+for i = 4, #ARGV do
+  local due = ARGV[i]
+  local run = get_run(K, due)
+  if run == false then
+    kept[#kept + 1] = due  -- a record that cannot be read: left for an operator
+    kept[#kept + 1] = ''
+  elseif run and not again[run.state] then
+    kept[#kept + 1] = due
+    kept[#kept + 1] = run.state
+  else
+    if run then
+      forget_run(K, run)  -- its record and task id: the new run is another delivery
+      redis.call('ZREM', K.lost, due)
+    end
+    put_run(K, {due = tonumber(due), state = STATE.due, manual = true,
+                requested_by = ARGV[2], released_at = now}, nil)
+    redis.call('ZADD', K.history, due, due)
+    created[#created + 1] = due
+  end
+end
+trim(K, tonumber(ARGV[3]), now)
+return {created, kept}
