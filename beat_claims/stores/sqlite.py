@@ -20,12 +20,14 @@ find every run from the records alone.
                   records), the epoch (``epoch``, ``settle_until``, ``epoch_since``,
                   ``epoch_file``: the file's device and inode), the shared anchoring instant
                   (``anchoring``, ``anchoring_until``)
-``P_entries``     name -> description, anchor, checkpoint, token
-``P_runs``        (entry, due) -> record (JSON); index columns: kind (``due``, ``held``,
-                  ``open``; NULL once final or unreadable), since (what the sweeps compare
-                  with their cutoffs), owner and token (held runs), busy (1 while being
-                  sent, sent or started); place (``h``: in the history, ``x``: presumed
-                  lost, kept a week; NULL: neither), lost_at
+``P_entries``     name -> description, anchor, checkpoint, token; an operator's pause
+                  (paused_by, paused_note, paused_at: NULL when not paused) and the last
+                  resume (resumed_by, resumed_at)
+``P_runs``        (entry, due) -> record (JSON); index columns: kind (``due``,
+                  ``waiting``, ``held``, ``open``; NULL once final or unreadable), since
+                  (what the sweeps compare with their cutoffs), owner and token (held
+                  runs), busy (1 while being sent, sent or started); place (``h``: in the
+                  history, ``x``: presumed lost, kept a week; NULL: neither), lost_at
 ``P_owners``      owner id -> JSON (host, pid, start time), heartbeat expiry (ms)
 ``P_tasks``       task id -> entry, due, token of the run a delivery of it started; the
                   row goes with its run (a trigger on ``P_runs``: trimmed from the
@@ -34,14 +36,17 @@ find every run from the records alone.
                   schema 1 still connected to a file migrated under them read it)
 ================  ======================================================================
 
-Indexes: runs (kind, since) where kind is set (the sweeps: due, held, open runs, oldest
-first, whatever the number of entries); runs (entry, due) where kind is ``due`` (what a
-claim takes), where busy (what overlap="skip" waits for), where place is ``h`` (the
-history); runs (entry, lost_at) where place is ``x``; owners (expires_at); tasks (entry,
-due).
+Indexes: runs (kind, since) where kind is set (the sweeps: due, waiting, held, open runs,
+oldest first, whatever the number of entries); runs (entry, due) where kind is ``due``
+(what a claim takes), where kind is ``waiting`` (what overlap="buffer_one" keeps for
+later), where busy (what overlap="skip" and "buffer_one" wait for), where place is ``h``
+(the history); runs (entry, lost_at) where place is ``x``; owners (expires_at); tasks
+(entry, due).
 
-Schema versions: 1 (task ids kept a week), 2 (task ids go with their run; the store's id).
-A file of schema 1 is migrated when it is opened: task ids whose run is gone are removed.
+Schema versions: 1 (task ids kept a week), 2 (task ids go with their run; the store's id),
+3 (an entry's pause and last resume; waiting runs). A file of an older schema is migrated
+when it is opened: from 1, task ids whose run is gone are removed; from 2, the entries
+table gets the pause's columns.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from celery.utils.log import get_logger
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from .base import (
+    BackfillResult,
     Check,
     CheckResult,
     CheckVerdict,
@@ -84,6 +90,7 @@ from .base import (
     OpenRun,
     Outcome,
     OwnerStatus,
+    Pause,
     Reclaim,
     Release,
     RunRef,
@@ -98,7 +105,7 @@ logger = get_logger("celery.beat.claims")
 
 #: The layout of the tables above. A file written by a newer version is refused; an older
 #: one is migrated.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Beats that register new entries within this many ms of each other share the instant.
 ANCHOR_SHARED_MS = 2000
 #: How long a presumed-lost run is kept (for a late delivery).
@@ -122,9 +129,15 @@ _DUE, _CLAIMED, _SENDING, _SENT = (RunState.DUE.value, RunState.CLAIMED.value,
                                    RunState.SENDING.value, RunState.SENT.value)
 _STARTED, _LOST, _SKIPPED, _FAILED = (RunState.STARTED.value, RunState.LOST.value,
                                       RunState.SKIPPED.value, RunState.FAILED.value)
+_WAITING, _CANCELLED = RunState.WAITING.value, RunState.CANCELLED.value
+#: What a backfill records again: runs that ended without running.
+_REDONE = frozenset({_SKIPPED, _LOST, _CANCELLED})
+#: The entries table's columns of schema 3 (an operator's pause, the last resume).
+_PAUSE_COLUMNS = (("paused_by", "TEXT"), ("paused_note", "TEXT"), ("paused_at", "INTEGER"),
+                  ("resumed_by", "TEXT"), ("resumed_at", "INTEGER"))
 _NUMBER_FIELDS = ("due", "token", "claimed_at", "sending_at", "sent_at", "started_at",
                   "finished_at", "released_at", "revived_at", "worker_pid", "retries",
-                  "attempts", "reclaims", "deliveries")
+                  "attempts", "reclaims", "deliveries", "waiting_at")
 
 #: sqlite3 primary result codes.
 _BUSY, _LOCKED, _READONLY, _CORRUPT, _CANTOPEN, _NOTADB, _PERM, _AUTH = 5, 6, 8, 11, 14, 26, 3, 23
@@ -168,7 +181,8 @@ def _schema(t: Tables) -> list[str]:
     return [
         f"CREATE TABLE IF NOT EXISTS {t.entries} (name TEXT PRIMARY KEY,"
         " description TEXT NOT NULL DEFAULT '', anchor INTEGER, checkpoint INTEGER,"
-        " token INTEGER) WITHOUT ROWID",
+        " token INTEGER, "
+        + ", ".join(f"{name} {kind}" for name, kind in _PAUSE_COLUMNS) + ") WITHOUT ROWID",
         f"CREATE TABLE IF NOT EXISTS {t.runs} (entry TEXT NOT NULL, due INTEGER NOT NULL,"
         " record TEXT, kind TEXT, since INTEGER, owner TEXT, token INTEGER, busy INTEGER,"
         " place TEXT, lost_at INTEGER, PRIMARY KEY (entry, due)) WITHOUT ROWID",
@@ -178,6 +192,8 @@ def _schema(t: Tables) -> list[str]:
         " WHERE kind = 'due'",
         f'CREATE INDEX IF NOT EXISTS "{b}_runs_busy" ON {t.runs} (entry, due)'
         " WHERE busy = 1",
+        f'CREATE INDEX IF NOT EXISTS "{b}_runs_waiting" ON {t.runs} (entry, due)'
+        " WHERE kind = 'waiting'",
         f'CREATE INDEX IF NOT EXISTS "{b}_runs_history" ON {t.runs} (entry, due)'
         " WHERE place = 'h'",
         f'CREATE INDEX IF NOT EXISTS "{b}_runs_lost" ON {t.runs} (entry, lost_at)'
@@ -197,21 +213,39 @@ def _schema(t: Tables) -> list[str]:
     ]
 
 
-def _migrations(t: Tables) -> dict[int, list[str]]:
-    """What brings a file of schema N to N + 1, once the tables of SCHEMA_VERSION exist."""
+Migration = str | Callable[[sqlite3.Connection], None]
+
+
+def _migrations(t: Tables) -> dict[int, list[Migration]]:
+    """What brings a file of schema N to N + 1, once the tables of SCHEMA_VERSION exist
+    (a statement, or a function of the connection)."""
     return {
         # Task ids go with their run: those whose run is gone are removed, and the others
         # never expire (schema 1's processes still connected drop expired ids).
         1: [f"DELETE FROM {t.tasks} WHERE NOT EXISTS (SELECT 1 FROM {t.runs} r"
             f" WHERE r.entry = {t.tasks}.entry AND r.due = {t.tasks}.due)",
             f"UPDATE {t.tasks} SET expires_at = {TASK_NEVER_EXPIRES}"],
+        # An entry's pause and last resume: NULL in every existing row (not paused).
+        # Processes of schema 2 still connected name their columns: they go on.
+        2: [lambda db: _add_columns(db, t.entries, _PAUSE_COLUMNS)],
     }
+
+
+def _add_columns(db: sqlite3.Connection, table: str,
+                 columns: Sequence[tuple[str, str]]) -> None:
+    """Add the columns the table does not have yet (a table made again since has them)."""
+    have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+    for name, kind in columns:
+        if name not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
 def _statements(t: Tables) -> dict[str, str]:
     """Every statement the transitions run, once per store (sqlite3 caches them)."""
     due = f'{t.runs} INDEXED BY "{t.base}_runs_due"'
     busy = f'{t.runs} INDEXED BY "{t.base}_runs_busy"'
+    waiting = f'{t.runs} INDEXED BY "{t.base}_runs_waiting"'
+    pause = ", ".join(name for name, _kind in _PAUSE_COLUMNS)
     history = f'{t.runs} INDEXED BY "{t.base}_runs_history"'
     lost = f'{t.runs} INDEXED BY "{t.base}_runs_lost"'
     return {
@@ -227,10 +261,17 @@ def _statements(t: Tables) -> dict[str, str]:
                      " checkpoint = excluded.checkpoint, token = excluded.token",
         "entry_move": f"UPDATE {t.entries} SET checkpoint = ?, token = ? WHERE name = ?",
         "entry_delete": f"DELETE FROM {t.entries} WHERE name = ?",
-        "entry_read": f"SELECT name, description, anchor, checkpoint, token FROM {t.entries}"
-                      " WHERE name = ?",
-        "entries_all": f"SELECT name, description, anchor, checkpoint, token FROM {t.entries}"
-                       " ORDER BY name",
+        "entry_read": f"SELECT name, description, anchor, checkpoint, token, {pause}"
+                      f" FROM {t.entries} WHERE name = ?",
+        "entries_all": f"SELECT name, description, anchor, checkpoint, token, {pause}"
+                       f" FROM {t.entries} ORDER BY name",
+        "entry_paused": f"SELECT paused_at IS NOT NULL FROM {t.entries} WHERE name = ?",
+        # Pausing a paused entry keeps its instant, and takes the new note and who.
+        "entry_pause": f"UPDATE {t.entries} SET paused_by = ?, paused_note = ?,"
+                       " paused_at = COALESCE(paused_at, ?) WHERE name = ?",
+        "entry_resume": f"UPDATE {t.entries} SET paused_by = NULL, paused_note = NULL,"
+                        " paused_at = NULL, resumed_by = ?, resumed_at = ? WHERE name = ?"
+                        " AND paused_at IS NOT NULL",
         "run_get": f"SELECT record FROM {t.runs} WHERE entry = ? AND due = ?",
         "run_insert": f"INSERT INTO {t.runs} (entry, due, record, kind, since, owner, token,"
                       " busy, place) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'h')",
@@ -244,6 +285,8 @@ def _statements(t: Tables) -> dict[str, str]:
                     " ORDER BY due",
         "runs_busy": f"SELECT due, record FROM {busy} WHERE entry = ? AND busy = 1"
                      " ORDER BY due",
+        "runs_waiting": f"SELECT due, record FROM {waiting} WHERE entry = ?"
+                        " AND kind = 'waiting' ORDER BY due",
         "runs_from": f"SELECT due FROM {t.runs} WHERE entry = ? AND due >= ? ORDER BY due",
         "runs_all": f"SELECT record FROM {t.runs} WHERE entry = ?",
         "runs_live": f"SELECT 1 FROM {t.runs} WHERE entry = ? AND kind IN ('held', 'open')"
@@ -261,8 +304,10 @@ def _statements(t: Tables) -> dict[str, str]:
                         " AND lost_at < ? ORDER BY lost_at, due",
         "lost_oldest": f"SELECT due FROM {lost} WHERE entry = ? AND place = 'x'"
                        " ORDER BY lost_at, due LIMIT ? OFFSET ?",
-        "sweep_due": f"SELECT entry, due FROM {t.runs} WHERE kind = 'due'"
+        "sweep_due": f"SELECT since, entry, due FROM {t.runs} WHERE kind = 'due'"
                      " ORDER BY since LIMIT ?",
+        "sweep_waiting": f"SELECT since, entry, due FROM {t.runs} WHERE kind = 'waiting'"
+                         " ORDER BY since LIMIT ?",
         "sweep_held": f"SELECT entry, due, owner, token, since FROM {t.runs}"
                       " WHERE kind = 'held' AND since < ? AND (since < ?"
                       " OR (owner = ? AND since < ?) OR (owner <> ? AND since < ?"
@@ -331,6 +376,8 @@ def _since(run: Record) -> int:
     state = run["state"]
     if state == _DUE:
         value = _first(run, "released_at", "claimed_at", "due")
+    elif state == _WAITING:
+        value = _first(run, "waiting_at", "claimed_at", "due")
     elif state in _HELD:
         value = _first(run, "sending_at", "claimed_at")
     else:
@@ -349,6 +396,8 @@ def _index(run: Record) -> Index:
     since = _since(run)
     if state == _DUE:
         return "due", since, None, None, None
+    if state == _WAITING:  # held by no one, no message of its token exists: not busy
+        return "waiting", since, None, None, None
     if state in _HELD:
         return ("held", since, str(run.get("owner") or ""), int(run.get("token") or 0),
                 1 if state == _SENDING else None)
@@ -373,8 +422,23 @@ def _holds(run: Record, owner: str, token: int | None) -> bool:
 
 
 def _handed_over(run: Record) -> bool:
-    """Whether its holder passed the check before publish (a message may exist)."""
-    return run["state"] not in (_CLAIMED, _DUE)
+    """Whether its holder passed the check before publish (a message may exist). A waiting
+    run was not: its check recorded it waiting instead of sending it."""
+    return run["state"] not in (_CLAIMED, _DUE, _WAITING)
+
+
+def _manual(run: Record) -> bool:
+    """An operator's request (run now, backfill): sent while the entry is paused, whatever
+    else of the entry is unfinished."""
+    return run.get("manual") not in (None, False)
+
+
+def _overlaps(other: Record) -> bool:
+    """Whether this run of the entry makes the next ones overlap: being sent, sent or
+    started. A run registered again after a wipe as sent, that no worker has started since,
+    may well be finished: it does not."""
+    return (other["state"] == _SENDING or other["state"] in _OPEN) and not (
+        other.get("reseeded") not in (None, False) and other["state"] == _SENT)
 
 
 def _to_due(run: Record, by: str | None, now: int) -> None:
@@ -613,8 +677,11 @@ class SQLiteStore(Store):
                 db.execute(statement)
             migrations = _migrations(t)
             for old in range(version, SCHEMA_VERSION):
-                for statement in migrations[old]:
-                    db.execute(statement)
+                for migration in migrations[old]:
+                    if isinstance(migration, str):
+                        db.execute(migration)
+                    else:
+                        migration(db)
                 logger.warning("beat-claims: %s (tables %s_*) migrated from schema version"
                                " %d to %d", self.path, t.base, old, old + 1)
             db.execute(self._sql["meta_set"], ("version", str(max(version, SCHEMA_VERSION))))
@@ -740,6 +807,21 @@ class SQLiteStore(Store):
                 values[name] = None
                 bad.append(name)
         return values, bad
+
+    def _paused(self, db: sqlite3.Connection, entry: str) -> bool:
+        """Whether an operator paused the entry."""
+        row = db.execute(self._sql["entry_paused"], (entry,)).fetchone()
+        return row is not None and bool(row[0])
+
+    def _unfinished(self, db: sqlite3.Connection, entry: str, due: int | None = None
+                    ) -> bool:
+        """Whether a run of the entry (other than ``due``) is being sent, sent or started:
+        what overlap="skip" skips for, and overlap="buffer_one" waits for."""
+        for other_due, raw in db.execute(self._sql["runs_busy"], (entry,)).fetchall():
+            other = _parse(raw, other_due) if other_due != due else False
+            if other and _overlaps(other):
+                return True
+        return False
 
     def _insert_run(self, db: sqlite3.Connection, entry: str, run: Record) -> None:
         """A new run, in the history."""
@@ -973,13 +1055,17 @@ class SQLiteStore(Store):
     def _claim_one(self, db: sqlite3.Connection, now: int, owner: str, plan: ClaimPlan
                    ) -> ClaimResult:
         """claim.lua: one compare-and-set on the checkpoint; a fresh token per claim; an
-        instant that already has a run is left as it is; then the due runs are taken."""
+        instant that already has a run is left as it is; then the due runs are taken, and a
+        waiting one once no run of the entry is unfinished. While the entry is paused, new
+        occurrences and runs due again that are not an operator's request are recorded
+        skipped (paused) instead."""
         q, name = self._sql, plan.entry
         e, bad = self._get_entry(db, name)
         if bad:
             return ClaimResult(name, ClaimStatus.CORRUPT, detail=f"unreadable field {bad[0]!r}")
         if e is None or e["anchor"] is None:
             return ClaimResult(name, ClaimStatus.MISSING)
+        paused = self._paused(db, name)
         anchor, checkpoint = e["anchor"], e["checkpoint"]
         start_token = e["token"] or 0
         floor = plan.token_floor
@@ -1001,6 +1087,11 @@ class SQLiteStore(Store):
                 cp = due
                 if db.execute(q["run_get"], (name, due)).fetchone() is not None:
                     existing.append(due)
+                elif action == "claim" and paused:
+                    self._insert_run(db, name, {"due": due, "state": _SKIPPED,
+                                                "reason": Reason.PAUSED.value,
+                                                "finished_at": now})
+                    skipped.append((due, Reason.PAUSED))
                 elif action == "claim":
                     token = floor = self._next_token(e, floor)
                     self._insert_run(db, name, {"due": due, "state": _CLAIMED, "token": token,
@@ -1012,20 +1103,34 @@ class SQLiteStore(Store):
                     skipped.append((due, Reason(action)))
             checkpoint = cp
         if plan.take_due:
-            for due, raw in db.execute(q["runs_due"], (name,)).fetchall():
+            rows = sorted([(due, raw, _DUE) for due, raw in db.execute(
+                q["runs_due"], (name,)).fetchall()] + [(due, raw, _WAITING) for due, raw in
+                db.execute(q["runs_waiting"], (name,)).fetchall()])
+            blocked: bool | None = None  # whether a waiting run waits on (read if needed)
+            for due, raw, kind in rows:  # oldest first
                 run = _parse(raw, due)
                 if run is False:
                     db.execute(q["run_unindex"], (name, due))
                     unreadable.append(due)
-                elif run["state"] != _DUE:
-                    self._put_run(db, name, run)  # indexed as its record says, not as due
-                else:
+                elif run["state"] not in (_DUE, _WAITING):
+                    self._put_run(db, name, run)  # indexed as its record says
+                elif paused and not _manual(run):
+                    run.update(state=_SKIPPED, reason=Reason.PAUSED.value, finished_at=now)
+                    self._put_run(db, name, run)
+                    skipped.append((due, Reason.PAUSED))
+                elif run["state"] == _WAITING and (blocked := (
+                        self._unfinished(db, name) if blocked is None else blocked)):
+                    if kind != _WAITING:
+                        self._put_run(db, name, run)  # indexed as its record says
+                else:  # due again, or waiting and its previous run finished
                     token = floor = self._next_token(e, floor)
                     run.update(token=token, state=_CLAIMED, owner=owner, claimed_at=now)
                     run.pop("sending_at", None)  # held since this claim, not the last check
+                    run.pop("waiting_at", None)
+                    run.pop("waited_by", None)
                     self._put_run(db, name, run)
                     taken.append(Claim(name, due, token,
-                                       manual=run.get("manual") not in (None, False),
+                                       manual=_manual(run),
                                        maybe_sent=run.get("maybe_sent") not in (None, False),
                                        attempts=int(run.get("attempts") or 0)))
         if checkpoint != e["checkpoint"] or e["token"] != start_token:
@@ -1045,13 +1150,19 @@ class SQLiteStore(Store):
     def _check_one(self, db: sqlite3.Connection, now: int, owner: str, item: Check
                    ) -> CheckResult:
         """check.lua: only the holder of the current token may send; asked again after a
-        lost reply, the same answer."""
+        lost reply, the same answer. An operator's request is sent whatever the pause and
+        the overlap policy; another run of a paused entry is skipped (paused), and one
+        whose entry has a run unfinished is skipped (overlap="skip") or waits
+        (overlap="buffer_one": the newest waits, the other waiting ones are skipped)."""
         c = item.claim
         run = self._get_run(db, c.entry, c.due)
         if run is None:  # the store lost it (or it never was): the holder must know
             return CheckResult(c, CheckVerdict.MISSING, why="no such run")
         if run is False:
             return CheckResult(c, CheckVerdict.REFUSED, why="unreadable record")
+        if run["state"] == _WAITING and run.get("waited_by") == owner and _token_is(
+                run, c.token) and item.overlap is Overlap.BUFFER_ONE:
+            return CheckResult(c, CheckVerdict.WAITING)  # this check, asked again
         if run.get("owner") != owner or not _token_is(run, c.token):
             return CheckResult(c, CheckVerdict.REFUSED, why="superseded")
         if run["state"] == _SKIPPED and run.get("reason") in Reason._value2member_map_:
@@ -1059,15 +1170,34 @@ class SQLiteStore(Store):
         if run["state"] not in _HELD:
             return CheckResult(c, CheckVerdict.REFUSED, why=run["state"])
         reason = item.skip
-        if reason is None and item.overlap is Overlap.SKIP and run["state"] == _CLAIMED:
-            for due, raw in db.execute(self._sql["runs_busy"], (c.entry,)).fetchall():
-                other = _parse(raw, due) if due != c.due else False
-                # A run registered again after a wipe as sent, that no worker has started
-                # since, may well be finished: it does not make the next ones overlap.
-                if other and (other["state"] == _SENDING or other["state"] in _OPEN) and not (
-                        other.get("reseeded") not in (None, False) and other["state"] == _SENT):
-                    reason = Reason.OVERLAP
-                    break
+        # What follows applies to a run not checked before (a run being sent may have been
+        # published: checked again after a lost reply, it is sent again).
+        scheduled = run["state"] == _CLAIMED and not _manual(run)
+        if reason is None and scheduled and self._paused(db, c.entry):
+            reason = Reason.PAUSED
+        if reason is None and scheduled and item.overlap is not Overlap.ALLOW and (
+                self._unfinished(db, c.entry, c.due)):
+            if item.overlap is Overlap.SKIP:
+                reason = Reason.OVERLAP
+            elif item.overlap is Overlap.BUFFER_ONE:
+                # The newest waits; the entry's other waiting runs are skipped (overlap).
+                waiting = [other for due, raw in db.execute(
+                    self._sql["runs_waiting"], (c.entry,)).fetchall()
+                    if due != c.due and (other := _parse(raw, due))
+                    and other["state"] == _WAITING]
+                newest = max([c.due, *(int(other["due"]) for other in waiting)])
+                for other in waiting:
+                    if other["due"] != newest:
+                        other.update(state=_SKIPPED, reason=Reason.OVERLAP.value,
+                                     finished_at=now)
+                        self._put_run(db, c.entry, other)
+                if newest != c.due:
+                    reason = Reason.OVERLAP  # a newer one waits
+                else:
+                    run.update(state=_WAITING, waited_by=owner, waiting_at=now)
+                    run.pop("owner", None)
+                    self._put_run(db, c.entry, run)
+                    return CheckResult(c, CheckVerdict.WAITING)
         if reason is not None:
             run.update(state=_SKIPPED, reason=reason.value, finished_at=now)
             self._put_run(db, c.entry, run)
@@ -1124,14 +1254,26 @@ class SQLiteStore(Store):
         top = max(q.held_before, q.mine_before, q.dead_before)
         live = json.dumps(sorted(q.live_owners))
 
-        def work(db: sqlite3.Connection) -> tuple[list[Any], list[Any]]:
-            return (db.execute(self._sql["sweep_due"], (q.limit + 1,)).fetchall(),
+        def work(db: sqlite3.Connection) -> tuple[list[Any], list[Any], int]:
+            """Runs due again, and waiting runs a claim would take now (their entry has no
+            run unfinished, or is paused: a claim records them skipped); held runs."""
+            due_rows = db.execute(self._sql["sweep_due"], (q.limit + 1,)).fetchall()
+            waiting_rows = db.execute(self._sql["sweep_waiting"], (q.limit + 1,)).fetchall()
+            takeable: dict[str, bool] = {}
+            for _since, entry, _due in waiting_rows:
+                if entry not in takeable:
+                    takeable[entry] = self._paused(db, entry) or not self._unfinished(
+                        db, entry)
+            rows = sorted([(since or 0, entry, due, True) for since, entry, due in due_rows]
+                          + [(since or 0, entry, due, takeable[entry])
+                             for since, entry, due in waiting_rows])
+            return ([(entry, due) for _since, entry, due, report in rows if report],
                     db.execute(self._sql["sweep_held"], (
                         top, q.held_before, q.owner, q.mine_before, q.owner, q.dead_before,
-                        live, q.limit + 1)).fetchall())
+                        live, q.limit + 1)).fetchall(), len(due_rows) + len(waiting_rows))
 
-        due_rows, held_rows = self._transaction(work, write=False)
-        complete = len(due_rows) <= q.limit and len(held_rows) <= q.limit
+        due_rows, held_rows, found = self._transaction(work, write=False)
+        complete = found <= q.limit and len(held_rows) <= q.limit
         return LiveRuns(
             tuple(RunRef(entry, due) for entry, due in due_rows[:q.limit]),
             tuple(HeldRun(entry, due, int(token or 0), owner or "", int(since))
@@ -1349,6 +1491,66 @@ class SQLiteStore(Store):
         [due] = self._each("request_run", [entry], step, lambda name, exc: None)
         return due
 
+    def pause(self, entry: str, by: str, note: str = "") -> EntryRecord | None:
+        def work(db: sqlite3.Connection) -> EntryRecord | None:
+            """The entry's pause, on the entry's row: who, why, since when (a pause of a
+            paused entry keeps its instant). Its runs are skipped as they come up (at
+            their claim, when taken due again, at their check)."""
+            q = self._sql
+            if db.execute(q["entry_pause"], (by, note, _now(), entry)).rowcount == 0:
+                return None
+            return _entry_record(db.execute(q["entry_read"], (entry,)).fetchone())
+
+        return self._transaction(work)
+
+    def resume(self, entry: str, by: str) -> EntryRecord | None:
+        def work(db: sqlite3.Connection) -> EntryRecord | None:
+            """The pause ends, and who ended it when is recorded (only if paused)."""
+            q = self._sql
+            db.execute(q["entry_resume"], (by, _now(), entry))
+            row = db.execute(q["entry_read"], (entry,)).fetchone()
+            return None if row is None else _entry_record(row)
+
+        return self._transaction(work)
+
+    def backfill(self, entry: str, dues: Sequence[int], by: str) -> BackfillResult | None:
+        instants = sorted({int(due) for due in dues})
+
+        def step(db: sqlite3.Connection, now: int, name: str) -> BackfillResult | None:
+            """A manual run due at each instant that has no run, or whose run ended without
+            running (it is recorded again, back in the history; its next claim gets a fresh
+            token, above every token of the entry); what ran, runs or is on its way is kept.
+            The checkpoint is not touched. A record that cannot be read is left as it is."""
+            q = self._sql
+            if db.execute(q["entry_get"], (name,)).fetchone() is None:
+                return None
+            created: list[int] = []
+            kept: list[tuple[int, RunState]] = []
+            for due in instants:
+                stored = self._get_run(db, name, due)
+                if stored is False:
+                    continue
+                if stored is not None and stored["state"] not in _REDONE:
+                    kept.append((due, RunState(stored["state"])))
+                    continue
+                record: Record = {"due": due, "state": _DUE, "manual": True,
+                                  "requested_by": by, "released_at": now}
+                if stored is None:
+                    self._insert_run(db, name, record)
+                else:
+                    record["backfilled_from"] = stored["state"]
+                    if stored.get("token") is not None:
+                        record["token"] = stored["token"]  # superseded at its next claim
+                    self._put_run(db, name, record)
+                    db.execute(q["run_place"], ("h", None, name, due))  # out of the lost keep
+                created.append(due)
+            if created:
+                self._trim(db, name, self.history_limit, now)
+            return BackfillResult(name, tuple(created), tuple(kept))
+
+        [result] = self._each("backfill", [entry], step, lambda name, exc: None)
+        return result
+
     def forget(self, entries: Sequence[str]) -> list[str]:
         def step(db: sqlite3.Connection, now: int, name: str) -> bool:
             """forget.lua: an entry no schedule has any more goes with every record of its
@@ -1377,10 +1579,7 @@ class SQLiteStore(Store):
             return [row for name in names
                     if (row := db.execute(q["entry_read"], (name,)).fetchone()) is not None]
 
-        return [EntryRecord(name, description or "", _maybe_int(anchor),
-                            _maybe_int(checkpoint), _maybe_int(token) or 0)
-                for name, description, anchor, checkpoint, token in
-                self._transaction(work, write=False)]
+        return [_entry_record(row) for row in self._transaction(work, write=False)]
 
     def history(self, entry: str, limit: int | None = None) -> list[Run]:
         if limit is not None and limit <= 0:
@@ -1400,6 +1599,22 @@ class SQLiteStore(Store):
         rows = self._transaction(lambda db: db.execute(self._sql["owners_all"]).fetchall(),
                                  write=False)
         return _owner_statuses(rows, _now())
+
+    def now(self) -> int:
+        """This host's clock, as every transition reads it (the store is for one host)."""
+        return _now()
+
+
+def _entry_record(row: Sequence[Any]) -> EntryRecord:
+    """An entry as operators see it, from a row of entry_read (or entries_all)."""
+    name, description, anchor, checkpoint, token, by, note, at, resumed_by, resumed_at = row
+    paused_at = _maybe_int(at)
+    return EntryRecord(
+        name, description or "", _maybe_int(anchor), _maybe_int(checkpoint),
+        _maybe_int(token) or 0,
+        paused=None if paused_at is None else Pause(str(by or ""), str(note or ""), paused_at),
+        resumed_by=None if resumed_by is None else str(resumed_by),
+        resumed_at=_maybe_int(resumed_at))
 
 
 def _owner_statuses(rows: list[Any], now: int) -> list[OwnerStatus]:
