@@ -1170,11 +1170,12 @@ class SQLiteStore(Store):
         if run["state"] not in _HELD:
             return CheckResult(c, CheckVerdict.REFUSED, why=run["state"])
         reason = item.skip
-        # What follows applies to a run not checked before (a run being sent may have been
-        # published: checked again after a lost reply, it is sent again).
-        scheduled = run["state"] == _CLAIMED and not _manual(run)
-        if reason is None and scheduled and self._paused(db, c.entry):
+        # A holder checks a run again only before publishing it (a lost reply, a publish
+        # that stalled): the pause applies to it as to a run checked the first time.
+        if reason is None and not _manual(run) and self._paused(db, c.entry):
             reason = Reason.PAUSED
+        # The overlap policy applies to a run not checked before.
+        scheduled = run["state"] == _CLAIMED and not _manual(run)
         if reason is None and scheduled and item.overlap is not Overlap.ALLOW and (
                 self._unfinished(db, c.entry, c.due)):
             if item.overlap is Overlap.SKIP:

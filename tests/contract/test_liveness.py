@@ -79,7 +79,9 @@ def test_a_restart_starts_a_new_epoch_and_keeps_the_records(store: Store,
     poll(lambda: _answers(store), 10, "the store to answer after the restart")
     hb = store.heartbeat(A, TTL)
     assert hb.epoch != first.epoch
-    assert hb.settle_until is not None and hb.settle_until >= hb.now + TTL_MS - 5
+    # Settling began at the heartbeat that noticed the restart (B's, in _answers): a TTL
+    # from then, give or take the time between the two heartbeats on a loaded machine.
+    assert hb.settle_until is not None and hb.settle_until >= hb.now + TTL_MS - 500
     # It came back with its records, and every transition works on them.
     assert run(store, c).owner == A.id
     state = register(store, "e")["e"]
@@ -92,7 +94,7 @@ def test_a_wipe_starts_a_new_epoch_and_settles(store: Store, backend: Backend) -
     backend.wipe(store)
     hb = store.heartbeat(B, TTL)
     assert hb.epoch != first.epoch
-    assert hb.settle_until is not None and abs(hb.settle_until - (hb.now + TTL_MS)) <= 5
+    assert hb.settle_until is not None and abs(hb.settle_until - (hb.now + TTL_MS)) <= 500
     # Everything is gone: the entry must be registered again before it is claimed.
     assert store.entries() == [] and store.history("e") == []
     assert claim(store, A, None).status is ClaimStatus.MISSING
