@@ -9,7 +9,9 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
 ``epoch``      the store's epoch (one row): random id, settle_until, since, the server's identity
 ``anchoring``  the instant new entries are anchored at, shared for 2 s (one row)
 ``owners``     beats: id -> info (host, pid, start time), heartbeat expiry (database clock, ms)
-``entries``    entries: id, name, description, anchor, checkpoint, token (typed columns)
+``entries``    entries: id, name, description, anchor, checkpoint, token, and an operator's
+               pause (paused_at, paused_by, paused_note; resumed_by, resumed_at: the last
+               resume) (typed columns)
 ``runs``       runs: (entry id, due) -> ``record`` (jsonb: the same record the Redis store
                keeps), ``in_history``, ``lost_at`` (left the history presumed lost: kept a
                week for a late delivery), and index columns computed from the record by a
@@ -19,11 +21,12 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
 ``tasks``      task id -> the run it was started for (token): goes with the run (cascade)
 ``ident``      the store's id (one row), kept as long as the store keeps its records
 functions      one per transition (register, claim, check, sent, release, reclaim, start,
-               requeue, finish, request, forget, heartbeat) and their helpers (trim,
-               anchor_instant, index_run: the trigger that computes a run's index columns)
+               requeue, finish, request, backfill, pause, resume, forget, heartbeat) and
+               their helpers (trim, anchor_instant, busy: what the overlap policies wait
+               for, index_run: the trigger that computes a run's index columns)
 =============  ================================================================================
 
-Partial indexes on ``runs`` (``since`` where due / held / open, ``(entry, due)`` where not
+Partial indexes on ``runs`` (``since`` where due / waiting / held / open, ``(entry, due)`` where not
 final, ``(entry, lost_at)`` where lost) keep sweeps and claims cheap whatever the number of
 entries: they read only the runs that need a beat.
 
@@ -72,6 +75,7 @@ from psycopg.types.json import Jsonb
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from .base import (
+    BackfillResult,
     Check,
     CheckResult,
     CheckVerdict,
@@ -90,6 +94,7 @@ from .base import (
     OpenRun,
     Outcome,
     OwnerStatus,
+    Pause,
     Reclaim,
     Release,
     RunRef,
@@ -106,11 +111,19 @@ logger = get_logger("celery.beat.claims")
 T = TypeVar("T")
 
 #: The layout's version. A change to a table or a function gets a new one and a migration.
-LAYOUT = 1
+LAYOUT = 2
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version). A function whose arguments change must be dropped
 #: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
-MIGRATIONS: dict[int, str] = {}
+MIGRATIONS: dict[int, str] = {
+    # 2: an operator's pause of an entry (pause, resume). The waiting state of
+    # overlap="buffer_one" needs no column: the functions and the index are installed.
+    1: """
+ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS paused_at bigint,
+  ADD COLUMN IF NOT EXISTS paused_by text, ADD COLUMN IF NOT EXISTS paused_note text,
+  ADD COLUMN IF NOT EXISTS resumed_by text, ADD COLUMN IF NOT EXISTS resumed_at bigint;
+""",
+}
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
 #: casts, EXECUTE FUNCTION triggers; tested on 15).
 MIN_SERVER_VERSION = 120000
@@ -165,6 +178,7 @@ def _sql_names(schema: str) -> dict[str, str]:
     names.update({f"V_{verdict.name}": f"'{verdict.value}'" for verdict in CheckVerdict})
     names.update({f"S_{verdict.name}": f"'{verdict.value}'" for verdict in StartVerdict})
     names["OVERLAP_SKIP"] = f"'{Overlap.SKIP.value}'"
+    names["OVERLAP_BUFFER_ONE"] = f"'{Overlap.BUFFER_ONE.value}'"
     # A batch's items (entry, due) with their runs, in order, in one read: the items of one
     # call name distinct runs (the Python side cuts a call where one repeats).
     select_runs = (
@@ -231,7 +245,12 @@ CREATE TABLE IF NOT EXISTS {s}.entries (
   description text NOT NULL DEFAULT '',
   anchor bigint NOT NULL,
   checkpoint bigint,
-  token bigint NOT NULL DEFAULT 0);
+  token bigint NOT NULL DEFAULT 0,
+  paused_at bigint,
+  paused_by text,
+  paused_note text,
+  resumed_by text,
+  resumed_at bigint);
 CREATE TABLE IF NOT EXISTS {s}.runs (
   entry_id bigint NOT NULL REFERENCES {s}.entries (id),
   due bigint NOT NULL,
@@ -247,6 +266,7 @@ CREATE TABLE IF NOT EXISTS {s}.runs (
   PRIMARY KEY (entry_id, due));
 CREATE INDEX IF NOT EXISTS runs_live ON {s}.runs (entry_id, due) WHERE live_state IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_due ON {s}.runs (since) WHERE live_state = {DUE};
+CREATE INDEX IF NOT EXISTS runs_waiting ON {s}.runs (since) WHERE live_state = {WAITING};
 CREATE INDEX IF NOT EXISTS runs_held ON {s}.runs (since) WHERE live_state IN {HELD};
 CREATE INDEX IF NOT EXISTS runs_open ON {s}.runs (since) WHERE live_state IN {OPEN};
 CREATE INDEX IF NOT EXISTS runs_lost ON {s}.runs (entry_id, lost_at)
@@ -288,6 +308,7 @@ BEGIN
   -- The instant the run last became what it is: what sweeps compare with their cutoffs.
   NEW.since := floor(CASE
     WHEN v_state = {DUE} THEN coalesce(r -> 'released_at', r -> 'claimed_at', r -> 'due')
+    WHEN v_state = {WAITING} THEN to_jsonb(coalesce({s}.int_of(r -> 'waiting_at'), NEW.due))
     WHEN v_state IN {HELD} THEN coalesce(r -> 'sending_at', r -> 'claimed_at', '0')
     ELSE coalesce(r -> 'revived_at', r -> 'started_at', r -> 'sent_at', r -> 'sending_at',
                   '0') END::numeric);
@@ -350,6 +371,16 @@ BEGIN
   END IF;
   RETURN v_instant;
 END $$;
+
+-- Whether a run of the entry other than p_besides is being sent, sent or started: what the
+-- overlap policies wait for (the prelude's busy_besides). A run registered again after a
+-- wipe as sent, that no worker has started since, may well be finished: it does not count.
+CREATE OR REPLACE FUNCTION {s}.busy(p_entry bigint, p_besides bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+  SELECT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.entry_id = p_entry
+    AND r.due IS DISTINCT FROM p_besides AND r.live_state IN ({SENDING}, {SENT}, {STARTED})
+    AND NOT (r.live_state = {SENT} AND coalesce(r.record -> 'reseeded' <> 'false', false)))
+$$;
 
 -- Keep the entry's history to p_limit runs (the prelude's trim): the oldest final or
 -- unreadable runs go first, wherever they are; a lost run leaves the history for the lost
@@ -478,8 +509,11 @@ END $$;
 -- t (take due), s: [[due, 'claim' or a skip reason], ...] sorted}}] naming distinct
 -- entries: one compare-and-set on each entry's checkpoint, a fresh token per claim above
 -- the floor, planned skips recorded, instants that have a run left alone; then the entry's
--- due runs are taken. The common plan costs two statements (the run, the entry): what only
--- some entries need (due runs, unreadable runs, trimming) is found for the batch at once.
+-- due runs are taken, and its waiting run (overlap="buffer_one") once no run of the entry
+-- is busy. While the entry is paused, new occurrences and due runs that are not an
+-- operator's request are recorded skipped (paused) instead. The common plan costs two
+-- statements (the run, the entry): what only some entries need (due or waiting runs,
+-- unreadable runs, trimming) is found for the batch at once.
 CREATE OR REPLACE FUNCTION {s}.claim(p_owner text, p_plans jsonb, p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -489,6 +523,9 @@ DECLARE
   v_anchor bigint;
   v_checkpoint bigint;
   v_token0 bigint;
+  v_paused boolean;
+  v_busy boolean;
+  v_action text;
   v_row record;
   v_ids bigint[];
   v_with_due bigint[];
@@ -512,11 +549,12 @@ BEGIN
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_plans) x)
     ORDER BY e.name FOR NO KEY UPDATE);
   v_with_due := ARRAY(SELECT DISTINCT r.entry_id FROM {s}.runs r
-    WHERE r.entry_id = ANY(v_ids) AND r.live_state = {DUE});
+    WHERE r.entry_id = ANY(v_ids) AND r.live_state IN ({DUE}, {WAITING}));
   v_with_bad := ARRAY(SELECT DISTINCT r.entry_id FROM {s}.runs r
     WHERE r.entry_id = ANY(v_ids) AND NOT r.readable);
-  FOR v_plan, v_id, v_anchor, v_checkpoint, v_token0 IN
-      SELECT x.value, e.id, e.anchor, e.checkpoint, e.token FROM jsonb_array_elements(p_plans)
+  FOR v_plan, v_id, v_anchor, v_checkpoint, v_token0, v_paused IN
+      SELECT x.value, e.id, e.anchor, e.checkpoint, e.token, e.paused_at IS NOT NULL
+      FROM jsonb_array_elements(p_plans)
       WITH ORDINALITY x (value, n) LEFT JOIN {s}.entries e ON e.name = x.value ->> 'e'
       ORDER BY x.n LOOP
     IF v_id IS NULL THEN
@@ -544,7 +582,9 @@ BEGIN
         v_due := (v_step ->> 0)::bigint;
         CONTINUE WHEN v_cp IS NOT NULL AND v_due <= v_cp;
         v_cp := v_due;
-        IF v_step ->> 1 = 'claim' THEN
+        v_action := CASE WHEN v_step ->> 1 = 'claim' AND v_paused THEN {R_PAUSED}
+                         ELSE v_step ->> 1 END;
+        IF v_action = 'claim' THEN
           v_next := v_token + 1;
           IF v_next <= v_floor THEN v_next := v_floor + 1; END IF;
           INSERT INTO {s}.runs (entry_id, due, record) VALUES (v_id, v_due,
@@ -560,11 +600,11 @@ BEGIN
           END IF;
         ELSE
           INSERT INTO {s}.runs (entry_id, due, record) VALUES (v_id, v_due,
-              jsonb_build_object('due', v_due, 'state', {SKIPPED}, 'reason', v_step ->> 1,
+              jsonb_build_object('due', v_due, 'state', {SKIPPED}, 'reason', v_action,
                                  'finished_at', v_now))
             ON CONFLICT DO NOTHING;
           IF FOUND THEN
-            v_skipped := v_skipped || jsonb_build_array(v_step);
+            v_skipped := v_skipped || jsonb_build_array(jsonb_build_array(v_due, v_action));
           ELSE
             v_existing := v_existing || to_jsonb(v_due);
           END IF;
@@ -572,14 +612,29 @@ BEGIN
       END LOOP;
     END IF;
     IF (v_plan ->> 't')::boolean AND v_id = ANY(v_with_due) THEN
-      FOR v_row IN SELECT r.due, r.record FROM {s}.runs r
-          WHERE r.entry_id = v_id AND r.live_state = {DUE} ORDER BY r.due LOOP
+      v_busy := NULL;
+      FOR v_row IN SELECT r.due, r.record, r.live_state FROM {s}.runs r
+          WHERE r.entry_id = v_id AND r.live_state IN ({DUE}, {WAITING}) ORDER BY r.due LOOP
+        IF v_paused AND NOT coalesce(v_row.record -> 'manual' <> 'false'::jsonb, false) THEN
+          UPDATE {s}.runs SET record = v_row.record || jsonb_build_object(
+              'state', {SKIPPED}, 'reason', {R_PAUSED}, 'finished_at', v_now)
+            WHERE entry_id = v_id AND due = v_row.due;
+          v_skipped := v_skipped || jsonb_build_array(jsonb_build_array(v_row.due,
+                                                                        {R_PAUSED}));
+          CONTINUE;
+        END IF;
+        IF v_row.live_state = {WAITING} THEN
+          -- It waits on while a run of the entry is busy (taking due runs makes none busy).
+          v_busy := coalesce(v_busy, {s}.busy(v_id, v_row.due));
+          CONTINUE WHEN v_busy;
+        END IF;
         v_next := v_token + 1;
         IF v_next <= v_floor THEN v_next := v_floor + 1; END IF;
         v_token := v_next;
         v_floor := v_next;
         -- The previous holder's check is not this claim's: it is held since now.
-        v_rec := (v_row.record - 'sending_at') || jsonb_build_object(
+        v_rec := (v_row.record - ARRAY['sending_at', 'waiting_at', 'waited_by'])
+          || jsonb_build_object(
           'token', v_next, 'state', {CLAIMED}, 'owner', p_owner, 'claimed_at', v_now);
         UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_id AND due = v_row.due;
         v_taken := v_taken || jsonb_build_array(jsonb_build_array(
@@ -616,30 +671,60 @@ BEGIN
 END $$;
 
 -- check.lua, for a batch [{{e, d, t, id (task id), skip (reason or null), ov}}]: only the
--- holder of the current token may send; the run becomes sending, or is recorded skipped.
+-- holder of the current token may send; the run becomes sending, or is recorded skipped
+-- (the caller's reason; paused for a run of a paused entry; overlap with ov "skip" while
+-- another run of the entry is busy), or, with ov "buffer_one" while one is busy, waiting
+-- (no owner: nobody holds it) and any older waiting run of the entry skipped (overlap), or
+-- skipped itself when a newer one waits. An operator's request is sent whatever the pause
+-- and the overlap policy.
 CREATE OR REPLACE FUNCTION {s}.check(p_owner text, p_items jsonb)
 RETURNS TABLE (o_verdict text, o_detail text) LANGUAGE plpgsql AS $$
 DECLARE
   v_item jsonb;
   v_entry bigint;
   v_due bigint;
+  v_token bigint;
   v_rec jsonb;
   v_ok boolean;
   v_reason text;
+  v_now bigint;
+  v_paused bigint[];
+  v_touched bigint[] := ARRAY[]::bigint[];
+  v_newest bigint;
 BEGIN
-  PERFORM 1 FROM {s}.entries e
+  -- Locked, and the paused ones among them read once locked.
+  v_paused := array_remove(ARRAY(SELECT CASE WHEN e.paused_at IS NOT NULL THEN e.id END
+    FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
-    ORDER BY e.name FOR NO KEY UPDATE;
+    ORDER BY e.name FOR NO KEY UPDATE), NULL);
   FOR v_item, v_entry, v_rec, v_ok IN {SELECT_RUNS} LOOP
     v_due := (v_item ->> 'd')::bigint;
+    v_token := (v_item ->> 't')::bigint;
+    IF v_entry = ANY(v_touched) THEN
+      -- An earlier item of the batch recorded waiting runs of this entry skipped: this
+      -- run's record as it is now.
+      SELECT r.record, r.readable INTO v_rec, v_ok FROM {s}.runs r
+        WHERE r.entry_id = v_entry AND r.due = v_due;
+    END IF;
     o_verdict := {V_REFUSED};
+    o_detail := NULL;
     IF v_entry IS NULL THEN
       o_verdict := {V_MISSING};  -- the store lost it (or never had it)
       o_detail := 'no such run';
     ELSIF NOT v_ok THEN
       o_detail := 'unreadable record';
+    ELSIF v_rec ->> 'state' = {WAITING} AND v_rec ->> 'waited_by' IS NOT DISTINCT FROM p_owner
+        AND coalesce({s}.int_of(v_rec -> 'token'), 0) = v_token THEN
+      -- made waiting by this holder's check: asked again (the same check) it answers the
+      -- same; it is not this holder's to send any more
+      IF v_item ->> 'ov' = {OVERLAP_BUFFER_ONE} THEN
+        o_verdict := {V_WAITING};
+        o_detail := '';
+      ELSE
+        o_detail := {WAITING};
+      END IF;
     ELSIF v_rec ->> 'owner' IS DISTINCT FROM p_owner
-        OR coalesce({s}.int_of(v_rec -> 'token'), 0) <> (v_item ->> 't')::bigint THEN
+        OR coalesce({s}.int_of(v_rec -> 'token'), 0) <> v_token THEN
       o_detail := 'superseded';
     ELSIF v_rec ->> 'state' = {SKIPPED} AND v_rec ->> 'reason' IN {REASONS} THEN
       -- skipped by this holder's check: asked again
@@ -648,30 +733,50 @@ BEGIN
     ELSIF v_rec ->> 'state' NOT IN {HELD} THEN
       o_detail := v_rec ->> 'state';
     ELSE
+      v_now := {s}.now_ms();
       v_reason := nullif(v_item ->> 'skip', '');
-      IF v_reason IS NULL AND v_item ->> 'ov' = {OVERLAP_SKIP}
-          AND v_rec ->> 'state' = {CLAIMED}
-          AND EXISTS (SELECT 1 FROM {s}.runs r WHERE r.entry_id = v_entry AND r.due <> v_due
-                      AND r.live_state IN ({SENDING}, {SENT}, {STARTED})
-                      -- registered again as sent after a wipe, not started since: it may
-                      -- well be finished, and does not make the next ones overlap
-                      AND NOT (r.live_state = {SENT}
-                               AND coalesce(r.record -> 'reseeded' <> 'false', false))) THEN
-        v_reason := {R_OVERLAP};
+      IF v_reason IS NULL AND NOT coalesce(v_rec -> 'manual' <> 'false'::jsonb, false) THEN
+        IF v_entry = ANY(v_paused) THEN
+          v_reason := {R_PAUSED};
+        ELSIF v_item ->> 'ov' IN ({OVERLAP_SKIP}, {OVERLAP_BUFFER_ONE})
+            AND v_rec ->> 'state' = {CLAIMED} AND {s}.busy(v_entry, v_due) THEN
+          IF v_item ->> 'ov' = {OVERLAP_SKIP} THEN
+            v_reason := {R_OVERLAP};
+          ELSE
+            -- Only the newest waits: the other waiting runs older than it are skipped.
+            SELECT max(r.due) INTO v_newest FROM {s}.runs r
+              WHERE r.entry_id = v_entry AND r.live_state = {WAITING} AND r.due <> v_due;
+            UPDATE {s}.runs SET record = record || jsonb_build_object(
+                'state', {SKIPPED}, 'reason', {R_OVERLAP}, 'finished_at', v_now)
+              WHERE entry_id = v_entry AND live_state = {WAITING} AND due <> v_due
+                AND due < greatest(v_due, v_newest);
+            IF FOUND THEN
+              v_touched := array_append(v_touched, v_entry);
+            END IF;
+            IF v_newest > v_due THEN
+              v_reason := {R_OVERLAP};
+            ELSE
+              o_verdict := {V_WAITING};
+            END IF;
+          END IF;
+        END IF;
       END IF;
-      IF v_reason IS NOT NULL THEN
-        UPDATE {s}.runs SET record = v_rec || jsonb_build_object(
-            'state', {SKIPPED}, 'reason', v_reason, 'finished_at', {s}.now_ms())
-          WHERE entry_id = v_entry AND due = v_due;
+      IF o_verdict = {V_WAITING} THEN
+        v_rec := (v_rec - 'owner') || jsonb_build_object(
+          'state', {WAITING}, 'waited_by', p_owner, 'waiting_at', v_now);
+        o_detail := '';
+      ELSIF v_reason IS NOT NULL THEN
+        v_rec := v_rec || jsonb_build_object(
+          'state', {SKIPPED}, 'reason', v_reason, 'finished_at', v_now);
         o_verdict := {V_SKIPPED};
         o_detail := v_reason;
       ELSE
-        UPDATE {s}.runs SET record = v_rec || jsonb_build_object(
-            'state', {SENDING}, 'task_id', v_item ->> 'id', 'sending_at', {s}.now_ms())
-          WHERE entry_id = v_entry AND due = v_due;
+        v_rec := v_rec || jsonb_build_object(
+          'state', {SENDING}, 'task_id', v_item ->> 'id', 'sending_at', v_now);
         o_verdict := {V_SEND};
         o_detail := '';
       END IF;
+      UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_entry AND due = v_due;
     END IF;
     RETURN NEXT;
   END LOOP;
@@ -696,7 +801,7 @@ BEGIN
     v_due := (v_item ->> 'd')::bigint;
     CONTINUE WHEN v_entry IS NULL OR NOT v_ok;
     CONTINUE WHEN coalesce({s}.int_of(v_rec -> 'token'), 0) <> (v_item ->> 't')::bigint;
-    CONTINUE WHEN v_rec ->> 'state' IN ({CLAIMED}, {DUE});
+    CONTINUE WHEN v_rec ->> 'state' IN ({CLAIMED}, {DUE}, {WAITING});
     IF v_rec ->> 'state' = {SENDING} THEN
       UPDATE {s}.runs SET record = v_rec || jsonb_build_object(
           'state', {SENT}, 'sent_at', {s}.now_ms())
@@ -935,7 +1040,7 @@ BEGIN
     o_ok := v_entry IS NOT NULL AND v_ok
       AND (v_item ->> 't' IS NULL
            OR coalesce({s}.int_of(v_rec -> 'token'), 0) = (v_item ->> 't')::bigint)
-      AND v_state NOT IN {FINAL} AND v_state NOT IN ({CLAIMED}, {DUE});
+      AND v_state NOT IN {FINAL} AND v_state NOT IN ({CLAIMED}, {DUE}, {WAITING});
     IF o_ok AND (v_item ->> 'u')::boolean AND v_state = {STARTED} THEN
       o_ok := false;  -- a delivery revoked before it ran: another one is running it
     END IF;
@@ -996,6 +1101,88 @@ BEGIN
     'released_at', v_due, 'request_id', p_request)));
   PERFORM {s}.trim(v_entry, p_limit, v_due);
   RETURN v_due;
+END $$;
+
+-- backfill.lua: an operator asks for past occurrences to run. Each instant with no run, or
+-- whose run ended without running (skipped, lost, cancelled), gets a manual run due (as a
+-- requested run; the old record and its task id go): a beat claims it with a fresh token
+-- and sends it. Instants whose run ran, runs or is on its way are kept (reported with their
+-- state); a record that cannot be read is left for an operator. The checkpoint is not
+-- touched. NULL for an unknown entry.
+CREATE OR REPLACE FUNCTION {s}.backfill(p_entry text, p_dues bigint[], p_by text,
+                                        p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  v_entry bigint;
+  v_due bigint;
+  v_rec jsonb;
+  v_ok boolean;
+  v_found boolean;
+  v_now bigint;
+  v_created jsonb := '[]';
+  v_kept jsonb := '[]';
+BEGIN
+  SELECT e.id INTO v_entry FROM {s}.entries e WHERE e.name = p_entry FOR NO KEY UPDATE;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  v_now := {s}.now_ms();
+  FOR v_due IN SELECT DISTINCT d FROM unnest(p_dues) d WHERE d IS NOT NULL ORDER BY d LOOP
+    SELECT r.record, r.readable INTO v_rec, v_ok FROM {s}.runs r
+      WHERE r.entry_id = v_entry AND r.due = v_due;
+    v_found := FOUND;
+    CONTINUE WHEN v_found AND NOT v_ok;
+    IF v_found AND v_rec ->> 'state' NOT IN ({SKIPPED}, {LOST}, {CANCELLED}) THEN
+      v_kept := v_kept || jsonb_build_array(jsonb_build_array(v_due, v_rec ->> 'state'));
+      CONTINUE;
+    END IF;
+    IF v_found THEN
+      DELETE FROM {s}.runs WHERE entry_id = v_entry AND due = v_due;
+    END IF;
+    INSERT INTO {s}.runs (entry_id, due, record) VALUES (v_entry, v_due, jsonb_build_object(
+      'due', v_due, 'state', {DUE}, 'manual', true, 'requested_by', p_by,
+      'released_at', v_now));
+    v_created := v_created || to_jsonb(v_due);
+  END LOOP;
+  IF jsonb_array_length(v_created) > 0 THEN
+    PERFORM {s}.trim(v_entry, p_limit, v_now);
+  END IF;
+  RETURN jsonb_build_object('created', v_created, 'kept', v_kept);
+END $$;
+
+-- pause.lua: from now on the entry's runs that are not an operator's request are recorded
+-- skipped (paused) by the claim and the check before publish. Pausing a paused entry keeps
+-- its instant and takes the new note and who. The entry as entries() reads it; no row for
+-- an unknown entry.
+CREATE OR REPLACE FUNCTION {s}.pause(p_entry text, p_by text, p_note text)
+RETURNS TABLE (o_name text, o_description text, o_anchor bigint, o_checkpoint bigint,
+               o_token bigint, o_paused_at bigint, o_paused_by text, o_paused_note text,
+               o_resumed_by text, o_resumed_at bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY UPDATE {s}.entries e
+    SET paused_at = coalesce(e.paused_at, {s}.now_ms()), paused_by = p_by,
+        paused_note = coalesce(p_note, '')
+    WHERE e.name = p_entry
+    RETURNING e.name, e.description, e.anchor, e.checkpoint, e.token, e.paused_at,
+              e.paused_by, e.paused_note, e.resumed_by, e.resumed_at;
+END $$;
+
+-- resume.lua: the entry's pause ends, recording who and when; an entry that is not paused
+-- is left as it is. The entry as entries() reads it; no row for an unknown entry.
+CREATE OR REPLACE FUNCTION {s}.resume(p_entry text, p_by text)
+RETURNS TABLE (o_name text, o_description text, o_anchor bigint, o_checkpoint bigint,
+               o_token bigint, o_paused_at bigint, o_paused_by text, o_paused_note text,
+               o_resumed_by text, o_resumed_at bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM 1 FROM {s}.entries e WHERE e.name = p_entry FOR NO KEY UPDATE;
+  UPDATE {s}.entries e SET paused_at = NULL, paused_by = NULL, paused_note = NULL,
+      resumed_by = p_by, resumed_at = {s}.now_ms()
+    WHERE e.name = p_entry AND e.paused_at IS NOT NULL;
+  RETURN QUERY SELECT e.name, e.description, e.anchor, e.checkpoint, e.token, e.paused_at,
+      e.paused_by, e.paused_note, e.resumed_by, e.resumed_at
+    FROM {s}.entries e WHERE e.name = p_entry;
 END $$;
 
 -- requeue.lua: the delivery that started a run gives it back without an outcome (only that
@@ -1255,9 +1442,16 @@ class PostgresStore(Store):
         self._suspect = False
         self._noted: set[tuple[str, int]] = set()  # unreadable runs logged once
         self._refused: set[str] = set()  # items the database refused, logged once
+        # Runs due again, and waiting runs (overlap="buffer_one") once they can be taken
+        # (their entry has no busy run): both are a beat's to take.
         self._sql_live = (
             f"(SELECT 'd', e.name, r.due, 0, NULL, r.since FROM {s}.runs r"
             f" JOIN {s}.entries e ON e.id = r.entry_id WHERE r.live_state = '{RunState.DUE.value}'"
+            f" ORDER BY r.since, r.entry_id, r.due LIMIT %(n)s)"
+            f" UNION ALL"
+            f" (SELECT 'd', e.name, r.due, 0, NULL, r.since FROM {s}.runs r"
+            f" JOIN {s}.entries e ON e.id = r.entry_id"
+            f" WHERE r.live_state = '{RunState.WAITING.value}' AND NOT {s}.busy(r.entry_id, r.due)"
             f" ORDER BY r.since, r.entry_id, r.due LIMIT %(n)s)"
             f" UNION ALL"
             f" (SELECT 'h', e.name, r.due, r.token, r.owner, r.since FROM {s}.runs r"
@@ -1584,7 +1778,8 @@ class PostgresStore(Store):
                 "top": max(query.held_before, query.mine_before, query.dead_before)})
         except psycopg.Error as exc:
             raise StoreError(f"the server answered with an error: {exc}") from exc
-        due = [RunRef(name, int(d)) for kind, name, d, _, _, _ in rows if kind == "d"]
+        due = [RunRef(name, int(d)) for kind, name, d, _, _, _ in sorted(
+            (row for row in rows if row[0] == "d"), key=lambda row: row[5])]
         held = [HeldRun(name, int(d), int(token), owner or "", int(since))
                 for kind, name, d, token, owner, since in rows if kind == "h"]
         complete = len(due) <= query.limit and len(held) <= query.limit
@@ -1679,6 +1874,33 @@ class PostgresStore(Store):
             raise StoreError(f"the server answered with an error: {exc}") from exc
         return _maybe_int(due)
 
+    def backfill(self, entry: str, dues: Sequence[int], by: str) -> BackfillResult | None:
+        try:
+            [(reply,)] = self._execute(f"SELECT {self._s}.backfill(%s, %s::bigint[], %s, %s)",
+                                       [entry, sorted({int(d) for d in dues}), by,
+                                        self.history_limit])
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        if reply is None:
+            return None
+        return BackfillResult(entry, tuple(int(d) for d in reply["created"]),
+                              tuple((int(d), RunState(state)) for d, state in reply["kept"]))
+
+    def pause(self, entry: str, by: str, note: str = "") -> EntryRecord | None:
+        return self._entry_call("pause", [entry, by, note])
+
+    def resume(self, entry: str, by: str) -> EntryRecord | None:
+        return self._entry_call("resume", [entry, by])
+
+    def _entry_call(self, function: str, args: list[Any]) -> EntryRecord | None:
+        """An operator's transition of one entry that answers the entry (none: unknown)."""
+        marks = ", ".join(["%s"] * len(args))
+        try:
+            rows = self._execute(f"SELECT * FROM {self._s}.{function}({marks})", args)
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        return _entry_record(rows[0]) if rows else None
+
     def forget(self, entries: Sequence[str]) -> list[str]:
         names = list(dict.fromkeys(entries))
         if not names:
@@ -1692,7 +1914,8 @@ class PostgresStore(Store):
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
-        sql = (f"SELECT name, description, anchor, checkpoint, token FROM {self._s}.entries")
+        sql = (f"SELECT name, description, anchor, checkpoint, token, paused_at, paused_by,"
+               f" paused_note, resumed_by, resumed_at FROM {self._s}.entries")
         try:
             if names is None:
                 rows = self._execute(sql)
@@ -1700,8 +1923,7 @@ class PostgresStore(Store):
                 rows = self._execute(sql + " WHERE name = ANY(%s::text[])", [list(names)])
         except psycopg.Error as exc:
             raise StoreError(f"the server answered with an error: {exc}") from exc
-        found = {row[0]: EntryRecord(row[0], row[1], row[2], row[3], int(row[4]))
-                 for row in rows}
+        found = {row[0]: _entry_record(row) for row in rows}
         order = sorted(found) if names is None else [n for n in names if n in found]
         return [found[name] for name in dict.fromkeys(order)]
 
@@ -1716,6 +1938,15 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise StoreError(f"the server answered with an error: {exc}") from exc
         return [run for (record,) in rows if (run := _parse_run(entry, record)) is not None]
+
+    def now(self) -> int:
+        # The clock is the server's whatever it holds: readable before a heartbeat has read
+        # the epoch of a server found new.
+        try:
+            [(now,)] = self._execute(f"SELECT {self._s}.now_ms()", heartbeat=True)
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        return int(now)
 
     def owners(self) -> list[OwnerStatus]:
         try:
@@ -1782,6 +2013,8 @@ def _check_result(claim: Claim, verdict: str, detail: str | None) -> CheckResult
         return CheckResult(claim, CheckVerdict.SEND)
     if verdict == CheckVerdict.SKIPPED.value:
         return CheckResult(claim, CheckVerdict.SKIPPED, Reason(detail))
+    if verdict == CheckVerdict.WAITING.value:
+        return CheckResult(claim, CheckVerdict.WAITING)
     if verdict == CheckVerdict.MISSING.value:
         return CheckResult(claim, CheckVerdict.MISSING, why=str(detail or "no such run"))
     return CheckResult(claim, CheckVerdict.REFUSED, why=str(detail or "refused"))
@@ -1789,6 +2022,17 @@ def _check_result(claim: Claim, verdict: str, detail: str | None) -> CheckResult
 
 def _maybe_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _entry_record(row: Sequence[Any]) -> EntryRecord:
+    """An entry from its row: name, description, anchor, checkpoint, token, paused_at,
+    paused_by, paused_note, resumed_by, resumed_at."""
+    name, description, anchor, checkpoint, token, paused_at, by, note, resumed_by, \
+        resumed_at = row
+    paused = None if paused_at is None else Pause(str(by or ""), str(note or ""),
+                                                   int(paused_at))
+    return EntryRecord(name, description, _maybe_int(anchor), _maybe_int(checkpoint),
+                       int(token), paused, resumed_by, _maybe_int(resumed_at))
 
 
 def _parse_run(entry: str, record: Any) -> Run | None:
