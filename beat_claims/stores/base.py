@@ -459,6 +459,7 @@ class Store(abc.ABC):
         Asked again with the same ``request_id`` (after a lost reply), it records nothing
         more and answers the same instant."""
 
+    @abc.abstractmethod
     def pause(self, entry: str, by: str, note: str = "") -> EntryRecord | None:
         """Pause the entry: from now on, on every beat, each of its occurrences is recorded
         skipped (``paused``) instead of being sent — at its claim, when taken due again,
@@ -466,14 +467,14 @@ class Store(abc.ABC):
         handed to the broker are not touched; an operator's requests (run now, backfill)
         are still sent. Pausing a paused entry keeps its instant and takes the new note and
         who. None when the store does not know the entry."""
-        raise NotImplementedError  # TEMP: abstract once every backend has it
 
+    @abc.abstractmethod
     def resume(self, entry: str, by: str) -> EntryRecord | None:
         """End the entry's pause (recording who, and when); occurrences due from now on are
         sent again (the ones skipped while paused stay skipped). Resuming an entry that is
         not paused records nothing. None when the store does not know the entry."""
-        raise NotImplementedError  # TEMP: abstract once every backend has it
 
+    @abc.abstractmethod
     def backfill(self, entry: str, dues: Sequence[int], by: str) -> BackfillResult | None:
         """Record a manual run (``requested_by``) due at each of these instants that has no
         run, or whose run ended without running (skipped, lost, cancelled): the beats claim
@@ -481,7 +482,6 @@ class Store(abc.ABC):
         is on its way (due, waiting, claimed, sending, sent, started, done, failed) are
         kept as they are, so asking twice (after a lost reply) sends each once. The
         checkpoint is not touched. None when the store does not know the entry."""
-        raise NotImplementedError  # TEMP: abstract once every backend has it
 
     @abc.abstractmethod
     def forget(self, entries: Sequence[str]) -> list[str]:
@@ -502,9 +502,9 @@ class Store(abc.ABC):
     def owners(self) -> list[OwnerStatus]:
         """Every registered beat and whether its heartbeat is alive."""
 
+    @abc.abstractmethod
     def now(self) -> int:
         """The store's clock (UTC ms): what readers such as a health probe compare with."""
-        raise NotImplementedError  # TEMP: abstract once every backend has it
 
     def close(self) -> None:  # noqa: B027 - optional for backends
         """Release connections."""
