@@ -13,6 +13,7 @@ its own permission and is logged (admin log and the ``celery.beat.claims`` logge
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from celery.utils.log import get_logger
@@ -48,6 +49,10 @@ HISTORY_LIMIT = 50
 #: What a failed store read looks like to the page, instead of a server error.
 STORE_ERRORS = (StoreError, StoreConfigurationError, OSError, ConfigurationError)
 RELEASABLE = ("claimed", "sending")
+#: The instants of each document that the pages show as times (time.html).
+RUN_TIMES = ("due", "claimed_at", "sent_at", "started_at", "finished_at")
+ENTRY_TIMES = ("next_due", "checkpoint", "anchor")
+OWNER_TIMES = ("started_at", "expires_at")
 
 
 @admin.register(Entry)
@@ -89,7 +94,7 @@ class EntryAdmin(admin.ModelAdmin):
         entries = [self._entry_row(e, owners) for e in doc["entries"]]
         context = {
             **self._context(request, "Entries"),
-            "owners": doc["owners"],
+            "owners": [dict(o, at=_times(o, OWNER_TIMES)) for o in doc["owners"]],
             "entries": entries,
             "error": error,
             **(extra_context or {}),
@@ -228,13 +233,17 @@ class EntryAdmin(admin.ModelAdmin):
         return set(found if found is not None else app.conf.beat_schedule or {})
 
     def _entry_row(self, entry: dict[str, Any], owners: dict[str, Any]) -> dict[str, Any]:
+        last = entry["last_run"]
         return {
             **entry,
+            "at": _times(entry, ENTRY_TIMES),
+            "last_run": dict(last, at=_times(last, RUN_TIMES)) if last else None,
             "url": self._url("change", entry["name"]),
             "release_url": self._url("release", entry["name"]),
             "trigger_url": self._url("trigger", entry["name"]),
             "claims": [dict(c, owner_label=_owner_label(c.get("owner"), owners),
-                            releasable=c["state"] in RELEASABLE) for c in entry["claims"]],
+                            releasable=c["state"] in RELEASABLE, at=_times(c, RUN_TIMES))
+                       for c in entry["claims"]],
             "counts": {k: v for k, v in entry["counts"].items() if v},
         }
 
@@ -247,6 +256,7 @@ class EntryAdmin(admin.ModelAdmin):
         return {
             **run,
             "owner_label": _owner_label(run.get("owner"), owners),
+            "at": _times(run, RUN_TIMES),
             "detail": detail,
             "releasable": run["state"] in RELEASABLE,
             "result_url": result_url,
@@ -269,6 +279,14 @@ class EntryAdmin(admin.ModelAdmin):
                               "_change", args=(quote(pk),)), status)
             for task_id, pk, status in rows
         }
+
+
+def _times(doc: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """``doc``'s instants (ISO 8601 UTC strings) for time.html: each as ``at``, an aware
+    datetime the template shows in the current timezone, and ``utc``, the exact instant;
+    None where there is none."""
+    return {f: {"at": datetime.fromisoformat(doc[f].replace("Z", "+00:00")), "utc": doc[f]}
+            if doc.get(f) else None for f in fields}
 
 
 def _owner_label(owner_id: str | None, owners: dict[str, Any]) -> str:
