@@ -2,18 +2,41 @@
 # Run the example: one worker and two beats sharing one schedule, and the Django admin
 # (runserver) that shows what they claimed and sent; then show what ran.
 #
-#   ./run.sh                      # venv in .venv, Redis at redis://127.0.0.1:6379/0
+#   ./run.sh                      # venv in .venv; Redis if one answers, else SQLite (below)
 #   REDIS_URL=redis://host:6379/3 ./run.sh
+#   BC_STORE=sqlite ./run.sh      # no Redis even if one answers (BC_STORE=redis: Redis or fail)
 #   BC_NO_VENV=1 ./run.sh         # use the current python instead of .venv
 #   RUN_SECONDS=60 ./run.sh       # run longer than the default 20 s
 #   RUN_SECONDS=0 ./run.sh        # run until Ctrl-C (to browse the admin)
 #   ADMIN_ADDR=0.0.0.0:8080 ./run.sh   # where runserver listens (default 127.0.0.1:8000)
+#   EXAMPLE_DATA=/some/dir ./run.sh    # where the SQLite mode keeps its files (default .data)
 #
 # The admin user is created from DJANGO_SUPERUSER_USERNAME and DJANGO_SUPERUSER_PASSWORD
 # (Django's createsuperuser reads them) when both are set and the user does not exist yet.
 #
-# If Redis is not reachable and redis-server is installed, a throwaway one is started on
-# port 6399 (no persistence). Everything started here is stopped on exit.
+# Which store and broker (BC_STORE unset or "auto"): Redis at REDIS_URL when it answers;
+# else a throwaway redis-server on port 6399 (no persistence) when one runs there or the
+# binary is installed; else nothing but Python: the beat-claims store is the SQLite file
+# $EXAMPLE_DATA/claims.db and the broker is kombu's filesystem transport, one file a
+# message in $EXAMPLE_DATA/broker/ (exampleproj/settings.py). Task results go to the
+# project's SQLite database (django-celery-results) in both modes.
+#
+# Why kombu's filesystem transport rather than its SQLAlchemy one (sqla+sqlite://): it needs
+# no package beyond kombu; publishing takes no lock shared with the other processes (a beat
+# writes its own file, the worker takes one by renaming it away); a consumed message is
+# deleted. The SQLAlchemy transport needs SQLAlchemy, puts every publish and every poll of
+# the worker behind the one write lock of the file, keeps consumed rows forever, and
+# creates its tables and queue rows unguarded between processes: three processes started
+# together on a fresh file, 20 times, failed 8 times in 60 ("table kombu_queue already
+# exists", "UNIQUE constraint failed: kombu_queue.name"; kombu 5.7, SQLAlchemy 2.1). The
+# filesystem transport has one race, fixed in exampleproj/broker.py: kombu creates a
+# message file, then writes it, and a worker that takes the file in between stops
+# ("Unrecoverable error: JSONDecodeError") and the message is lost (2 messages in 6000,
+# two publishers and a busy consumer); the fix writes the file under another name and
+# renames it into place (0 in 6000). Both are for one host (local files, local locks), as
+# the SQLite store is.
+#
+# Everything started here is stopped on exit.
 set -euo pipefail
 set -m  # each background job in its own process group, so the cleanup can reach children
 
@@ -39,7 +62,12 @@ if [ "${BC_NO_VENV:-0}" = "1" ]; then
 else
     if [ ! -x .venv/bin/python ]; then
         log "creating .venv"
-        "$(command -v python3 || command -v python)" -m venv .venv
+        if ! "$(command -v python3 || command -v python)" -m venv .venv; then
+            rm -rf .venv
+            echo "could not create .venv (on Debian and Ubuntu: apt-get install python3-venv)," >&2
+            echo "or run with BC_NO_VENV=1 to install into the current python" >&2
+            exit 1
+        fi
     fi
     PY="$HERE/.venv/bin/python"
     log "installing requirements.txt (beat-claims[django]) into .venv"
@@ -93,7 +121,7 @@ start() {  # start NAME CMD...: run in the background, log to $LOG_DIR/NAME.log
     log "started $name (pid $!), log: $LOG_DIR/$name.log"
 }
 
-# -- redis ----------------------------------------------------------------------------
+# -- store and broker: redis or sqlite ---------------------------------------------------
 redis_ok() {
     "$PY" - "$1" <<'PYEOF' >/dev/null 2>&1
 import sys, redis
@@ -101,10 +129,11 @@ redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1, socket_timeout=1).pi
 PYEOF
 }
 
-export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
-if ! redis_ok "$REDIS_URL"; then
+start_redis() {  # start_redis: Redis at $REDIS_URL, on port 6399, or started there; or fail
     FALLBACK="redis://127.0.0.1:6399/0"
-    if redis_ok "$FALLBACK"; then
+    if redis_ok "$REDIS_URL"; then
+        return 0
+    elif redis_ok "$FALLBACK"; then
         log "Redis not reachable at $REDIS_URL; using the one already on port 6399"
     elif command -v redis-server >/dev/null 2>&1; then
         log "Redis not reachable at $REDIS_URL; starting redis-server on port 6399"
@@ -114,18 +143,60 @@ if ! redis_ok "$REDIS_URL"; then
         for _ in $(seq 1 50); do redis_ok "$FALLBACK" && break; sleep 0.1; done
         redis_ok "$FALLBACK" || { echo "redis-server did not start" >&2; exit 1; }
     else
-        echo "Redis is not reachable at $REDIS_URL and redis-server is not installed." >&2
-        echo "Start Redis, or set REDIS_URL." >&2
-        exit 1
+        return 1
     fi
     export REDIS_URL="$FALLBACK"
+}
+
+export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
+BC_STORE="${BC_STORE:-auto}"
+case "$BC_STORE" in
+    redis)
+        if ! start_redis; then
+            echo "Redis is not reachable at $REDIS_URL and redis-server is not installed." >&2
+            echo "Start Redis, set REDIS_URL, or run with BC_STORE=sqlite." >&2
+            exit 1
+        fi ;;
+    auto)
+        if start_redis; then
+            BC_STORE=redis
+        else
+            log "no Redis at $REDIS_URL and redis-server is not installed: using SQLite"
+            BC_STORE=sqlite
+        fi ;;
+    sqlite) ;;
+    *)
+        echo "BC_STORE=$BC_STORE: must be redis, sqlite or auto" >&2
+        exit 2 ;;
+esac
+export BC_STORE
+if [ "$BC_STORE" = redis ]; then
+    log "Redis: $REDIS_URL (broker and beat-claims store)"
+else
+    export EXAMPLE_DATA="${EXAMPLE_DATA:-$HERE/.data}"
+    mkdir -p "$EXAMPLE_DATA"
+    EXAMPLE_DATA="$(cd "$EXAMPLE_DATA" && pwd)"
+    log "SQLite: store sqlite:///$EXAMPLE_DATA/claims.db; broker: kombu's filesystem" \
+        "transport in $EXAMPLE_DATA/broker/"
 fi
-log "Redis: $REDIS_URL"
 
 # -- django ---------------------------------------------------------------------------
 export DJANGO_SETTINGS_MODULE=exampleproj.settings
 "$PY" manage.py migrate --noinput -v 0
 log "database migrated"
+if [ "$BC_STORE" = sqlite ]; then
+    # The task queue's binding, declared before the processes start: kombu's filesystem
+    # transport creates a bindings file empty before it writes it, and another process
+    # reading it in between would fail. Once it exists it is only ever rewritten in place.
+    "$PY" - <<'PYEOF'
+from exampleproj.celery import app
+
+with app.connection_for_write() as conn:
+    for queue in app.amqp.queues.values():
+        queue(conn.default_channel).declare()
+PYEOF
+    log "broker queues declared"
+fi
 if [ -n "${DJANGO_SUPERUSER_USERNAME:-}" ] && [ -n "${DJANGO_SUPERUSER_PASSWORD:-}" ]; then
     if "$PY" manage.py createsuperuser --noinput --email "${DJANGO_SUPERUSER_EMAIL:-admin@example.com}" \
             >/dev/null 2>&1; then

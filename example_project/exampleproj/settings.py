@@ -1,6 +1,15 @@
-"""Settings of the beat-claims example project (SQLite, Redis broker, two beats welcome).
+"""Settings of the beat-claims example project (SQLite database, two beats welcome).
 
-The admin (``/admin/``) shows what the beats claimed and sent, read from Redis, under
+Two modes, chosen by ``BC_STORE`` (``run.sh`` sets it):
+
+- ``redis`` (the default): the broker and the beat-claims store are the Redis at
+  ``REDIS_URL``;
+- ``sqlite``: nothing but Python. The store is the SQLite file ``claims.db`` and the broker
+  is kombu's filesystem transport (one file a message), both under ``EXAMPLE_DATA``
+  (default ``example_project/.data``). One host only.
+
+Task results go to this project's database (django-celery-results) in both. The admin
+(``/admin/``) shows what the beats claimed and sent, read from the store, under
 "beat-claims > Entries"; django-celery-results' task results link from each run.
 """
 
@@ -63,12 +72,32 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 
 # -- Celery (read by exampleproj/celery.py with namespace="CELERY") -------------------------
-CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+STORE = os.environ.get("BC_STORE", "redis")
+if STORE == "sqlite":
+    DATA_DIR = Path(os.environ.get("EXAMPLE_DATA", BASE_DIR / ".data")).resolve()
+    BROKER_DIR = DATA_DIR / "broker"
+    for folder in ("queue", "control"):  # the transport does not create them
+        (BROKER_DIR / folder).mkdir(parents=True, exist_ok=True)
+    # A message is a file in queue/, taken by renaming it away; the exchange bindings
+    # (fanout too: remote control works) are files in control/. The transport is kombu's
+    # with one fix (exampleproj/broker.py): a message file appears whole or not at all.
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT = "exampleproj.broker:Transport"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "control_folder": str(BROKER_DIR / "control"),
+    }
+    CELERY_BEAT_CLAIMS_URL = f"sqlite:///{DATA_DIR / 'claims.db'}"
+elif STORE == "redis":
+    # The store defaults to the broker's Redis.
+    CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+else:
+    raise ValueError(f"BC_STORE={STORE!r}: must be 'redis' or 'sqlite'")
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_RESULT_EXTENDED = True  # task results record the entry name (periodic_task_name)
 CELERY_BEAT_SCHEDULER = "beat_claims.Scheduler"
 
-# beat-claims: the store defaults to the broker's Redis.
 CELERY_BEAT_CLAIMS_HEARTBEAT_INTERVAL = float(os.environ.get("EXAMPLE_HEARTBEAT", "2"))
 CELERY_BEAT_CLAIMS_RECLAIM_AFTER = 60
 CELERY_BEAT_CLAIMS_KEY_PREFIX = "example-claims"
