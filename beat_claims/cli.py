@@ -1,7 +1,10 @@
-"""``celery -A APP claims ...``: see what every beat claimed, sent and recorded.
+"""``celery -A APP claims ...``: see what every beat claimed, sent and recorded, and act on
+it: pause, resume, trigger, backfill, release; a health probe and a fleet exporter.
 
 A user's mistake (no ``-A``, a setting, a store that does not answer, an entry the store
-does not know) is one line on stderr and exit code 1; a traceback only for a bug.
+does not know, a request that cannot be done) is one line on stderr and exit code 1; a
+traceback only for a bug. This module parses and prints: what the actions do is in
+:mod:`beat_claims.operations`, :mod:`beat_claims.health` and :mod:`beat_claims.exporter`.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
-from . import inspect
-from .settings import ConfigurationError
+from . import exporter as fleet_exporter
+from . import health as fleet_health
+from . import inspect, operations
+from .runs import iso
+from .settings import ConfigurationError, Settings
 from .stores.base import StoreConfigurationError, StoreError
 
 #: Runs ``history`` shows unless told otherwise.
@@ -25,6 +31,37 @@ DEFAULT_PRUNE_DAYS = 7.0
 
 json_option = click.option("-j", "--json", "as_json", is_flag=True,
                            help="Print one JSON document.")
+by_option = click.option("--by", metavar="NAME", default=None,
+                         help="Who asks, recorded with the action (default: <OS user>@<host>).")
+
+
+def entry_action(*params: Callable[[Any], Any]) -> Callable[[Callable[..., None]], Any]:
+    """A write action's command: ENTRY, then ``params``, ``--by`` and ``-j/--json``."""
+    def wrap(f: Callable[..., None]) -> Any:
+        f = by_option(json_option(click.pass_context(f)))
+        for param in reversed(params):
+            f = param(f)
+        return claims.command(cls=CeleryCommand)(click.argument("entry")(f))
+    return wrap
+
+
+class Instant(click.ParamType):
+    """An ISO 8601 instant (naive: UTC) as UTC ms; with ``allow_ms``, UTC ms too."""
+
+    name = "INSTANT"
+
+    def __init__(self, allow_ms: bool = False) -> None:
+        self.allow_ms = allow_ms
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return operations.parse_instant(str(value), param.name if param else "value",
+                                            self.allow_ms)
+        except operations.OperationError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _app(ctx: click.Context) -> Any:
@@ -50,15 +87,20 @@ def _run(ctx: click.Context, what: Callable[[], Any]) -> Any:
         _fail(str(exc))
     except StoreError as exc:
         _fail(f"store unreachable: {exc}")
-    except inspect.UnknownEntry as exc:
+    except (inspect.UnknownEntry, operations.OperationError) as exc:
         _fail(str(exc))
+
+
+def _print(as_json: bool, doc: dict[str, Any], text: str) -> None:
+    click.echo(json.dumps(doc, indent=2) if as_json else text)
 
 
 @click.group()
 @click.pass_context
 @handle_preload_options
 def claims(ctx: click.Context) -> None:
-    """Inspect beat-claims: entries, claims, outcomes and history."""
+    """Inspect beat-claims (entries, claims, outcomes, history), act on entries (pause,
+    resume, trigger, backfill, release), probe the fleet's health, export its metrics."""
 
 
 @claims.command(cls=CeleryCommand)
@@ -156,3 +198,184 @@ def _schedules(app: Any) -> dict[str, Any]:
     except Exception:
         found = None
     return found if found is not None else inspect.beat_schedules(app)
+
+
+# -- write actions ------------------------------------------------------------------------
+@entry_action(click.option("--note", default="",
+                           help="Why: recorded with the pause."))
+def pause(ctx: click.Context, entry: str, note: str, by: str | None, as_json: bool) -> None:
+    """Pause ENTRY on every beat: each of its occurrences is recorded skipped (paused)
+    instead of being sent, until resume. Runs already sent are not touched; trigger and
+    backfill still send."""
+    who = _run(ctx, lambda: operations.who(by))
+    done = _run(ctx, lambda: operations.pause(inspect.open_store(_app(ctx)), entry, who,
+                                              note))
+    doc = operations.entry_doc(done)
+    _print(as_json, doc, f"paused {entry} (by {doc['paused_by']} since {doc['paused_at']}"
+           + (f": {note}" if note else "") + "): its occurrences are skipped until resume")
+
+
+@entry_action()
+def resume(ctx: click.Context, entry: str, by: str | None, as_json: bool) -> None:
+    """Resume ENTRY: occurrences due from now on are sent again (those skipped while it
+    was paused stay skipped: backfill them to run them)."""
+    who = _run(ctx, lambda: operations.who(by))
+    done, ended = _run(ctx, lambda: operations.resume(inspect.open_store(_app(ctx)), entry,
+                                                      who))
+    doc = dict(operations.entry_doc(done), resumed=ended)
+    _print(as_json, doc, f"resumed {entry} (by {doc['resumed_by']} at {doc['resumed_at']})"
+           if ended else f"{entry} was not paused: nothing was recorded")
+
+
+@entry_action()
+def trigger(ctx: click.Context, entry: str, by: str | None, as_json: bool) -> None:
+    """Run ENTRY now: a run due now is recorded, and a beat claims and sends it like any
+    other occurrence. Scheduled occurrences neither move nor are skipped."""
+    app = _app(ctx)
+    who = _run(ctx, lambda: operations.who(by))
+    due = _run(ctx, lambda: operations.trigger(inspect.open_store(app), entry, who))
+    in_schedule = entry in _schedules(app)
+    doc = {"entry": entry, "due": iso(due), "due_ms": due, "by": who,
+           "in_schedule": in_schedule}
+    heartbeat = _run(ctx, lambda: Settings.from_app(app).heartbeat_interval)
+    _print(as_json, doc, f"triggered a run of {entry} due {iso(due)} (by {who}): a beat"
+           f" claims and sends it within about {heartbeat:g} s")
+    if not in_schedule and not as_json:
+        click.echo(f"beat-claims: warning: {entry} is not in this app's schedule: only a beat"
+                   " that has it sends the run", err=True)
+
+
+@entry_action(
+    click.option("--from", "start", type=Instant(), required=True,
+                 help="The first instant (included), ISO 8601; without an offset it is UTC."),
+    click.option("--to", "end", type=Instant(), required=True,
+                 help="The last instant (excluded), ISO 8601, not after the store's clock;"
+                      " without an offset it is UTC."))
+def backfill(ctx: click.Context, entry: str, start: int, end: int, by: str | None,
+             as_json: bool) -> None:
+    """Run once each occurrence of ENTRY's schedule in [--from, --to) that has not run:
+    a manual run is recorded at each instant that has none or whose run ended without
+    running (skipped, lost, cancelled), and the beats send them oldest first. Occurrences
+    that ran, run or are on their way are kept. At most beat_claims_backfill_limit
+    occurrences (default 1000) per request. The occurrences are those every beat
+    computes: after the instant the store first saw the entry (its anchor)."""
+    app = _app(ctx)
+    who = _run(ctx, lambda: operations.who(by))
+
+    def act() -> operations.Backfill:
+        settings = Settings.from_app(app)
+        return operations.backfill(inspect.open_store(app), entry, _schedules(app).get(entry),
+                                   start, end, who, settings.backfill_limit)
+
+    done = _run(ctx, act)
+    doc = done.as_dict()
+    kept = ", ".join(f"{k['due']} ({k['state']})" for k in doc["kept"][:10])
+    more = f" and {len(doc['kept']) - 10} more" if len(doc["kept"]) > 10 else ""
+    _print(as_json, doc, f"backfill of {entry} from {doc['from']} to {doc['to']} (by {who}):"
+           f" {doc['occurrences']} occurrence(s); created {len(doc['created'])} run(s), the"
+           " beats send them oldest first; kept " + str(len(doc["kept"]))
+           + (f": {kept}{more}" if kept else "")
+           + (f" (the store first saw {entry} at {doc['anchor']}: nothing was due before)"
+              if done.start <= done.anchor else ""))
+
+
+@entry_action(click.argument("due", type=Instant(allow_ms=True)))
+def release(ctx: click.Context, entry: str, due: int, by: str | None, as_json: bool) -> None:
+    """Release the claim on the run of ENTRY due at DUE (ISO 8601, naive: UTC; or UTC ms,
+    as due_ms in history -j), whichever beat holds it: the run is due again and a beat
+    sends it with a fresh token (the old holder's check before publish refuses it)."""
+    who = _run(ctx, lambda: operations.who(by))
+    done = _run(ctx, lambda: operations.release(inspect.open_store(_app(ctx)), entry, due,
+                                                who))
+    if not done.released:
+        _fail(done.why_not)
+    _print(as_json, {"entry": entry, "due": iso(due), "due_ms": due, "released": True,
+                     "by": who},
+           f"released the claim of {entry} due {iso(due)} (by {who}): the run is due again"
+           " and a beat sends it")
+
+
+# -- probes -------------------------------------------------------------------------------
+@claims.command(cls=CeleryCommand)
+@click.option("--grace", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS", help="How late an occurrence may be before its entry is"
+              " overdue (default: beat_claims_health_grace, else three heartbeat intervals"
+              " + 30 s).")
+@click.option("--beat", "beat_only", is_flag=True,
+              help="Only check that a beat of this host is alive (a container's liveness"
+                   " probe).")
+@click.option("--max-entries", type=click.IntRange(min=1), default=fleet_health.MAX_ENTRIES,
+              show_default=True, help="Entries examined for overdue occurrences (the first"
+              " by name).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=inspect.STORE_TIMEOUT,
+              show_default=True, help="Seconds to wait for each answer of the store.")
+@json_option
+@click.pass_context
+def health(ctx: click.Context, grace: float | None, beat_only: bool, max_entries: int,
+           timeout: float, as_json: bool) -> None:
+    """Exit 0 when the fleet is healthy, else 1 saying which checks failed: the store
+    answers, a beat is alive, no claim is held longer than its reclaim_after, no entry
+    that is not paused is overdue (its next occurrence, or a run due again, later than
+    the grace). Reads only."""
+    app = _app(ctx)
+
+    def check() -> fleet_health.Report:
+        settings = Settings.from_app(app)
+        try:
+            store = inspect.open_store(app, timeout)
+        except StoreError as exc:
+            return fleet_health.Report([fleet_health.Finding("store", False,
+                                                             f"unreachable: {exc}")])
+        if beat_only:
+            return fleet_health.beat(store)
+        schedules = _schedules(app)
+        return fleet_health.fleet(
+            store, schedules, operations.policies(app, settings, list(schedules)),
+            settings.policy, settings.overdue_after if grace is None else grace, max_entries)
+
+    report = _run(ctx, check)
+    _print(as_json, report.as_dict(), report.text())
+    sys.exit(0 if report.ok else 1)
+
+
+@claims.command(cls=CeleryCommand)
+@click.option("--port", type=click.IntRange(1, 65535), required=True, help="Port to serve.")
+@click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--cache", "cache_seconds", type=click.FloatRange(min=0),
+              default=fleet_exporter.CACHE_SECONDS, show_default=True,
+              help="Scrapes within this many seconds of a read share it.")
+@click.option("--max-entries", type=click.IntRange(min=1), default=fleet_exporter.MAX_ENTRIES,
+              show_default=True, help="Entries exported per scrape (the first by name).")
+@click.option("--history", type=click.IntRange(min=1), default=fleet_exporter.HISTORY,
+              show_default=True, help="Runs read per entry (the newest).")
+@click.pass_context
+def exporter(ctx: click.Context, port: int, addr: str, cache_seconds: float,
+             max_entries: int, history: int) -> None:
+    """Serve Prometheus metrics of the whole fleet on /metrics, read from the store: per
+    entry its last outcome, runs by state, lateness and pause; live beats; stale claims."""
+    app = _app(ctx)
+
+    def start() -> tuple[Any, Settings]:
+        fleet_exporter.require_client()
+        settings = Settings.from_app(app)
+        return inspect.open_store(app), settings
+
+    store, settings = _run(ctx, start)
+
+    def read() -> fleet_exporter.Snapshot:
+        return fleet_exporter.read(
+            store, lambda names: operations.policies(app, settings, names), settings.policy,
+            max_entries, history)
+
+    collector = fleet_exporter.FleetCollector(read, cache_seconds)
+
+    def ready(_server: Any) -> None:
+        click.echo(f"beat-claims exporter: serving http://{addr}:{port}/metrics for"
+                   f" {store.description}")
+
+    try:
+        fleet_exporter.serve(collector, port, addr, ready)
+    except OSError as exc:
+        _fail(f"--port {port}: cannot serve on {addr}:{port} ({exc.strerror or exc})")
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,124 @@
+"""``celery claims health``: exit 0 for a fleet that sends what is due, else 1 naming each
+failed check and why. Real ``celery`` processes, a real beat, real stores."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.schedules import schedule
+
+from beat_claims import health, occurrences
+from beat_claims.enums import RunState
+from beat_claims.settings import Policy
+from beat_claims.stores.base import EntrySeed, Reclaim
+
+from .conftest import RedisServer, free_port
+from .processes import wait_for
+from .test_cli import Ran, cli
+from .test_cli_operations import STUCK, Target, hold_a_claim, targets
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def target(request: pytest.FixtureRequest, server: RedisServer,
+           tmp_path: Path) -> Iterator[Target]:
+    yield from targets(request.param, server, tmp_path)
+
+
+SCHEDULE = {"tick": {"every": 1}, "hourly": {"every": 3600}}
+
+
+def report(ran: Ran, code: int) -> dict[str, Any]:
+    assert ran.code == code and "Traceback" not in ran.err, ran
+    doc: dict[str, Any] = json.loads(ran.out)
+    return doc
+
+
+def items(doc: dict[str, Any], check: str) -> list[dict[str, Any]]:
+    [found] = [c for c in doc["checks"] if c["name"] == check]
+    return list(found["items"])
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)  # Redis: the test below
+def test_a_live_beat_is_healthy_and_a_stopped_one_fails_the_probes(
+        target: Target, tmp_path: Path) -> None:
+    t = target
+    with t.fleet(tmp_path, SCHEDULE) as f:
+        beat = f.beat()
+        wait_for(lambda: any(r.state is RunState.SENT for r in t.store.history("tick")), 40,
+                 "the beat to send tick")
+        doc = report(t.cli("health", "-j", schedule=SCHEDULE), 0)
+        assert doc["ok"] is True and doc["failed"] == []
+        assert [c["name"] for c in doc["checks"]] == ["store", "beats", "claims", "overdue"]
+        assert doc["grace_seconds"] == 33.0  # three heartbeats of 1 s, and 30 s
+        probe = t.cli("health", "--beat", schedule=SCHEDULE)
+        assert probe.code == 0 and "ok    beat: 1 alive on host" in probe.out, probe
+
+        f.stop(beat)  # SIGTERM: the beat leaves, it is known gone at once
+        last = max(r.due for r in t.store.history("tick"))
+        wait_for(lambda: t.store.now() > last + 2500, 10, "tick to be overdue by 1.5 s")
+        probe = t.cli("health", "--beat", "-j", schedule=SCHEDULE)
+        assert report(probe, 1)["failed"] == ["beat"]
+        doc = report(t.cli("health", "--grace", "1", "-j", schedule=SCHEDULE), 1)
+        assert doc["failed"] == ["beats", "overdue"]
+        assert [(i["entry"], i["kind"]) for i in items(doc, "overdue")] == [
+            ("tick", "not claimed")]
+
+
+@pytest.mark.parametrize("target", ["redis"], indirect=True)
+def test_each_failing_check_is_named_with_why(target: Target) -> None:
+    t = target
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    down = report(cli(None, "health", "-j", BC_REDIS_URL=url, BC_BROKER_URL=url), 1)
+    assert down["failed"] == ["store"] and "unreachable" in down["checks"][0]["detail"]
+
+    # A beat that is alive but holds a claim and sends nothing: the claim gets older than
+    # reclaim_after (1 s for this probe), and tick is never claimed.
+    t.store.heartbeat(STUCK, 120)
+    states = t.store.register([EntrySeed("tick", "every 1s"), EntrySeed("hourly", "1h")])
+    held = hold_a_claim(t, "hourly")
+    wait_for(lambda: t.store.now() > states["tick"].anchor + 2500, 10, "tick to be overdue")
+    probe = {"BC_RECLAIM_AFTER": "1"}
+    doc = report(t.cli("health", "--grace", "1", "-j", schedule=SCHEDULE, **probe), 1)
+    assert doc["failed"] == ["claims", "overdue"]
+    [stale] = items(doc, "claims")
+    assert (stale["entry"], stale["owner"], stale["reclaim_after"]) == (
+        "hourly", "stuck-host:4242", 1.0)
+    assert [(i["entry"], i["kind"]) for i in items(doc, "overdue")] == [("tick", "not claimed")]
+
+    # A paused entry is never overdue; a run due again that no beat takes is.
+    t.store.pause("tick", "ops", "")
+    assert t.store.reclaim([Reclaim("hourly", held, None)], "ops") == [True]
+    [released] = [r for r in t.store.history("hourly") if r.due == held]
+    since = int(released.extra.get("released_at") or 0)
+    wait_for(lambda: t.store.now() > since + 1500, 10, "the released run to wait 1.5 s")
+    ran = t.cli("health", "--grace", "1", schedule=SCHEDULE, **probe)
+    assert ran.code == 1, ran
+    lines = ran.out.splitlines()
+    assert lines[0].startswith("ok    store: answered")
+    assert lines[1].startswith("ok    beats: 1 alive of 1 registered: stuck-host:4242")
+    assert lines[2].startswith("ok    claims:")
+    assert lines[3].startswith("FAIL  overdue: 1 entr(ies) overdue by more than 1 s: hourly")
+    assert lines[4].lstrip().startswith("entry=hourly kind=due again")
+    assert lines[-1] == "unhealthy: overdue"
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+def test_an_entry_with_a_jitter_is_late_only_after_its_offset(target: Target) -> None:
+    t = target
+    anchor = t.store.register([EntrySeed("spread", "every 1s")])["spread"].anchor
+    wait_for(lambda: t.store.now() > anchor + 2500, 10, "spread to be 1.5 s late")
+    now = t.store.now()
+    schedules = {"spread": schedule(timedelta(seconds=1))}
+    late = health.overdue_check(t.store, now, schedules, 1.0, [])
+    assert not late.ok and [i["entry"] for i in late.items] == ["spread"]
+    spread = {"spread": Policy(jitter=3600)}
+    offset = occurrences.jitter_offset("spread", anchor + 1000, 3600)
+    jittered = health.overdue_check(t.store, now, schedules, 1.0, [], spread)
+    assert jittered.ok is (anchor + 1000 + offset >= now - 1000), (offset, jittered)
