@@ -125,6 +125,10 @@ def status_table(doc: dict[str, Any]) -> str:
         last = e["last_run"] or {}
         counts = " ".join(f"{k}={v}" for k, v in e["counts"].items() if v)
         name = e["name"] if e["in_schedule"] else f"{e['name']} (removed)"
+        paused = e.get("paused")
+        if paused:
+            counts = (f"PAUSED since {paused['at']} by {paused['by']}"
+                      + (f" ({paused['note']})" if paused["note"] else "") + f"; {counts}")
         lines.append(f"{name[:30]:30} {e['next_due'] or '-':26}"
                      f" {last.get('state', '-'):10} {last.get('due') or '-':26}"
                      f" {len(e['claims']):6}  {counts}")

@@ -6,7 +6,6 @@ documents are a documented interface (README, "Inspecting runs").
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,7 @@ from .enums import RunState
 from .runs import Owner, Run, iso
 from .settings import Settings
 from .stores import open_store as _open_store
-from .stores.base import Store
+from .stores.base import EntryRecord, Store
 
 #: How long an operator's command waits for the store.
 STORE_TIMEOUT = 5.0
@@ -69,7 +68,8 @@ def status(app: Celery, store: Store | None = None,
                 next_due = occurrences.next_after(sched, anchor, after)
             except Exception:
                 next_due = None
-        finished = [r for r in runs if r.state not in (RunState.CLAIMED, RunState.DUE)]
+        finished = [r for r in runs if r.state not in (RunState.CLAIMED, RunState.DUE,
+                                                       RunState.WAITING)]
         claims = [r for r in runs if r.state in (RunState.CLAIMED, RunState.SENDING,
                                                  RunState.DUE)]
         counts = {state.value: 0 for state in RunState}
@@ -87,12 +87,20 @@ def status(app: Celery, store: Store | None = None,
             "claims": [dict(r.as_dict(), owner_alive=alive.get(r.owner or "", False))
                        for r in claims],
             "counts": counts,
+            "paused": _pause_doc(info),
         })
     return {
-        "generated_at": iso(int(time.time() * 1000)),
+        "generated_at": iso(store.now()),
         "owners": [owner_doc(o.owner, o.alive, o.expires_at) for o in owners],
         "entries": entries,
     }
+
+
+def _pause_doc(info: EntryRecord | None) -> dict[str, Any] | None:
+    """An entry's pause (who, why, since when), or None when it is not paused."""
+    if info is None or info.paused is None:
+        return None
+    return {"by": info.paused.by, "note": info.paused.note, "at": iso(info.paused.at)}
 
 
 def owner_doc(owner: Owner, alive: bool, expires_at: int) -> dict[str, Any]:
@@ -133,7 +141,7 @@ def prune(app: Celery, older_than: float, dry_run: bool, store: Store | None = N
           schedules: dict[str, Any] | None = None) -> Prune:
     store = store or open_store(app)
     schedules = beat_schedules(app) if schedules is None else schedules
-    cutoff = int(time.time() * 1000) - int(older_than * 1000)
+    cutoff = store.now() - int(older_than * 1000)  # the store's clock, not this host's
     removable: list[str] = []
     recent: list[str] = []
     for record in store.entries():

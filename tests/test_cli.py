@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from beat_claims.enums import RunState
-from beat_claims.runs import Owner
+from beat_claims.runs import Owner, iso
 from beat_claims.stores.base import Check, ClaimPlan, EntrySeed, Outcome
 from beat_claims.stores.redis import RedisStore
 
@@ -123,3 +123,17 @@ def test_prune_removes_entries_no_schedule_has(server: RedisServer, store: Redis
     assert ran.code == 0 and "removed 1 entr(ies): gone" in ran.out
     assert {e.name for e in store.entries()} == {"ok", "boom"}
     assert store.history("gone") == []
+
+
+def test_status_shows_a_paused_entry_with_who_why_and_since_when(
+        server: RedisServer, store: RedisStore) -> None:
+    record = store.pause("ok", "alice@ops", "billing migration")
+    assert record is not None and record.paused is not None
+    doc = json.loads(cli(server, "status", "--json").out)
+    by_name = {e["name"]: e for e in doc["entries"]}
+    assert by_name["ok"]["paused"] == {"by": "alice@ops", "note": "billing migration",
+                                       "at": iso(record.paused.at)}
+    assert by_name["boom"]["paused"] is None
+    table = cli(server, "status").out
+    [line] = [row for row in table.splitlines() if row.startswith("ok ")]
+    assert "PAUSED since" in line and "alice@ops" in line and "billing migration" in line
