@@ -60,7 +60,7 @@ def recovered(store: RedisStore, beat: Scheduler, run: Run, state: RunState) -> 
                 15, f"{run.due} to be recovered as {state.value}", between=beat.tick)
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # committed rows: the beat reads them in a thread
 def test_the_beat_reads_outcomes_from_task_results(server: RedisServer,
                                                    store: RedisStore) -> None:
     with site_app(server.url, server.broker_url(), beat_schedule=schedule("site.tick")) as app:

@@ -9,7 +9,9 @@ the beat's loop (a pass is skipped while the last one's lookup is still waiting)
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -100,6 +102,13 @@ class Recovery:
                  looked: list[int], stop: threading.Event) -> None:
         """In the lookup thread: each run's state in the result backend, until told to
         stop. Only the backend is called from here, never the store."""
+        try:
+            self._look_up_each(runs, found, looked, stop)
+        finally:
+            _close_thread_connections()
+
+    def _look_up_each(self, runs: list[OpenRun], found: list[tuple[OpenRun, Outcome]],
+                      looked: list[int], stop: threading.Event) -> None:
         for run in runs:
             if stop.is_set():
                 return
@@ -122,3 +131,15 @@ class Recovery:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _close_thread_connections() -> None:
+    """Close the database connections a result backend opened in the lookup thread
+    (django-celery-results uses Django's ORM, whose connections belong to the thread that
+    opened them): one broken by a database restart is never reused, none outlives a pass,
+    and a pass every few seconds can afford to connect again."""
+    django_db = sys.modules.get("django.db")
+    if django_db is None:
+        return
+    with contextlib.suppress(Exception):  # Django not configured, or a connection gone
+        django_db.connections.close_all()
