@@ -1536,14 +1536,13 @@ class SQLiteStore(Store):
                     continue
                 record: Record = {"due": due, "state": _DUE, "manual": True,
                                   "requested_by": by, "released_at": now}
-                if stored is None:
-                    self._insert_run(db, name, record)
-                else:
+                if stored is not None:
+                    # A new run, as in the other stores: the old row goes (out of the lost
+                    # keep), and with it the task ids it was started under (the trigger),
+                    # so that a signal of the old delivery never finds the new run.
                     record["backfilled_from"] = stored["state"]
-                    if stored.get("token") is not None:
-                        record["token"] = stored["token"]  # superseded at its next claim
-                    self._put_run(db, name, record)
-                    db.execute(q["run_place"], ("h", None, name, due))  # out of the lost keep
+                    db.execute(q["run_delete"], (name, due))
+                self._insert_run(db, name, record)
                 created.append(due)
             if created:
                 self._trim(db, name, self.history_limit, now)
