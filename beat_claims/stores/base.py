@@ -187,6 +187,12 @@ class CheckVerdict(str, Enum):
     SEND = "send"  # still ours and now ``sending``: publish it
     SKIPPED = "skipped"  # recorded skipped (``reason``)
     WAITING = "waiting"  # recorded waiting (overlap=BUFFER_ONE): not ours any more
+    """Recorded waiting (overlap=BUFFER_ONE): not the holder's any more. Its holder checking
+    it again (a lost reply) gets this answer whatever the overlap policy it asks with then
+    (its settings may have been reloaded meanwhile): the answer says what the holder's
+    first check did, and what the run is. It is not a refusal — nothing went wrong, and
+    nobody else took the run — and it is no new decision either: the policy of the moment
+    applies when a beat claims the run again (a fresh token) and checks it."""
     REFUSED = "refused"  # not ours any more, or not in a state to send (``why``)
     MISSING = "missing"  # the store has no record of a run we hold: it lost writes
 
@@ -397,8 +403,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
         """Immediately before publishing: is each claim still ``owner``'s with its token?
-        If so mark it ``sending`` with its task id (or record it skipped). Checking again
-        after a lost reply answers the same."""
+        If so mark it ``sending`` with its task id (or record it skipped, or waiting).
+        Checking again after a lost reply answers the same: a run this holder's check made
+        waiting answers ``WAITING`` whatever ``overlap`` the second check carries (see
+        :attr:`CheckVerdict.WAITING`), on every backend."""
 
     @abc.abstractmethod
     def record_sent(self, owner: Owner, claims: Sequence[Claim]) -> int:

@@ -715,14 +715,10 @@ BEGIN
       o_detail := 'unreadable record';
     ELSIF v_rec ->> 'state' = {WAITING} AND v_rec ->> 'waited_by' IS NOT DISTINCT FROM p_owner
         AND coalesce({s}.int_of(v_rec -> 'token'), 0) = v_token THEN
-      -- made waiting by this holder's check: asked again (the same check) it answers the
-      -- same; it is not this holder's to send any more
-      IF v_item ->> 'ov' = {OVERLAP_BUFFER_ONE} THEN
-        o_verdict := {V_WAITING};
-        o_detail := '';
-      ELSE
-        o_detail := {WAITING};
-      END IF;
+      -- made waiting by this holder's check: asked again (whatever overlap policy it asks
+      -- with now) it answers the same, what the run is; not this holder's to send any more
+      o_verdict := {V_WAITING};
+      o_detail := '';
     ELSIF v_rec ->> 'owner' IS DISTINCT FROM p_owner
         OR coalesce({s}.int_of(v_rec -> 'token'), 0) <> v_token THEN
       o_detail := 'superseded';

@@ -1161,8 +1161,10 @@ class SQLiteStore(Store):
         if run is False:
             return CheckResult(c, CheckVerdict.REFUSED, why="unreadable record")
         if run["state"] == _WAITING and run.get("waited_by") == owner and _token_is(
-                run, c.token) and item.overlap is Overlap.BUFFER_ONE:
-            return CheckResult(c, CheckVerdict.WAITING)  # this check, asked again
+                run, c.token):
+            # This holder's check, asked again (whatever overlap policy it asks with now):
+            # the same answer, what the run is (see CheckVerdict.WAITING).
+            return CheckResult(c, CheckVerdict.WAITING)
         if run.get("owner") != owner or not _token_is(run, c.token):
             return CheckResult(c, CheckVerdict.REFUSED, why="superseded")
         if run["state"] == _SKIPPED and run.get("reason") in Reason._value2member_map_:

@@ -13,6 +13,7 @@ from beat_claims.enums import Overlap, Reason, RunState, StartVerdict
 from beat_claims.runs import Run
 from beat_claims.stores.base import (
     CheckVerdict,
+    Claim,
     ClaimStatus,
     EntrySeed,
     LiveQuery,
@@ -327,17 +328,21 @@ def test_a_waiting_run_whose_entry_is_busy_is_not_reported_due(
     assert [ref.due for ref in found.due if ref.entry == "e"] == [c.due]
 
 
+@pytest.mark.parametrize("overlap", list(Overlap))
 def test_checking_a_waiting_run_again_answers_the_same_on_every_backend(
-        store: Store, request: pytest.FixtureRequest) -> None:
-    """Its holder asks again (a lost reply) with another overlap policy (its settings were
-    reloaded meanwhile): the run is waiting, made so by this holder."""
-    xfail_on(request, "sqlite", "postgres", reason="review: the three backends answer this"
-             " call differently (Redis: waiting; SQLite: refused 'superseded'; PostgreSQL:"
-             " refused 'waiting')")
+        store: Store, overlap: Overlap) -> None:
+    """Its holder asks again (a lost reply), perhaps with another overlap policy (its
+    settings were reloaded meanwhile): the run is waiting, made so by this holder, and that
+    is the answer (CheckVerdict.WAITING)."""
     previous, c = claims(store, A, 1000, 2000)
     send(store, A, previous)
     assert buffered(store, A, c) is CheckVerdict.WAITING
-    assert check(store, A, c, overlap=Overlap.ALLOW).verdict is CheckVerdict.WAITING
+    assert check(store, A, c, overlap=overlap).verdict is CheckVerdict.WAITING
+    assert run(store, c).state is RunState.WAITING
+    # Another holder (or this one with another token) is refused: the run is not its.
+    assert check(store, B, c, overlap=overlap).verdict is CheckVerdict.REFUSED
+    assert check(store, A, Claim(c.entry, c.due, c.token + 1),
+                 overlap=overlap).verdict is CheckVerdict.REFUSED
     assert run(store, c).state is RunState.WAITING
 
 

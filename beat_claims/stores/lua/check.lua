@@ -12,7 +12,9 @@ local run = get_run(K, due)
 if run == nil then return {CHECK.missing, 'no such run'} end
 if run == false then return {CHECK.refused, 'unreadable record'} end
 if run.state == STATE.waiting and run.waited_by == ARGV[2] and has_token(run, ARGV[3]) then
-  return {CHECK.waiting}  -- made waiting by this holder's check: asked again
+  -- made waiting by this holder's check: asked again (whatever overlap policy it asks
+  -- with now), the same answer
+  return {CHECK.waiting}
 end
 if run.owner ~= ARGV[2] or not has_token(run, ARGV[3]) then
   return {CHECK.refused, 'superseded'}
