@@ -3,13 +3,14 @@
 server of the test site, a real store, a real ``celery beat`` and a real worker.
 
 An operator logs in, opens the entries, opens an entry and presses Run now; the manual run
-is shown ``done`` once the worker ran it. Every page is kept as a screenshot under
-``test-artifacts/admin/``. On the way the pages are checked as a person reads them: every
-state label has a text contrast of at least 4.5:1 (WCAG 2.x AA) in the admin's light,
-dark and auto themes, and times are in the project's timezone, on one line, with the UTC
-instant in their ``title``.
+is shown ``done`` once the worker ran it. Then they pause the entry with a note, see it
+paused (who, note, since when) in the entries list, and resume it there. Every page is
+kept as a screenshot under ``test-artifacts/admin/``. On the way the pages are checked as
+a person reads them: every state label (``paused`` too) has a text contrast of at least
+4.5:1 (WCAG 2.x AA) in the admin's light, dark and auto themes, and times are in the
+project's timezone, on one line, with the UTC instant in their ``title``.
 
-Each page action is one method of :class:`Admin`; the next ones (Pause, Resume) go there.
+Each page action is one method of :class:`Admin`.
 """
 
 from __future__ import annotations
@@ -179,6 +180,24 @@ class Admin:
     def press_run_now(self) -> None:
         self.follow(self.driver.find_element(By.CSS_SELECTOR, "input[value='Run now']"))
 
+    def press_pause(self, note: str, entry: str | None = None) -> None:
+        """Pause, with a note: on the entry's page, or in ``entry``'s row of the list."""
+        form = self.action_form("Pause", entry)
+        form.find_element(By.NAME, "note").send_keys(note)
+        self.follow(form.find_element(By.CSS_SELECTOR, "input[value='Pause']"))
+
+    def press_resume(self, entry: str | None = None) -> None:
+        form = self.action_form("Resume", entry)
+        self.follow(form.find_element(By.CSS_SELECTOR, "input[value='Resume']"))
+
+    def action_form(self, action: str, entry: str | None) -> WebElement:
+        """The form of an action button: the page's, or that of ``entry``'s row."""
+        within: Any = self.driver if entry is None else self.entry_row(entry)
+        assert within is not None, f"no row for {entry}"
+        button = within.find_element(By.CSS_SELECTOR, f"input[value='{action}']")
+        form: WebElement = button.find_element(By.XPATH, "./ancestor::form")
+        return form
+
     # what the page shows
     def heading(self) -> str:
         found = self.driver.find_elements(By.CSS_SELECTOR, "#content h1, #content h2")
@@ -189,9 +208,21 @@ class Admin:
 
     def entry_row(self, name: str) -> WebElement | None:
         for row in self.driver.find_elements(By.CSS_SELECTOR, "#result_list tr.entry"):
-            if row.find_element(By.CSS_SELECTOR, "th").text.split(" (")[0] == name:
+            if row.find_element(By.CSS_SELECTOR, "th a").text == name:
                 return row
         return None
+
+    def paused(self, name: str) -> dict[str, str] | None:
+        """An entry's pause as the entries list shows it: its text and label, and the
+        UTC instant it has been paused since; None when it is not paused."""
+        row = self.entry_row(name)
+        assert row is not None, f"no row for {name}"
+        found = row.find_elements(By.CSS_SELECTOR, "th .bc-pause")
+        if not found:
+            return None
+        since = found[0].find_element(By.TAG_NAME, "time")
+        return {"text": found[0].text, "since": str(since.get_attribute("title")),
+                "label": found[0].find_element(By.CSS_SELECTOR, ".bc-state").text}
 
     def runs(self) -> list[dict[str, Any]]:
         """The runs table: one dict a row, with its cells and its due instant (UTC)."""
@@ -388,10 +419,30 @@ def test_an_operator_runs_an_entry_now_and_sees_it_done(
             f"{s}={found[s]:.2f}" for s in STATES) + "\n" for theme, found in measured.items()))
         assert all(set(STATES) <= set(found) for found in measured.values()), measured
 
-        # The entries list, as it shows the run now done.
+        # Paused from its page, with a note: shown paused in the list (who, note, since
+        # when), its label as readable as the others; resumed from the list.
+        browser.theme("light", "light")
+        browser.press_pause("deploy in progress")
+        assert any("Paused nightly-report" in m for m in browser.messages()), \
+            browser.messages()
+        [info] = store.entries(["nightly-report"])
+        assert info.paused is not None and info.paused.by == f"admin:{USER}"
         browser.open_entries(until="nightly-report")
         assert browser.last_run("nightly-report") == "done"
-        browser.readable_labels("entries-done")
+        paused = browser.paused("nightly-report")
+        assert paused is not None, "not shown paused"
+        assert (paused["label"], paused["since"]) == ("paused", iso(info.paused.at))
+        assert paused["text"].startswith(f"paused by admin:{USER} since ")
+        assert paused["text"].endswith("deploy in progress”"), paused
+        assert all(t["lines"] == 1 for t in browser.times())
+        measured = browser.readable_labels("entries-paused")
+        assert all("paused" in found for found in measured.values()), measured
+        browser.press_resume("nightly-report")
+        assert any("Resumed nightly-report" in m for m in browser.messages()), \
+            browser.messages()
+        assert browser.paused("nightly-report") is None
+        browser.shot("entries-resumed")
+        assert store.entries(["nightly-report"])[0].paused is None
         stop(fleet)
     assert all(p.stat().st_size > 0 for p in browser.taken), browser.taken
     sys.stdout.write(f"took {time.monotonic() - started:.1f} s\n")

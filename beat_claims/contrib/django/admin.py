@@ -1,22 +1,32 @@
 """The admin: every entry, its next occurrence, current claims, last outcome and runs.
 
-Read-only, and read from the store (Redis), not from the database: the registered model is
-unmanaged and only carries the permissions. Two operator actions, each a POST that needs
-its own permission and is logged (admin log and the ``celery.beat.claims`` logger):
+Read from the store, not from the database: the registered model is unmanaged and only
+carries the permissions. Operator actions, each a POST (with Django's CSRF token) that
+needs its own permission, is logged (admin log and the ``celery.beat.claims`` logger) and
+records who asked as ``admin:<username>``; what they do is :mod:`beat_claims.operations`,
+as ``celery claims`` does it:
 
 - release a stuck claim (``beat_claims.release_claim``): the run is due again and a beat
   sends it with a fresh token; the old holder's check before publish refuses it;
 - run an entry now (``beat_claims.trigger_run``): a run due now is recorded, and a beat
-  claims and sends it like any other occurrence at its next heartbeat.
+  claims and sends it like any other occurrence at its next heartbeat;
+- pause an entry, with a note (``beat_claims.pause_entry``): every beat records its
+  occurrences skipped (``paused``) instead of sending them, until
+- resume (``beat_claims.resume_entry``): occurrences due from then on are sent again;
+- backfill (``beat_claims.backfill_entry``): a manual run at each occurrence in [from, to)
+  (instants in the project's timezone, as the pages show them) that has not run; at most
+  ``beat_claims_backfill_limit`` occurrences, ``to`` not after the store's clock.
 """
 
 from __future__ import annotations
 
-import uuid
+import contextlib
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from celery.utils.log import get_logger
+from django import forms
 from django.apps import apps as django_apps
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
@@ -30,12 +40,15 @@ from django.http import (
 )
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from beat_claims.runs import iso
+from beat_claims import inspect, operations
+from beat_claims.runs import from_ms, iso
 from beat_claims.settings import ConfigurationError, Settings
 from beat_claims.stores import StoreConfigurationError, StoreError
-from beat_claims.stores.base import Reclaim
+from beat_claims.stores.base import Store
 
 from . import status as source
 from .apps import project_app
@@ -43,16 +56,76 @@ from .checks import mask
 from .models import Entry
 
 logger = get_logger("celery.beat.claims")
+T = TypeVar("T")
 
 #: Runs shown on an entry's page unless ``?limit=`` asks for another number.
 HISTORY_LIMIT = 50
 #: What a failed store read looks like to the page, instead of a server error.
 STORE_ERRORS = (StoreError, StoreConfigurationError, OSError, ConfigurationError)
-RELEASABLE = ("claimed", "sending")
+RELEASABLE = tuple(state.value for state in operations.RELEASABLE)
 #: The instants of each document that the pages show as times (time.html).
 RUN_TIMES = ("due", "claimed_at", "sent_at", "started_at", "finished_at")
-ENTRY_TIMES = ("next_due", "checkpoint", "anchor")
+ENTRY_TIMES = ("next_due", "checkpoint", "anchor", "paused_at", "resumed_at")
 OWNER_TIMES = ("started_at", "expires_at")
+#: The longest pause note the admin records.
+NOTE_LIMIT = 500
+#: What the backfill form reads (Django's own parsing of an instant: the formats of the
+#: locale, ISO 8601; naive ones in the current timezone).
+INSTANT_HELP = ("in {tz}, as the times on these pages (e.g. 2026-01-31 02:00:00), or an ISO"
+                " 8601 instant with its offset (a time's title, e.g. 2026-01-30T20:30:00Z)")
+
+
+class InstantField(forms.DateTimeField):
+    """An instant as an operator types it: with an offset (``Z``, ``+05:30``; a time's
+    title on these pages) it is read by :func:`beat_claims.operations.parse_instant`, as
+    ``celery claims`` reads it; without one, in the current timezone, as the pages show
+    times (Django's own parsing: the locale's formats, ISO 8601). A refusal names the field
+    and what it was given."""
+
+    def __init__(self, label: str, **kwargs: Any) -> None:
+        super().__init__(label=label, error_messages={
+            "required": f"{label}: required, an instant"}, **kwargs)
+
+    def to_python(self, value: Any) -> datetime | None:
+        text = "" if value is None else str(value).strip()
+        if text in self.empty_values:
+            return None
+        with contextlib.suppress(ValueError):
+            aware = parse_datetime(text)
+            if aware is not None and aware.tzinfo is not None:
+                try:
+                    return from_ms(operations.parse_instant(text, str(self.label)))
+                except operations.OperationError as exc:
+                    raise forms.ValidationError(str(exc)) from None
+        try:
+            when: datetime | None = super().to_python(text)
+        except forms.ValidationError as exc:
+            why = " ".join(exc.messages).rstrip(".")
+            raise forms.ValidationError(
+                f"{self.label}={text!r}: not an instant ({why}); give one"
+                f" {INSTANT_HELP.format(tz=timezone.get_current_timezone_name())}.") from None
+        return when
+
+
+class BackfillForm(forms.Form):
+    """[From, To): two instants (see :class:`InstantField`)."""
+
+    start = InstantField(label="From", widget=forms.TextInput(attrs={
+        "size": 26, "placeholder": "YYYY-MM-DD HH:MM:SS"}))
+    end = InstantField(label="To", widget=forms.TextInput(attrs={
+        "size": 26, "placeholder": "YYYY-MM-DD HH:MM:SS"}))
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        start, end = data.get("start"), data.get("end")
+        if start is not None and end is not None and start >= end:
+            raise forms.ValidationError(
+                f"From ({_shown(_ms(start))}) is not before To ({_shown(_ms(end))}):"
+                " nothing to backfill.")
+        return data
+
+    def range_ms(self) -> tuple[int, int]:
+        return _ms(self.cleaned_data["start"]), _ms(self.cleaned_data["end"])
 
 
 @admin.register(Entry)
@@ -75,6 +148,10 @@ class EntryAdmin(admin.ModelAdmin):
             path("", wrap(self.changelist_view), name=f"{info}_changelist"),
             path("<str:object_id>/release/", wrap(self.release_view), name=f"{info}_release"),
             path("<str:object_id>/trigger/", wrap(self.trigger_view), name=f"{info}_trigger"),
+            path("<str:object_id>/pause/", wrap(self.pause_view), name=f"{info}_pause"),
+            path("<str:object_id>/resume/", wrap(self.resume_view), name=f"{info}_resume"),
+            path("<str:object_id>/backfill/", wrap(self.backfill_view),
+                 name=f"{info}_backfill"),
             # Named "_change" so that admin log entries link to it.
             path("<str:object_id>/", wrap(self.detail_view), name=f"{info}_change"),
         ]
@@ -113,6 +190,7 @@ class EntryAdmin(admin.ModelAdmin):
         doc, error = self._status()
         owners = {o["id"]: o for o in doc["owners"]}
         found = next((e for e in doc["entries"] if e["name"] == name), None)
+        can_backfill = self._may(request, "backfill_entry")
         runs: list[dict[str, Any]] = []
         if error is None:
             try:
@@ -128,71 +206,71 @@ class EntryAdmin(admin.ModelAdmin):
             "limit": limit,
             "error": error,
             "changelist_url": self._url("changelist"),
+            "backfill_form": BackfillForm() if can_backfill else None,
+            "backfill_help": INSTANT_HELP.format(tz=timezone.get_current_timezone_name()),
+            "backfill_limit": self._backfill_limit(),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/beat_claims/entry/entry.html", context)
 
     def _context(self, request: HttpRequest, title: str) -> dict[str, Any]:
         request.current_app = self.admin_site.name
-        user = request.user
         return {
             **self.admin_site.each_context(request),
             "title": title,
             "opts": self.opts,
             "app_label": self.opts.app_label,
             "store_url": self._store_label(),
-            "can_release": user.has_perm(f"{self.opts.app_label}.release_claim"),
-            "can_trigger": user.has_perm(f"{self.opts.app_label}.trigger_run"),
+            "can_release": self._may(request, "release_claim"),
+            "can_trigger": self._may(request, "trigger_run"),
+            "can_pause": self._may(request, "pause_entry"),
+            "can_resume": self._may(request, "resume_entry"),
+            "can_backfill": self._may(request, "backfill_entry"),
+            "note_limit": NOTE_LIMIT,
         }
+
+    def _may(self, request: HttpRequest, codename: str) -> bool:
+        return bool(request.user.has_perm(f"{self.opts.app_label}.{codename}"))
 
     # -- actions ------------------------------------------------------------------------
     def release_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST ``due`` (ms): release the claim on that run, whoever holds it."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        if not request.user.has_perm(f"{self.opts.app_label}.release_claim"):
-            raise PermissionDenied
+        refused = self._refused(request, "release_claim")
+        if refused is not None:
+            return refused
         name = unquote(object_id)
         try:
             due = int(request.POST["due"])
         except (KeyError, ValueError):
             return HttpResponseBadRequest("due: the run's due instant in UTC milliseconds")
-        by = f"admin:{request.user.get_username()}"
-        try:
-            [freed] = source.store_for().reclaim([Reclaim(name, due, None)], by)
-        except STORE_ERRORS as exc:
-            messages.error(request, self._store_error(exc))
+        by = self._by(request)
+        done = self._operate(request, name, "released",
+                             lambda store: operations.release(store, name, due, by))
+        if isinstance(done, HttpResponse):
+            return done
+        if not done.released:
+            messages.warning(request, f"{done.why_not}.")
             return self._back(request, name)
-        if freed:
-            self.log_change(request, Entry(name=name),
-                            f"Released the claim of the run due {iso(due)}.")
-            logger.warning("beat-claims: %s released the claim of %s due %s: it is due again",
-                           by, name, iso(due))
-            messages.success(request, f"Released the claim of {name} due {iso(due)}: the run"
-                                      " is due again and a beat will send it.")
-        else:
-            messages.warning(request, f"The run of {name} due {iso(due)} was not released:"
-                                      " it is no longer claimed.")
+        self.log_change(request, Entry(name=name),
+                        f"Released the claim of the run due {iso(due)}.")
+        logger.warning("beat-claims: %s released the claim of %s due %s: it is due again",
+                       by, name, iso(due))
+        messages.success(request, f"Released the claim of {name} due {iso(due)}: the run"
+                                  " is due again and a beat will send it.")
         return self._back(request, name)
 
     def trigger_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST: record a run of the entry due now, for a beat to claim and send."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        if not request.user.has_perm(f"{self.opts.app_label}.trigger_run"):
-            raise PermissionDenied
+        refused = self._refused(request, "trigger_run")
+        if refused is not None:
+            return refused
         name = unquote(object_id)
-        by = f"admin:{request.user.get_username()}"
+        by = self._by(request)
         app = project_app()
-        try:
-            due = source.store_for(app).request_run(name, by, uuid.uuid4().hex)
-        except STORE_ERRORS as exc:
-            messages.error(request, self._store_error(exc))
-            return self._back(request, name)
-        if due is None:
-            messages.error(request, f"{name} is not known to the store (no beat has seen it):"
-                                    " nothing was triggered.")
-            return self._back(request, name)
+        due = self._operate(request, name, "triggered",
+                            lambda store: operations.trigger(store, name, by))
+        if isinstance(due, HttpResponse):
+            return due
         self.log_change(request, Entry(name=name), f"Triggered a run now (due {iso(due)}).")
         logger.info("beat-claims: %s triggered a run of %s (due %s)", by, name, iso(due))
         heartbeat = Settings.from_app(app).heartbeat_interval
@@ -203,6 +281,138 @@ class EntryAdmin(admin.ModelAdmin):
                                       " that has it will send the run.")
         return self._back(request, name)
 
+    def pause_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST ``note``: pause the entry on every beat, until resumed."""
+        refused = self._refused(request, "pause_entry")
+        if refused is not None:
+            return refused
+        name = unquote(object_id)
+        note = " ".join(request.POST.get("note", "").split())
+        if len(note) > NOTE_LIMIT:
+            messages.error(request, f"The note has {len(note)} characters, more than"
+                                    f" {NOTE_LIMIT}: {name} was not paused.")
+            return self._back(request, name)
+        by = self._by(request)
+        done = self._operate(request, name, "paused",
+                             lambda store: operations.pause(store, name, by, note))
+        if isinstance(done, HttpResponse):
+            return done
+        since = iso(done.paused.at) if done.paused else None
+        self.log_change(request, Entry(name=name), f"Paused (since {since})"
+                        + (f": {note}" if note else "."))
+        logger.warning("beat-claims: %s paused %s (since %s)%s: its occurrences are skipped"
+                       " until resume", by, name, since, f": {note}" if note else "")
+        messages.success(request, f"Paused {name}: every beat records its occurrences skipped"
+                                  " (paused) instead of sending them, until it is resumed."
+                                  " Runs already sent are not touched; Run now and Backfill"
+                                  " still send.")
+        return self._back(request, name)
+
+    def resume_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: end the entry's pause."""
+        refused = self._refused(request, "resume_entry")
+        if refused is not None:
+            return refused
+        name = unquote(object_id)
+        by = self._by(request)
+        resumed = self._operate(request, name, "resumed",
+                                lambda store: operations.resume(store, name, by))
+        if isinstance(resumed, HttpResponse):
+            return resumed
+        _, ended = resumed
+        if not ended:
+            messages.warning(request, f"{name} was not paused: nothing was recorded.")
+            return self._back(request, name)
+        self.log_change(request, Entry(name=name), "Resumed.")
+        logger.warning("beat-claims: %s resumed %s: its occurrences are sent again", by, name)
+        messages.success(request, f"Resumed {name}: occurrences due from now on are sent"
+                                  " again. Those skipped while it was paused stay skipped:"
+                                  " Backfill runs them.")
+        return self._back(request, name)
+
+    def backfill_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST ``start`` and ``end`` (instants, naive ones in the current timezone): a
+        manual run at each occurrence in [start, end) that has not run. A refusal shows
+        the entry's page again with the form and why."""
+        refused = self._refused(request, "backfill_entry")
+        if refused is not None:
+            return refused
+        name = unquote(object_id)
+        form = BackfillForm(request.POST)
+        if not form.is_valid():
+            return self._backfill_refused(request, object_id, form)
+        start, end = form.range_ms()
+        by = self._by(request)
+        app = project_app()
+        try:
+            store = source.store_for(app)
+            now = store.now()
+            if end > now:
+                form.add_error("end", f"To ({_shown(end)}) is after the store's clock"
+                                      f" ({_shown(now)}): a backfill runs past occurrences"
+                                      " (for a run now, use Run now).")
+                return self._backfill_refused(request, object_id, form)
+            done = operations.backfill(store, name, self._schedules(app).get(name), start,
+                                       end, by, Settings.from_app(app).backfill_limit)
+        except inspect.UnknownEntry as exc:  # its page has no form: said as a message
+            messages.error(request, f"{exc}: nothing was backfilled.")
+            return self._back(request, name)
+        except operations.OperationError as exc:
+            form.add_error(None, f"{exc}.")
+            return self._backfill_refused(request, object_id, form)
+        except STORE_ERRORS as exc:
+            form.add_error(None, self._store_error(exc))
+            return self._backfill_refused(request, object_id, form)
+        created, kept = len(done.result.created), len(done.result.kept)
+        span = f"from {_shown(start)} to {_shown(end)}"
+        before = (f" (the store first saw {name} at {_shown(done.anchor)}: nothing was due"
+                  " before)" if start <= done.anchor else "")
+        if not created:
+            what = (f"{len(done.dues)} occurrence(s), each already ran, runs or is on its way"
+                    if done.dues else "its schedule has no occurrence there")
+            messages.warning(request, f"Backfill of {name} {span}: {what}: nothing was"
+                                      f" created{before}.")
+            return self._back(request, name)
+        self.log_change(request, Entry(name=name),
+                        f"Backfilled {created} run(s) from {iso(start)} to {iso(end)}"
+                        f" ({len(done.dues)} occurrence(s), {kept} kept as they were).")
+        logger.warning("beat-claims: %s backfilled %s from %s to %s: %d run(s) created, %d"
+                       " kept", by, name, iso(start), iso(end), created, kept)
+        messages.success(request, f"Backfill of {name} {span}: {len(done.dues)}"
+                                  f" occurrence(s); created {created} run(s), the beats send"
+                                  f" them oldest first; kept {kept} that ran, run or are on"
+                                  f" their way{before}.")
+        return self._back(request, name)
+
+    def _backfill_refused(self, request: HttpRequest, object_id: str,
+                          form: BackfillForm) -> HttpResponse:
+        """The entry's page again, the form showing what it was given and why not."""
+        return self.detail_view(request, object_id, {"backfill_form": form})
+
+    def _operate(self, request: HttpRequest, name: str, what: str,
+                 act: Callable[[Store], T]) -> T | HttpResponse:
+        """``act`` on the store; for an entry the store does not know, or a store that
+        does not answer, the page to go back to, saying why nothing was done."""
+        try:
+            return act(source.store_for())
+        except inspect.UnknownEntry as exc:
+            messages.error(request, f"{exc}: nothing was {what}.")
+        except STORE_ERRORS as exc:
+            messages.error(request, self._store_error(exc))
+        return self._back(request, name)
+
+    def _refused(self, request: HttpRequest, codename: str) -> HttpResponse | None:
+        """Why an action is not done: not a POST (405), or no permission (403)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self._may(request, codename):
+            raise PermissionDenied
+        return None
+
+    def _by(self, request: HttpRequest) -> str:
+        """Who asks, as every action records it."""
+        return operations.who(f"admin:{request.user.get_username()}")
+
     def _back(self, request: HttpRequest, name: str) -> HttpResponse:
         target = request.POST.get("next", "")
         if not url_has_allowed_host_and_scheme(target, {request.get_host()},
@@ -212,10 +422,23 @@ class EntryAdmin(admin.ModelAdmin):
 
     # -- data ---------------------------------------------------------------------------
     def _status(self) -> tuple[dict[str, Any], str | None]:
+        """The status document, each entry with its pause (``operations.entry_doc``)."""
         try:
-            return source.status(), None
+            doc = source.status()
+            pauses = {r.name: operations.entry_doc(r) for r in source.store_for().entries()}
         except STORE_ERRORS as exc:
             return {"owners": [], "entries": []}, self._store_error(exc)
+        for entry in doc["entries"]:
+            pause = pauses.get(entry["name"], {})
+            entry.update({k: pause.get(k) for k in PAUSE_FIELDS})
+            entry["paused"] = bool(entry["paused"])
+        return doc, None
+
+    def _backfill_limit(self) -> int | None:
+        try:
+            return Settings.from_app(project_app()).backfill_limit
+        except ConfigurationError:
+            return None
 
     def _store_error(self, exc: Exception) -> str:
         return (f"Cannot read the beat-claims store at {self._store_label()}:"
@@ -227,6 +450,11 @@ class EntryAdmin(admin.ModelAdmin):
         except ConfigurationError as exc:
             return f"(misconfigured: {exc})"
         return f"{mask(settings.url)} (prefix {settings.key_prefix!r})"
+
+    def _schedules(self, app: Any) -> dict[str, Any]:
+        """Entry name -> Celery schedule, as the beats of this site compute them."""
+        found = source.schedules(app)
+        return found if found is not None else inspect.beat_schedules(app)
 
     def _schedule_names(self, app: Any) -> set[str]:
         found = source.schedules(app)
@@ -241,6 +469,9 @@ class EntryAdmin(admin.ModelAdmin):
             "url": self._url("change", entry["name"]),
             "release_url": self._url("release", entry["name"]),
             "trigger_url": self._url("trigger", entry["name"]),
+            "pause_url": self._url("pause", entry["name"]),
+            "resume_url": self._url("resume", entry["name"]),
+            "backfill_url": self._url("backfill", entry["name"]),
             "claims": [dict(c, owner_label=_owner_label(c.get("owner"), owners),
                             releasable=c["state"] in RELEASABLE, at=_times(c, RUN_TIMES))
                        for c in entry["claims"]],
@@ -279,6 +510,21 @@ class EntryAdmin(admin.ModelAdmin):
                               "_change", args=(quote(pk),)), status)
             for task_id, pk, status in rows
         }
+
+
+#: An entry's pause, as ``operations.entry_doc`` (and ``celery claims pause -j``) names it.
+PAUSE_FIELDS = ("paused", "paused_by", "paused_note", "paused_at", "resumed_by", "resumed_at")
+
+
+def _ms(when: datetime) -> int:
+    return round(when.timestamp() * 1000)
+
+
+def _shown(ms: int) -> str:
+    """An instant for a message: in the current timezone, as the pages show times, and
+    the exact UTC instant."""
+    local = timezone.localtime(from_ms(ms))
+    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()} = {iso(ms)}"
 
 
 def _times(doc: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Entries and runs live in the beat-claims store (Redis), not in the database; the admin
 reads them from there. The model gives the admin its place in the index and gives Django
-the permissions operators are granted: view, release a claim, trigger a run.
+the permissions operators are granted: view, release a claim, trigger a run, pause an
+entry, resume it, backfill it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class Entry(models.Model):
         permissions = [
             ("release_claim", "Can release a stuck claim"),
             ("trigger_run", "Can trigger a run now"),
+            ("pause_entry", "Can pause an entry"),
+            ("resume_entry", "Can resume a paused entry"),
+            ("backfill_entry", "Can backfill an entry's past occurrences"),
         ]
 
     def __str__(self) -> str:
