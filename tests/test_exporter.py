@@ -213,3 +213,12 @@ def test_scrapes_within_the_cache_share_one_read() -> None:
     for _ in range(3):
         list(fresh.collect())
     assert fresh.reads == 3
+
+
+def test_the_readme_shows_the_alert_this_test_file_checks() -> None:
+    """The README's alert is ``exporter.ALERT_EXAMPLE``, the one checked above against real
+    metrics (whitespace aside)."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```promql\n(.*?)```", readme, re.S)
+    assert block is not None, "README.md has no promql block"
+    assert block.group(1).split() == exporter.ALERT_EXAMPLE.split()
