@@ -41,9 +41,25 @@ def iso(ms: int | None) -> str | None:
 
 
 def task_id_for(entry: str, due_ms: int, prefix: str = "beat-claims") -> str:
-    """The task id of an occurrence: stable across beats and across re-sends. The key
-    prefix is part of it, so two apps sharing a result backend never share an id."""
+    """The task id of a scheduled occurrence: stable across beats and across re-sends.
+    The key prefix is part of it, so two apps sharing a result backend never share an id.
+    """
     return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{prefix}\x00{entry}\x00{due_ms}"))
+
+
+def manual_task_id_for(entry: str, due_ms: int, token: int,
+                       prefix: str = "beat-claims") -> str:
+    """The task id of an operator's run (run now, backfill), claimed with ``token``.
+
+    Such a run may replace, at the same instant, a run that was skipped, lost or
+    cancelled: sharing that run's id, its message would be discarded by a worker told to
+    revoke the old one (workers keep revoked ids for hours, ``--statedb`` across
+    restarts), and the result backend would mix the two results. The claim's token makes
+    it an id of its own, the same for every delivery of that claim; a scheduled run's id
+    (:func:`task_id_for`) never depends on the token.
+    """
+    return str(uuid.uuid5(TASK_ID_NAMESPACE,
+                          f"{prefix}\x00{entry}\x00{due_ms}\x00manual\x00{token}"))
 
 
 @dataclass(frozen=True)
@@ -244,4 +260,4 @@ def _int(name: str, value: Any) -> int:
 
 
 __all__ = ["FINAL_STATES", "HEADER", "Owner", "Run", "RunState", "from_ms", "iso",
-           "process_is_gone", "task_id_for", "to_ms"]
+           "manual_task_id_for", "process_is_gone", "task_id_for", "to_ms"]

@@ -8,6 +8,17 @@ import logging
 import pytest
 
 from beat_claims import worker
+from beat_claims.enums import RunState
+from beat_claims.runs import Owner, manual_task_id_for, task_id_for
+from beat_claims.stores.base import (
+    Check,
+    CheckVerdict,
+    ClaimPlan,
+    Delivery,
+    EntrySeed,
+    Outcome,
+    WorkerProcess,
+)
 from beat_claims.stores.redis import RedisStore
 from beat_claims.worker import _Context, parse_header
 
@@ -42,3 +53,37 @@ def test_a_store_outage_is_logged_once_and_probed_until_it_answers(
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1  # once per outage, not per task
     assert "reachable again" in caplog.text
+
+
+def test_an_operators_run_has_a_task_id_of_its_own_the_worker_finds() -> None:
+    scheduled = task_id_for("e", 1000)
+    assert manual_task_id_for("e", 1000, 7) == manual_task_id_for("e", 1000, 7)
+    assert len({scheduled, manual_task_id_for("e", 1000, 7), manual_task_id_for("e", 1000, 8),
+                manual_task_id_for("e", 1000, 7, "other")}) == 4
+
+
+def test_a_backfilled_run_is_looked_up_by_its_own_task_id(server: RedisServer) -> None:
+    """The signals that carry only a task id lead to the run that replaced a cancelled one,
+    and the replaced run's id does not."""
+    store = RedisStore.from_url(server.url, "unit")
+    beat = Owner(id="unit-beat", host="h", pid=1, started_at=1.0)
+    state = store.register([EntrySeed("e", "every 1s")])["e"]
+    due = state.anchor + 1000
+    [first] = store.claim(beat, [ClaimPlan("e", state, (due,))])[0].claims
+    old_id = task_id_for("e", due, "unit")
+    assert store.check(beat, [Check(first, old_id)])[0].verdict is CheckVerdict.SEND
+    assert store.record_sent(beat, [first]) == 1
+    assert store.finish([Outcome("e", due, first.token, RunState.CANCELLED)]) == [True]
+    assert store.backfill("e", [due], "alice@ops") is not None
+    [again] = store.claim(beat, [ClaimPlan("e", None)])[0].taken
+    assert again.manual and again.token > first.token
+    new_id = manual_task_id_for("e", due, again.token, "unit")
+    assert store.check(beat, [Check(again, new_id)])[0].verdict is CheckVerdict.SEND
+    assert store.record_sent(beat, [again]) == 1
+    process = WorkerProcess("w@h", 2, "p")
+    assert store.start(Delivery("e", due, again.token, process, task_id=new_id)).ok
+    found = store.lookup_task(new_id)
+    assert found is not None and (found.entry, found.due, found.token) == (
+        "e", due, again.token)
+    old = store.lookup_task(old_id)
+    assert old is None or old.token == first.token  # never leads to the new run

@@ -20,7 +20,7 @@ from typing import Any
 from ..catch_up import plan_held
 from ..enums import Reason, RunState
 from ..metrics import Metrics
-from ..runs import Owner, iso, task_id_for
+from ..runs import Owner, iso, manual_task_id_for, task_id_for
 from ..settings import Policy, Settings
 from ..stores.base import Check, CheckVerdict, Claim, Release, Store
 from .claimer import SkipLog
@@ -71,6 +71,11 @@ class Sender:
         self.logger = logger
 
     def task_id(self, claim: Claim) -> str:
+        """A scheduled run's id is its occurrence's; an operator's run (which may replace
+        a skipped, lost or cancelled run at the same instant) has one of its own."""
+        if claim.manual:
+            return manual_task_id_for(claim.entry, claim.due, claim.token,
+                                      self.settings.key_prefix)
         return task_id_for(claim.entry, claim.due, self.settings.key_prefix)
 
     # -- deciding ---------------------------------------------------------------------
@@ -94,9 +99,11 @@ class Sender:
             scheduled = [c for c in entry_claims if not c.manual]
             skip: dict[int, Reason] = {}
             if any(c.ref in self.holdings.waited for c in scheduled):
+                # A jittered run is on time up to its jitter after its due instant.
                 decided = plan_held(
                     policy, [c.due for c in scheduled if c.ref in self.holdings.waited],
-                    [c.due for c in scheduled if c.ref not in self.holdings.waited], now, grace)
+                    [c.due for c in scheduled if c.ref not in self.holdings.waited], now,
+                    grace + int(policy.jitter * 1000))
                 skip = dict(decided.skip)
             for claim in entry_claims:
                 checks.append(Check(claim, self.task_id(claim), skip.get(claim.due),
