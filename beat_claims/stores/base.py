@@ -61,7 +61,10 @@ class EntrySeed:
     instant). After a wipe or a rollback the beat also passes what it knows: its anchor
     (kept only where the store has none), a checkpoint and a token floor (the store keeps
     the higher of its own and these) and the runs it knows of (restored only where the
-    store has no record at their instant).
+    store has no record at their instant). The entry's token counter is raised to at least
+    every token of those runs, restored or not: a store that went back in time never hands
+    out a token it handed out before (a later run at such an instant — a backfill — gets a
+    token above the one whose message may still be in flight).
     """
 
     name: str

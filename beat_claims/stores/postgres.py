@@ -451,7 +451,8 @@ END $$;
 
 -- register.lua, for a batch of seeds [{{e, desc, a, c, t, runs}}]: new entries anchored at
 -- the shared instant (the first beat wins), floors merged without going back, known runs
--- restored where the store has no record at their instant. (An entry's fields are typed
+-- restored where the store has no record at their instant, the token counter raised to
+-- every token of theirs. (An entry's fields are typed
 -- columns: there is no unreadable field to repair.)
 CREATE OR REPLACE FUNCTION {s}.register(p_seeds jsonb, p_limit integer)
 RETURNS TABLE (o_name text, o_anchor bigint, o_checkpoint bigint, o_token bigint)
@@ -479,7 +480,10 @@ BEGIN
         checkpoint = CASE WHEN e.checkpoint IS NULL OR e.checkpoint < (v_seed ->> 'c')::bigint
                           THEN coalesce((v_seed ->> 'c')::bigint, e.checkpoint)
                           ELSE e.checkpoint END,
-        token = greatest(e.token, coalesce((v_seed ->> 't')::bigint, 0))
+        -- every token of the runs the caller knows was handed out (restored or not)
+        token = greatest(e.token, coalesce((v_seed ->> 't')::bigint, 0),
+          (SELECT max({s}.int_of(x -> 'token'))
+             FROM jsonb_array_elements(coalesce(v_seed -> 'runs', '[]')) x))
       WHERE e.name = v_seed ->> 'e'
       RETURNING e.id, e.anchor, e.checkpoint, e.token INTO v_entry;
     CONTINUE WHEN NOT FOUND;

@@ -1003,7 +1003,8 @@ class SQLiteStore(Store):
     def _register_one(self, db: sqlite3.Connection, now: int, seed: EntrySeed,
                       anchor_now: int) -> tuple[EntryState, list[str]]:
         """register.lua: anchor once, floors only raise, known runs restored where the store
-        has no record at their instant, unreadable fields replaced (and named)."""
+        has no record at their instant (the token counter raised to their tokens),
+        unreadable fields replaced (and named)."""
         e, repaired = self._get_entry(db, seed.name)
         e = e or {"anchor": None, "checkpoint": None, "token": None}
         anchor = e["anchor"]
@@ -1012,7 +1013,8 @@ class SQLiteStore(Store):
         checkpoint = e["checkpoint"]
         if seed.checkpoint is not None and (checkpoint is None or checkpoint < seed.checkpoint):
             checkpoint = seed.checkpoint
-        token = max(e["token"] or 0, seed.token)
+        # Every token of the runs the caller knows was handed out (restored or not).
+        token = max([e["token"] or 0, seed.token, *(known.token for known in seed.runs)])
         if "token" in repaired:
             # The counter could not be read: no token its runs hold may be handed out again.
             token = max([token, *(self._tokens_held(db, seed.name))])

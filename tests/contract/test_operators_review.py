@@ -158,10 +158,6 @@ def test_lookup_task_after_a_backfill_replaced_the_run(store: Store, backfilled:
     assert store.lookup_task("t-1") is None
 
 
-@pytest.mark.xfail(strict=True, reason="review: register() restores known runs without"
-                   " raising the entry's token counter above their tokens, so the run a"
-                   " backfill creates at such an instant gets a lower token than the one"
-                   " whose message may still be in flight")
 def test_a_backfilled_run_gets_a_token_above_every_token_of_its_instant(
         store: Store) -> None:
     state = entry(store)
@@ -169,7 +165,7 @@ def test_a_backfilled_run_gets_a_token_above_every_token_of_its_instant(
     # Registered again after a wipe by a beat that knows the run it sent (token 50), but
     # not the entry's counter (it had forgotten the entry: its anchor moved).
     known = Run("e", due, RunState.SENT, token=50, task_id="t-50", extra={"reseeded": True})
-    store.register([EntrySeed("e", "every 1s", runs=(known,))])
+    assert store.register([EntrySeed("e", "every 1s", runs=(known,))])["e"].token >= 50
     assert store.finish([Outcome("e", due, 50, RunState.CANCELLED)]) == [True]
     assert store.backfill("e", [due], "alice@ops") is not None
     [again] = take(store, A)
@@ -352,3 +348,17 @@ def test_history_of_a_backfill_twice_lists_each_instant_once(store: Store) -> No
     store.backfill("e", dues + dues, "alice@ops")
     store.backfill("e", list(reversed(dues)), "alice@ops")
     assert sorted(d for d in runs(store) if d in dues) == dues
+
+
+def test_register_raises_the_token_counter_to_known_runs_not_restored(store: Store) -> None:
+    """A run the caller knows of at an instant where the store has another record is not
+    restored, but its token was handed out all the same: no claim may get it again."""
+    c = claims(store, A, 1000)[0]
+    send(store, A, c)
+    assert store.finish([Outcome("e", c.due, c.token, RunState.DONE)]) == [True]
+    known = Run("e", c.due, RunState.SENT, token=c.token + 40, task_id="t-x")
+    state = store.register([EntrySeed("e", "every 1s", runs=(known,))])["e"]
+    assert state.token >= c.token + 40
+    assert (run(store, c).token, run(store, c).state) == (c.token, RunState.DONE)  # kept
+    [later] = claims(store, B, 2000)
+    assert later.token > c.token + 40

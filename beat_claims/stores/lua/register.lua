@@ -3,8 +3,9 @@
 -- checkpoint and a token floor (the higher of the store's and the caller's is kept: nothing
 -- goes back), and runs the caller knows of (restored only where the store has no record at
 -- their instant, or where the store still holds a run the caller has since sent as claimed
--- or due). A field that cannot be read is replaced, and named in the reply; a token counter
--- replaced so starts above every token the entry's runs hold.
+-- or due); the token counter is raised to every token of those runs. A field that cannot
+-- be read is replaced, and named in the reply; a token counter replaced so starts above
+-- every token the entry's runs hold.
 -- KEYS: the entry's keys. ARGV: name, description, anchor for a new entry, known anchor
 -- ('' none), checkpoint floor ('' none), token floor, history limit, known runs (JSON list
 -- or ''). Returns {anchor, checkpoint or '', token, repaired fields (comma separated)}.
@@ -26,6 +27,14 @@ if floor and (e.checkpoint == nil or e.checkpoint < floor) then
   redis.call('HSET', K.entry, 'checkpoint', fmt(floor))
 end
 local token_floor = tonumber(ARGV[6])
+local known = ARGV[8] ~= '' and cjson.decode(ARGV[8]) or {}
+-- Every token of the runs the caller knows was handed out: none may be handed out again,
+-- whether its run is restored or the store has another record at its instant.
+for _, run in ipairs(known) do
+  if type(run.token) == 'number' and run.token > token_floor then
+    token_floor = run.token
+  end
+end
 for _, field in ipairs(repaired) do
   if field == 'token' then
     -- The counter could not be read: no token its runs hold may be handed out again.
@@ -43,8 +52,8 @@ if token_floor > e.token then
   redis.call('HSET', K.entry, 'token', fmt(token_floor))
 end
 redis.call('HSET', K.entry, 'name', ARGV[1], 'schedule', ARGV[2])
-if ARGV[8] ~= '' then
-  for _, run in ipairs(cjson.decode(ARGV[8])) do
+if #known > 0 then
+  for _, run in ipairs(known) do
     local due = fmt(run.due)
     local stored = get_run(K, due)
     if stored == nil then
