@@ -22,6 +22,20 @@ with the others): its ``beat_claims/`` is extracted with ``git archive`` to a te
 directory, which those beats put first on ``sys.path``. Every scheduler runs with
 ``beat_max_loop_interval = 5`` and its default settings otherwise.
 
+beat-claims' store (``--store redis,sqlite,postgres``; Redis only by default): each store
+is a case of its own (``beat_claims_K`` on Redis, ``beat_claims_K+sqlite``,
+``beat_claims_K+postgres``), and every run starts on an empty one: the private store
+redis-server (flushed), a new SQLite file in the run's temporary directory, or a database
+of the benchmark's own on the machine's PostgreSQL (``BC_PGHOST``, ``BC_PGPORT``,
+``BC_PGUSER``; 127.0.0.1:5432, postgres), created at the start, every store schema in it
+dropped before each run, dropped at the end. Another store is compared with Redis by the
+ratio of their times to the last publish (``beat_claims_K+<store>/beat_claims_K``; the goal:
+at most 2). Its setup is known to be done when its tables hold at least one row per entry;
+a PostgreSQL statement (psycopg's ``Cursor.execute``) counts as a store round trip; SQLite
+has none (the file is read in the beat's process), nor has any store but Redis store
+commands. PersistentScheduler and RedBeat keep their own state as always (a file; the
+store redis-server).
+
 Every scheduler is used only as ``celery beat -S <class>`` uses it, so that any version
 of beat-claims can be measured: ``celery.beat.Service`` loads the class by name and builds
 it, ``beat_init`` is sent (RedBeat takes its lock there), and the beat is driven by
@@ -85,6 +99,8 @@ Usage::
     python bench/dispatch.py                                   # everything (long)
     python bench/dispatch.py --entries 1000,5000 --repeat 3 --idle-seconds 30
     python bench/dispatch.py --schedulers beat_claims --beats 1,2 --idle-seconds 0
+    python bench/dispatch.py --entries 1000 --beats 1 --idle-seconds 0 \\
+        --store redis,sqlite,postgres                          # beat-claims on each store
     python bench/dispatch.py --entries 0 --idle-entries 50000 --schedulers redbeat,beat_claims \\
         --beats 1 --at-commit 1bad067                          # the large idle case
 
@@ -126,6 +142,9 @@ LABELS = {
     "redbeat": "redbeat.RedBeatScheduler",
     "beat_claims": "beat_claims.Scheduler",
 }
+#: beat-claims' stores (``--store``): Redis is the private store redis-server; SQLite a new
+#: file per run; PostgreSQL a database of the run's own on the machine's server.
+STORES = ("redis", "sqlite", "postgres")
 READY_MARGIN = 0.3  # every beat must be ready this long before T
 POLL = 0.01  # parent's LLEN poll period during a burst
 
@@ -212,6 +231,113 @@ def _command_delta(before: dict[str, int], after: dict[str, int],
     return out
 
 
+# -- beat-claims' stores other than the store redis-server --------------------------------
+def _pg_params() -> tuple[str, str, str]:
+    return (os.environ.get("BC_PGHOST", "127.0.0.1"), os.environ.get("BC_PGPORT", "5432"),
+            os.environ.get("BC_PGUSER", "postgres"))
+
+
+def _pg_url(dbname: str) -> str:
+    host, port, user = _pg_params()
+    return f"postgresql://{user}@{host}:{port}/{dbname}"
+
+
+#: The schemas of a database that are never a store's.
+_PG_SYSTEM = "nspname NOT LIKE 'pg\\_%' AND nspname NOT IN ('public', 'information_schema')"
+
+
+class PostgresDatabase:
+    """A database of the run's own on the machine's PostgreSQL (``BC_PGHOST``,
+    ``BC_PGPORT``, ``BC_PGUSER``; 127.0.0.1:5432, postgres), dropped by ``stop()``. Each
+    run starts on an empty one: every schema a store made is dropped (whatever its name,
+    for any version of beat-claims)."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        self.name = f"beat_claims_bench_{os.urandom(5).hex()}"
+        try:
+            self._admin(f'CREATE DATABASE "{self.name}"')
+        except psycopg.OperationalError as exc:
+            sys.exit(f"--store postgres: PostgreSQL at {_pg_url('postgres')} is needed: {exc}")
+        self.url = _pg_url(self.name)
+
+    @staticmethod
+    def _admin(statement: str) -> None:
+        import psycopg
+
+        with psycopg.connect(_pg_url("postgres"), autocommit=True, connect_timeout=5) as c:
+            c.execute(statement)
+
+    def flush(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                         " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            for (schema,) in conn.execute(
+                    f"SELECT nspname FROM pg_namespace WHERE {_PG_SYSTEM}").fetchall():
+                conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+    def server_version(self) -> str:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+        return str(row[0]) if row else ""
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+def _store_url(case_store: str, store: RedisServer, pg: PostgresDatabase | None,
+               workdir: str) -> str:
+    """beat-claims' store of a run, empty: the (flushed) store redis-server, a new SQLite
+    file, or the run's PostgreSQL database with every store schema dropped."""
+    if case_store == "sqlite":
+        return f"sqlite:///{tempfile.mkdtemp(dir=workdir)}/claims.db"
+    if case_store == "postgres":
+        assert pg is not None
+        pg.flush()
+        return pg.url
+    return store.url
+
+
+def _store_size(cfg: dict[str, Any]) -> int:
+    """Rows or keys in beat-claims' store: how the beats' setup knows that beat-claims
+    registered the entries, whatever its version's layout (at least one per entry)."""
+    kind = cfg["store_kind"]
+    if kind == "redis":
+        return _store_keys(cfg["store_port"])
+    if kind == "sqlite":
+        import sqlite3
+
+        path = cfg["store_url"].partition(":///")[2]
+        if not os.path.exists(path):
+            return 0
+        db = sqlite3.connect(path, timeout=5)
+        try:
+            tables = [r[0] for r in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")]
+            return sum(int(db.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0])
+                       for t in tables)
+        finally:
+            db.close()
+    import psycopg
+
+    with psycopg.connect(cfg["store_url"], autocommit=True, connect_timeout=5) as conn:
+        tables = conn.execute(
+            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            f" WHERE c.relkind = 'r' AND {_PG_SYSTEM}").fetchall()
+        total = 0
+        for (table,) in tables:
+            row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+            total += int(row[0]) if row else 0
+        return total
+
+
 # -- the beat process ----------------------------------------------------------------------
 class _Counters:
     """Publishes (time, due header) and redis-py round trips, the same for every scheduler."""
@@ -249,6 +375,20 @@ class _Counters:
 
         kombu.messaging.Producer.publish = counted_publish  # type: ignore[method-assign]
         redis.connection.AbstractConnection.send_packed_command = counted_send  # type: ignore
+
+    def count_postgres(self) -> None:
+        """Each statement a psycopg cursor sends is one round trip to the store (the
+        PostgreSQL store sends one statement per call)."""
+        import psycopg
+
+        execute = psycopg.Cursor.execute
+        counters = self
+
+        def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+            counters.store += 1
+            return execute(self, *args, **kwargs)
+
+        psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
 
 
 def _peak_rss_kib() -> int:
@@ -354,7 +494,7 @@ def _setup(kind: str, sched: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     if kind == "beat_claims":
         deadline = t0 + cfg["setup_timeout"]
         need = len(cfg["names"])
-        while _store_keys(cfg["store_port"]) < need:
+        while _store_size(cfg) < need:
             if time.time() > deadline:
                 raise RuntimeError(f"the entries were not registered within"
                                    f" {cfg['setup_timeout']:g}s")
@@ -373,8 +513,8 @@ def _setup(kind: str, sched: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _child(kind: str, index: int, src: str | None, cfg_q: Any, out_q: Any, cpu_q: Any,
-           go: Any, stop: Any) -> None:
+def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, out_q: Any,
+           cpu_q: Any, go: Any, stop: Any) -> None:
     """One beat: import, configure, set up, then tick like ``Service.start`` until stopped.
 
     ``src``: a directory holding the ``beat_claims`` package of another commit, imported
@@ -408,6 +548,8 @@ def _child(kind: str, index: int, src: str | None, cfg_q: Any, out_q: Any, cpu_q
 
         if kind == "redbeat":
             import redbeat  # noqa: F401
+        if store_kind == "postgres":
+            counters.count_postgres()
         module = version = None
         if kind == "beat_claims":
             import beat_claims
@@ -476,19 +618,27 @@ class Case:
     scheduler: str
     beats: int
     source: Source = Source()
+    store: str = "redis"  # beat-claims' store (the others use Redis, as they do)
 
     @property
     def key(self) -> str:
         if self.scheduler != "beat_claims":
             return self.scheduler
-        return f"beat_claims_{self.beats}" + (f"@{self.source.tag}" if self.source.tag else "")
+        return bc_case_key(self.beats, self.source.tag, self.store)
 
     @property
     def label(self) -> str:
         if self.scheduler != "beat_claims":
             return LABELS[self.scheduler]
         at = f" @{self.source.tag}" if self.source.tag else ""
-        return f"{LABELS[self.scheduler]} x{self.beats}{at}"
+        on = f" [{self.store}]" if self.store != "redis" else ""
+        return f"{LABELS[self.scheduler]} x{self.beats}{on}{at}"
+
+
+def bc_case_key(beats: int, tag: str = "", store: str = "redis") -> str:
+    """``beat_claims_<beats>[+<store>][@<tag>]``: the store is named unless it is Redis."""
+    return (f"beat_claims_{beats}" + (f"+{store}" if store != "redis" else "")
+            + (f"@{tag}" if tag else ""))
 
 
 class Beats:
@@ -499,9 +649,10 @@ class Beats:
         self.cfg_q, self.out_q = ctx.Queue(), ctx.Queue()
         self.cpu_qs = [ctx.Queue() for _ in range(case.beats)]
         self.go, self.stop_event = ctx.Event(), ctx.Event()
-        self.procs = [ctx.Process(target=_child, args=(case.scheduler, i, case.source.path,
-                                                       self.cfg_q, self.out_q, self.cpu_qs[i],
-                                                       self.go, self.stop_event),
+        self.procs = [ctx.Process(target=_child, args=(case.scheduler, case.store, i,
+                                                       case.source.path, self.cfg_q,
+                                                       self.out_q, self.cpu_qs[i], self.go,
+                                                       self.stop_event),
                                   daemon=True)
                       for i in range(case.beats)]
         for p in self.procs:
@@ -609,9 +760,12 @@ def _setup_fields(ready: dict[int, Any], started: float) -> dict[str, Any]:
 
 def _base_cfg(case: Case, names: list[str], store: RedisServer, broker: RedisServer,
               workdir: str, profile_dir: str | None, run_id: str,
-              setup_timeout: float) -> dict[str, Any]:
-    return {"scheduler": case.scheduler, "names": names, "store_url": store.url,
-            "broker_url": broker.url, "store_port": store.port, "broker_port": broker.port,
+              setup_timeout: float, pg: PostgresDatabase | None = None) -> dict[str, Any]:
+    on_redis = case.store == "redis"
+    return {"scheduler": case.scheduler, "names": names,
+            "store_url": _store_url(case.store, store, pg, workdir),
+            "store_kind": case.store, "broker_url": broker.url,
+            "store_port": store.port if on_redis else None, "broker_port": broker.port,
             "workdir": tempfile.mkdtemp(dir=workdir), "profile_dir": profile_dir,
             "run_id": run_id, "setup_timeout": setup_timeout}
 
@@ -650,7 +804,7 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     due_at = started + lead  # Celery's and RedBeat's T; beat-claims' T is at least this
     profile = args.profile if case.scheduler in args.profile_schedulers else None
     beats.configure({**_base_cfg(case, names, store, broker, workdir, profile, run_id,
-                                 args.setup_timeout),
+                                 args.setup_timeout, args.pg),
                      "interval": lead, "last_run_at": due_at - ONE_HOUR, "idle": False})
     # beat-claims anchors the entries when it registers them (T = anchor + lead), after
     # the settle period of a fresh store at some versions: its setup may take longer than
@@ -716,7 +870,7 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     if out["status"] == "ok" and out.get("cpu_seconds") is not None:
         out["other_cpu_seconds"] = _other_cpu(busy_before, busy_after, out["cpu_seconds"])
     if stats_at_end is not None:
-        for server in (store, broker):
+        for server in (store, broker) if case.store == "redis" else (broker,):
             own = {"llen": polls_at_end} if server is broker else {}
             delta = _command_delta(stats_before[server.name], stats_at_end[server.name], own)
             out[f"{server.name}_commands"] = sum(delta.values())
@@ -801,6 +955,9 @@ def _burst_figures(case: Case, n: int, due_at: float, lead: float,
         "peak_rss_mib": round(max(r["maxrss_kib"] for r in results.values()) / 1024, 1),
         "rss_sum_mib": round(sum(r["maxrss_kib"] for r in results.values()) / 1024, 1),
     })
+    if case.store == "sqlite":  # the file is read in the beat's process: no round trips
+        out["store_round_trips"] = None
+        out["round_trips_per_task"] = round(broker_rt / max(1, len(stamps)), 3)
     return out
 
 
@@ -816,7 +973,7 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
         return {**out, "status": "error", "error": beats}
     started = time.time()
     beats.configure({**_base_cfg(case, names, store, broker, workdir, None, run_id,
-                                 args.setup_timeout),
+                                 args.setup_timeout, args.pg),
                      "interval": IDLE_INTERVAL, "last_run_at": started, "idle": True})
     ready, problem = beats.collect("ready", started + args.setup_timeout + 10)
     if problem:
@@ -863,7 +1020,9 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
         "warnings": dict(sum((collections.Counter(r["warnings"]) for r in results.values()),
                              collections.Counter())),
     })
-    for server in (store, broker):
+    if case.store == "sqlite":  # the file is read in the beat's process: no round trips
+        out["store_round_trips_per_minute"] = None
+    for server in (store, broker) if case.store == "redis" else (broker,):
         delta = _command_delta(stats_before[server.name], stats_after[server.name], {})
         out[f"{server.name}_commands_per_minute"] = round(sum(delta.values()) * per_minute, 1)
         out[f"{server.name}_commands_by_name"] = dict(sorted(delta.items()))
@@ -943,10 +1102,12 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
-def _variant(key: str) -> tuple[int, str]:
-    """``beat_claims_2@1bad067`` -> (2, "1bad067"); ``beat_claims_1`` -> (1, "")."""
+def _variant(key: str) -> tuple[int, str, str]:
+    """``beat_claims_2@1bad067`` -> (2, "1bad067", "redis"); ``beat_claims_1+sqlite`` ->
+    (1, "", "sqlite")."""
     name, _, tag = key.partition("@")
-    return int(name.rsplit("_", 1)[1]), tag
+    name, _, store = name.partition("+")
+    return int(name.rsplit("_", 1)[1]), tag, store or "redis"
 
 
 def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
@@ -957,8 +1118,8 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
     def fig(case: str, workload: str, name: str) -> float | None:
         return results.get(case, {}).get(workload, {}).get(name)
 
-    def bc_key(beats: int, tag: str) -> str:
-        return f"beat_claims_{beats}" + (f"@{tag}" if tag else "")
+    def bc_key(beats: int, tag: str, store: str = "redis") -> str:
+        return bc_case_key(beats, tag, store)
 
     ratios: dict[str, Any] = {}
     goals: dict[str, Any] = {}
@@ -968,7 +1129,7 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
         w = f"due_{n}"
         r: dict[str, Any] = {}
         for bc in bc_cases:
-            beats, tag = _variant(bc)
+            beats, tag, store = _variant(bc)
             for other in ("persistent", "redbeat"):
                 r[f"{bc}/{other}"] = _ratio(fig(bc, w, "seconds"), fig(other, w, "seconds"))
                 if other in results and w in results[other] and fig(other, w, "seconds") \
@@ -977,10 +1138,16 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
                     r[f"{bc}/{other}_below"] = _ratio(fig(bc, w, "seconds"), timeout)
                 r[f"{bc}/{other}_cpu"] = _ratio(fig(bc, w, "cpu_seconds"),
                                                 fig(other, w, "cpu_seconds"))
-            single = bc_key(1, tag)
+            single = bc_key(1, tag, store)
             if bc != single:
                 r[f"{bc}/{single}"] = _ratio(fig(bc, w, "seconds"), fig(single, w, "seconds"))
-            ref = bc_key(beats, base)
+            on_redis = bc_key(beats, tag)
+            if store != "redis" and on_redis in results:  # this store against Redis
+                r[f"{bc}/{on_redis}"] = _ratio(fig(bc, w, "seconds"),
+                                               fig(on_redis, w, "seconds"))
+                r[f"{bc}/{on_redis}_cpu"] = _ratio(fig(bc, w, "cpu_seconds"),
+                                                   fig(on_redis, w, "cpu_seconds"))
+            ref = bc_key(beats, base, store)
             if tag != base and ref in results:  # the base (working tree) against a commit
                 r[f"{ref}/{bc}"] = _ratio(fig(ref, w, "seconds"), fig(bc, w, "seconds"))
                 r[f"{ref}/{bc}_cpu"] = _ratio(fig(ref, w, "cpu_seconds"),
@@ -997,6 +1164,13 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
                 goals[f"beat_claims_2{at}_1.6x_faster_than_1_{w}"] = {
                     "speedup": round(one / two, 2), "met": one / two >= 1.6}
         for bc in bc_cases:
+            beats, tag, store = _variant(bc)
+            mine, on_redis = fig(bc, w, "seconds"), fig(bc_key(beats, tag), w, "seconds")
+            if store != "redis" and mine and on_redis:
+                # Another store may cost more per transition, within twice Redis' time.
+                goals[f"{bc}_at_most_2x_the_redis_store_{w}"] = {
+                    "ratio": round(mine / on_redis, 2), "met": mine / on_redis <= 2.0}
+        for bc in bc_cases:
             store_rt, broker_rt = fig(bc, w, "store_round_trips"), fig(bc, w,
                                                                      "broker_round_trips")
             ticks = fig(bc, w, "ticks")
@@ -1012,13 +1186,13 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
     if idle_key:
         r = {}
         for bc in bc_cases:
-            beats, tag = _variant(bc)
+            beats, tag, store = _variant(bc)
             for other in ("persistent", "redbeat"):
                 r[f"{bc}/{other}"] = _ratio(fig(bc, idle_key, "cpu_seconds_per_minute"),
                                             fig(other, idle_key, "cpu_seconds_per_minute"))
                 r[f"{bc}/{other}_rss"] = _ratio(fig(bc, idle_key, "peak_rss_mib"),
                                                 fig(other, idle_key, "peak_rss_mib"))
-            ref = bc_key(beats, base)
+            ref = bc_key(beats, base, store)
             if tag != base and ref in results:
                 r[f"{ref}/{bc}"] = _ratio(fig(ref, idle_key, "cpu_seconds_per_minute"),
                                           fig(bc, idle_key, "cpu_seconds_per_minute"))
@@ -1051,6 +1225,7 @@ def versions(sources: list[Source]) -> dict[str, Any]:
     package (``beat_claims_measured``: whether its beats ran); ``beat_claims_at_commits``
     each ``--at-commit`` snapshot by its tag (``version`` and ``path`` as its beats
     reported them, filled in after the runs)."""
+    import sqlite3
     from importlib.metadata import version
 
     import celery
@@ -1058,6 +1233,11 @@ def versions(sources: list[Source]) -> dict[str, Any]:
     import redis
 
     import beat_claims
+
+    try:  # the PostgreSQL store's driver (beat-claims[postgres]): only --store postgres needs it
+        from psycopg import __version__ as psycopg_version
+    except ImportError:
+        psycopg_version = None
 
     pkg_dir = os.path.dirname(os.path.abspath(beat_claims.__file__))
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1076,6 +1256,8 @@ def versions(sources: list[Source]) -> dict[str, Any]:
         "celery": celery.__version__,
         "kombu": kombu.__version__,
         "redis_py": redis.__version__,
+        "sqlite": sqlite3.sqlite_version,
+        "psycopg": psycopg_version,
         "redis_server": server_version,
         "celery_redbeat": version("celery-redbeat"),
         "beat_claims": beat_claims.__version__,
@@ -1282,6 +1464,14 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated subset of {','.join(SCHEDULERS)}")
     ap.add_argument("--beats", type=_int_list, default=[1, 2, 4],
                     help="beat-claims beat counts, comma-separated (1,2,4)")
+    ap.add_argument("--store", default="redis",
+                    help="beat-claims' stores, comma-separated, of " + ",".join(STORES)
+                         + " (redis): each is a case of its own (beat_claims_K+<store>);"
+                         " PersistentScheduler and RedBeat keep theirs. Redis is the"
+                         " private store redis-server, SQLite a new file per run,"
+                         " PostgreSQL a database of the run's own on the machine's server"
+                         " (BC_PGHOST, BC_PGPORT, BC_PGUSER: 127.0.0.1:5432, postgres),"
+                         " emptied before every run")
     ap.add_argument("--repeat", type=int, default=3, help="runs of every case (3)")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="seconds after T before a burst is reported as timeout (300)")
@@ -1317,6 +1507,12 @@ def main(argv: list[str] | None = None) -> int:
     for k in kinds:
         if k not in SCHEDULERS:
             ap.error(f"unknown scheduler {k!r}")
+    stores = [k.strip() for k in args.store.split(",") if k.strip()]
+    for k in stores:
+        if k not in STORES:
+            ap.error(f"--store: unknown store {k!r} (one of {','.join(STORES)})")
+    if not stores:
+        ap.error("--store: name at least one store")
     args.entries = [n for n in args.entries if n != 0]
     if args.repeat < 1 or any(b < 1 for b in args.beats) or any(n < 1 for n in args.entries):
         ap.error("--repeat, --beats and --entries must be positive")
@@ -1334,7 +1530,8 @@ def main(argv: list[str] | None = None) -> int:
         src = snapshot_commit(rev, workdir)
         if all(src.tag != other.tag for other in sources):
             sources.append(src)
-    cases = [Case(k, b, src) for k in kinds
+    cases = [Case(k, b, src, on) for k in kinds
+             for on in (stores if k == "beat_claims" else ["redis"])
              for src in (sources if k == "beat_claims" else [Source()])
              for b in (args.beats if k == "beat_claims" else [1])]
     idle_key = f"idle_{args.idle_entries}" if args.idle_seconds > 0 else None
@@ -1352,6 +1549,7 @@ def main(argv: list[str] | None = None) -> int:
         "options": {"entries": args.entries, "idle_entries": args.idle_entries,
                     "idle_seconds": args.idle_seconds, "idle_workload": idle_key,
                     "schedulers": kinds, "beats": args.beats, "repeat": args.repeat,
+                    "stores": stores,
                     "at_commits": [src.tag for src in sources if src.tag],
                     "working_tree": not args.without_tree,
                     "timeout": args.timeout, "setup_timeout": args.setup_timeout,
@@ -1365,6 +1563,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
     leads: dict[tuple[str, int], float] = {}
     store, broker = RedisServer("store"), RedisServer("broker")
+    args.pg = PostgresDatabase() if "postgres" in stores and "beat_claims" in kinds else None
+    if args.pg is not None:
+        summary["versions"]["postgresql_server"] = args.pg.server_version()
     t_start = time.time()
     try:
         for rep in range(args.repeat):  # round-robin: every case once per repeat
@@ -1407,6 +1608,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         store.stop()
         broker.stop()
+        if args.pg is not None:
+            args.pg.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     results: dict[str, dict[str, Any]] = collections.defaultdict(dict)
     for (key, w), case_runs in runs.items():
