@@ -17,8 +17,9 @@ What the contract promises, and every backend's contract suite checks
   client. Each is safe to call again (claims are found again by :meth:`live_runs`; a check,
   a sent mark, a release, a reclaim and an outcome repeated with the same token do no harm).
 * **Nothing goes back.** A checkpoint and a token counter only move forward; a final state
-  is never rewritten (``lost`` only by a late start of the same token); a claim never
-  overwrites a run already recorded at its instant.
+  is never rewritten (``lost`` only by a late start of the same token, or by the late
+  outcome of a delivery that started it); a claim never overwrites a run already recorded
+  at its instant.
 * **Bad records are local.** A record that cannot be read affects its entry only: the
   other items of the call get their answers.
 """
@@ -449,7 +450,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
         """Record outcomes; a final state is never overwritten, a superseded token's
-        outcome is ignored, the checkpoint is never touched. Per item: recorded or not."""
+        outcome is ignored, the checkpoint is never touched. One exception: a run presumed
+        lost (``run_timeout``) that a delivery had started takes the outcome of that
+        execution when it reports at last (it ran after all). Per item: recorded or
+        not."""
 
     @abc.abstractmethod
     def requeue(self, delivery: Delivery) -> bool:
@@ -488,11 +492,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def backfill(self, entry: str, dues: Sequence[int], by: str) -> BackfillResult | None:
         """Record a manual run (``requested_by``) due at each of these instants that has no
-        run, or whose run ended without running (skipped, lost, cancelled): the beats claim
-        and send them like any run due again, oldest first. Instants whose run ran, runs or
-        is on its way (due, waiting, claimed, sending, sent, started, done, failed) are
-        kept as they are, so asking twice (after a lost reply) sends each once. The
-        checkpoint is not touched. None when the store does not know the entry."""
+        run, or whose run ended without running (skipped, cancelled, or lost before any
+        delivery started it): the beats claim and send them like any run due again, oldest
+        first. Instants whose run ran, runs or is on its way (due, waiting, claimed,
+        sending, sent, started, done, failed, and lost after a delivery started it: it ran,
+        or runs still, and its outcome is recorded when it reports) are kept as they are,
+        so asking twice (after a lost reply) sends each once. The checkpoint is not
+        touched. None when the store does not know the entry."""
 
     @abc.abstractmethod
     def forget(self, entries: Sequence[str]) -> list[str]:

@@ -1017,7 +1017,9 @@ BEGIN
 END $$;
 
 -- finish.lua, for a batch [{{e, d, t (null: current), st, r, et, em, w, since, u}}]: a
--- final state is never overwritten, a superseded token's outcome is ignored; a presumption
+-- final state is never overwritten (but for a run presumed lost that a worker started:
+-- its late outcome is recorded, back in the history), a superseded token's outcome is
+-- ignored; a presumption
 -- of loss applies only to an open run not active since the caller's cutoff; with u
 -- (unstarted only), not to a run a delivery started.
 CREATE OR REPLACE FUNCTION {s}.finish(p_items jsonb)
@@ -1030,6 +1032,7 @@ DECLARE
   v_ok boolean;
   v_state text;
   v_since bigint;
+  v_late boolean;
 BEGIN
   PERFORM 1 FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
@@ -1037,11 +1040,12 @@ BEGIN
   FOR v_item, v_entry, v_rec, v_ok, v_since IN {SELECT_RUNS_SINCE} LOOP
     v_due := (v_item ->> 'd')::bigint;
     v_state := v_rec ->> 'state';
+    v_late := coalesce(v_state = {LOST} AND v_rec ? 'started_at', false);
     o_ok := v_entry IS NOT NULL AND v_ok
       AND (v_item ->> 't' IS NULL
            OR coalesce({s}.int_of(v_rec -> 'token'), 0) = (v_item ->> 't')::bigint)
-      AND v_state NOT IN {FINAL} AND v_state NOT IN ({CLAIMED}, {DUE}, {WAITING});
-    IF o_ok AND (v_item ->> 'u')::boolean AND v_state = {STARTED} THEN
+      AND (v_state NOT IN {FINAL} OR v_late) AND v_state NOT IN ({CLAIMED}, {DUE}, {WAITING});
+    IF o_ok AND (v_item ->> 'u')::boolean AND (v_state = {STARTED} OR v_late) THEN
       o_ok := false;  -- a delivery revoked before it ran: another one is running it
     END IF;
     IF o_ok AND v_item ->> 'st' = {LOST} THEN
@@ -1049,6 +1053,10 @@ BEGIN
                                      OR v_since < (v_item ->> 'since')::bigint);
     END IF;
     IF o_ok THEN
+      IF v_late THEN
+        -- presumed lost, and a worker ran it: run_timeout no longer holds
+        v_rec := (v_rec - 'reason') || jsonb_build_object('revived', true);
+      END IF;
       v_rec := v_rec || jsonb_build_object('state', v_item ->> 'st',
                                            'finished_at', {s}.now_ms());
       IF coalesce(v_item ->> 'r', '') <> '' THEN
@@ -1063,7 +1071,9 @@ BEGIN
       IF coalesce(v_item ->> 'w', '') <> '' AND NOT v_rec ? 'worker' THEN
         v_rec := v_rec || jsonb_build_object('worker', v_item ->> 'w');
       END IF;
-      UPDATE {s}.runs SET record = v_rec WHERE entry_id = v_entry AND due = v_due;
+      UPDATE {s}.runs SET record = v_rec,
+          in_history = in_history OR v_late, lost_at = CASE WHEN v_late THEN NULL ELSE lost_at END
+        WHERE entry_id = v_entry AND due = v_due;
     END IF;
     RETURN NEXT;
   END LOOP;
@@ -1107,8 +1117,8 @@ END $$;
 -- whose run ended without running (skipped, lost, cancelled), gets a manual run due (as a
 -- requested run; the old record and its task id go): a beat claims it with a fresh token
 -- and sends it. Instants whose run ran, runs or is on its way are kept (reported with their
--- state); a record that cannot be read is left for an operator. The checkpoint is not
--- touched. NULL for an unknown entry.
+-- state), a run presumed lost that a worker started among them; a record that cannot be
+-- read is left for an operator. The checkpoint is not touched. NULL for an unknown entry.
 CREATE OR REPLACE FUNCTION {s}.backfill(p_entry text, p_dues bigint[], p_by text,
                                         p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -1132,7 +1142,8 @@ BEGIN
       WHERE r.entry_id = v_entry AND r.due = v_due;
     v_found := FOUND;
     CONTINUE WHEN v_found AND NOT v_ok;
-    IF v_found AND v_rec ->> 'state' NOT IN ({SKIPPED}, {LOST}, {CANCELLED}) THEN
+    IF v_found AND (v_rec ->> 'state' NOT IN ({SKIPPED}, {LOST}, {CANCELLED})
+                    OR (v_rec ->> 'state' = {LOST} AND v_rec ? 'started_at')) THEN
       v_kept := v_kept || jsonb_build_array(jsonb_build_array(v_due, v_rec ->> 'state'));
       CONTINUE;
     END IF;

@@ -441,6 +441,12 @@ def _overlaps(other: Record) -> bool:
         other.get("reseeded") not in (None, False) and other["state"] == _SENT)
 
 
+def _ran(run: Record) -> bool:
+    """A run presumed lost that a worker started: it ran, or runs still, and may report
+    (a backfill keeps it; its late outcome is recorded)."""
+    return run["state"] == _LOST and run.get("started_at") is not None
+
+
 def _to_due(run: Record, by: str | None, now: int) -> None:
     """Due again, for any beat that has the entry; its next claim gets a fresh token."""
     if by is None:
@@ -1426,21 +1432,27 @@ class SQLiteStore(Store):
 
     def finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
         def step(db: sqlite3.Connection, now: int, o: Outcome) -> bool:
-            """finish.lua: a final state is never overwritten, a superseded token's outcome
-            is ignored; a presumption of loss applies only to a run open and not active
+            """finish.lua: a final state is never overwritten (but for a run presumed lost
+            that a worker started: its late outcome), a superseded token's outcome is
+            ignored; a presumption of loss applies only to a run open and not active
             since the caller's cutoff; an outcome for unstarted runs only leaves a started
             one alone."""
             run = self._get_run(db, o.entry, o.due)
-            if not run or not _token_is(run, o.token) or run["state"] in _FINAL or (
-                    not _handed_over(run)):
+            if not run or not _token_is(run, o.token) or (
+                    run["state"] in _FINAL and not _ran(run)) or not _handed_over(run):
                 return False
-            if o.unstarted_only and run["state"] == _STARTED:
+            late = _ran(run)  # presumed lost, and a worker ran it: its outcome, at last
+            if o.unstarted_only and (run["state"] == _STARTED or late):
                 return False  # a delivery that never ran: not the one running it
             if o.state is RunState.LOST:
                 if run["state"] not in _OPEN:
                     return False
                 if o.inactive_since is not None and _since(run) >= o.inactive_since:
                     return False
+            if late:
+                run.pop("reason", None)  # run_timeout no longer holds
+                run["revived"] = True
+                db.execute(self._sql["run_place"], ("h", None, o.entry, o.due))
             run["state"] = o.state.value
             run["finished_at"] = now
             if o.reason is not None:
@@ -1524,7 +1536,8 @@ class SQLiteStore(Store):
         def step(db: sqlite3.Connection, now: int, name: str) -> BackfillResult | None:
             """A manual run due at each instant that has no run, or whose run ended without
             running (it is recorded again, back in the history; its next claim gets a fresh
-            token, above every token of the entry); what ran, runs or is on its way is kept.
+            token, above every token of the entry); what ran, runs or is on its way is kept
+            (a run presumed lost that a worker started too).
             The checkpoint is not touched. A record that cannot be read is left as it is."""
             q = self._sql
             if db.execute(q["entry_get"], (name,)).fetchone() is None:
@@ -1535,7 +1548,7 @@ class SQLiteStore(Store):
                 stored = self._get_run(db, name, due)
                 if stored is False:
                     continue
-                if stored is not None and stored["state"] not in _REDONE:
+                if stored is not None and (stored["state"] not in _REDONE or _ran(stored)):
                     kept.append((due, RunState(stored["state"])))
                     continue
                 record: Record = {"due": due, "state": _DUE, "manual": True,

@@ -91,9 +91,6 @@ def test_every_backfilled_run_that_was_sent_can_still_be_started(store: Store) -
     assert refused == []
 
 
-@pytest.mark.xfail(strict=True, reason="review: backfill runs again a run presumed lost"
-                   " that a worker had started (it ran, or still runs): the instant runs"
-                   " twice and the first execution's outcome is discarded")
 def test_a_lost_run_that_a_worker_started_is_kept_by_a_backfill(store: Store) -> None:
     c = claims(store, A, 1000)[0]
     send(store, A, c)
@@ -104,8 +101,32 @@ def test_a_lost_run_that_a_worker_started_is_kept_by_a_backfill(store: Store) ->
     result = store.backfill("e", [c.due], "alice@ops")
     assert result is not None
     assert result.created == () and result.kept == ((c.due, RunState.LOST),)
-    # The worker that started it reports at last: recorded.
+    # The worker that started it reports at last: recorded (once).
     assert store.finish([Outcome("e", c.due, c.token, RunState.DONE)]) == [True]
+    r = run(store, c)
+    assert (r.state, r.reason) == (RunState.DONE, None)
+    assert store.finish([Outcome("e", c.due, c.token, RunState.FAILED)]) == [False]
+    assert store.backfill("e", [c.due], "alice@ops") == type(result)(
+        "e", (), ((c.due, RunState.DONE),))
+
+
+@pytest.mark.history_limit(2)
+def test_a_late_outcome_of_a_started_run_pushed_out_to_the_lost_keep_is_recorded(
+        store: Store) -> None:
+    c = claims(store, A, 1000)[0]
+    send(store, A, c)
+    started(store, c, process(1))
+    _lost(store, c)
+    for later in claims(store, B, 2000, 3000):  # the lost run leaves the history
+        send(store, B, later)
+        store.finish([Outcome("e", later.due, later.token, RunState.DONE)])
+    take(store, B)  # trims
+    assert c.due not in runs(store)
+    # A revoke of an unstarted delivery does not touch it; the execution's outcome does.
+    assert store.finish([Outcome("e", c.due, c.token, RunState.CANCELLED,
+                                 unstarted_only=True)]) == [False]
+    assert store.finish([Outcome("e", c.due, None, RunState.FAILED, exc_type="E")]) == [True]
+    assert (run(store, c).state, run(store, c).exc_type) == (RunState.FAILED, "E")
 
 
 def test_a_lost_run_never_started_is_run_again_and_its_old_message_is_refused(

@@ -1,7 +1,8 @@
 -- An operator asks for past occurrences to run: each instant with no run, or whose run
 -- ended without running (skipped, lost, cancelled), gets a manual run due now (as a
 -- requested run): a beat claims it with a fresh token and sends it. Instants whose run
--- ran, runs or is on its way are kept as they are. The checkpoint is not touched.
+-- ran, runs or is on its way are kept as they are: among them a run presumed lost that a
+-- worker started (it ran, or runs still, and may report). The checkpoint is not touched.
 -- KEYS: the entry's keys. ARGV: name, requested by, history limit, then the instants.
 -- Returns {created instants, kept (instant, state) pairs}, or {} for an unknown entry.
 local K = entry_keys(KEYS, ARGV[1])
@@ -16,7 +17,7 @@ for i = 4, #ARGV do
   if run == false then
     kept[#kept + 1] = due  -- a record that cannot be read: left for an operator
     kept[#kept + 1] = ''
-  elseif run and not again[run.state] then
+  elseif run and (not again[run.state] or (run.state == STATE.lost and run.started_at)) then
     kept[#kept + 1] = due
     kept[#kept + 1] = run.state
   else
