@@ -252,6 +252,7 @@ class Scheduler(BaseScheduler):
         except (StoreError, StoreConfigurationError) as exc:
             return self._store_down(exc)
         except StoreWentBack as exc:
+            self.sender.up_since = None
             # Kept until done: if registering again fails half way (the store went away
             # again), it is started over at the next tick.
             self._went_back_why = str(exc)
@@ -264,6 +265,7 @@ class Scheduler(BaseScheduler):
             self._bug_backoff = min(MAX_BACKOFF, max(0.5, self._bug_backoff * 2))
             self._bug_retry_at = time.monotonic() + self._bug_backoff
             self.liveness.lapse()
+            self.sender.up_since = None
             self._ready = False
             return self._bug_backoff
         finally:
@@ -307,6 +309,7 @@ class Scheduler(BaseScheduler):
                         len(self.claimer.states))
         self._settle_logged = False
         self._registered_once = True
+        began = self.clock.now()
         broker_down = self.broker_outage.waiting() > 0
         if time.monotonic() - self._last_sweep >= self.settings.heartbeat_interval:
             self._last_sweep = time.monotonic()
@@ -321,21 +324,28 @@ class Scheduler(BaseScheduler):
             return min(self.broker_outage.waiting(), self._sleep_for())
         due = self.claimer.pop_due(self.clock.now())
         try:
-            if self.holdings.held:  # picked up, or left from an outage: judged, then sent
-                self.holdings.waited.update(self.holdings.held)
+            # Picked up, left from an outage, or held until its jitter's instant: judged,
+            # then sent, once that instant has come.
+            ready = self.holdings.ready(self.clock.now())
+            if ready:
+                self.holdings.waited.update(claim.ref for claim in ready)
                 # ... together with what is due now of the same entries, so that the
                 # catch-up policy sees them all at once (latest: one run, not two).
-                together = [name for name in due if name in self.holdings.entries()]
+                entries = {claim.entry for claim in ready}
+                together = [name for name in due if name in entries]
                 if together:
                     self.claimer.claim(together, self.clock.now())
-                self.sender.send(list(self.holdings.held.values()), self.schedule)
+                self.sender.send(self.holdings.ready(self.clock.now()), self.schedule)
                 due_rest = [name for name in due if name not in set(together)]
             else:
                 due_rest = due
             for chunk in self.claimer.shares(due_rest, self.liveness.peers()):
                 fresh, waited = self.claimer.claim(chunk, self.clock.now())
-                self.sender.send(fresh + waited, self.schedule)
+                now = self.clock.now()
+                self.sender.send([c for c in fresh + waited
+                                  if self.holdings.later.get(c.ref, 0) <= now], self.schedule)
         except BrokerDown as exc:
+            self.sender.up_since = None
             self.broker_outage.down(exc.__cause__ or exc)
             return min(self.broker_outage.waiting(), self._sleep_for())
         finally:
@@ -343,17 +353,20 @@ class Scheduler(BaseScheduler):
                 self.claimer.push(name)
             self.claimer.skips.flush()
         self.broker_outage.up()
+        if self.sender.up_since is None:  # claiming and sending from here on
+            self.sender.up_since = began
         return self._sleep_for()
 
     def _sleep_for(self) -> float:
         wait = self.max_interval
-        nxt = self.claimer.next_due()
-        if nxt is not None:
-            wait = min(wait, max(0.0, (nxt - self.clock.now()) / 1000))
+        for nxt in (self.claimer.next_due(), self.holdings.next_send()):
+            if nxt is not None:
+                wait = min(wait, max(0.0, (nxt - self.clock.now()) / 1000))
         hb_wait = self.liveness.last + self.settings.heartbeat_interval - time.monotonic()
         return max(0.0, min(wait, hb_wait))
 
     def _store_down(self, exc: Exception) -> float:
+        self.sender.up_since = None
         self.metrics.store_up(False)
         self.liveness.lapse()  # the first thing after an outage: a heartbeat (epoch check)
         return self.store_outage.down(exc)
@@ -385,11 +398,35 @@ class Scheduler(BaseScheduler):
             self.claimer.register([seed.name for seed in chunk], chunk)
             del self._resync_seeds[:RESYNC_CHUNK]
             self.liveness.beat(settling=True)
+        self._restore_pauses()
         self._resync_seeds = None
         self._went_back_why = None
         self._ready = True
         return max(0.0, min(self.liveness.settling_for() or self.max_interval,
                             self.max_interval))
+
+    def _restore_pauses(self) -> None:
+        """Pause again, while the store settles (nobody claims), the entries this beat last
+        saw paused whose pause the store lost: unless it holds a pause, or a resume at or
+        after the one this beat knew. Logged, never silent; the pause's ``at`` is the
+        restore's instant, its note says what happened."""
+        known = {n: p for n, p in self.knowledge.paused.items() if n in self.schedule}
+        if not known:
+            return
+        for record in self.store.entries(sorted(known)):
+            pause = known[record.name]
+            if record.paused is not None or (
+                    record.resumed_at is not None and record.resumed_at >= pause.at):
+                continue
+            note = (f"{pause.note} " if pause.note else "") + (
+                f"[restored by beat {self.owner}: the store lost this pause, made by"
+                f" {pause.by} at {iso(pause.at)}]")
+            restored = self.store.pause(record.name, pause.by, note[:1000])
+            if restored is not None and restored.paused is not None:
+                self.knowledge.paused[record.name] = restored.paused
+                logger.warning("beat-claims: %s: the store lost its pause (by %s at %s:"
+                               " %r); paused again", record.name, pause.by, iso(pause.at),
+                               pause.note)
 
     # -- publishing -------------------------------------------------------------------
     def _publish_claim(self, claim: Claim, task_id: str) -> Any:
@@ -446,6 +483,7 @@ class Scheduler(BaseScheduler):
                                " at stop (%s); they are taken back once its heartbeat"
                                " lapses", exc)
             self.holdings.clear()
+            self.sender.up_since = None
             self.recovery.close()
             self._ready = False
             self._closed = True

@@ -5,16 +5,18 @@ that spreads an entry's runs the same way on every beat."""
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from beat_claims.enums import Reason, RunState
 from beat_claims.occurrences import jitter_offset
-from beat_claims.runs import Run
+from beat_claims.runs import Run, iso
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
+from .inprocess import make, make_app, messages, run_for
 from .processes import duplicates, executions, fleet, wait_for
 
 pytestmark = pytest.mark.integration
@@ -133,3 +135,40 @@ def test_jitter_sends_each_run_at_its_own_offset_the_same_on_every_beat(
             # Claimed (by whichever beat) once due + its offset had come, and soon after.
             assert r.due + offset <= r.claimed_at <= r.due + offset + 1500, (r, offset)
     assert len(offsets) > 3  # the runs were spread, not sent together
+
+
+def test_a_jitter_longer_than_half_reclaim_after_holds_no_claim_that_long(
+        server: RedisServer) -> None:
+    """An earlier occurrence is claimed with a later one whose offset came first, and held
+    until its own instant, only within half the entry's reclaim_after (nobody takes it back
+    meanwhile); beyond that the later ones wait for it. Each is sent once, none before its
+    instant, on two beats."""
+    jitter, reclaim_after = 4.0, 2.0  # held at most 1 s before its instant
+    app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=0.5),
+                                  "claims": {"jitter": jitter,
+                                             "reclaim_after": reclaim_after}}})
+    one, two = make(app), make(app)
+    try:
+        run_for(12, one, two)
+        history = one.store.history("e")
+        [record] = one.store.entries(["e"])
+        now = one.store.now()
+    finally:
+        one.close()
+        two.close()
+    assert record.anchor is not None
+    dues = [m["claims"]["due"] for m in messages(server) if m["claims"]]
+    assert len(dues) == len(set(dues))
+    # Held back at most jitter - the horizon (3 s) by an earlier one; 1 s to spare.
+    expected = [d for d in (record.anchor + 500 * k for k in range(1, 40))
+                if d + jitter_offset("e", d, jitter) < now - 4000]
+    assert len(expected) >= 8
+    assert [iso(d) for d in expected if iso(d) not in set(dues)] == []
+    held = [r for r in history if r.sent_at is not None and r.claimed_at is not None]
+    instants = {r.due: r.due + jitter_offset("e", r.due, jitter) for r in held}
+    assert any(r.claimed_at < instants[r.due] for r in held)  # claimed early, held
+    for r in held:
+        at = instants[r.due]
+        assert r.sent_at >= at, r
+        assert r.sent_at - r.claimed_at < reclaim_after * 1000, r
+        assert r.reclaimed_from is None, r  # nobody took it back

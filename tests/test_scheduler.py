@@ -432,3 +432,71 @@ def test_an_unexpected_error_in_a_tick_does_not_stop_the_beat(
     assert "unexpected error in a tick" in caplog.text
     wait_for(lambda: s.tick() is not None and occurrences_sent(server), 8, "a send")
     s.close()
+
+
+def _waiting(s: Any) -> Any:
+    """Tick ``s`` until its entry "b" has a run waiting; that run."""
+    return wait_for(lambda: next((r for r in s.store.history("b")
+                                  if r.state is RunState.WAITING), None), 10,
+                    "a run waiting", interval=0.02, between=s.tick)
+
+
+def test_a_buffered_run_is_sent_whatever_the_catch_up_policy_unless_no_beat_ran(
+        server: RedisServer) -> None:
+    """overlap="buffer_one" with catch_up="none": the waiting run is sent when the previous
+    run ends, however late that is, while a beat ran without a break; one whose turn came
+    while no beat ran is judged by the catch-up policy like any missed occurrence."""
+    from beat_claims.enums import Reason
+    from beat_claims.stores.base import Outcome
+
+    app = make_app(server, {"b": {"task": "t.noop", "schedule": timedelta(seconds=0.5),
+                                  "claims": {"overlap": "buffer_one", "catch_up": "none",
+                                             "run_timeout": 60}}},
+                   beat_claims_catch_up_grace=0.1)
+    s = make(app)
+    try:
+        waiting = _waiting(s)
+        [busy] = [r for r in s.store.history("b") if r.state is RunState.SENT]
+        run_for(1.5, s)  # the waiting run is now well over a grace late
+        assert s.store.finish([Outcome("b", busy.due, busy.token, RunState.DONE)]) == [True]
+        sent = wait_for(lambda: [r for r in s.store.history("b") if r.due >= waiting.due
+                                 and r.state is RunState.SENT], 10, "the waiting run sent",
+                        interval=0.02, between=s.tick)
+        assert sent[-1].reason is None
+        assert not [r for r in s.store.history("b") if r.reason is Reason.CATCH_UP]
+        # A run waiting when the beat stopped, whose turn came while none ran: missed.
+        [busy] = sent
+        waiting = _waiting(s)
+    finally:
+        s.close()
+    wait_for(lambda: s.store.now() > waiting.due + 1000, 5, "its turn to pass a grace")
+    assert s.store.finish([Outcome("b", busy.due, busy.token, RunState.DONE)]) == [True]
+    again = make(app)
+    try:
+        wait_for(lambda: next((r for r in again.store.history("b") if r.due == waiting.due
+                               and r.reason is Reason.CATCH_UP), None), 10,
+                 "the run whose turn came while no beat ran skipped", interval=0.02,
+                 between=again.tick)
+    finally:
+        again.close()
+
+
+def test_a_pause_resumed_before_the_store_was_wiped_is_not_restored(
+        server: RedisServer) -> None:
+    app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}})
+    s = make(app)
+    try:
+        assert s.store.pause("e", "alice@ops", "billing is down") is not None
+        run_for(1.2, s)
+        assert "e" in s.knowledge.paused
+        assert s.store.resume("e", "bob@ops") is not None
+        wait_for(lambda: "e" not in s.knowledge.paused, 5, "a run claimed after the resume",
+                 interval=0.02, between=s.tick)
+        server.client(0).flushdb()
+        before = len(messages(server))
+        wait_for(lambda: len(messages(server)) > before + 1, 15, "runs sent after the wipe",
+                 interval=0.02, between=s.tick)
+        [record] = s.store.entries(["e"])
+    finally:
+        s.close()
+    assert record.paused is None

@@ -31,6 +31,9 @@ from .liveness import StoreWentBack
 CLAIM_CHUNK = 100
 #: Compare-and-set conflicts retried in one tick (another beat claimed meanwhile).
 CONFLICT_RETRIES = 5
+#: Occurrences of a jittered entry looked at in one plan, or to find when it next wakes:
+#: the bound of those walks. Hitting it delays occurrences (logged), never skips one.
+JITTER_WALK = 1000
 
 
 @dataclass(frozen=True)
@@ -185,8 +188,76 @@ class Claimer:
         until = self.source.bounds(name)[1]
         if until is not None and nxt > until:
             return
-        jitter = self.source.policies[name].jitter
-        heapq.heappush(self.heap, (nxt + occurrences.jitter_offset(name, nxt, jitter), name))
+        policy = self.source.policies[name]
+        at = nxt
+        if policy.jitter:
+            try:
+                at = self._wake(name, state.anchor, nxt, until, policy)
+            except Exception as exc:
+                self.note(name, "next", logging.ERROR, "beat-claims: cannot compute the next"
+                          " run of %r (%s: %s); it is not scheduled", name,
+                          type(exc).__name__, exc)
+                return
+        heapq.heappush(self.heap, (at, name))
+
+    # -- jitter -----------------------------------------------------------------------
+    # A jittered occurrence is sent at due + its offset (the same on every beat). Offsets
+    # differ, so a later occurrence may be sent before an earlier one; the checkpoint only
+    # moves forward, so to claim it the earlier ones are claimed with it and held until
+    # their own instant, at most ``_horizon`` ahead of it (half the entry's reclaim_after:
+    # no beat takes back a claim held that long). An occurrence further out holds the
+    # later ones back until it comes within the horizon: they are sent late, never lost.
+    @staticmethod
+    def _horizon(policy: Policy) -> int:
+        return int(min(policy.reclaim_after / 2, policy.jitter) * 1000)
+
+    def _wake(self, name: str, anchor: int, first: int, until: int | None,
+              policy: Policy) -> int:
+        """When a jittered entry can next claim something: the first instant at which one
+        of its next occurrences has come and every earlier one is within the horizon."""
+        sched = self.source.schedule[name].schedule
+        horizon = self._horizon(policy)
+        best: int | None = None
+        latest: int | None = None  # the latest send instant of the earlier occurrences
+        due: int | None = first
+        for _ in range(JITTER_WALK):
+            assert due is not None
+            at = due + occurrences.jitter_offset(name, due, policy.jitter)
+            claimable = at if latest is None else max(at, latest - horizon)
+            best = claimable if best is None else min(best, claimable)
+            latest = at if latest is None else max(latest, at)
+            due = occurrences.next_after(sched, anchor, due)
+            if due is None or due >= best or (until is not None and due > until):
+                break
+        assert best is not None
+        return best
+
+    def _recent(self, name: str, anchor: int, after: int, upper: int, now: int,
+                policy: Policy) -> tuple[list[int], list[int]]:
+        """A jittered entry's occurrences in ``(after, upper]`` to claim now, ascending:
+        those whose offset has come, and the earlier ones still to come (held until their
+        instant). It stops at one beyond the horizon (nothing after it may be claimed
+        yet); the ones still to come after the last that came are left for later."""
+        sched = self.source.schedule[name].schedule
+        limit = now + self._horizon(policy)
+        walked: list[tuple[int, bool]] = []
+        t = after
+        for _ in range(JITTER_WALK):
+            due = occurrences.next_after(sched, anchor, t)
+            if due is None or due > upper:
+                break
+            at = due + occurrences.jitter_offset(name, due, policy.jitter)
+            if at > limit:
+                break
+            walked.append((due, at <= now))
+            t = due
+        else:
+            self.note(name, f"jitter walk {upper // 3_600_000}", logging.WARNING,
+                      "beat-claims: %s: more than %d occurrences within its jitter (%ss);"
+                      " some are sent after their offset", name, JITTER_WALK, policy.jitter)
+        while walked and not walked[-1][1]:
+            walked.pop()
+        return [d for d, come in walked if come], [d for d, come in walked if not come]
 
     def after(self, name: str, state: EntryState) -> int:
         """The instant after which the entry's next occurrences are looked for.
@@ -276,22 +347,28 @@ class Claimer:
         policy = self.source.policies[name]
         keep = max(policy.max_catch_up, self.settings.history_limit) + 1
         until = self.source.bounds(name)[1]
-        window = occurrences.due_between(
-            self.source.schedule[name].schedule, state.anchor, self.after(name, state),
-            now if until is None else min(now, until), keep)
-        newest, total, grace = window.newest, window.total, self.settings.catch_up_grace
+        upper = now if until is None else min(now, until)
+        after = self.after(name, state)
+        grace = self.settings.catch_up_grace
+        pending: list[int] = []
         if policy.jitter:
-            # An occurrence is claimed once due + its offset has come; the ones after the
-            # first still to come wait with it (the checkpoint must not pass it). Sent up to
-            # the jitter after its due instant, an occurrence is still on time.
-            for i, due in enumerate(newest):
-                if due + occurrences.jitter_offset(name, due, policy.jitter) > now:
-                    total -= len(newest) - i
-                    newest = newest[:i]
-                    break
+            # Every occurrence due before now - jitter has come: the catch-up policy's
+            # window. The ones since are walked one by one (see _recent). Sent up to the
+            # jitter after its due instant, an occurrence is still on time.
+            settled = max(after, min(upper, now - int(policy.jitter * 1000)))
+            window = occurrences.due_between(self.source.schedule[name].schedule,
+                                             state.anchor, after, settled, keep)
+            come, pending = self._recent(name, state.anchor, settled, upper, now, policy)
+            newest, total = window.newest + come, window.total + len(come)
             grace += policy.jitter
+        else:
+            window = occurrences.due_between(self.source.schedule[name].schedule,
+                                             state.anchor, after, upper, keep)
+            newest, total = window.newest, window.total
         decided = plan(policy, newest, total, now, int(grace * 1000),
                        self.settings.history_limit, window.exact)
+        if pending:  # on time, and sent at their own instant: the policy has no say yet
+            decided.run = sorted(decided.run + pending)
         return ClaimPlan(name, state, tuple(decided.run), tuple(decided.skip),
                          token_floor=self._token_floor(name)), decided
 
@@ -318,6 +395,7 @@ class Claimer:
         # a later result of the same call stops it.
         self.holdings.hold(result.claims, waited=False)
         self.holdings.hold(result.taken, waited=True)
+        self._defer(list(result.claims) + list(result.taken))
         self.knowledge.claimed(list(result.claims) + list(result.taken))
         fresh.extend(result.claims)
         waited.extend(result.taken)
@@ -325,6 +403,7 @@ class Claimer:
         self.metrics.count("skipped", len(result.skipped))
         for _, reason in result.skipped:
             self.skips.add(name, reason)
+        self._learn_pause(name, result)
         if decided is not None and decided.unrecorded:
             self.skips.add_unlisted(name, decided.unrecorded, decided.unrecorded_exact)
         for due in result.unreadable:
@@ -336,6 +415,32 @@ class Claimer:
                       " already has a run (an operator's, or one registered after a wipe):"
                       " it is not claimed again", name, iso(due))
         return False
+
+    def _learn_pause(self, name: str, result: ClaimResult) -> None:
+        """Keep what the store says of the entry's pause, to restore it if the store loses
+        it (see Scheduler._restore_pauses): paused when an occurrence was skipped for it,
+        not paused when a scheduled one was claimed."""
+        if any(not c.manual for c in (*result.claims, *result.taken)):
+            self.knowledge.paused.pop(name, None)
+        elif name not in self.knowledge.paused and any(
+                reason is Reason.PAUSED for _, reason in result.skipped):
+            try:
+                records = self.store.entries([name])
+            except Exception as exc:  # a hint: known at the next skip
+                self.logger.debug("beat-claims: %s: cannot read its pause: %s", name, exc)
+                return
+            for record in records:
+                if record.name == name and record.paused is not None:
+                    self.knowledge.paused[name] = record.paused
+
+    def _defer(self, claims: list[Claim]) -> None:
+        """A jittered entry's runs are not sent before due + offset (an operator's at
+        once): held until then."""
+        for claim in claims:
+            policy = self.source.policies.get(claim.entry)
+            if policy is not None and policy.jitter and not claim.manual:
+                self.holdings.later[claim.ref] = claim.due + occurrences.jitter_offset(
+                    claim.entry, claim.due, policy.jitter)
 
     def note(self, name: str, key: str, level: int, message: str, *args: Any) -> None:
         """Log a problem of one entry once (until the beat restarts)."""

@@ -20,6 +20,7 @@ class Holdings:
         self.waited: set[RunRef] = set()  # held ones that did not come straight from a claim
         self.checked: list[Claim] = []  # passed the check; publish not begun
         self.unmarked: list[Claim] = []  # published; the sent mark is still to be stored
+        self.later: dict[RunRef, int] = {}  # held ones not to be sent before (jitter), ms
 
     def hold(self, claims: Iterable[Claim], waited: bool) -> None:
         for claim in claims:
@@ -30,6 +31,15 @@ class Holdings:
     def drop(self, ref: RunRef) -> None:
         self.held.pop(ref, None)
         self.waited.discard(ref)
+        self.later.pop(ref, None)
+
+    def ready(self, now: int) -> list[Claim]:
+        """The held claims whose instant to be sent has come."""
+        return [claim for ref, claim in self.held.items() if self.later.get(ref, 0) <= now]
+
+    def next_send(self) -> int | None:
+        """The earliest instant a held claim waits for (jitter), if any."""
+        return min(self.later.values(), default=None)
 
     def knows(self, ref: RunRef) -> bool:
         """Whether this beat is handling the run right now (held, checked or published)."""
@@ -42,6 +52,7 @@ class Holdings:
     def clear(self) -> None:
         self.held.clear()
         self.waited.clear()
+        self.later.clear()
         self.checked.clear()
         self.unmarked.clear()
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..enums import RunState
 from ..runs import Run
-from ..stores.base import Claim, EntrySeed, EntryState
+from ..stores.base import Claim, EntrySeed, EntryState, Pause
 
 #: After the store may have lost writes, new tokens start this far above the highest one
 #: seen: a beat that has since died may have handed out tokens nobody alive saw.
@@ -35,6 +35,9 @@ class Knowledge:
     def __init__(self) -> None:
         self.entries: dict[str, Known] = {}
         self.recent: deque[Run] = deque(maxlen=RECENT_SENDS)
+        #: Entries the store said were paused at this beat's last claim of them (an
+        #: occurrence recorded skipped, paused), with the pause as the store held it.
+        self.paused: dict[str, Pause] = {}
 
     def learn(self, name: str, state: EntryState) -> str | None:
         """Take in the store's state of an entry. Returns what went back, if anything did

@@ -6,7 +6,10 @@ publishes follow, then the sent marks. If publishing stalls for half a heartbeat
 after its claims were taken back sends at most the one message that was in flight.
 
 Claims that waited (released by a stopped beat, taken back, held through an outage of the
-store or the broker) are judged again by the entry's catch-up policy before they are sent.
+store or the broker) are judged again by the entry's catch-up policy before they are sent,
+except a run of an ``overlap="buffer_one"`` entry due while this beat was claiming and
+sending without a break: it waited for the previous run by design, and nothing was missed
+(the catch-up policy is about occurrences missed while no beat could send them).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..catch_up import plan_held
-from ..enums import Reason, RunState
+from ..enums import Overlap, Reason, RunState
 from ..metrics import Metrics
 from ..runs import Owner, iso, manual_task_id_for, task_id_for
 from ..settings import Policy, Settings
@@ -69,6 +72,9 @@ class Sender:
         self.publish = publish
         self.metrics = metrics
         self.logger = logger
+        #: Since when (store clock, ms) this beat has claimed and sent without a break (an
+        #: outage of the store or the broker, a restart, the store going back): None now.
+        self.up_since: int | None = None
 
     def task_id(self, claim: Claim) -> str:
         """A scheduled run's id is its occurrence's; an operator's run (which may replace
@@ -97,12 +103,17 @@ class Sender:
                 continue
             policy = self.policies[name]
             scheduled = [c for c in entry_claims if not c.manual]
+            waited = {c.ref for c in scheduled if c.ref in self.holdings.waited}
+            if policy.overlap is Overlap.BUFFER_ONE and self.up_since is not None:
+                # Due while this beat ran without a break: it waited for its turn (the
+                # previous run), or was handed over by another beat; nothing was missed.
+                waited = {ref for ref in waited if ref.due < self.up_since}
             skip: dict[int, Reason] = {}
-            if any(c.ref in self.holdings.waited for c in scheduled):
+            if waited:
                 # A jittered run is on time up to its jitter after its due instant.
                 decided = plan_held(
-                    policy, [c.due for c in scheduled if c.ref in self.holdings.waited],
-                    [c.due for c in scheduled if c.ref not in self.holdings.waited], now,
+                    policy, [c.due for c in scheduled if c.ref in waited],
+                    [c.due for c in scheduled if c.ref not in waited], now,
                     grace + int(policy.jitter * 1000))
                 skip = dict(decided.skip)
             for claim in entry_claims:
