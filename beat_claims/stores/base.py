@@ -43,6 +43,22 @@ class StoreConfigurationError(ValueError):
     """The store's URL or options cannot work (named in the message)."""
 
 
+class BackfillRefused(ValueError):
+    """A backfill the store refuses as asked, before it records anything (the message says
+    why and what to do)."""
+
+    def __init__(self, entry: str, created: int, live: int, limit: int) -> None:
+        self.entry, self.created, self.live, self.limit = entry, created, live, limit
+        room = max(0, limit - live)
+        super().__init__(
+            f"a backfill of {entry} would create {created} runs beside its {live} unfinished"
+            f" runs: more than the {limit} runs the store keeps of an entry"
+            f" (beat_claims_history_limit={limit}), so runs already sent would be pushed out"
+            f" of its history before they ran. Backfill at most {room} occurrences at a"
+            f" time (a shorter range; one backfill is also bounded by"
+            f" beat_claims_backfill_limit), or raise beat_claims_history_limit")
+
+
 # -- entries ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EntryState:
@@ -498,7 +514,16 @@ class Store(abc.ABC):
         sending, sent, started, done, failed, and lost after a delivery started it: it ran,
         or runs still, and its outcome is recorded when it reports) are kept as they are,
         so asking twice (after a lost reply) sends each once. The checkpoint is not
-        touched. None when the store does not know the entry."""
+        touched. None when the store does not know the entry.
+
+        Bounded by the history: a backfill that would create more runs than the entry's
+        history (``beat_claims_history_limit``) can hold beside its unfinished runs (due,
+        waiting, claimed, sending, sent, started) is refused where it enters, before
+        anything is recorded: :class:`BackfillRefused` (a ``ValueError``), whose message
+        names ``beat_claims_history_limit`` and ``beat_claims_backfill_limit``. Otherwise
+        the runs it creates could push runs already sent out of the history (trimmed,
+        their deliveries refused). (Beyond a backfill, a full history of unfinished runs is
+        trimmed as :meth:`claim` documents.)"""
 
     @abc.abstractmethod
     def forget(self, entries: Sequence[str]) -> list[str]:
@@ -533,9 +558,9 @@ class Store(abc.ABC):
 
 
 __all__ = [
-    "BackfillResult", "Check", "CheckResult", "CheckVerdict", "Claim", "ClaimPlan",
-    "ClaimResult", "ClaimStatus", "Delivery", "EntryRecord", "EntrySeed", "EntryState",
-    "Heartbeat", "HeldRun", "LiveQuery", "LiveRuns", "OpenRun", "Outcome", "OwnerStatus",
-    "Pause", "Reclaim", "Release", "RunRef", "StartDecision", "Store",
+    "BackfillRefused", "BackfillResult", "Check", "CheckResult", "CheckVerdict", "Claim",
+    "ClaimPlan", "ClaimResult", "ClaimStatus", "Delivery", "EntryRecord", "EntrySeed",
+    "EntryState", "Heartbeat", "HeldRun", "LiveQuery", "LiveRuns", "OpenRun", "Outcome",
+    "OwnerStatus", "Pause", "Reclaim", "Release", "RunRef", "StartDecision", "Store",
     "StoreConfigurationError", "StoreError", "WorkerProcess",
 ]

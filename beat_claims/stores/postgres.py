@@ -75,6 +75,7 @@ from psycopg.types.json import Jsonb
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from .base import (
+    BackfillRefused,
     BackfillResult,
     Check,
     CheckResult,
@@ -111,7 +112,7 @@ logger = get_logger("celery.beat.claims")
 T = TypeVar("T")
 
 #: The layout's version. A change to a table or a function gets a new one and a migration.
-LAYOUT = 2
+LAYOUT = 3
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version). A function whose arguments change must be dropped
 #: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
@@ -122,6 +123,16 @@ MIGRATIONS: dict[int, str] = {
 ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS paused_at bigint,
   ADD COLUMN IF NOT EXISTS paused_by text, ADD COLUMN IF NOT EXISTS paused_note text,
   ADD COLUMN IF NOT EXISTS resumed_by text, ADD COLUMN IF NOT EXISTS resumed_at bigint;
+""",
+    # 3: the start of the pause the last resume ended (last_paused_at: with resumed_at, the
+    # last pause's interval, whose occurrences stay skipped when claimed after the resume);
+    # pause() and resume() answer it too (another return type: dropped, then installed).
+    # The other functions changed in place (backfill bounded by the history, late outcomes
+    # of lost runs, register's token counter, a waiting run checked again).
+    2: """
+ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS last_paused_at bigint;
+DROP FUNCTION IF EXISTS {s}.pause(text, text, text);
+DROP FUNCTION IF EXISTS {s}.resume(text, text);
 """,
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
@@ -250,7 +261,8 @@ CREATE TABLE IF NOT EXISTS {s}.entries (
   paused_by text,
   paused_note text,
   resumed_by text,
-  resumed_at bigint);
+  resumed_at bigint,
+  last_paused_at bigint);
 CREATE TABLE IF NOT EXISTS {s}.runs (
   entry_id bigint NOT NULL REFERENCES {s}.entries (id),
   due bigint NOT NULL,
@@ -1118,7 +1130,8 @@ END $$;
 -- requested run; the old record and its task id go): a beat claims it with a fresh token
 -- and sends it. Instants whose run ran, runs or is on its way are kept (reported with their
 -- state), a run presumed lost that a worker started among them; a record that cannot be
--- read is left for an operator. The checkpoint is not touched. NULL for an unknown entry.
+-- read is left for an operator. The checkpoint is not touched. NULL for an unknown entry;
+-- {{refused: runs it would create, live: unfinished runs}} when the history cannot hold them.
 CREATE OR REPLACE FUNCTION {s}.backfill(p_entry text, p_dues bigint[], p_by text,
                                         p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -1131,10 +1144,26 @@ DECLARE
   v_now bigint;
   v_created jsonb := '[]';
   v_kept jsonb := '[]';
+  v_new bigint;
+  v_live bigint;
 BEGIN
   SELECT e.id INTO v_entry FROM {s}.entries e WHERE e.name = p_entry FOR NO KEY UPDATE;
   IF NOT FOUND THEN
     RETURN NULL;
+  END IF;
+  -- Refused, before anything is written, when the history cannot hold the runs it would
+  -- create beside the entry's unfinished ones (they could push runs sent out of it).
+  SELECT count(*) INTO v_new FROM (SELECT DISTINCT d FROM unnest(p_dues) d
+                                   WHERE d IS NOT NULL) x
+    LEFT JOIN {s}.runs r ON r.entry_id = v_entry AND r.due = x.d
+    WHERE r.due IS NULL OR (r.readable AND r.record ->> 'state' IN ({SKIPPED}, {LOST}, {CANCELLED})
+                            AND NOT (r.record ->> 'state' = {LOST} AND r.record ? 'started_at'));
+  IF v_new > 0 THEN
+    SELECT count(*) INTO v_live FROM {s}.runs r
+      WHERE r.entry_id = v_entry AND r.in_history AND r.live_state IS NOT NULL;
+    IF v_live + v_new > p_limit THEN
+      RETURN jsonb_build_object('refused', v_new, 'live', v_live);
+    END IF;
   END IF;
   v_now := {s}.now_ms();
   FOR v_due IN SELECT DISTINCT d FROM unnest(p_dues) d WHERE d IS NOT NULL ORDER BY d LOOP
@@ -1894,6 +1923,9 @@ class PostgresStore(Store):
             raise StoreError(f"the server answered with an error: {exc}") from exc
         if reply is None:
             return None
+        if "refused" in reply:
+            raise BackfillRefused(entry, int(reply["refused"]), int(reply["live"]),
+                                  self.history_limit)
         return BackfillResult(entry, tuple(int(d) for d in reply["created"]),
                               tuple((int(d), RunState(state)) for d, state in reply["kept"]))
 

@@ -60,6 +60,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from .base import (
+    BackfillRefused,
     BackfillResult,
     Check,
     CheckResult,
@@ -699,6 +700,8 @@ class RedisStore(Store):
         _raise_if_error(reply)
         if not reply:
             return None
+        if reply[0] == "refused":
+            raise BackfillRefused(entry, int(reply[1]), int(reply[2]), self.history_limit)
         created, kept = reply
         pairs = [(int(kept[i]), RunState(kept[i + 1])) for i in range(0, len(kept), 2)
                  if kept[i + 1]]

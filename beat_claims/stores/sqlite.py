@@ -71,6 +71,7 @@ from celery.utils.log import get_logger
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from .base import (
+    BackfillRefused,
     BackfillResult,
     Check,
     CheckResult,
@@ -295,6 +296,8 @@ def _statements(t: Tables) -> dict[str, str]:
         "history_all": f"SELECT due, record FROM {history} WHERE entry = ?"
                        " AND place = 'h' ORDER BY due",
         "history_count": f"SELECT COUNT(*) FROM {history} WHERE entry = ? AND place = 'h'",
+        "history_live": f"SELECT COUNT(*) FROM {history} WHERE entry = ? AND place = 'h'"
+                        " AND kind IS NOT NULL",
         "history_oldest": f"SELECT due, record FROM {history} WHERE entry = ?"
                           " AND place = 'h' ORDER BY due LIMIT ?",
         "history_newest": f"SELECT due, record FROM {history} WHERE entry = ?"
@@ -1533,24 +1536,33 @@ class SQLiteStore(Store):
     def backfill(self, entry: str, dues: Sequence[int], by: str) -> BackfillResult | None:
         instants = sorted({int(due) for due in dues})
 
-        def step(db: sqlite3.Connection, now: int, name: str) -> BackfillResult | None:
+        def step(db: sqlite3.Connection, now: int, name: str
+                 ) -> BackfillResult | BackfillRefused | None:
             """A manual run due at each instant that has no run, or whose run ended without
             running (it is recorded again, back in the history; its next claim gets a fresh
             token, above every token of the entry); what ran, runs or is on its way is kept
-            (a run presumed lost that a worker started too).
-            The checkpoint is not touched. A record that cannot be read is left as it is."""
+            (a run presumed lost that a worker started too). The checkpoint is not touched.
+            A record that cannot be read is left as it is. Refused (nothing written) when
+            the history cannot hold its runs beside the entry's unfinished ones."""
             q = self._sql
             if db.execute(q["entry_get"], (name,)).fetchone() is None:
                 return None
-            created: list[int] = []
             kept: list[tuple[int, RunState]] = []
+            redo: list[tuple[int, Record | None]] = []
             for due in instants:
                 stored = self._get_run(db, name, due)
                 if stored is False:
                     continue
                 if stored is not None and (stored["state"] not in _REDONE or _ran(stored)):
                     kept.append((due, RunState(stored["state"])))
-                    continue
+                else:
+                    redo.append((due, stored))
+            if redo:
+                live = db.execute(q["history_live"], (name,)).fetchone()[0]
+                if live + len(redo) > self.history_limit:
+                    return BackfillRefused(name, len(redo), live, self.history_limit)
+            created: list[int] = []
+            for due, stored in redo:
                 record: Record = {"due": due, "state": _DUE, "manual": True,
                                   "requested_by": by, "released_at": now}
                 if stored is not None:
@@ -1566,6 +1578,8 @@ class SQLiteStore(Store):
             return BackfillResult(name, tuple(created), tuple(kept))
 
         [result] = self._each("backfill", [entry], step, lambda name, exc: None)
+        if isinstance(result, BackfillRefused):
+            raise result
         return result
 
     def forget(self, entries: Sequence[str]) -> list[str]:

@@ -12,6 +12,7 @@ import pytest
 from beat_claims.enums import Overlap, Reason, RunState, StartVerdict
 from beat_claims.runs import Run
 from beat_claims.stores.base import (
+    BackfillRefused,
     CheckVerdict,
     Claim,
     ClaimStatus,
@@ -63,9 +64,6 @@ def _lost(store: Store, c: object) -> None:
 
 # -- backfill -------------------------------------------------------------------------------
 @pytest.mark.history_limit(3)
-@pytest.mark.xfail(strict=True, reason="review: a backfill of more instants than the store"
-                   " keeps (history_limit, and as many lost) loses published runs: their"
-                   " deliveries are refused as 'trimmed from history'")
 def test_every_backfilled_run_that_was_sent_can_still_be_started(store: Store) -> None:
     # The schedule is past these instants (its checkpoint), as whenever one backfills.
     first = claims(store, A, 1000)[0]
@@ -191,6 +189,32 @@ def test_a_backfilled_run_gets_a_token_above_every_token_of_its_instant(
     assert store.backfill("e", [due], "alice@ops") is not None
     [again] = take(store, A)
     assert again.due == due and again.token > 50
+
+
+@pytest.mark.history_limit(4)
+def test_a_backfill_the_history_cannot_hold_is_refused_before_it_writes(
+        store: Store) -> None:
+    done, busy = claims(store, A, 1000, 2000)
+    send(store, A, done)
+    store.finish([Outcome("e", done.due, done.token, RunState.DONE)])
+    send(store, A, busy)  # one unfinished run: room for three more
+    past = [done.due - 1000 * k for k in range(1, 5)]
+    before = runs(store)
+    with pytest.raises(BackfillRefused) as refused:
+        store.backfill("e", [*past, done.due], "alice@ops")  # four to create, one kept
+    message = str(refused.value)
+    assert "beat_claims_history_limit" in message and "beat_claims_backfill_limit" in message
+    assert (refused.value.created, refused.value.live, refused.value.limit) == (4, 1, 4)
+    assert isinstance(refused.value, ValueError)
+    assert runs(store) == before and take(store, B) == ()  # nothing was written
+    result = store.backfill("e", [*past[:3], done.due], "alice@ops")
+    assert result is not None and sorted(result.created) == sorted(past[:3])
+    assert result.kept == ((done.due, RunState.DONE),)
+    # Full of unfinished runs now: even one more is refused; instants kept cost nothing.
+    with pytest.raises(BackfillRefused):
+        store.backfill("e", [past[3]], "alice@ops")
+    again = store.backfill("e", past[:3], "alice@ops")
+    assert again is not None and again.created == () and len(again.kept) == 3
 
 
 # -- pause and resume -------------------------------------------------------------------

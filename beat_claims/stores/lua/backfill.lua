@@ -3,14 +3,19 @@
 -- requested run): a beat claims it with a fresh token and sends it. Instants whose run
 -- ran, runs or is on its way are kept as they are: among them a run presumed lost that a
 -- worker started (it ran, or runs still, and may report). The checkpoint is not touched.
+-- A backfill that would create more runs than the history holds beside the entry's
+-- unfinished runs is refused, before anything is written (its runs could push runs sent
+-- out of the history).
 -- KEYS: the entry's keys. ARGV: name, requested by, history limit, then the instants.
--- Returns {created instants, kept (instant, state) pairs}, or {} for an unknown entry.
+-- Returns {created instants, kept (instant, state) pairs}, {'refused', runs it would
+-- create, unfinished runs}, or {} for an unknown entry.
 local K = entry_keys(KEYS, ARGV[1])
 local e = get_entry(K)
 if not e or not e.anchor then return {} end
 local again = {[STATE.skipped] = true, [STATE.lost] = true, [STATE.cancelled] = true}
+local limit = tonumber(ARGV[3])
 local now = now_ms()
-local created, kept = {}, {}
+local created, kept, redo = {}, {}, {}
 for i = 4, #ARGV do
   local due = ARGV[i]
   local run = get_run(K, due)
@@ -21,15 +26,30 @@ for i = 4, #ARGV do
     kept[#kept + 1] = due
     kept[#kept + 1] = run.state
   else
-    if run then
-      forget_run(K, run)  -- its record and task id: the new run is another delivery
-      redis.call('ZREM', K.lost, due)
-    end
-    put_run(K, {due = tonumber(due), state = STATE.due, manual = true,
-                requested_by = ARGV[2], released_at = now}, nil)
-    redis.call('ZADD', K.history, due, due)
     created[#created + 1] = due
+    redo[#created] = run
   end
 end
-trim(K, tonumber(ARGV[3]), now)
+if #created > 0 then
+  local live = 0
+  local dues = redis.call('ZRANGE', K.history, 0, -1)
+  if #dues > 0 then
+    for _, due in ipairs(dues) do
+      local run = get_run(K, due)
+      if run and not FINAL[run.state] then live = live + 1 end
+    end
+  end
+  if live + #created > limit then return {'refused', #created, live} end
+end
+for i, due in ipairs(created) do
+  local run = redo[i]
+  if run then
+    forget_run(K, run)  -- its record and task id: the new run is another delivery
+    redis.call('ZREM', K.lost, due)
+  end
+  put_run(K, {due = tonumber(due), state = STATE.due, manual = true,
+              requested_by = ARGV[2], released_at = now}, nil)
+  redis.call('ZADD', K.history, due, due)
+end
+trim(K, limit, now)
 return {created, kept}
