@@ -194,7 +194,9 @@ class Check:
     is recorded skipped (``overlap``); with ``overlap=BUFFER_ONE`` it is recorded
     ``waiting`` (and any older waiting run of the entry skipped, ``overlap``; if a newer one
     waits, this one is skipped instead), to be claimed again once the entry has no such
-    run.
+    run — unless a scheduled run newer than it is the one being sent, sent or started: it
+    comes too late to run after that one, and is recorded skipped (``overlap``) instead
+    (an operator's run now or backfill is no newer occurrence: it is waited for).
     """
 
     claim: Claim

@@ -691,8 +691,8 @@ END $$;
 -- (the caller's reason; paused for a run of a paused entry; overlap with ov "skip" while
 -- another run of the entry is busy), or, with ov "buffer_one" while one is busy, waiting
 -- (no owner: nobody holds it) and any older waiting run of the entry skipped (overlap), or
--- skipped itself when a newer one waits. An operator's request is sent whatever the pause
--- and the overlap policy.
+-- skipped itself when a newer one waits or a newer scheduled one is busy already. An
+-- operator's request is sent whatever the pause and the overlap policy.
 CREATE OR REPLACE FUNCTION {s}.check(p_owner text, p_items jsonb)
 RETURNS TABLE (o_verdict text, o_detail text) LANGUAGE plpgsql AS $$
 DECLARE
@@ -752,7 +752,13 @@ BEGIN
           v_reason := {R_PAUSED};
         ELSIF v_item ->> 'ov' IN ({OVERLAP_SKIP}, {OVERLAP_BUFFER_ONE})
             AND v_rec ->> 'state' = {CLAIMED} AND {s}.busy(v_entry, v_due) THEN
-          IF v_item ->> 'ov' = {OVERLAP_SKIP} THEN
+          IF v_item ->> 'ov' = {OVERLAP_SKIP} OR EXISTS (
+              -- buffer_one: a newer scheduled run is busy already, this one comes too late
+              SELECT 1 FROM {s}.runs r WHERE r.entry_id = v_entry AND r.due > v_due
+                AND r.live_state IN ({SENDING}, {SENT}, {STARTED})
+                AND NOT coalesce(r.record -> 'manual' <> 'false'::jsonb, false)
+                AND NOT (r.live_state = {SENT}
+                         AND coalesce(r.record -> 'reseeded' <> 'false', false))) THEN
             v_reason := {R_OVERLAP};
           ELSE
             -- Only the newest waits: the other waiting runs older than it are skipped.

@@ -832,6 +832,16 @@ class SQLiteStore(Store):
                 return True
         return False
 
+    def _busy_newer(self, db: sqlite3.Connection, entry: str, due: int) -> bool:
+        """Whether a scheduled run of the entry newer than ``due`` is being sent, sent or
+        started: an occurrence older than it comes too late (overlap="buffer_one" skips
+        it). An operator's request is no occurrence of the schedule."""
+        for other_due, raw in db.execute(self._sql["runs_busy"], (entry,)).fetchall():
+            other = _parse(raw, other_due) if other_due > due else False
+            if other and _overlaps(other) and not _manual(other):
+                return True
+        return False
+
     def _insert_run(self, db: sqlite3.Connection, entry: str, run: Record) -> None:
         """A new run, in the history."""
         db.execute(self._sql["run_insert"], (entry, int(run["due"]), _encode(run),
@@ -1191,8 +1201,9 @@ class SQLiteStore(Store):
         scheduled = run["state"] == _CLAIMED and not _manual(run)
         if reason is None and scheduled and item.overlap is not Overlap.ALLOW and (
                 self._unfinished(db, c.entry, c.due)):
-            if item.overlap is Overlap.SKIP:
-                reason = Reason.OVERLAP
+            if item.overlap is Overlap.SKIP or (item.overlap is Overlap.BUFFER_ONE and (
+                    self._busy_newer(db, c.entry, c.due))):
+                reason = Reason.OVERLAP  # (buffer_one: a newer one runs, this one is late)
             elif item.overlap is Overlap.BUFFER_ONE:
                 # The newest waits; the entry's other waiting runs are skipped (overlap).
                 waiting = [other for due, raw in db.execute(

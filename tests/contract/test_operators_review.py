@@ -323,9 +323,6 @@ def test_two_beats_checking_two_runs_of_a_buffered_entry_send_one(store: Store) 
     assert len(sent) == 1 and CheckVerdict.SEND in verdicts
 
 
-@pytest.mark.xfail(strict=True, reason="review: an occurrence older than a run already"
-                   " being sent, sent or started is buffered and runs after it, out of"
-                   " order (it should be skipped: a newer one already ran)")
 def test_an_occurrence_older_than_the_running_one_is_not_buffered(store: Store) -> None:
     older = claims(store, A, 1000)[0]
     state = store.entries(["e"])[0]
@@ -334,6 +331,20 @@ def test_an_occurrence_older_than_the_running_one_is_not_buffered(store: Store) 
     send(store, B, newer)  # A was slow to check its claim: B's newer one went first
     result = check(store, A, older, overlap=Overlap.BUFFER_ONE)
     assert (result.verdict, result.reason) == (CheckVerdict.SKIPPED, Reason.OVERLAP)
+
+
+def test_an_occurrence_older_than_a_running_run_now_waits_for_it(store: Store) -> None:
+    """An operator's run now is due now, newer than any occurrence: not a newer occurrence
+    of the schedule, so the scheduled one waits for it (and then runs)."""
+    c = claims(store, A, -5000)[0]  # due before now
+    store.request_run("e", "alice@ops")
+    [manual] = take(store, B)
+    send(store, B, manual)
+    assert manual.due > c.due
+    assert buffered(store, A, c) is CheckVerdict.WAITING
+    store.finish([Outcome("e", manual.due, manual.token, RunState.DONE)])
+    [again] = take(store, B)
+    assert again.due == c.due and buffered(store, B, again) is CheckVerdict.SEND
 
 
 def test_a_backfilled_run_of_a_buffered_entry_is_sent_and_the_waiting_one_waits_on(

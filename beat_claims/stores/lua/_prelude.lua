@@ -148,6 +148,20 @@ local function busy_besides(K, due)
   return false
 end
 
+-- Whether a scheduled run of the entry newer than ``due`` is being sent, sent or started
+-- (as busy_besides counts them): an occurrence older than it comes too late to run after it
+-- (overlap="buffer_one" skips it). An operator's request is no occurrence of the schedule.
+local function busy_newer(K, due)
+  for _, other in ipairs(redis.call('ZRANGEBYSCORE', K.busy_e, '(' .. due, '+inf')) do
+    local o = get_run(K, other)
+    if o and not o.manual and (o.state == STATE.sending or OPEN[o.state])
+        and not (o.reseeded and o.state == STATE.sent) then
+      return true
+    end
+  end
+  return false
+end
+
 -- Whether an operator paused the entry: its scheduled runs are recorded skipped.
 local function is_paused(K)
   return redis.call('HEXISTS', K.entry, 'paused_at') == 1

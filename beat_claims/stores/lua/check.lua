@@ -2,7 +2,8 @@
 -- It marks the run 'sending' with its task id, or records it skipped (the caller's reason,
 -- 'paused' for a scheduled run of a paused entry, or 'overlap' when the entry's policy is
 -- to skip while another run of it is being sent, sent or started), or, with overlap
--- "buffer_one", waiting until that run is final. A holder that checked before and lost
+-- "buffer_one", waiting until that run is final (or skipped, 'overlap', when a newer
+-- scheduled run of the entry is the one being sent, sent or started: it comes too late). A holder that checked before and lost
 -- the reply may check again, and gets the same answer.
 -- KEYS: the entry's keys. ARGV: name, owner, token, due, task id, skip reason ('' none),
 -- overlap policy. Returns {'send'}, {'skipped', reason}, {'waiting'} or {'refused', why}.
@@ -32,6 +33,8 @@ if reason == '' and run.state == STATE.claimed and overlap ~= OVERLAP.allow
     and not run.manual and busy_besides(K, due) then
   if overlap == OVERLAP.skip then
     reason = REASON.overlap
+  elseif overlap == OVERLAP.buffer_one and busy_newer(K, due) then
+    reason = REASON.overlap  -- a newer occurrence runs already: this one comes too late
   elseif overlap == OVERLAP.buffer_one then
     -- The newest waits; any other waiting run of the entry is skipped (the older one).
     for _, other in ipairs(redis.call('ZRANGE', K.due_e, 0, -1)) do
