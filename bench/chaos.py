@@ -9,9 +9,12 @@ explain.
 
 The fleet: ``--beats`` beats (3) and ``--workers`` prefork workers (2, two processes each)
 of ``bench/chaos_app.py``, on ``--entries`` interval entries (10) with periods of 1 to 5 s,
-catch-up policy ``all``, heartbeat ``--heartbeat`` (1 s), ``--reclaim-after`` (10 s). Two
-private redis-servers: the store (``appendonly yes``, ``appendfsync always``: a restart
-keeps the state) and the broker (never restarted; its queue is not part of the test).
+catch-up policy ``all``, heartbeat ``--heartbeat`` (1 s), ``--reclaim-after`` (10 s). The
+broker is a private redis-server (never restarted; its queue is not part of the test). The
+store (``--store``) is another private redis-server (``redis``, the default: ``appendonly
+yes``, ``appendfsync always``: a restart keeps the state), a SQLite file of the run's own
+(``sqlite``) or a database of its own on the machine's PostgreSQL (``postgres``: created
+and dropped by the run; ``BC_PGHOST``, ``BC_PGPORT``, ``BC_PGUSER``).
 
 The chaos, seeded by ``--seed``, for ``--duration`` seconds (300; longer if the pause or
 the store restart is still to come at the end of a short run):
@@ -19,8 +22,13 @@ the store restart is still to come at the end of a short run):
 * every 5 to 15 s a random beat is sent SIGKILL or SIGTERM, at a due instant plus 0 to
   15 ms (so it is often in the middle of a claim or a send), and a replacement is started
   at once;
-* once, the store's redis-server is killed (SIGKILL) and started again ``--store-down``
-  seconds later on the same port with the same data directory. The restarted server is a
+* once, the store fails for ``--store-down`` seconds. SQLite: another process holds the
+  file's writer lock (every write fails, busy); PostgreSQL: the database refuses
+  connections and every session on it is cut (``pg_terminate_backend``), what clients see
+  of a failover (the server is shared: it is not restarted). Neither is a new epoch; the
+  beats log the outage and catch up. Redis: the store's redis-server is killed (SIGKILL)
+  and started again ``--store-down`` seconds later on the same port with the same data
+  directory. The restarted server is a
   new store epoch to the beats: each logs "the store may have lost writes", registers again
   what it knows, and no beat claims for one heartbeat TTL (the settle period, announced as
   "the store has a new epoch ... claiming starts in Xs"). Runs due during the outage and
@@ -54,7 +62,8 @@ one fleet; the run reports the commit, ``-dirty`` and a digest of the snapshot.
 The store is read only through its contract (``beat_claims.stores.open_store``:
 ``entries()`` for the anchors, ``history()`` for the runs' records), never by its keys.
 
-Usage: python bench/chaos.py [--duration 300] [--seed 1] [--at-commit REV] [--keep] [--json]
+Usage: python bench/chaos.py [--duration 300] [--seed 1] [--store redis|sqlite|postgres]
+                            [--at-commit REV] [--keep] [--json]
 """
 
 from __future__ import annotations
@@ -117,6 +126,7 @@ class Config:
     pause: float | None = None  # default: reclaim_after + 2
     pause_heartbeat: float | None = None  # the paused beat's; default: reclaim_after / 2
     store_down: float = 2.0
+    store: str = "redis"  # redis | sqlite | postgres: the beat-claims store under test
     kill_every: tuple[float, float] = (5.0, 15.0)
     margin: float = 20.0
     fence: bool = True  # False: workers without beat_claims.install(app)
@@ -151,7 +161,7 @@ class Event:
     beats' logs after the chaos), plus one heartbeat for the first claims after it.
     """
 
-    kind: str  # sigkill | sigterm | store_restart | pause
+    kind: str  # sigkill | sigterm | store_restart | store_outage | pause
     start: float
     end: float
     detail: str
@@ -220,7 +230,9 @@ class Result:
             "drain_s": round(self.drain_s, 1),
             "sigkill": kinds["sigkill"],
             "sigterm": kinds["sigterm"],
+            "store": self.config.get("store", "redis"),
             "store_restarts": kinds["store_restart"],
+            "store_outages": kinds["store_outage"],
             "store_settle_s": self.store_settle_s,
             "pauses": kinds["pause"],
             **self.counts,
@@ -311,6 +323,179 @@ class RedisServer:
             self.proc = None
 
 
+#: What the chaos does to each store once (``Event.kind``): a crash and restart for a
+#: redis-server of its own; for the others, an outage (see the classes below).
+STORE_EVENTS = ("store_restart", "store_outage")
+
+
+class RedisStore:
+    """The store on a redis-server of the run's own (``appendonly yes``, ``appendfsync
+    always``): SIGKILLed once and started again on the same port and data directory, a new
+    store epoch to the beats."""
+
+    kind = "redis"
+    event = "store_restart"
+    new_epoch = True  # the fault makes the beats see a new epoch (and settle)
+
+    def __init__(self, workdir: Path) -> None:
+        self.server = RedisServer("store", workdir, persistent=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url(0)
+
+    def where(self) -> str:
+        return f"store redis-server port {self.server.port}"
+
+    def start(self) -> None:
+        self.server.start()
+
+    def fault(self, down: float) -> str:
+        start = time.time()
+        self.server.stop(signal.SIGKILL)
+        time.sleep(down)  # the outage itself: a chosen length, not a wait
+        self.server.start()
+        return (f"store redis-server SIGKILL, restarted after {time.time() - start:.1f}s"
+                " (appendfsync always)")
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class SQLiteStore:
+    """The store in a SQLite file of the run's own (``<workdir>/store/claims.db``).
+
+    The fault: another process takes the file's writer lock (``BEGIN IMMEDIATE``) and holds
+    it for ``--store-down`` seconds, as a long write of another program, an operator's
+    shell left in a transaction or a stalled disk would. Every write of every beat and
+    worker waits its busy timeout (the store's timeout, 1 s here) and fails: an outage, in
+    which nothing may be sent unclaimed, and after which the beats catch up.
+
+    A crash and restart has no equivalent for a file (no server; the file stays, and every
+    commit was on disk, ``synchronous = FULL``), and replacing the file under live
+    connections (a restore) is what SQLite documents as a way to corrupt a database (a
+    connection to the old file deletes the new file's ``-wal`` when it closes), so the run
+    does not do that; the contract suite restores a file from a copy with no process
+    attached (``tests/contract/backend_sqlite.py``).
+    """
+
+    kind = "sqlite"
+    event = "store_outage"
+    new_epoch = False
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir / "store"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "claims.db"
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.path}"
+
+    def where(self) -> str:
+        return f"store {self.path}"
+
+    def start(self) -> None:
+        import sqlite3
+
+        for name in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+            name.unlink(missing_ok=True)
+        sqlite3.connect(self.path).close()  # the processes set it up (WAL, tables)
+
+    def fault(self, down: float) -> str:
+        import sqlite3
+
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            waited = time.time()
+            db.execute("BEGIN IMMEDIATE")  # waits for a writer in the middle of a commit
+            start = time.time()
+            time.sleep(down)  # the outage itself: a chosen length, not a wait
+            db.execute("ROLLBACK")
+        finally:
+            db.close()
+        return (f"store file's writer lock held {time.time() - start:.1f}s by another"
+                f" process (taken after {start - waited:.2f}s): every write failed"
+                " (busy)")
+
+    def stop(self) -> None:
+        pass
+
+
+class PostgresStore:
+    """The store in a database of its own on the machine's PostgreSQL
+    (``beat_claims_chaos_<random>``, created at the start and dropped at the end; the server
+    is ``BC_PGHOST``, ``BC_PGPORT``, ``BC_PGUSER``: 127.0.0.1:5432, postgres).
+
+    The fault: what clients see of a failover. The server is shared, so it is not
+    restarted: the database refuses new connections (``ALLOW_CONNECTIONS false``) and
+    every session on it is cut (``pg_terminate_backend``: every statement in flight fails,
+    its reply lost), for ``--store-down`` seconds; then it accepts connections again. The
+    server is the same one, so it is not a new epoch (a restore is: the contract suite's
+    ``tests/contract/backend_postgres.py``).
+    """
+
+    kind = "postgres"
+    event = "store_outage"
+    new_epoch = False
+
+    def __init__(self, workdir: Path) -> None:
+        self.host = os.environ.get("BC_PGHOST", "127.0.0.1")
+        self.port = os.environ.get("BC_PGPORT", "5432")
+        self.user = os.environ.get("BC_PGUSER", "postgres")
+        self.dbname = f"beat_claims_chaos_{os.urandom(5).hex()}"
+        self.created = False
+
+    def _url(self, dbname: str) -> str:
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{dbname}"
+
+    @property
+    def url(self) -> str:
+        return self._url(self.dbname)
+
+    def where(self) -> str:
+        return f"store database {self.dbname} on {self.host}:{self.port}"
+
+    def _admin(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(self._url("postgres"), autocommit=True,
+                             connect_timeout=5) as conn:
+            cur = conn.execute(sql, params)
+            return cur.fetchall() if cur.description is not None else []
+
+    def start(self) -> None:
+        self._admin(f'CREATE DATABASE "{self.dbname}"')
+        self.created = True
+
+    def _cut(self) -> int:
+        rows = self._admin("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                           " WHERE datname = %s AND pid <> pg_backend_pid()",
+                           (self.dbname,))
+        return int(rows[0][0]) if rows else 0
+
+    def fault(self, down: float) -> str:
+        start = time.time()
+        self._admin(f'ALTER DATABASE "{self.dbname}" ALLOW_CONNECTIONS false')
+        try:
+            cut = self._cut()
+            time.sleep(down)  # the outage itself: a chosen length, not a wait
+            cut += self._cut()  # none: no session could start meanwhile
+        finally:
+            self._admin(f'ALTER DATABASE "{self.dbname}" ALLOW_CONNECTIONS true')
+        return (f"store database refused connections for {time.time() - start:.1f}s,"
+                f" its {cut} sessions cut (pg_terminate_backend)")
+
+    def stop(self) -> None:
+        if self.created:
+            self._admin(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
+            self.created = False
+
+
+STORES: dict[str, Callable[[Path], RedisStore | SQLiteStore | PostgresStore]] = {
+    "redis": RedisStore, "sqlite": SQLiteStore, "postgres": PostgresStore}
+
+
 @dataclass
 class Proc:
     """A beat or worker of the fleet."""
@@ -342,13 +527,13 @@ class Proc:
 class Fleet:
     """Starts beats and workers of the chaos app; knows every process it ever started."""
 
-    def __init__(self, cfg: Config, store: RedisServer, broker: RedisServer,
+    def __init__(self, cfg: Config, store_url: str, broker: RedisServer,
                  workdir: Path, src: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
         self.src = src
         self.env = {
             **env,
-            "CHAOS_STORE_URL": store.url(0),
+            "CHAOS_STORE_URL": store_url,
             "CHAOS_BROKER_URL": broker.url(0),
             "CHAOS_LEDGER": str(workdir / "ledger.jsonl"),
             "CHAOS_SCHEDULE": json.dumps(cfg.schedule()),
@@ -592,10 +777,12 @@ class Chaos:
         self.cfg = cfg
         self.workdir = workdir
         self.rng = random.Random(cfg.seed)
-        self.store = RedisServer("store", workdir, persistent=True)
+        if cfg.store not in STORES:
+            raise SystemExit(f"--store: {cfg.store!r} is not one of {', '.join(STORES)}")
+        self.store = STORES[cfg.store](workdir)
         self.broker = RedisServer("broker", workdir, persistent=False)
         self.src, self.version = snapshot(workdir, cfg.at_commit)
-        self.fleet = Fleet(cfg, self.store, self.broker, workdir, self.src)
+        self.fleet = Fleet(cfg, self.store.url, self.broker, workdir, self.src)
         self.ledger = workdir / "ledger.jsonl"
         self.periods = cfg.schedule()
         self.events: list[Event] = []
@@ -611,7 +798,7 @@ class Chaos:
     @contextlib.contextmanager
     def open_store(self) -> Iterator[Store]:
         """The store through its contract (``open_store``), as a beat of the app opens it."""
-        store = open_store(Settings(url=self.store.url(0), history_limit=HISTORY_LIMIT),
+        store = open_store(Settings(url=self.store.url, history_limit=HISTORY_LIMIT),
                            timeout=5.0)
         try:
             yield store
@@ -639,8 +826,8 @@ class Chaos:
             "the entries to be anchored")
         wait_for(lambda: read_ledger(self.ledger), 60, "the first execution")
         self.say(f"fleet up: {self.cfg.beats} beats, {self.cfg.workers} workers x"
-                 f" {self.cfg.concurrency}, {len(self.periods)} entries; store port"
-                 f" {self.store.port}, broker port {self.broker.port}")
+                 f" {self.cfg.concurrency}, {len(self.periods)} entries;"
+                 f" {self.store.where()}, broker port {self.broker.port}")
 
     def kill_one(self, note: str = "", **replacement_env: str) -> Proc:
         """SIGKILL or SIGTERM a random beat (not the paused one); start a replacement."""
@@ -709,14 +896,10 @@ class Chaos:
 
     def restart_store(self) -> None:
         start = time.time()
-        self.store.stop(signal.SIGKILL)
-        time.sleep(self.cfg.store_down)  # the outage itself: a chosen length, not a wait
-        self.store.start()
+        detail = self.store.fault(self.cfg.store_down)
         end = time.time()
-        self.events.append(Event("store_restart", start, end,
-                                 f"store redis-server SIGKILL, restarted after {end - start:.1f}s"
-                                 " (appendfsync always)"))
-        self.say(f"store restarted after {end - start:.1f}s down")
+        self.events.append(Event(self.store.event, start, end, detail))
+        self.say(detail)
 
     def chaos(self) -> float:
         """Run the chaos for the configured duration; returns its end (epoch seconds)."""
@@ -798,7 +981,7 @@ class Chaos:
         catch-up policy ``all``)."""
         ends = settle_ends(self.fleet, self.cfg.heartbeat_ttl)
         for event in self.events:
-            if event.kind != "store_restart":
+            if event.kind not in STORE_EVENTS:
                 continue
             mine = [t for t in ends if event.start <= t <= event.end + 120]
             if not mine:
@@ -911,7 +1094,7 @@ class Chaos:
         of_holder = [e for e in self.events if holder is not None and e.beat == holder
                      and e.start <= started]
         during = [e for e in of_holder if e.overlaps(lo, hi)][-1:]
-        outages = [e for e in self.events if e.kind == "store_restart" and e.overlaps(lo, hi)]
+        outages = [e for e in self.events if e.kind in STORE_EVENTS and e.overlaps(lo, hi)]
         if during or outages:
             # Both may have held it: the one that let go last (a claim released by a
             # stopped beat just before the store went down waited for the store).
@@ -966,10 +1149,11 @@ def summary(result: Result) -> str:
         f"chaos run: {f['duration_s']:g}s, seed {f['seed']}, beat_claims {result.version},"
         f" workdir {result.workdir}",
         f"  chaos:      {f['sigkill']} SIGKILL + {f['sigterm']} SIGTERM of beats,"
-        f" {f['store_restarts']} store restart(s), {f['pauses']} SIGSTOP pause(s)",
+        f" {f['store_restarts']} store restart(s), {f['store_outages']} store outage(s)"
+        f" ({f['store']}), {f['pauses']} SIGSTOP pause(s)",
     ]
     lines += [f"    {time.strftime('%H:%M:%S', time.localtime(e.start))} {e.detail}"
-              for e in result.events if e.kind in ("pause", "store_restart")]
+              for e in result.events if e.kind in ("pause", *STORE_EVENTS)]
     if result.store_settle_s is not None:
         lines.append(f"    the store's new epoch: claiming resumed {result.store_settle_s:.1f}s"
                      " after the store was back (settle period)")
@@ -1010,7 +1194,14 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
                         help="SIGSTOP length (default reclaim_after + 2)")
     parser.add_argument("--pause-heartbeat", type=float, default=None,
                         help="heartbeat of the paused beat (default reclaim_after / 2)")
-    parser.add_argument("--store-down", type=float, default=2.0)
+    parser.add_argument("--store", choices=sorted(STORES), default="redis",
+                        help="the beat-claims store: a redis-server of the run's own"
+                             " (crashed and restarted once), a SQLite file (its writer lock"
+                             " held once) or a database on the machine's PostgreSQL (its"
+                             " sessions cut and refused once); the broker is always a"
+                             " redis-server of the run's own")
+    parser.add_argument("--store-down", type=float, default=2.0,
+                        help="seconds the store is down (or locked, or refusing) once")
     parser.add_argument("--margin", type=float, default=20.0,
                         help="drain deadline beyond reclaim_after + heartbeat TTL")
     parser.add_argument("--no-fence", action="store_true",
@@ -1030,7 +1221,8 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
                  workers=args.workers, concurrency=args.concurrency, entries=args.entries,
                  heartbeat=args.heartbeat, reclaim_after=args.reclaim_after, pause=args.pause,
                  pause_heartbeat=args.pause_heartbeat, fence=not args.no_fence,
-                 store_down=args.store_down, margin=args.margin, workdir=args.workdir,
+                 store_down=args.store_down, store=args.store, margin=args.margin,
+                 workdir=args.workdir,
                  at_commit=args.at_commit,
                  verbose=not args.json)
     return cfg, args

@@ -7,7 +7,8 @@ delivery the worker's fencing refuses never reaches the body, so it is not in th
 
 Configured from the environment by the chaos run:
 
-``CHAOS_STORE_URL``   the beat-claims store (a redis-server the run restarts once);
+``CHAOS_STORE_URL``   the beat-claims store (a redis-server, a SQLite file or a PostgreSQL
+                      database: the chaos run's ``--store``);
 ``CHAOS_BROKER_URL``  the broker (another redis-server, never restarted);
 ``CHAOS_LEDGER``      the ledger file;
 ``CHAOS_SCHEDULE``    JSON ``{entry name: period in seconds}``;
