@@ -1,15 +1,27 @@
-"""Several real ``celery beat`` processes and a real worker: every occurrence exactly once."""
+"""Several real ``celery beat`` processes and a real worker: every occurrence exactly once,
+on every store (the core scenario on Redis, SQLite and PostgreSQL). The broker is a
+redis-server of the tests' own whatever the store; each execution is recorded in a Redis
+list there (``BC_EXEC_URL``)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import subprocess
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from beat_claims.runs import iso
+from beat_claims.settings import Settings
+from beat_claims.stores import Store, open_store
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
@@ -23,14 +35,48 @@ SCHEDULE = {
     "every-3s": {"every": 3},
     "each-minute": {"cron": "*"},
 }
+#: The machine's PostgreSQL, as the contract suite's (``BC_PGHOST``, ``BC_PGPORT``,
+#: ``BC_PGUSER``): each test gets a database of its own, dropped at its end.
+PG_HOST = os.environ.get("BC_PGHOST", "127.0.0.1")
+PG_PORT = os.environ.get("BC_PGPORT", "5432")
+PG_USER = os.environ.get("BC_PGUSER", "postgres")
 
 
-def expected(store: RedisStore, start_ms: int, end_ms: int) -> set[tuple[str, str]]:
+def _pg_admin(statement: sql.Composable) -> None:
+    try:
+        with psycopg.connect(f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/postgres",
+                             autocommit=True, connect_timeout=5) as conn:
+            conn.execute(statement)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL at {PG_HOST}:{PG_PORT} (user {PG_USER}) is needed by the"
+                    f" PostgreSQL case (BC_PGHOST, BC_PGPORT, BC_PGUSER): {exc}")
+
+
+@contextlib.contextmanager
+def claims_url(kind: str, server: RedisServer, tmp_path: Path) -> Iterator[str]:
+    """The ``beat_claims_url`` of a fresh store of ``kind``: the fixture redis-server, a
+    SQLite file in the test's directory, or a new database on the machine's PostgreSQL."""
+    if kind == "redis":
+        yield server.url
+    elif kind == "sqlite":
+        yield f"sqlite:///{tmp_path}/claims.db"
+    else:
+        name = f"beat_claims_fleet_{uuid.uuid4().hex[:10]}"
+        _pg_admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            yield f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}"
+        finally:
+            _pg_admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+def expected(store: Store, start_ms: int, end_ms: int) -> set[tuple[str, str]]:
     """Every occurrence due in [start, end]: interval entries from their stored anchors,
     the crontab entry at each whole minute (the app runs in UTC)."""
     out = set()
     for name, spec in SCHEDULE.items():
         anchor = store.entries([name])[0].anchor
+        assert anchor is not None, name
         period = spec["every"] * 1000 if "every" in spec else 60_000
         base = anchor if "every" in spec else 0
         k = max(1, -(-(max(start_ms, anchor + 1) - base) // period))
@@ -38,6 +84,16 @@ def expected(store: RedisStore, start_ms: int, end_ms: int) -> set[tuple[str, st
             out.add((name, iso(base + k * period)))
             k += 1
     return out
+
+
+def watch(seconds: float, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Let the fleet run for ``seconds`` (a window of the schedule, not a wait for
+    something), failing at once if one of ``procs`` exits meanwhile."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        gone = [p.args for p in procs if p.poll() is not None]
+        assert not gone, f"exited during the window: {gone}"
+        time.sleep(0.2)
 
 
 def all_ran_once(client: Any, want: set[tuple[str, str]], timeout: float,
@@ -50,43 +106,48 @@ def all_ran_once(client: Any, want: set[tuple[str, str]], timeout: float,
     return rows
 
 
+@pytest.mark.parametrize("kind", ["redis", "sqlite", "postgres"])
 def test_three_beats_one_worker_every_occurrence_exactly_once(
-        server: RedisServer, tmp_path: Path) -> None:
+        kind: str, server: RedisServer, tmp_path: Path) -> None:
     client = server.client()
-    store = RedisStore.from_url(server.url, "beat-claims")
-    with fleet(server.url, server.broker_url(), tmp_path, SCHEDULE) as f:
-        f.worker()
+    with claims_url(kind, server, tmp_path) as url, \
+            fleet(url, server.broker_url(), tmp_path, SCHEDULE,
+                  BC_EXEC_URL=server.url) as f:
+        worker = f.worker()
         beats = [f.beat() for _ in range(3)]
         wait_for(lambda: len(executions(client)) >= 3, 40, "first executions")
+        store = open_store(Settings(url=url), timeout=5.0)
         t0 = int(time.time() * 1000)
-        time.sleep(30)
+        watch(20, [worker, *beats])
         t1 = int(time.time() * 1000)
         # Everything due up to t1 - 2 s has been sent and run by now (or soon).
         want = expected(store, t0, t1 - 2000)
         all_ran_once(client, want, 15, "every expected occurrence to run")
-        # All three beats took part in sending.
+        # The beats took turns in sending.
         senders = [b for b in beats if "Sending due task" in f.log(b)]
         assert len(senders) >= 2
 
         # SIGTERM one beat, SIGKILL another, start a new one.
         f.stop(beats[0], signal.SIGTERM)
         f.stop(beats[1], signal.SIGKILL)
-        f.beat()
+        new = f.beat()
         t2 = int(time.time() * 1000)
-        time.sleep(20)
+        watch(15, [worker, beats[2], new])
         t3 = int(time.time() * 1000)
         want2 = expected(store, t2, t3 - 2000)
         # Runs the killed beat had claimed are taken over once its heartbeat expires (3 s).
         rows = all_ran_once(client, want | want2, 20,
                             "every occurrence after the stop and the kill to run")
         got = {(r["entry"], r["due"]) for r in rows}
-        print(f"fleet: {len(rows)} executions, {len(want | want2)} expected occurrences,"
-              f" {len(duplicates(rows))} duplicated, {len((want | want2) - got)} missing")
+        print(f"fleet ({kind}): {len(rows)} executions, {len(want | want2)} expected"
+              f" occurrences, {len(duplicates(rows))} duplicated,"
+              f" {len((want | want2) - got)} missing")
         # The store agrees: every recorded run of the interval entries is done, once.
         for name in ("every-1s", "every-2s", "every-3s"):
             states = [r.state.value for r in store.history(name)
                       if t0 <= r.due <= t3 - 5000]
             assert states and set(states) == {"done"}, (name, states)
+        store.close()
 
 
 def test_worker_with_embedded_beat_releases_unsent_claims_on_shutdown(
