@@ -1488,8 +1488,8 @@ class PostgresStore(Store):
         self._suspect = False
         self._noted: set[tuple[str, int]] = set()  # unreadable runs logged once
         self._refused: set[str] = set()  # items the database refused, logged once
-        # Runs due again, and waiting runs (overlap="buffer_one") once they can be taken
-        # (their entry has no busy run): both are a beat's to take.
+        # Runs due again, and waiting runs (overlap="buffer_one") once a claim would take
+        # them (their entry has no busy run, or is paused: they are recorded skipped).
         self._sql_live = (
             f"(SELECT 'd', e.name, r.due, 0, NULL, r.since FROM {s}.runs r"
             f" JOIN {s}.entries e ON e.id = r.entry_id WHERE r.live_state = '{RunState.DUE.value}'"
@@ -1497,7 +1497,8 @@ class PostgresStore(Store):
             f" UNION ALL"
             f" (SELECT 'd', e.name, r.due, 0, NULL, r.since FROM {s}.runs r"
             f" JOIN {s}.entries e ON e.id = r.entry_id"
-            f" WHERE r.live_state = '{RunState.WAITING.value}' AND NOT {s}.busy(r.entry_id, r.due)"
+            f" WHERE r.live_state = '{RunState.WAITING.value}'"
+            f" AND (e.paused_at IS NOT NULL OR NOT {s}.busy(r.entry_id, r.due))"
             f" ORDER BY r.since, r.entry_id, r.due LIMIT %(n)s)"
             f" UNION ALL"
             f" (SELECT 'h', e.name, r.due, r.token, r.owner, r.since FROM {s}.runs r"

@@ -12,7 +12,8 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
 ``{P:NN}:d:D``          zset    its runs due again: due -> due (what a claim takes)
 ``{P:NN}:b:D``          zset    its runs being sent, sent or started: due -> due
 ``{P:NN}:x:D``          zset    runs presumed lost, kept a week for late deliveries
-``{P:NN}:due``          zset    the bucket's runs due again: "due|name" -> since
+``{P:NN}:due``          zset    the bucket's runs due again, and its waiting runs while a
+                                claim would take them: "due|name" -> since
 ``{P:NN}:held``         zset    its claims: "owner|token|due|name" -> claimed or checked at
 ``{P:NN}:open``         zset    its runs sent or started: "due|name" -> last active at
 ``{P:NN}:t``            hash    task ids of its runs that started: id -> entry, due, token

@@ -364,12 +364,7 @@ def test_a_backfilled_run_of_a_buffered_entry_is_sent_and_the_waiting_one_waits_
     assert [t.due for t in take(store, A)] == [c.due]
 
 
-def test_a_waiting_run_whose_entry_is_busy_is_not_reported_due(
-        store: Store, request: pytest.FixtureRequest) -> None:
-    xfail_on(request, "redis", "redis_cluster", reason="review: the Redis store reports a"
-             " waiting run as due while its entry is busy (SQLite and PostgreSQL do not):"
-             " every sweep of every beat takes it in vain, and waiting runs use up the"
-             " sweep's limit ahead of runs that are due")
+def test_a_waiting_run_whose_entry_is_busy_is_not_reported_due(store: Store) -> None:
     previous, c = claims(store, A, 1000, 2000)
     send(store, A, previous)
     assert buffered(store, A, c) is CheckVerdict.WAITING
@@ -418,3 +413,36 @@ def test_register_raises_the_token_counter_to_known_runs_not_restored(store: Sto
     assert (run(store, c).token, run(store, c).state) == (c.token, RunState.DONE)  # kept
     [later] = claims(store, B, 2000)
     assert later.token > c.token + 40
+
+
+def _due_refs(store: Store, limit: int = 10_000) -> list[int]:
+    found = store.live_runs(LiveQuery(A.id, frozenset(), 0, 0, 0, limit))
+    return [ref.due for ref in found.due if ref.entry == "e"]
+
+
+def test_a_waiting_run_is_reported_due_as_its_entry_frees_and_fills(store: Store) -> None:
+    """Every way the entry stops or starts being busy, and a pause, moves it in and out of
+    what the sweeps report (they report what a claim would take)."""
+    previous, c = claims(store, A, 1000, 2000)
+    sending(store, A, previous)
+    assert buffered(store, A, c) is CheckVerdict.WAITING
+    assert _due_refs(store) == []
+    store.pause("e", "alice@ops")  # a claim would record it skipped: reported
+    assert _due_refs(store) == [c.due]
+    store.resume("e", "bob@ops")
+    assert _due_refs(store) == []
+    assert store.release(A, [Release(previous)]) == [RunState.DUE]  # not busy any more
+    assert sorted(_due_refs(store)) == sorted([previous.due, c.due])
+    # Both taken by one claim (the entry is not busy); claimed, neither is reported.
+    assert sorted(t.due for t in take(store, B)) == sorted([previous.due, c.due])
+    assert _due_refs(store) == []
+
+
+def test_waiting_runs_of_busy_entries_do_not_use_up_a_sweeps_limit(store: Store) -> None:
+    previous, c = claims(store, A, 1000, 2000)
+    send(store, A, previous)
+    assert buffered(store, A, c) is CheckVerdict.WAITING
+    other = claims(store, A, 1000, entry="f")[0]
+    store.release(A, [Release(other)])
+    found = store.live_runs(LiveQuery(A.id, frozenset(), 0, 0, 0, 1))
+    assert [(ref.entry, ref.due) for ref in found.due] == [("f", other.due)]

@@ -78,11 +78,15 @@ end
 -- Where a run is indexed, as {key, member, score} places: the bucket's index of its kind,
 -- and the entry's own index of runs due again (what a claim takes) or busy — being sent,
 -- sent or started (what overlap="skip" waits for). A claimed run is only in the bucket's
--- held index; a final one in none. A waiting run (overlap="buffer_one") is indexed as a
--- due one: the sweeps find it, and a claim takes it once the entry is not busy.
+-- held index; a final one in none. A waiting run (overlap="buffer_one") is in the entry's
+-- index of due runs (a claim takes it once the entry is not busy); whether it is in the
+-- bucket's (what the sweeps report due) depends on the entry, not on the run alone: see
+-- place_waiting().
 local function places(K, run)
   local due = fmt(run.due)
-  if run.state == STATE.due or run.state == STATE.waiting then
+  if run.state == STATE.waiting then
+    return {{K.due_e, due, run.due}}
+  elseif run.state == STATE.due then
     return {{K.due_e, due, run.due}, {K.due, plain_member(K, run), since(run)}}
   elseif run.state == STATE.claimed then
     return {{K.held, held_member(K, run), since(run)}}
@@ -92,6 +96,56 @@ local function places(K, run)
     return {{K.open, plain_member(K, run), since(run)}, {K.busy_e, due, run.due}}
   end
   return {}
+end
+
+-- Whether a run makes the entry's next runs overlap: being sent, sent or started. A run
+-- registered again after a wipe as sent, that no worker has started since, may well be
+-- finished: it does not.
+local function overlaps(run)
+  return (run.state == STATE.sending or OPEN[run.state] == true)
+    and not (run.reseeded and run.state == STATE.sent)
+end
+
+-- Whether another run of the entry than ``due`` (nil: any) overlaps: what the overlap
+-- policies wait for.
+local function busy_besides(K, due)
+  for _, other in ipairs(redis.call('ZRANGE', K.busy_e, 0, -1)) do
+    if other ~= due then
+      local o = get_run(K, other)
+      if o and overlaps(o) then return true end
+    end
+  end
+  return false
+end
+
+-- Whether an operator paused the entry: its scheduled runs are recorded skipped.
+local function is_paused(K)
+  return redis.call('HEXISTS', K.entry, 'paused_at') == 1
+end
+
+-- The entry's waiting runs are in the bucket's index of due runs (the sweeps report them)
+-- only while a claim would take them: when no run of the entry overlaps, or when it is
+-- paused (a claim records them skipped). Else a sweep would take them in vain, each time,
+-- and they would use up its limit ahead of runs that are due. Called wherever that may
+-- change: a run that starts or stops overlapping, a run that starts or stops waiting, a
+-- pause or a resume.
+local function place_waiting(K)
+  local dues = redis.call('ZRANGE', K.due_e, 0, -1)
+  if #dues == 0 then return end
+  local waiting = {}
+  for _, due in ipairs(dues) do
+    local run = get_run(K, due)
+    if run and run.state == STATE.waiting then waiting[#waiting + 1] = run end
+  end
+  if #waiting == 0 then return end
+  local takeable = is_paused(K) or not busy_besides(K, nil)
+  for _, run in ipairs(waiting) do
+    if takeable then
+      redis.call('ZADD', K.due, since(run), plain_member(K, run))
+    else
+      redis.call('ZREM', K.due, plain_member(K, run))
+    end
+  end
 end
 
 -- Store ``run`` (whose previous form was ``old``: nil for a new run) and its indexes,
@@ -108,7 +162,15 @@ local function put_run(K, run, old)
     before[id] = nil
   end
   for _, p in pairs(before) do redis.call('ZREM', p[1], p[2]) end
+  local was_waiting = old ~= nil and old.state == STATE.waiting
+  if was_waiting and run.state ~= STATE.waiting and run.state ~= STATE.due then
+    redis.call('ZREM', K.due, plain_member(K, run))  -- (place_waiting may have put it)
+  end
   redis.call('HSET', K.runs, fmt(run.due), cjson.encode(run))
+  if run.state == STATE.waiting or was_waiting
+      or (old ~= nil and overlaps(old)) ~= overlaps(run) then
+    place_waiting(K)
+  end
 end
 
 -- Forget a run that cannot be read: out of every index of the entry (its record stays
@@ -132,39 +194,15 @@ end
 
 -- The guards every transition shares.
 
--- Whether another run of the entry than ``due`` is being sent, sent or started: what the
--- overlap policies wait for. A run registered again after a wipe as sent, that no worker
--- has started since, may well be finished: it does not count.
-local function busy_besides(K, due)
-  for _, other in ipairs(redis.call('ZRANGE', K.busy_e, 0, -1)) do
-    if other ~= due then
-      local o = get_run(K, other)
-      if o and (o.state == STATE.sending or OPEN[o.state])
-          and not (o.reseeded and o.state == STATE.sent) then
-        return true
-      end
-    end
-  end
-  return false
-end
-
 -- Whether a scheduled run of the entry newer than ``due`` is being sent, sent or started
 -- (as busy_besides counts them): an occurrence older than it comes too late to run after it
 -- (overlap="buffer_one" skips it). An operator's request is no occurrence of the schedule.
 local function busy_newer(K, due)
   for _, other in ipairs(redis.call('ZRANGEBYSCORE', K.busy_e, '(' .. due, '+inf')) do
     local o = get_run(K, other)
-    if o and not o.manual and (o.state == STATE.sending or OPEN[o.state])
-        and not (o.reseeded and o.state == STATE.sent) then
-      return true
-    end
+    if o and not o.manual and overlaps(o) then return true end
   end
   return false
-end
-
--- Whether an operator paused the entry: its scheduled runs are recorded skipped.
-local function is_paused(K)
-  return redis.call('HEXISTS', K.entry, 'paused_at') == 1
 end
 
 -- Record a run skipped for ``reason``.

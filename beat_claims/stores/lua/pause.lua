@@ -11,4 +11,5 @@ if not at or not tonumber(at) then
   redis.call('HSET', K.entry, 'paused_at', at)
 end
 redis.call('HSET', K.entry, 'paused_by', ARGV[2], 'paused_note', ARGV[3])
+place_waiting(K)  -- a claim records them skipped now: the sweeps report them
 return {at, ARGV[2], ARGV[3]}

@@ -6,4 +6,5 @@ if redis.call('HEXISTS', K.entry, 'anchor') == 0 then return -1 end
 if redis.call('HEXISTS', K.entry, 'paused_at') == 0 then return 0 end
 redis.call('HDEL', K.entry, 'paused_at', 'paused_by', 'paused_note')
 redis.call('HSET', K.entry, 'resumed_by', ARGV[2], 'resumed_at', fmt(now_ms()))
+place_waiting(K)  -- they wait on again while a run of the entry overlaps
 return 1
