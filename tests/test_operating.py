@@ -169,6 +169,8 @@ def test_a_jitter_longer_than_half_reclaim_after_holds_no_claim_that_long(
     assert any(r.claimed_at < instants[r.due] for r in held)  # claimed early, held
     for r in held:
         at = instants[r.due]
-        assert r.sent_at >= at, r
+        # Not before its instant by the beat's clock: the store's, read to within half a
+        # round trip (a loaded machine's round trips take a while).
+        assert r.sent_at >= at - 250, (r.sent_at - at, r)
         assert r.sent_at - r.claimed_at < reclaim_after * 1000, r
         assert r.reclaimed_from is None, r  # nobody took it back

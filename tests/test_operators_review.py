@@ -53,7 +53,8 @@ def test_a_jitter_longer_than_the_claim_window_skips_no_occurrence(
     for r in history:  # each one at its own instant: never before, and soon after
         if r.sent_at is not None:
             at = r.due + jitter_offset("e", r.due, jitter)
-            assert at <= r.sent_at <= at + 2000, (r, at)
+            # (the beat's clock: the store's, read to within half a round trip)
+            assert at - 250 <= r.sent_at <= at + 2000, (r, at)
 
 
 def test_a_pause_survives_the_store_being_wiped(server: RedisServer) -> None:
