@@ -39,7 +39,8 @@ timeout``:
 - one pass of a batch writes to every node concerned, then reads each reply: at most
   ``N x T`` for connections and reads, plus one discovery when a connection fails;
 - a batch makes at most ``REDIRECT_PASSES`` (5) passes, the later ones only with the
-  commands that were redirected (``MOVED``, ``ASK``, ``TRYAGAIN``: not run), then fails.
+  commands that were redirected (``MOVED``, ``ASK``, ``TRYAGAIN``: not run), then fails;
+  ``TRYAGAIN`` (a slot whose keys are moving) waits 0.05 s, 0.1 s... between passes.
 
 With the defaults (2 s + 5 s) and three masters a command fails within 42 s when a
 master stops answering mid-batch; a dead seed at the first command, within 7 s.
@@ -181,7 +182,8 @@ class ClusterClient:
             return client
         with self._lock:
             if self._client is None:
-                client = RedisCluster(
+                client = _Cluster(
+                    (str(self.kwargs.get("host")), int(self.kwargs["port"])),
                     **self.kwargs,
                     decode_responses=True,
                     socket_timeout=self.options.timeout,
@@ -236,7 +238,7 @@ class ClusterClient:
         cluster = self.cluster()
         replies: list[tuple[Any, ClusterNode | None]] = [(None, None)] * len(commands)
         pending = list(range(len(commands)))
-        asking: dict[int, ClusterNode] = {}
+        asking: dict[int, tuple[str, int]] = {}  # command -> the node an ASK named
         for attempt in range(REDIRECT_PASSES):
             again: list[int] = []
             moved = False
@@ -252,10 +254,12 @@ class ClusterClient:
                     stack, raise_on_error=False, allow_redirections=False)
                 for i, node, result in zip(pending, nodes, results):
                     moved = self._sort(i, node, result, replies, again, asking) or moved
-            for target in {node.name: node for node in asking.values()}.values():
-                batch = [i for i, node in asking.items() if node.name == target.name]
+            for address in sorted(set(asking.values())):
+                batch = [i for i, named in asking.items() if named == address]
                 for i in batch:
                     del asking[i]
+                host, port = address
+                target = cluster.get_node(host=host, port=port) or ClusterNode(host, port)
                 pipe = cluster.get_redis_connection(target).pipeline(transaction=False)
                 for i in batch:
                     args, options = commands[i]
@@ -278,7 +282,7 @@ class ClusterClient:
     @staticmethod
     def _sort(i: int, node: ClusterNode, result: Any,
               replies: list[tuple[Any, ClusterNode | None]], again: list[int],
-              asking: dict[int, ClusterNode]) -> bool:
+              asking: dict[int, tuple[str, int]]) -> bool:
         """File one reply; True when it was a MOVED (the slot table is stale)."""
         if isinstance(result, (redis.ConnectionError, redis.TimeoutError)):
             raise result  # the command may have run: never sent again
@@ -286,7 +290,7 @@ class ClusterClient:
             again.append(i)
             return True
         if isinstance(result, AskError):
-            asking[i] = ClusterNode(result.host, result.port)
+            asking[i] = (str(result.host), int(result.port))
         elif isinstance(result, TryAgainError):
             again.append(i)
         else:
@@ -301,6 +305,35 @@ class ClusterClient:
             pipe = self._local.pipe = cluster.pipeline()
             self._local.of = cluster
         return pipe
+
+
+class _Cluster(RedisCluster):
+    """``RedisCluster`` that reads the command table once per process and seed node.
+
+    redis-py builds its ``CommandsParser`` (key positions, read from ``COMMAND``: some 240
+    entries) with every client, a round trip and some 15 ms of parsing. A store is opened
+    per ``celery claims`` call, per worker process, per test: they share the table of the
+    first client of the same seed. It serves routing only, and the store's commands
+    (EVALSHA, HGET, TIME...) have the same key positions on every Redis version.
+    """
+
+    _tables: dict[tuple[str, int], dict[str, Any]] = {}
+    _tables_lock = threading.Lock()
+
+    def __init__(self, seed: tuple[str, int], **kwargs: Any) -> None:
+        self._seed = seed  # (read by command(), which super().__init__ calls)
+        super().__init__(**kwargs)
+
+    def command(self, **kwargs: Any) -> Any:
+        if kwargs:
+            return super().command(**kwargs)
+        with self._tables_lock:
+            table = self._tables.get(self._seed)
+        if table is None:
+            table = super().command()
+            with self._tables_lock:
+                self._tables[self._seed] = dict(table)
+        return dict(table)  # (the parser renames keys of its copy)
 
 
 def parse_cluster_url(url: str) -> dict[str, Any]:
