@@ -50,13 +50,15 @@ class BackfillRefused(ValueError):
     def __init__(self, entry: str, created: int, live: int, limit: int) -> None:
         self.entry, self.created, self.live, self.limit = entry, created, live, limit
         room = max(0, limit - live)
+        advice = (f"backfill at most {room} occurrence{'s' if room != 1 else ''} at a time"
+                  if room else "let its unfinished runs finish first")
         super().__init__(
             f"a backfill of {entry} would create {created} runs beside its {live} unfinished"
             f" runs: more than the {limit} runs the store keeps of an entry"
-            f" (beat_claims_history_limit={limit}), so runs already sent would be pushed out"
-            f" of its history before they ran. Backfill at most {room} occurrences at a"
-            f" time (a shorter range; one backfill is also bounded by"
-            f" beat_claims_backfill_limit), or raise beat_claims_history_limit")
+            f" (beat_claims_history_limit={limit}), so runs already sent could be pushed out"
+            f" of its history before they ran. Nothing was recorded: {advice} (a shorter"
+            f" range; one backfill is also bounded by beat_claims_backfill_limit), or raise"
+            f" beat_claims_history_limit")
 
 
 # -- entries ------------------------------------------------------------------------------
@@ -103,7 +105,16 @@ class Pause:
 
 @dataclass(frozen=True)
 class EntryRecord:
-    """An entry as operators see it."""
+    """An entry as operators see it.
+
+    ``paused``: the pause in force (None when the entry is not paused). ``resumed_by`` and
+    ``resumed_at``: the last resume, who and when; ``last_paused_at``: when the pause it
+    ended had begun. ``[last_paused_at, resumed_at)`` is the entry's last pause: a
+    scheduled occurrence due in it stays skipped (``paused``) even when it is claimed or
+    checked after the resume (a beat that fell behind, jitter, an outage). Only the last
+    pause is kept; a pause in force skips every scheduled occurrence, whenever due. (All
+    instants are the store's clock, UTC ms.)
+    """
 
     name: str
     description: str
@@ -113,6 +124,19 @@ class EntryRecord:
     paused: Pause | None = None
     resumed_by: str | None = None  # the last resume: who, and when (UTC ms)
     resumed_at: int | None = None
+    last_paused_at: int | None = None  # when the pause the last resume ended began (UTC ms)
+
+    def paused_for(self, due: int) -> bool:
+        """Whether a scheduled occurrence due at ``due`` is skipped for a pause: the entry
+        is paused, or ``due`` falls in its last pause ``[last_paused_at, resumed_at)``."""
+        return self.paused is not None or in_last_pause(due, self.last_paused_at,
+                                                        self.resumed_at)
+
+
+def in_last_pause(due: int, last_paused_at: int | None, resumed_at: int | None) -> bool:
+    """Whether ``due`` falls in the last pause ``[last_paused_at, resumed_at)``."""
+    return (last_paused_at is not None and resumed_at is not None
+            and last_paused_at <= due < resumed_at)
 
 
 # -- claims -------------------------------------------------------------------------------
@@ -151,7 +175,8 @@ class ClaimPlan:
     claimed too, and a ``waiting`` run once the entry has no run being sent, sent or
     started. No token handed out is at or below ``token_floor``. While the entry is paused,
     new occurrences and runs due again that are not an operator's request are recorded
-    skipped (``paused``) instead, and reported in ``skipped``.
+    skipped (``paused``) instead, and reported in ``skipped``; so are those due in its last
+    pause (``[last_paused_at, resumed_at)``, see :class:`EntryRecord`) after the resume.
     """
 
     entry: str
@@ -189,7 +214,8 @@ class Check:
 
     With ``skip`` the run is recorded skipped for that reason instead. An operator's
     requests (run now, backfill) are sent whatever the pause and overlap policy; for the
-    others: a run of an entry that is paused is recorded skipped (``paused``), and when
+    others: a run of an entry that is paused, or due in its last pause (see
+    :class:`EntryRecord`), is recorded skipped (``paused``), and when
     another run of the entry is being sent, sent or started, with ``overlap=SKIP`` the run
     is recorded skipped (``overlap``); with ``overlap=BUFFER_ONE`` it is recorded
     ``waiting`` (and any older waiting run of the entry skipped, ``overlap``; if a newer one
@@ -503,9 +529,13 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def resume(self, entry: str, by: str) -> EntryRecord | None:
-        """End the entry's pause (recording who, and when); occurrences due from now on are
-        sent again (the ones skipped while paused stay skipped). Resuming an entry that is
-        not paused records nothing. None when the store does not know the entry."""
+        """End the entry's pause (recording who, and when, and keeping when the pause
+        began: ``last_paused_at``); occurrences due from now on are sent again. Those due
+        while it was paused, ``[last_paused_at, resumed_at)``, are skipped (``paused``)
+        whenever they are claimed or checked, after the resume too (a beat that fell
+        behind, jitter, an outage): the pause is of the instants, not of the moment of the
+        claim. Resuming an entry that is not paused records nothing. None when the store
+        does not know the entry."""
 
     @abc.abstractmethod
     def backfill(self, entry: str, dues: Sequence[int], by: str) -> BackfillResult | None:
@@ -564,5 +594,5 @@ __all__ = [
     "ClaimPlan", "ClaimResult", "ClaimStatus", "Delivery", "EntryRecord", "EntrySeed",
     "EntryState", "Heartbeat", "HeldRun", "LiveQuery", "LiveRuns", "OpenRun", "Outcome",
     "OwnerStatus", "Pause", "Reclaim", "Release", "RunRef", "StartDecision", "Store",
-    "StoreConfigurationError", "StoreError", "WorkerProcess",
+    "StoreConfigurationError", "StoreError", "WorkerProcess", "in_last_pause",
 ]

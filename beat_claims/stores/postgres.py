@@ -11,7 +11,7 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
 ``owners``     beats: id -> info (host, pid, start time), heartbeat expiry (database clock, ms)
 ``entries``    entries: id, name, description, anchor, checkpoint, token, and an operator's
                pause (paused_at, paused_by, paused_note; resumed_by, resumed_at: the last
-               resume) (typed columns)
+               resume, last_paused_at: when the pause it ended began) (typed columns)
 ``runs``       runs: (entry id, due) -> ``record`` (jsonb: the same record the Redis store
                keeps), ``in_history``, ``lost_at`` (left the history presumed lost: kept a
                week for a late delivery), and index columns computed from the record by a
@@ -23,7 +23,8 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
 functions      one per transition (register, claim, check, sent, release, reclaim, start,
                requeue, finish, request, backfill, pause, resume, forget, heartbeat) and
                their helpers (trim, anchor_instant, busy: what the overlap policies wait
-               for, index_run: the trigger that computes a run's index columns)
+               for, paused_for: whether a pause skips an instant, index_run: the trigger
+               that computes a run's index columns)
 =============  ================================================================================
 
 Partial indexes on ``runs`` (``since`` where due / waiting / held / open, ``(entry, due)`` where not
@@ -384,6 +385,15 @@ BEGIN
   RETURN v_instant;
 END $$;
 
+-- Whether a scheduled run due at p_due is skipped for a pause: the entry is paused
+-- (p_paused_at), or p_due is in its last pause [p_last, p_resumed) (kept after the resume).
+CREATE OR REPLACE FUNCTION {s}.paused_for(p_paused_at bigint, p_last bigint,
+                                          p_resumed bigint, p_due bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT p_paused_at IS NOT NULL
+    OR coalesce(p_due >= p_last AND p_due < p_resumed, false)
+$$;
+
 -- Whether a run of the entry other than p_besides is being sent, sent or started: what the
 -- overlap policies wait for (the prelude's busy_besides). A run registered again after a
 -- wipe as sent, that no worker has started since, may well be finished: it does not count.
@@ -527,7 +537,8 @@ END $$;
 -- the floor, planned skips recorded, instants that have a run left alone; then the entry's
 -- due runs are taken, and its waiting run (overlap="buffer_one") once no run of the entry
 -- is busy. While the entry is paused, new occurrences and due runs that are not an
--- operator's request are recorded skipped (paused) instead. The common plan costs two
+-- operator's request are recorded skipped (paused) instead; so are those due in its last
+-- pause, after the resume. The common plan costs two
 -- statements (the run, the entry): what only some entries need (due or waiting runs,
 -- unreadable runs, trimming) is found for the batch at once.
 CREATE OR REPLACE FUNCTION {s}.claim(p_owner text, p_plans jsonb, p_limit integer)
@@ -539,7 +550,9 @@ DECLARE
   v_anchor bigint;
   v_checkpoint bigint;
   v_token0 bigint;
-  v_paused boolean;
+  v_paused_at bigint;
+  v_last_paused bigint;
+  v_resumed bigint;
   v_busy boolean;
   v_action text;
   v_row record;
@@ -568,8 +581,9 @@ BEGIN
     WHERE r.entry_id = ANY(v_ids) AND r.live_state IN ({DUE}, {WAITING}));
   v_with_bad := ARRAY(SELECT DISTINCT r.entry_id FROM {s}.runs r
     WHERE r.entry_id = ANY(v_ids) AND NOT r.readable);
-  FOR v_plan, v_id, v_anchor, v_checkpoint, v_token0, v_paused IN
-      SELECT x.value, e.id, e.anchor, e.checkpoint, e.token, e.paused_at IS NOT NULL
+  FOR v_plan, v_id, v_anchor, v_checkpoint, v_token0, v_paused_at, v_last_paused, v_resumed IN
+      SELECT x.value, e.id, e.anchor, e.checkpoint, e.token, e.paused_at, e.last_paused_at,
+             e.resumed_at
       FROM jsonb_array_elements(p_plans)
       WITH ORDINALITY x (value, n) LEFT JOIN {s}.entries e ON e.name = x.value ->> 'e'
       ORDER BY x.n LOOP
@@ -598,8 +612,9 @@ BEGIN
         v_due := (v_step ->> 0)::bigint;
         CONTINUE WHEN v_cp IS NOT NULL AND v_due <= v_cp;
         v_cp := v_due;
-        v_action := CASE WHEN v_step ->> 1 = 'claim' AND v_paused THEN {R_PAUSED}
-                         ELSE v_step ->> 1 END;
+        v_action := CASE WHEN v_step ->> 1 = 'claim'
+                              AND {s}.paused_for(v_paused_at, v_last_paused, v_resumed, v_due)
+                         THEN {R_PAUSED} ELSE v_step ->> 1 END;
         IF v_action = 'claim' THEN
           v_next := v_token + 1;
           IF v_next <= v_floor THEN v_next := v_floor + 1; END IF;
@@ -631,7 +646,8 @@ BEGIN
       v_busy := NULL;
       FOR v_row IN SELECT r.due, r.record, r.live_state FROM {s}.runs r
           WHERE r.entry_id = v_id AND r.live_state IN ({DUE}, {WAITING}) ORDER BY r.due LOOP
-        IF v_paused AND NOT coalesce(v_row.record -> 'manual' <> 'false'::jsonb, false) THEN
+        IF {s}.paused_for(v_paused_at, v_last_paused, v_resumed, v_row.due)
+            AND NOT coalesce(v_row.record -> 'manual' <> 'false'::jsonb, false) THEN
           UPDATE {s}.runs SET record = v_row.record || jsonb_build_object(
               'state', {SKIPPED}, 'reason', {R_PAUSED}, 'finished_at', v_now)
             WHERE entry_id = v_id AND due = v_row.due;
@@ -705,6 +721,7 @@ DECLARE
   v_reason text;
   v_now bigint;
   v_paused bigint[];
+  v_pauses jsonb;
   v_touched bigint[] := ARRAY[]::bigint[];
   v_newest bigint;
 BEGIN
@@ -713,6 +730,11 @@ BEGIN
     FROM {s}.entries e
     WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
     ORDER BY e.name FOR NO KEY UPDATE), NULL);
+  -- The last pause of those resumed after one (id -> [last_paused_at, resumed_at]).
+  SELECT jsonb_object_agg(e.id::text, jsonb_build_array(e.last_paused_at, e.resumed_at))
+    INTO v_pauses FROM {s}.entries e
+    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
+      AND e.last_paused_at IS NOT NULL AND e.resumed_at IS NOT NULL;
   FOR v_item, v_entry, v_rec, v_ok IN {SELECT_RUNS} LOOP
     v_due := (v_item ->> 'd')::bigint;
     v_token := (v_item ->> 't')::bigint;
@@ -748,8 +770,10 @@ BEGIN
       v_now := {s}.now_ms();
       v_reason := nullif(v_item ->> 'skip', '');
       IF v_reason IS NULL AND NOT coalesce(v_rec -> 'manual' <> 'false'::jsonb, false) THEN
-        IF v_entry = ANY(v_paused) THEN
-          v_reason := {R_PAUSED};
+        IF v_entry = ANY(v_paused) OR {s}.paused_for(NULL,
+            (v_pauses -> v_entry::text ->> 0)::bigint, (v_pauses -> v_entry::text ->> 1)::bigint,
+            v_due) THEN
+          v_reason := {R_PAUSED};  -- paused, or due in its last pause
         ELSIF v_item ->> 'ov' IN ({OVERLAP_SKIP}, {OVERLAP_BUFFER_ONE})
             AND v_rec ->> 'state' = {CLAIMED} AND {s}.busy(v_entry, v_due) THEN
           IF v_item ->> 'ov' = {OVERLAP_SKIP} OR EXISTS (
@@ -1203,7 +1227,7 @@ END $$;
 CREATE OR REPLACE FUNCTION {s}.pause(p_entry text, p_by text, p_note text)
 RETURNS TABLE (o_name text, o_description text, o_anchor bigint, o_checkpoint bigint,
                o_token bigint, o_paused_at bigint, o_paused_by text, o_paused_note text,
-               o_resumed_by text, o_resumed_at bigint)
+               o_resumed_by text, o_resumed_at bigint, o_last_paused_at bigint)
 LANGUAGE plpgsql AS $$
 BEGIN
   RETURN QUERY UPDATE {s}.entries e
@@ -1211,23 +1235,25 @@ BEGIN
         paused_note = coalesce(p_note, '')
     WHERE e.name = p_entry
     RETURNING e.name, e.description, e.anchor, e.checkpoint, e.token, e.paused_at,
-              e.paused_by, e.paused_note, e.resumed_by, e.resumed_at;
+              e.paused_by, e.paused_note, e.resumed_by, e.resumed_at, e.last_paused_at;
 END $$;
 
--- resume.lua: the entry's pause ends, recording who and when; an entry that is not paused
--- is left as it is. The entry as entries() reads it; no row for an unknown entry.
+-- resume.lua: the entry's pause ends, recording who and when, and when it began
+-- (last_paused_at: occurrences due in [last_paused_at, resumed_at) stay skipped when
+-- claimed or checked after the resume); an entry that is not paused is left as it is.
+-- The entry as entries() reads it; no row for an unknown entry.
 CREATE OR REPLACE FUNCTION {s}.resume(p_entry text, p_by text)
 RETURNS TABLE (o_name text, o_description text, o_anchor bigint, o_checkpoint bigint,
                o_token bigint, o_paused_at bigint, o_paused_by text, o_paused_note text,
-               o_resumed_by text, o_resumed_at bigint)
+               o_resumed_by text, o_resumed_at bigint, o_last_paused_at bigint)
 LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM 1 FROM {s}.entries e WHERE e.name = p_entry FOR NO KEY UPDATE;
   UPDATE {s}.entries e SET paused_at = NULL, paused_by = NULL, paused_note = NULL,
-      resumed_by = p_by, resumed_at = {s}.now_ms()
+      last_paused_at = e.paused_at, resumed_by = p_by, resumed_at = {s}.now_ms()
     WHERE e.name = p_entry AND e.paused_at IS NOT NULL;
   RETURN QUERY SELECT e.name, e.description, e.anchor, e.checkpoint, e.token, e.paused_at,
-      e.paused_by, e.paused_note, e.resumed_by, e.resumed_at
+      e.paused_by, e.paused_note, e.resumed_by, e.resumed_at, e.last_paused_at
     FROM {s}.entries e WHERE e.name = p_entry;
 END $$;
 
@@ -1965,7 +1991,7 @@ class PostgresStore(Store):
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
         sql = (f"SELECT name, description, anchor, checkpoint, token, paused_at, paused_by,"
-               f" paused_note, resumed_by, resumed_at FROM {self._s}.entries")
+               f" paused_note, resumed_by, resumed_at, last_paused_at FROM {self._s}.entries")
         try:
             if names is None:
                 rows = self._execute(sql)
@@ -2076,13 +2102,14 @@ def _maybe_int(value: Any) -> int | None:
 
 def _entry_record(row: Sequence[Any]) -> EntryRecord:
     """An entry from its row: name, description, anchor, checkpoint, token, paused_at,
-    paused_by, paused_note, resumed_by, resumed_at."""
-    name, description, anchor, checkpoint, token, paused_at, by, note, resumed_by, \
-        resumed_at = row
+    paused_by, paused_note, resumed_by, resumed_at, last_paused_at."""
+    (name, description, anchor, checkpoint, token, paused_at, by, note, resumed_by,
+     resumed_at, last_paused_at) = row
     paused = None if paused_at is None else Pause(str(by or ""), str(note or ""),
                                                    int(paused_at))
     return EntryRecord(name, description, _maybe_int(anchor), _maybe_int(checkpoint),
-                       int(token), paused, resumed_by, _maybe_int(resumed_at))
+                       int(token), paused, resumed_by, _maybe_int(resumed_at),
+                       _maybe_int(last_paused_at))
 
 
 def _parse_run(entry: str, record: Any) -> Run | None:

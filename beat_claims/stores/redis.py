@@ -6,7 +6,9 @@ one slot (Redis Cluster); the bucket's indexes are written by the same script as
 so they are records, not hints: a sweep finds every run that needs a beat from them.
 
 ======================  ======  ===========================================================
-``{P:NN}:e:D``          hash    the entry: name, schedule, anchor, checkpoint, token
+``{P:NN}:e:D``          hash    the entry: name, schedule, anchor, checkpoint, token; a
+                                pause (paused_at, paused_by, paused_note) and the last
+                                resume (resumed_by, resumed_at, last_paused_at)
 ``{P:NN}:r:D``          hash    its runs: due (ms) -> JSON record
 ``{P:NN}:h:D``          zset    its history: due -> due (``history_limit`` kept)
 ``{P:NN}:d:D``          zset    its runs due again: due -> due (what a claim takes)
@@ -701,7 +703,7 @@ class RedisStore(Store):
         _raise_if_error(reply)
         if not reply:
             return None
-        if reply[0] == "refused":
+        if reply[0] == -1:  # refused: the history cannot hold its runs
             raise BackfillRefused(entry, int(reply[1]), int(reply[2]), self.history_limit)
         created, kept = reply
         pairs = [(int(kept[i]), RunState(kept[i + 1])) for i in range(0, len(kept), 2)
@@ -730,18 +732,19 @@ class RedisStore(Store):
         replies = self._chunked(names, lambda pipe, name: pipe.hmget(
             self.entry_keys(name)[0], ["anchor", "checkpoint", "token", "schedule",
                                        "paused_at", "paused_by", "paused_note",
-                                       "resumed_by", "resumed_at"]))
+                                       "resumed_by", "resumed_at", "last_paused_at"]))
         out = []
         for name, reply in zip(names, replies):
             if isinstance(reply, Exception):
                 continue
             anchor, checkpoint, token, schedule, *pause = reply
-            paused_at, paused_by, note, resumed_by, resumed_at = pause
+            paused_at, paused_by, note, resumed_by, resumed_at, last_paused_at = pause
             paused = (None if _maybe_int(paused_at) is None else
                       Pause(paused_by or "", note or "", int(paused_at)))
             out.append(EntryRecord(name, schedule or "", _maybe_int(anchor),
                                    _maybe_int(checkpoint), _maybe_int(token) or 0, paused,
-                                   resumed_by, _maybe_int(resumed_at)))
+                                   resumed_by, _maybe_int(resumed_at),
+                                   _maybe_int(last_paused_at)))
         return out
 
     def history(self, entry: str, limit: int | None = None) -> list[Run]:

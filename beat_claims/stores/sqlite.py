@@ -22,7 +22,8 @@ find every run from the records alone.
                   (``anchoring``, ``anchoring_until``)
 ``P_entries``     name -> description, anchor, checkpoint, token; an operator's pause
                   (paused_by, paused_note, paused_at: NULL when not paused) and the last
-                  resume (resumed_by, resumed_at)
+                  resume (resumed_by, resumed_at, and last_paused_at: when the pause it
+                  ended began)
 ``P_runs``        (entry, due) -> record (JSON); index columns: kind (``due``,
                   ``waiting``, ``held``, ``open``; NULL once final or unreadable), since
                   (what the sweeps compare with their cutoffs), owner and token (held
@@ -44,9 +45,10 @@ later), where busy (what overlap="skip" and "buffer_one" wait for), where place 
 (entry, due).
 
 Schema versions: 1 (task ids kept a week), 2 (task ids go with their run; the store's id),
-3 (an entry's pause and last resume; waiting runs). A file of an older schema is migrated
-when it is opened: from 1, task ids whose run is gone are removed; from 2, the entries
-table gets the pause's columns.
+3 (an entry's pause and last resume; waiting runs), 4 (when the pause the last resume
+ended began: ``last_paused_at``). A file of an older schema is migrated when it is opened:
+from 1, task ids whose run is gone are removed; from 2, the entries table gets the pause's
+columns; from 3, ``last_paused_at`` (NULL: no last pause).
 """
 
 from __future__ import annotations
@@ -100,13 +102,14 @@ from .base import (
     StoreConfigurationError,
     StoreError,
     WorkerProcess,
+    in_last_pause,
 )
 
 logger = get_logger("celery.beat.claims")
 
 #: The layout of the tables above. A file written by a newer version is refused; an older
 #: one is migrated.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Beats that register new entries within this many ms of each other share the instant.
 ANCHOR_SHARED_MS = 2000
 #: How long a presumed-lost run is kept (for a late delivery).
@@ -136,6 +139,8 @@ _REDONE = frozenset({_SKIPPED, _LOST, _CANCELLED})
 #: The entries table's columns of schema 3 (an operator's pause, the last resume).
 _PAUSE_COLUMNS = (("paused_by", "TEXT"), ("paused_note", "TEXT"), ("paused_at", "INTEGER"),
                   ("resumed_by", "TEXT"), ("resumed_at", "INTEGER"))
+#: The entries table's column of schema 4: when the pause the last resume ended began.
+_LAST_PAUSE_COLUMNS = (("last_paused_at", "INTEGER"),)
 _NUMBER_FIELDS = ("due", "token", "claimed_at", "sending_at", "sent_at", "started_at",
                   "finished_at", "released_at", "revived_at", "worker_pid", "retries",
                   "attempts", "reclaims", "deliveries", "waiting_at")
@@ -183,7 +188,8 @@ def _schema(t: Tables) -> list[str]:
         f"CREATE TABLE IF NOT EXISTS {t.entries} (name TEXT PRIMARY KEY,"
         " description TEXT NOT NULL DEFAULT '', anchor INTEGER, checkpoint INTEGER,"
         " token INTEGER, "
-        + ", ".join(f"{name} {kind}" for name, kind in _PAUSE_COLUMNS) + ") WITHOUT ROWID",
+        + ", ".join(f"{name} {kind}" for name, kind in _PAUSE_COLUMNS + _LAST_PAUSE_COLUMNS)
+        + ") WITHOUT ROWID",
         f"CREATE TABLE IF NOT EXISTS {t.runs} (entry TEXT NOT NULL, due INTEGER NOT NULL,"
         " record TEXT, kind TEXT, since INTEGER, owner TEXT, token INTEGER, busy INTEGER,"
         " place TEXT, lost_at INTEGER, PRIMARY KEY (entry, due)) WITHOUT ROWID",
@@ -229,6 +235,11 @@ def _migrations(t: Tables) -> dict[int, list[Migration]]:
         # An entry's pause and last resume: NULL in every existing row (not paused).
         # Processes of schema 2 still connected name their columns: they go on.
         2: [lambda db: _add_columns(db, t.entries, _PAUSE_COLUMNS)],
+        # When the last pause began, kept after its resume: NULL in every existing row (no
+        # interval: an entry resumed before the migration skips nothing more). Processes of
+        # schema 3 still connected name their columns: they go on (their resume keeps no
+        # interval).
+        3: [lambda db: _add_columns(db, t.entries, _LAST_PAUSE_COLUMNS)],
     }
 
 
@@ -246,7 +257,7 @@ def _statements(t: Tables) -> dict[str, str]:
     due = f'{t.runs} INDEXED BY "{t.base}_runs_due"'
     busy = f'{t.runs} INDEXED BY "{t.base}_runs_busy"'
     waiting = f'{t.runs} INDEXED BY "{t.base}_runs_waiting"'
-    pause = ", ".join(name for name, _kind in _PAUSE_COLUMNS)
+    pause = ", ".join(name for name, _kind in _PAUSE_COLUMNS + _LAST_PAUSE_COLUMNS)
     history = f'{t.runs} INDEXED BY "{t.base}_runs_history"'
     lost = f'{t.runs} INDEXED BY "{t.base}_runs_lost"'
     return {
@@ -267,12 +278,14 @@ def _statements(t: Tables) -> dict[str, str]:
         "entries_all": f"SELECT name, description, anchor, checkpoint, token, {pause}"
                        f" FROM {t.entries} ORDER BY name",
         "entry_paused": f"SELECT paused_at IS NOT NULL FROM {t.entries} WHERE name = ?",
+        "entry_pause_of": f"SELECT paused_at IS NOT NULL, last_paused_at, resumed_at"
+                          f" FROM {t.entries} WHERE name = ?",
         # Pausing a paused entry keeps its instant, and takes the new note and who.
         "entry_pause": f"UPDATE {t.entries} SET paused_by = ?, paused_note = ?,"
                        " paused_at = COALESCE(paused_at, ?) WHERE name = ?",
         "entry_resume": f"UPDATE {t.entries} SET paused_by = NULL, paused_note = NULL,"
-                        " paused_at = NULL, resumed_by = ?, resumed_at = ? WHERE name = ?"
-                        " AND paused_at IS NOT NULL",
+                        " last_paused_at = paused_at, paused_at = NULL, resumed_by = ?,"
+                        " resumed_at = ? WHERE name = ? AND paused_at IS NOT NULL",
         "run_get": f"SELECT record FROM {t.runs} WHERE entry = ? AND due = ?",
         "run_insert": f"INSERT INTO {t.runs} (entry, due, record, kind, since, owner, token,"
                       " busy, place) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'h')",
@@ -822,6 +835,15 @@ class SQLiteStore(Store):
         row = db.execute(self._sql["entry_paused"], (entry,)).fetchone()
         return row is not None and bool(row[0])
 
+    def _pause_of(self, db: sqlite3.Connection, entry: str) -> Callable[[int], bool]:
+        """Whether a scheduled run due at an instant is skipped for a pause: the entry is
+        paused, or the instant is in its last pause [last_paused_at, resumed_at)."""
+        row = db.execute(self._sql["entry_pause_of"], (entry,)).fetchone()
+        if row is None:
+            return lambda due: False
+        paused, since, until = bool(row[0]), _maybe_int(row[1]), _maybe_int(row[2])
+        return lambda due: paused or in_last_pause(due, since, until)
+
     def _unfinished(self, db: sqlite3.Connection, entry: str, due: int | None = None
                     ) -> bool:
         """Whether a run of the entry (other than ``due``) is being sent, sent or started:
@@ -1086,7 +1108,7 @@ class SQLiteStore(Store):
             return ClaimResult(name, ClaimStatus.CORRUPT, detail=f"unreadable field {bad[0]!r}")
         if e is None or e["anchor"] is None:
             return ClaimResult(name, ClaimStatus.MISSING)
-        paused = self._paused(db, name)
+        paused = self._pause_of(db, name)
         anchor, checkpoint = e["anchor"], e["checkpoint"]
         start_token = e["token"] or 0
         floor = plan.token_floor
@@ -1108,7 +1130,7 @@ class SQLiteStore(Store):
                 cp = due
                 if db.execute(q["run_get"], (name, due)).fetchone() is not None:
                     existing.append(due)
-                elif action == "claim" and paused:
+                elif action == "claim" and paused(due):
                     self._insert_run(db, name, {"due": due, "state": _SKIPPED,
                                                 "reason": Reason.PAUSED.value,
                                                 "finished_at": now})
@@ -1135,7 +1157,7 @@ class SQLiteStore(Store):
                     unreadable.append(due)
                 elif run["state"] not in (_DUE, _WAITING):
                     self._put_run(db, name, run)  # indexed as its record says
-                elif paused and not _manual(run):
+                elif not _manual(run) and paused(due):
                     run.update(state=_SKIPPED, reason=Reason.PAUSED.value, finished_at=now)
                     self._put_run(db, name, run)
                     skipped.append((due, Reason.PAUSED))
@@ -1195,7 +1217,7 @@ class SQLiteStore(Store):
         reason = item.skip
         # A holder checks a run again only before publishing it (a lost reply, a publish
         # that stalled): the pause applies to it as to a run checked the first time.
-        if reason is None and not _manual(run) and self._paused(db, c.entry):
+        if reason is None and not _manual(run) and self._pause_of(db, c.entry)(c.due):
             reason = Reason.PAUSED
         # The overlap policy applies to a run not checked before.
         scheduled = run["state"] == _CLAIMED and not _manual(run)
@@ -1649,14 +1671,15 @@ class SQLiteStore(Store):
 
 def _entry_record(row: Sequence[Any]) -> EntryRecord:
     """An entry as operators see it, from a row of entry_read (or entries_all)."""
-    name, description, anchor, checkpoint, token, by, note, at, resumed_by, resumed_at = row
+    (name, description, anchor, checkpoint, token, by, note, at, resumed_by, resumed_at,
+     last_paused_at) = row
     paused_at = _maybe_int(at)
     return EntryRecord(
         name, description or "", _maybe_int(anchor), _maybe_int(checkpoint),
         _maybe_int(token) or 0,
         paused=None if paused_at is None else Pause(str(by or ""), str(note or ""), paused_at),
         resumed_by=None if resumed_by is None else str(resumed_by),
-        resumed_at=_maybe_int(resumed_at))
+        resumed_at=_maybe_int(resumed_at), last_paused_at=_maybe_int(last_paused_at))
 
 
 def _owner_statuses(rows: list[Any], now: int) -> list[OwnerStatus]:

@@ -218,10 +218,6 @@ def test_a_backfill_the_history_cannot_hold_is_refused_before_it_writes(
 
 
 # -- pause and resume -------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="review: the pause is applied at the moment of the"
-                   " claim, not to the occurrence's due instant: an occurrence due while"
-                   " the entry was paused and claimed after the resume (jitter, a beat that"
-                   " fell behind, an outage) is sent")
 def test_an_occurrence_due_while_paused_is_skipped_even_if_claimed_after_the_resume(
         store: Store) -> None:
     state = entry(store)

@@ -1,6 +1,8 @@
 """pause and resume: while an entry is paused every beat records each of its occurrences
 skipped (paused) in the store, at the claim, when taken due again, or at the check before
-publish; runs already handed over and an operator's requests are not touched."""
+publish; runs already handed over and an operator's requests are not touched. The pause is
+of the instants: an occurrence due while the entry was paused, [last_paused_at, resumed_at),
+stays skipped when it is claimed or checked after the resume."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from beat_claims.stores.base import CheckVerdict, ClaimStatus, Outcome, Release,
 from .helpers import (
     A,
     B,
+    after,
     check,
     claim,
     claims,
@@ -155,3 +158,88 @@ def test_the_store_clock_reads_as_the_heartbeat_does(store: Store) -> None:
     first = now(store)
     read = store.now()
     assert first <= read <= now(store)
+
+
+# -- the last pause's instants, after the resume ------------------------------------------
+def _paused_and_resumed(store: Store, hold_ms: int = 5) -> tuple[int, int]:
+    """Pause the entry for a little while: its last pause [paused at, resumed at)."""
+    paused = store.pause("e", "alice@ops", "billing is down")
+    assert paused is not None and paused.paused is not None
+    after(store, paused.paused.at + hold_ms)
+    resumed = store.resume("e", "bob@ops")
+    assert resumed is not None and resumed.resumed_at is not None
+    assert (resumed.paused, resumed.last_paused_at) == (None, paused.paused.at)
+    return paused.paused.at, resumed.resumed_at
+
+
+def test_the_last_pause_is_kept_after_the_resume(store: Store) -> None:
+    entry(store)
+    start, end = _paused_and_resumed(store)
+    [record] = store.entries(["e"])
+    assert (record.paused, record.last_paused_at, record.resumed_at) == (None, start, end)
+    assert record.paused_for(start) and record.paused_for(end - 1)
+    assert not record.paused_for(start - 1) and not record.paused_for(end)
+    # Paused again: every occurrence is skipped; the last pause is the one before, until
+    # this one is resumed.
+    again = store.pause("e", "carol@ops")
+    assert again is not None and again.paused is not None
+    assert (again.last_paused_at, again.resumed_at) == (start, end)
+    assert again.paused_for(start - 1) and again.paused_for(end + 10**9)
+    after(store, again.paused.at)
+    record = store.resume("e", "dave@ops")
+    assert record is not None and record.last_paused_at == again.paused.at
+
+
+def test_only_the_instants_of_the_last_pause_are_skipped_after_the_resume(
+        store: Store) -> None:
+    state = entry(store)
+    start, end = _paused_and_resumed(store)
+    dues = [start - 1, start, end - 1, end, end + 1000]
+    result = claim(store, A, state, *dues)
+    assert result.status is ClaimStatus.OK
+    assert [c.due for c in result.claims] == [start - 1, end, end + 1000]
+    assert result.skipped == ((start, Reason.PAUSED), (end - 1, Reason.PAUSED))
+    assert (run(store, ("e", start)).state, run(store, ("e", start)).reason) == (
+        RunState.SKIPPED, Reason.PAUSED)
+
+
+def test_a_run_claimed_before_a_pause_and_due_in_it_is_skipped_at_its_check(
+        store: Store) -> None:
+    state = entry(store)
+    due = now(store) + 300  # claimed ahead of its instant (a beat's look-ahead)
+    [c] = claim(store, A, state, due).claims
+    paused = store.pause("e", "alice@ops")
+    assert paused is not None and paused.paused is not None and paused.paused.at < due
+    after(store, due)
+    resumed = store.resume("e", "bob@ops")
+    assert resumed is not None and resumed.resumed_at is not None
+    assert resumed.resumed_at > due
+    result = check(store, A, c)
+    assert (result.verdict, result.reason) == (CheckVerdict.SKIPPED, Reason.PAUSED)
+    assert check(store, A, c).verdict is CheckVerdict.SKIPPED  # asked again: the same
+
+
+def test_a_run_due_again_from_the_last_pause_is_skipped_when_taken_after_the_resume(
+        store: Store) -> None:
+    state = entry(store)
+    due = now(store) + 300
+    [c] = claim(store, A, state, due).claims
+    store.pause("e", "alice@ops")
+    after(store, due)
+    store.resume("e", "bob@ops")
+    assert store.release(A, [Release(c)]) == [RunState.DUE]  # its holder gave it back
+    result = claim(store, B, None)
+    assert result.taken == () and result.skipped == ((due, Reason.PAUSED),)
+    assert run(store, c).state is RunState.SKIPPED
+
+
+def test_an_operators_request_of_an_instant_of_the_last_pause_is_sent(store: Store) -> None:
+    state = entry(store)
+    start, _end = _paused_and_resumed(store)
+    skipped = claim(store, A, state, start + 1).skipped
+    assert skipped == ((start + 1, Reason.PAUSED),)
+    result = store.backfill("e", [start + 1], "carol@ops")  # what the pause skipped
+    assert result is not None and result.created == (start + 1,)
+    [manual] = take(store, B)
+    assert manual.manual and manual.due == start + 1
+    assert check(store, B, manual).verdict is CheckVerdict.SEND

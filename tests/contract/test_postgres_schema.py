@@ -92,6 +92,45 @@ def test_a_schema_an_administrator_created_is_used_without_ddl(pg: PostgresStore
     store.close()
 
 
+def test_a_schema_of_layout_2_is_migrated_and_keeps_the_last_pause_from_then_on(
+        pg: PostgresStore) -> None:
+    """Layout 3 keeps when the last pause began (last_paused_at) after its resume; pause()
+    and resume() answer it (another return type: dropped and installed again)."""
+    register(pg, "e")
+    paused = pg.pause("e", "alice@ops", "billing is down")
+    assert paused is not None and paused.paused is not None
+    pg.close()
+    s = sql.Identifier(pg.schema)
+    # As layout 2 left it: no column, pause() and resume() without it, version 2.
+    admin().execute(sql.SQL("ALTER TABLE {}.entries DROP COLUMN last_paused_at").format(s))
+    for function in ("pause(text, text, text)", "resume(text, text)"):
+        admin().execute(sql.SQL("DROP FUNCTION {}." + function).format(s))
+    for function, args in (("pause", "p_entry text, p_by text, p_note text"),
+                           ("resume", "p_entry text, p_by text")):
+        admin().execute(sql.SQL(
+            "CREATE FUNCTION {}." + function + "(" + args + ") RETURNS TABLE (o_name text,"
+            " o_description text, o_anchor bigint, o_checkpoint bigint, o_token bigint,"
+            " o_paused_at bigint, o_paused_by text, o_paused_note text, o_resumed_by text,"
+            " o_resumed_at bigint) LANGUAGE sql AS $$ SELECT NULL::text, NULL::text,"
+            " NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text, NULL::text,"
+            " NULL::text, NULL::bigint WHERE false $$").format(s))
+    admin().execute(sql.SQL("UPDATE {}.version SET version = 2").format(s))
+    store = PostgresStore.from_url(address(pg), pg.prefix)
+    try:
+        [record] = store.entries(["e"])  # its pause is kept; no last pause yet
+        assert (record.paused, record.last_paused_at) == (paused.paused, None)
+        [(version,)] = admin().execute(sql.SQL("SELECT version FROM {}.version").format(
+            s)).fetchall()
+        assert version == LAYOUT == 3
+        resumed = store.resume("e", "bob@ops")
+        assert resumed is not None and resumed.resumed_at is not None
+        assert (resumed.paused, resumed.last_paused_at) == (None, paused.paused.at)
+        again = store.pause("e", "carol@ops")
+        assert again is not None and again.last_paused_at == paused.paused.at
+    finally:
+        store.close()
+
+
 def _install(url: str, prefix: str, barrier: Any, out: Any) -> None:
     try:
         store = PostgresStore.from_url(url, prefix)

@@ -26,6 +26,7 @@ from redis.crc import key_slot
 from beat_claims.enums import FINAL_STATES, CatchUp, Overlap, Reason, RunState, StartVerdict
 from beat_claims.runs import Run
 from beat_claims.stores.base import (
+    BackfillRefused,
     Check,
     CheckVerdict,
     ClaimPlan,
@@ -166,9 +167,12 @@ def exercise(store: RedisStore) -> None:
                               inactive_since=lost_at)])
         store.start(delivery(again, process(3)))  # revived
         store.requeue(delivery(again, process(3)))  # handed back (a Reject, a replace)
+        store.backfill(name, [c3.due, again.due], "operator:alice")  # one created, one kept
         store.request_run(name, "operator:alice", f"request-{name}")
         store.pause(name, "operator:alice", "a note")
-        store.backfill(name, [c3.due, c3.due - 500], "operator:alice")
+        with pytest.raises(BackfillRefused):  # more than the history can hold
+            store.backfill(name, [c3.due - 500 - k for k in range(store.history_limit + 1)],
+                           "operator:alice")
         store.check(B, [Check(again, "t", overlap=Overlap.BUFFER_ONE)])
         store.resume(name, "operator:alice")
         state = register(store, name)[name]

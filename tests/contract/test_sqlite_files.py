@@ -300,6 +300,45 @@ def test_a_file_of_schema_1_is_migrated_when_opened(
         store.close()
 
 
+def test_a_file_of_schema_3_is_migrated_and_keeps_the_last_pause_from_then_on(
+        db_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Schema 4 keeps when the last pause began (last_paused_at) after its resume."""
+    url = f"sqlite:///{db_path}"
+    store = SQLiteStore.from_url(url)
+    register(store, "e")
+    paused = store.pause("e", "alice@ops", "billing is down")
+    assert paused is not None and paused.paused is not None
+    store.close()
+    # As schema 3 left it: no last_paused_at column.
+    raw(db_path, "ALTER TABLE beat_claims_entries DROP COLUMN last_paused_at")
+    raw(db_path, "UPDATE beat_claims_meta SET value = '3' WHERE key = 'version'")
+    caplog.set_level(logging.WARNING, logger="celery.beat.claims")
+    store = SQLiteStore.from_url(url)
+    try:
+        [record] = store.entries(["e"])  # its pause is kept; no last pause yet
+        assert (record.paused, record.last_paused_at) == (paused.paused, None)
+        assert any("migrated from schema version 3 to 4" in r.getMessage()
+                   for r in caplog.records)
+        assert raw(db_path, "SELECT value FROM beat_claims_meta WHERE key = 'version'") == [
+            (str(SCHEMA_VERSION),)]
+        resumed = store.resume("e", "bob@ops")
+        assert resumed is not None and resumed.resumed_at is not None
+        assert resumed.last_paused_at == paused.paused.at
+        # A process of schema 3 still connected resumes with its own statement: it keeps
+        # no interval, and nothing breaks.
+        store.pause("e", "carol@ops")
+        raw(db_path, "UPDATE beat_claims_entries SET paused_by = NULL, paused_note = NULL,"
+                     " paused_at = NULL, resumed_by = 'old', resumed_at = ? WHERE name = 'e'",
+            now(store))
+        [record] = store.entries(["e"])
+        assert record.paused is None and record.resumed_by == "old"
+        caplog.clear()
+        SQLiteStore.from_url(url).close()
+        assert not any("migrated" in r.getMessage() for r in caplog.records)
+    finally:
+        store.close()
+
+
 def test_the_store_id_is_kept_with_the_records_and_made_again_for_a_new_file(
         store: SQLiteStore) -> None:
     """Made with the tables: a worker that starts a run before any beat heartbeats gets it

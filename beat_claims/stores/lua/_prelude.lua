@@ -123,6 +123,18 @@ local function is_paused(K)
   return redis.call('HEXISTS', K.entry, 'paused_at') == 1
 end
 
+-- The entry's pause as the claim and the check apply it: whether it is paused, and its last
+-- pause [from, to) (last_paused_at, resumed_at), whose instants stay skipped after it.
+local function pause_of(K)
+  local v = redis.call('HMGET', K.entry, 'paused_at', 'last_paused_at', 'resumed_at')
+  return {paused = v[1] ~= false, from = tonumber(v[2] or ''), to = tonumber(v[3] or '')}
+end
+
+-- Whether a scheduled run due at ``due`` (a number) is skipped for the pause ``P``.
+local function paused_for(P, due)
+  return P.paused or (P.from ~= nil and P.to ~= nil and due >= P.from and due < P.to)
+end
+
 -- The entry's waiting runs are in the bucket's index of due runs (the sweeps report them)
 -- only while a claim would take them: when no run of the entry overlaps, or when it is
 -- paused (a claim records them skipped). Else a sweep would take them in vain, each time,

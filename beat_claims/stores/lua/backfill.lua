@@ -7,8 +7,8 @@
 -- unfinished runs is refused, before anything is written (its runs could push runs sent
 -- out of the history).
 -- KEYS: the entry's keys. ARGV: name, requested by, history limit, then the instants.
--- Returns {created instants, kept (instant, state) pairs}, {'refused', runs it would
--- create, unfinished runs}, or {} for an unknown entry.
+-- Returns {created instants, kept (instant, state) pairs}, {-1, runs it would create,
+-- unfinished runs} when refused, or {} for an unknown entry.
 local K = entry_keys(KEYS, ARGV[1])
 local e = get_entry(K)
 if not e or not e.anchor then return {} end
@@ -39,7 +39,7 @@ if #created > 0 then
       if run and not FINAL[run.state] then live = live + 1 end
     end
   end
-  if live + #created > limit then return {'refused', #created, live} end
+  if live + #created > limit then return {-1, #created, live} end
 end
 for i, due in ipairs(created) do
   local run = redo[i]

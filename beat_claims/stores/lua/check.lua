@@ -1,6 +1,6 @@
 -- The check immediately before publish: only the holder of the current token may send.
 -- It marks the run 'sending' with its task id, or records it skipped (the caller's reason,
--- 'paused' for a scheduled run of a paused entry, or 'overlap' when the entry's policy is
+-- 'paused' for a scheduled run of a paused entry or due in its last pause, or 'overlap' when the entry's policy is
 -- to skip while another run of it is being sent, sent or started), or, with overlap
 -- "buffer_one", waiting until that run is final (or skipped, 'overlap', when a newer
 -- scheduled run of the entry is the one being sent, sent or started: it comes too late). A holder that checked before and lost
@@ -27,7 +27,9 @@ if not HELD[run.state] then return {CHECK.refused, run.state} end
 local old = shallow_copy(run)
 local now = now_ms()
 local reason = ARGV[6]
-if reason == '' and not run.manual and is_paused(K) then reason = REASON.paused end
+if reason == '' and not run.manual and paused_for(pause_of(K), run.due) then
+  reason = REASON.paused  -- paused, or due in its last pause
+end
 local overlap = ARGV[7]
 if reason == '' and run.state == STATE.claimed and overlap ~= OVERLAP.allow
     and not run.manual and busy_besides(K, due) then

@@ -17,7 +17,7 @@ if not e.anchor then return {CLAIM.missing} end
 local cp_text = e.checkpoint and fmt(e.checkpoint) or ''
 local floor = tonumber(ARGV[5])
 local now = now_ms()
-local paused = is_paused(K)
+local pause = pause_of(K)
 local claimed, skipped, existing, taken, unreadable = {}, {}, {}, {}, {}
 if ARGV[3] ~= '' then
   if fmt(e.anchor) ~= ARGV[3] or cp_text ~= ARGV[4] then
@@ -31,7 +31,7 @@ if ARGV[3] ~= '' then
       cp = due_n
       if redis.call('HEXISTS', K.runs, due) == 1 then
         existing[#existing + 1] = due
-      elseif action == 'claim' and paused then
+      elseif action == 'claim' and paused_for(pause, due_n) then
         put_run(K, {due = due_n, state = STATE.skipped, reason = REASON.paused,
                     finished_at = now}, nil)
         redis.call('ZADD', K.history, due_n, due)
@@ -67,7 +67,7 @@ if ARGV[6] == '1' then
       unreadable[#unreadable + 1] = due
     elseif run == nil or (run.state ~= STATE.due and run.state ~= STATE.waiting) then
       redis.call('ZREM', K.due_e, due)  -- an index entry with no run behind it
-    elseif paused and not run.manual then
+    elseif not run.manual and paused_for(pause, run.due) then
       skip_run(K, run, REASON.paused, now)
       skipped[#skipped + 1] = due
       skipped[#skipped + 1] = REASON.paused
