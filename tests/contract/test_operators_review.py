@@ -1,8 +1,12 @@
 """Review of pause/resume, backfill and overlap="buffer_one" (adversarial).
 
-Tests marked ``xfail(strict=True, reason="review: ...")`` reproduce a problem found in
-review (on every backend, or on the backends named by :func:`xfail_on`); the others prove
-a property that holds and was not covered elsewhere.
+Each problem the review found has a test here that reproduced it (it was marked
+``xfail(strict=True)`` until the stores were fixed, on every backend): a backfill the
+history cannot hold, a lost run a worker started, the task ids of a run a backfill
+replaced, the token counter after register(), the pause applied to the instants of the
+last pause, an occurrence older than the running one, waiting runs in the sweeps, and the
+answer to a waiting run checked again. The others prove a property that holds and was not
+covered elsewhere.
 """
 
 from __future__ import annotations
@@ -43,12 +47,6 @@ from .helpers import (
     started,
     take,
 )
-
-
-def xfail_on(request: pytest.FixtureRequest, *backends: str, reason: str) -> None:
-    """Mark the running test an expected (strict) failure on these backends only."""
-    if request.node.callspec.params.get("backend") in backends:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 def buffered(store: Store, who: object, c: object) -> CheckVerdict:
