@@ -25,7 +25,7 @@ from .enums import RunState
 from .inspect import UnknownEntry
 from .runs import iso
 from .settings import ConfigurationError, Policy, Settings
-from .stores.base import BackfillResult, EntryRecord, Reclaim, Store
+from .stores.base import BackfillRefused, BackfillResult, EntryRecord, Reclaim, Store
 
 #: Held runs an operator can release (give back to be claimed again).
 RELEASABLE = (RunState.CLAIMED, RunState.SENDING)
@@ -252,7 +252,10 @@ def backfill(store: Store, entry: str, sched: Any, start: int, end: int, by: str
                              " be computed")
     assert found.anchor is not None
     dues = backfill_dues(sched, found.anchor, start, end, limit, entry)
-    result = store.backfill(entry, dues, by) if dues else BackfillResult(entry, (), ())
+    try:
+        result = store.backfill(entry, dues, by) if dues else BackfillResult(entry, (), ())
+    except BackfillRefused as refused:  # the history cannot keep them: nothing recorded
+        raise OperationError(str(refused)) from None
     if result is None:
         raise unknown_entry(store, entry)
     return Backfill(entry, start, end, by, found.anchor, tuple(dues), result)

@@ -205,6 +205,13 @@ def test_requests_that_cannot_be_done_are_one_line(target: Target) -> None:
                           conf={"beat_claims_backfill_limit": 3}))
     assert "tick has 9 occurrences" in line and "beat_claims_backfill_limit=3" in line
     assert t.runs("tick") == {}  # nothing was created
+    # Within the backfill limit, but more than the entry's history keeps: refused by the
+    # store, in one line naming the setting, and nothing recorded.
+    line = one_line(t.cli("backfill", "tick", "--from", iso(anchor) or "",
+                          "--to", iso(anchor + 1000) or "", schedule=FAST,
+                          conf={"beat_claims_history_limit": 3}))
+    assert "beat_claims_history_limit=3" in line and "Nothing was recorded" in line, line
+    assert t.runs("tick") == {}
     bad = t.cli("backfill", "tick", "--from", "yesterday", "--to", future, schedule=FAST)
     assert bad.code == 2 and "ISO 8601" in bad.err and "Traceback" not in bad.err, bad
     assert "without an offset it is UTC" in bad.err or "without an offset it is UTC" in \
