@@ -4,11 +4,15 @@ server of the test site, a real store, a real ``celery beat`` and a real worker.
 
 An operator logs in, opens the entries, opens an entry and presses Run now; the manual run
 is shown ``done`` once the worker ran it. Then they pause the entry with a note, see it
-paused (who, note, since when) in the entries list, and resume it there. Every page is
-kept as a screenshot under ``test-artifacts/admin/``. On the way the pages are checked as
-a person reads them: every state label (``paused`` too) has a text contrast of at least
-4.5:1 (WCAG 2.x AA) in the admin's light, dark and auto themes, and times are in the
-project's timezone, on one line, with the UTC instant in their ``title``.
+paused (who, note, since when) in the entries list, and resume it there. They pause
+another entry from the list, resume it once the beat has skipped some of its occurrences,
+and backfill those from its page (a mistyped instant refused first, said beside the
+form): each runs once, shown ``done``. Every page is kept as a screenshot under
+``test-artifacts/admin/``. On the way the pages are checked as a person reads them: every
+state label (``paused`` too) has a text contrast of at least 4.5:1 (WCAG 2.x AA) in the
+admin's light, dark and auto themes, times are in the project's timezone, on one line,
+with the UTC instant in their ``title``, and no action button lies outside the table's
+visible box (with the widest claims the list can have).
 
 Each page action is one method of :class:`Admin`.
 """
@@ -44,7 +48,8 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.wait import WebDriverWait
 
-from beat_claims.enums import RunState
+from beat_claims.enums import Reason, RunState
+from beat_claims.operations import parse_instant
 from beat_claims.runs import iso
 from beat_claims.stores.redis import RedisStore
 
@@ -190,6 +195,15 @@ class Admin:
         form = self.action_form("Resume", entry)
         self.follow(form.find_element(By.CSS_SELECTOR, "input[value='Resume']"))
 
+    def press_backfill(self, start: str, end: str) -> None:
+        """The entry's Backfill form: From and To typed as given."""
+        form = self.driver.find_element(By.CSS_SELECTOR, "#backfill form")
+        for name, value in (("start", start), ("end", end)):
+            field = form.find_element(By.NAME, name)
+            field.clear()
+            field.send_keys(value)
+        self.follow(form.find_element(By.CSS_SELECTOR, "input[value='Backfill']"))
+
     def action_form(self, action: str, entry: str | None) -> WebElement:
         """The form of an action button: the page's, or that of ``entry``'s row."""
         within: Any = self.driver if entry is None else self.entry_row(entry)
@@ -224,6 +238,17 @@ class Admin:
         return {"text": found[0].text, "since": str(since.get_attribute("title")),
                 "label": found[0].find_element(By.CSS_SELECTOR, ".bc-state").text}
 
+    def resumed_at(self) -> str:
+        """The UTC instant an entry's page says it was last resumed at (a time's title)."""
+        row = self.driver.find_element(By.XPATH, "//tr[th='Paused']/td")
+        assert row.text.startswith("no (resumed by "), row.text
+        return str(row.find_element(By.TAG_NAME, "time").get_attribute("title"))
+
+    def errors(self) -> list[str]:
+        """What a refused form says: its note, and each error."""
+        return [e.text for e in self.driver.find_elements(
+            By.CSS_SELECTOR, ".errornote, ul.errorlist li")]
+
     def runs(self) -> list[dict[str, Any]]:
         """The runs table: one dict a row, with its cells and its due instant (UTC)."""
         rows = []
@@ -232,7 +257,7 @@ class Admin:
             due = cells[0].find_element(By.CSS_SELECTOR, "time")
             rows.append({"due": due.get_attribute("title"), "due_text": due.text,
                          "state": cells[1].find_element(By.CSS_SELECTOR, ".bc-state").text,
-                         "manual": "(manual," in cells[0].text})
+                         "manual": "(manual," in cells[0].text, "detail": cells[9].text})
         return rows
 
     def wait_for_run(self, state: str, timeout: float, **match: Any) -> dict[str, Any]:
@@ -243,6 +268,18 @@ class Admin:
         run: dict[str, Any] = self.reload_until(found, timeout,
                                                 f"a run {match} shown {state}")
         return run
+
+    def hidden_buttons(self) -> list[str]:
+        """The action buttons and fields a person cannot see without scrolling sideways:
+        outside the box of the module that holds them (its overflow is scrolled)."""
+        found: list[str] = self.driver.execute_script("""
+            return Array.from(document.querySelectorAll('.beat-claims .bc-actions input'))
+              .filter(el => el.type !== 'hidden').filter(el => {
+                const box = el.closest('.module').getBoundingClientRect();
+                const r = el.getBoundingClientRect();
+                return r.left < box.left || r.right > box.right;
+              }).map(el => el.value || el.placeholder);""")
+        return found
 
     def times(self) -> list[dict[str, Any]]:
         """Every time on the page: its text, its title and how many lines it takes."""
@@ -283,6 +320,22 @@ class Admin:
         assert row is not None, f"no row for {name}"
         return str(row.find_elements(By.TAG_NAME, "td")[3].find_element(
             By.CSS_SELECTOR, ".bc-state").text)
+
+    def with_a_claim(self) -> None:
+        """A current claim in each row of the entries list, as wide as one gets (held by a
+        beat, with its Release button): the list then has its widest content, which a
+        test cannot time (claims are held for a moment)."""
+        self.driver.execute_script("""
+            for (const row of document.querySelectorAll('#result_list tr.entry')) {
+              const time = row.querySelector('td time').cloneNode(true);
+              const claim = document.createElement('div');
+              claim.className = 'bc-claim';
+              claim.innerHTML = '<span class="bc-state bc-sending">sending</span> due ';
+              claim.appendChild(time);
+              claim.insertAdjacentHTML('beforeend', ' by runner-host-01:123456 (alive)'
+                + ' <form class="bc-inline"><input type="submit" value="Release"></form>');
+              row.querySelectorAll('td')[2].replaceChildren(claim);
+            }""")
 
     def with_every_state(self) -> None:
         """A copy of the first run's row for each state a label can show, in the table
@@ -393,6 +446,7 @@ def test_an_operator_runs_an_entry_now_and_sees_it_done(
 
         browser.open_entries(until="nightly-report")
         browser.shot("entries")
+        assert browser.hidden_buttons() == []
         browser.open_entry("nightly-report")
         browser.shot("entry")
         browser.press_run_now()
@@ -425,6 +479,8 @@ def test_an_operator_runs_an_entry_now_and_sees_it_done(
         browser.press_pause("deploy in progress")
         assert any("Paused nightly-report" in m for m in browser.messages()), \
             browser.messages()
+        browser.shot("entry-paused")
+        assert browser.hidden_buttons() == []
         [info] = store.entries(["nightly-report"])
         assert info.paused is not None and info.paused.by == f"admin:{USER}"
         browser.open_entries(until="nightly-report")
@@ -435,6 +491,11 @@ def test_an_operator_runs_an_entry_now_and_sees_it_done(
         assert paused["text"].startswith(f"paused by admin:{USER} since ")
         assert paused["text"].endswith("deploy in progress”"), paused
         assert all(t["lines"] == 1 for t in browser.times())
+        assert browser.hidden_buttons() == []
+        browser.with_a_claim()
+        assert browser.hidden_buttons() == []
+        browser.shot("entries-paused-widest")
+        browser.driver.refresh()
         measured = browser.readable_labels("entries-paused")
         assert all("paused" in found for found in measured.values()), measured
         browser.press_resume("nightly-report")
@@ -443,6 +504,48 @@ def test_an_operator_runs_an_entry_now_and_sees_it_done(
         assert browser.paused("nightly-report") is None
         browser.shot("entries-resumed")
         assert store.entries(["nightly-report"])[0].paused is None
+
+        # every-2s paused from the list for a while: its occurrences are skipped (paused).
+        # Resumed, then what was skipped is backfilled from its page, the range copied
+        # from the times' titles (since when it was paused, when it was resumed): each of
+        # those occurrences runs once, a manual run shown done.
+        browser.press_pause("maintenance window", "every-2s")
+        since = browser.paused("every-2s")
+        assert since is not None, "every-2s not shown paused"
+
+        def skipped_while_paused() -> list[int]:
+            paused_at = parse_instant(since["since"], "since")
+            found = sorted(r.due for r in store.history("every-2s")
+                           if r.reason is Reason.PAUSED and r.due >= paused_at)
+            return found if len(found) >= 2 else []
+
+        skipped = wait_for(skipped_while_paused, 20, "two occurrences of every-2s skipped"
+                           " while paused", interval=0.2)
+        browser.press_resume("every-2s")
+        assert browser.paused("every-2s") is None
+        browser.open_entry("every-2s")
+        shown = browser.reload_until(lambda: [r for r in browser.runs() if r["state"] ==
+                                              "skipped" and r["detail"] == "paused"],
+                                     10, "the runs skipped while paused")
+        assert {r["due"] for r in shown} >= {iso(due) for due in skipped}
+        browser.shot("entry-skipped-while-paused")
+        # A refusal first, as an operator may type: said beside the form, nothing done.
+        browser.press_backfill("yesterday", browser.resumed_at())
+        assert any("From='yesterday': not an instant" in e for e in browser.errors()), \
+            browser.errors()
+        browser.shot("backfill-refused")
+        browser.press_backfill(since["since"], browser.resumed_at())
+        said = next((m for m in browser.messages() if "Backfill of every-2s" in m), "")
+        created = re.search(r"created (\d+) run\(s\)", said)
+        assert created and int(created[1]) >= len(skipped), browser.messages()
+        browser.shot("backfilled")
+        for due in skipped:
+            browser.wait_for_run("done", 30, manual=True, due=iso(due))
+        browser.shot("backfill-done")
+        runs = store.history("every-2s")
+        assert all(r.manual and r.requested_by == f"admin:{USER}" and r.state is RunState.DONE
+                   for r in runs if r.due in skipped), runs
+        assert len({r.due for r in runs}) == len(runs)  # one run an occurrence
         stop(fleet)
     assert all(p.stat().st_size > 0 for p in browser.taken), browser.taken
     sys.stdout.write(f"took {time.monotonic() - started:.1f} s\n")
