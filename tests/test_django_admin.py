@@ -366,12 +366,18 @@ def test_pause_and_resume_are_shown_and_every_beat_follows(
 
 def test_pause_of_an_unknown_entry_is_refused(client: Client, store: RedisStore,
                                               app: Celery) -> None:
-    login(client, "pause_entry", "resume_entry")
-    for view in ("pause", "resume"):
-        response = client.post(url(view, "never-seen"), {"note": "x"}, follow=True)
+    login(client, "pause_entry", "resume_entry", "release_claim")
+    for view in ("pause", "resume", "release"):
+        response = client.post(url(view, "never-seen"), {"note": "x", "due": 1}, follow=True)
         assert any("no entry 'never-seen' in the store" in str(m)
                    for m in response.context["messages"]), view
     assert store.entries(["never-seen"]) == [] or store.entries(["never-seen"])[0].paused is None
+    # A note longer than the admin records: refused, saying so; nothing paused.
+    store.register([EntrySeed("every-second", "every 1s")])
+    response = client.post(url("pause", "every-second"), {"note": "x" * 501}, follow=True)
+    assert any("The note has 501 characters, more than 500" in str(m)
+               for m in response.context["messages"])
+    assert store.entries(["every-second"])[0].paused is None
     assert not LogEntry.objects.exists()
 
 
