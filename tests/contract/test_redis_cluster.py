@@ -8,6 +8,8 @@ of ``backend_redis_cluster.py``) beyond the contract suite, which runs there too
   master ran the command (the connection cut, or a timeout) is an outage for the call.
 * The epoch covers every master: restarting one that holds only entry buckets starts a new
   epoch, and until a heartbeat has read it a connection to that master is refused.
+* A slot resharded (MOVED), or open while its keys move (ASK, TRYAGAIN), is followed
+  within a bounded number of passes; clients of one seed read the command table once.
 * Two schedulers ticked in this process across a master's restart send nothing twice.
 * ``redis+cluster://`` and ``rediss+cluster://`` URLs, through ``open_store``.
 """
