@@ -163,3 +163,16 @@ def test_a_waiting_run_of_an_entry_paused_and_resumed_meanwhile_is_sent(store: S
     assert again.due == second.due
     assert check(store, B, again, overlap=Overlap.BUFFER_ONE).verdict is CheckVerdict.SEND
     assert runs(store)[second.due].state is RunState.SENDING
+
+
+def test_a_backfill_naming_an_instant_twice_creates_one_run(store: Store) -> None:
+    """Instants repeated or out of order (a caller that merged two ranges) make one run
+    each, taken oldest first."""
+    [first] = claims(store, A, 1000)
+    send(store, A, first)
+    store.finish([Outcome("e", first.due, first.token, RunState.DONE)])
+    older, old = first.due - 2000, first.due - 1000
+    made = store.backfill("e", [old, older, old, older], "alice@ops")
+    assert made is not None and sorted(made.created) == [older, old], made
+    taken = take(store, B)
+    assert [c.due for c in taken] == [older, old]
