@@ -21,7 +21,7 @@ import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -63,6 +63,7 @@ class NodeServer:
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-port", str(self.bus_port), "--cluster-node-timeout", "5000",
              "--save", "", "--appendonly", "no", "--dir", self.dir,
+             "--repl-diskless-sync-delay", "0",  # (a replica syncs at once, not after 5 s)
              "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
@@ -120,6 +121,8 @@ class ClusterServers:
                         " (apt-get install redis-server)")
         self.binary, self.masters = binary, masters
         self.nodes: list[NodeServer] = []
+        #: Nodes added by add_replica() (after a failover, the old masters are here).
+        self.replicas: list[NodeServer] = []
         self._raw: redis.cluster.RedisCluster | None = None
         #: Slots a test moved: put back by repair().
         self._moved: set[int] = set()
@@ -175,7 +178,7 @@ class ClusterServers:
 
     def _ok(self) -> bool:
         views = []
-        for node in self.nodes:
+        for node in self.nodes + self.replicas:
             client = node.client()
             if "cluster_state:ok" not in str(client.execute_command("CLUSTER", "INFO")):
                 return False
@@ -227,8 +230,62 @@ class ClusterServers:
     def node_of_slot(self, slot: int) -> NodeServer:
         for (start, end), port in self._slot_owners(self.nodes[0].client()).items():
             if start <= slot <= end:
-                return next(n for n in self.nodes if n.port == port)
+                return next(n for n in self.nodes + self.replicas if n.port == port)
         raise AssertionError(f"no master serves slot {slot}")
+
+    def add_replica(self, master: NodeServer) -> NodeServer:
+        """A new node, replica of ``master``; returns once it has synchronised."""
+        ports: set[int] = set()
+        while len(ports) < 2:
+            ports.add(free_port())
+        port, bus = sorted(ports)
+        replica = NodeServer(self.binary, port, bus)
+        self.replicas.append(replica)
+        replica.start()
+        replica.client().execute_command("CLUSTER", "MEET", "127.0.0.1", master.port,
+                                         master.bus_port)
+        master_id = str(master.client().execute_command("CLUSTER", "MYID"))
+
+        def replicating() -> bool:
+            try:
+                replica.client().execute_command("CLUSTER", "REPLICATE", master_id)
+            except redis.ResponseError:  # (it does not know the master yet)
+                return False
+            return True
+
+        self._until(replicating, 10, f"{replica.name} to know {master.name}")
+        self._until(lambda: replica.client().info("replication").get(
+            "master_link_status") == "up", 20, f"{replica.name} to replicate {master.name}")
+
+        def known_as_replica(node: NodeServer) -> bool:
+            lines = node.client().execute_command("CLUSTER", "REPLICAS", master_id)
+            return any(f":{replica.port}@" in str(line) for line in lines)
+
+        # (A master votes for a failover only of a replica it knows.)
+        self._until(lambda: all(known_as_replica(n) for n in self.nodes), 20,
+                    f"every master to know {replica.name} as a replica")
+        return replica
+
+    def failover(self, replica: NodeServer) -> None:
+        """``replica`` takes over its master's slots (``CLUSTER FAILOVER``: the master stops
+        taking writes, the replica catches up, then is promoted); returns once every node
+        agrees."""
+        replica.client().execute_command("CLUSTER", "FAILOVER")
+        self._until(lambda: replica.client().info("replication")["role"] == "master", 20,
+                    f"{replica.name} to be promoted")
+        promoted = {replica.port}
+        self._until(lambda: all(
+            promoted & set(self._slot_owners(n.client()).values())
+            for n in self.nodes + self.replicas), 20, "every node to see the failover")
+        self.wait_ok()
+
+    @staticmethod
+    def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(0.05)
 
     def original_master(self, slot: int) -> NodeServer:
         """The master that served ``slot`` when the cluster started."""
@@ -278,7 +335,7 @@ class ClusterServers:
         if self._raw is not None:
             self._raw.close()
             self._raw = None
-        for node in self.nodes:
+        for node in self.nodes + self.replicas:
             try:
                 node.stop()
             finally:

@@ -6,8 +6,9 @@ of ``backend_redis_cluster.py``) beyond the contract suite, which runs there too
 * A master that lost the scripts (restarted, SCRIPT FLUSH) gets them back, and only the
   commands it refused are sent again; nothing is ever sent twice: a reply lost after a
   master ran the command (the connection cut, or a timeout) is an outage for the call.
-* The epoch covers every master: restarting one that holds only entry buckets starts a new
-  epoch, and until a heartbeat has read it a connection to that master is refused.
+* The epoch covers every master: restarting one that holds only entry buckets, or a
+  failover to its replica, starts a new epoch, and until a heartbeat has read it a
+  connection to that master is refused.
 * A slot resharded (MOVED), or open while its keys move (ASK, TRYAGAIN), is followed
   within a bounded number of passes; clients of one seed read the command table once.
 * Two schedulers ticked in this process across a master's restart send nothing twice.
@@ -348,6 +349,37 @@ def test_a_restart_of_any_master_starts_a_new_epoch_and_keeps_the_records(
     assert node.run_id() in (store._server or "").split(",")
     assert run(store, c).owner == A.id  # the records came back
     assert node.client().script_exists(_sha("claim")) == [True]  # the scripts too
+
+
+def test_a_failover_to_a_replica_starts_a_new_epoch_and_keeps_what_was_replicated() -> None:
+    """A cluster of its own (three masters, then a replica of one holding entry buckets):
+    after ``CLUSTER FAILOVER`` the bucket's master is another process, the next heartbeat
+    starts a new epoch (the beats register again what they know) and the records that
+    reached the replica are there."""
+    c = ClusterServers()
+    try:
+        c.start()
+        store = new_store(c)
+        first = store.heartbeat(A, 10)
+        node = other_master(store, c)
+        [name] = names_on(store, c, node)
+        state = register(store, name)[name]
+        held = claim(store, A, state, state.anchor + 1000, entry=name).claims[0]
+        replica = c.add_replica(node)
+        assert node.client().execute_command("WAIT", 1, 5000) == 1  # (the claim is there)
+        c.failover(replica)
+        wait_for(lambda: answers(store), 10, "the store to answer after the failover",
+                 interval=0.05)
+        hb = store.heartbeat(A, 10)
+        assert hb.epoch != first.epoch
+        assert hb.settle_until is not None and hb.settle_until > hb.now
+        masters = (store._server or "").split(",")
+        assert replica.run_id() in masters and node.run_id() not in masters
+        assert run(store, held).owner == A.id and run(store, held).token == held.token
+        assert c.node_of(store.entry_keys(name)[0]).port == replica.port
+        store.close()
+    finally:
+        c.stop()
 
 
 def test_a_restarted_master_is_refused_until_a_heartbeat_has_read_the_epoch(
