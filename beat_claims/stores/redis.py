@@ -109,6 +109,8 @@ WEEK_MS = 7 * 24 * 3600 * 1000
 FORGET_OWNERS_MS = 3600 * 1000
 #: Commands per round trip when one call has many items.
 CHUNK = 1000
+#: Entries whose script arguments (keys and name, encoded) are kept; then they start again.
+ENTRY_HEADS = 2048
 #: Errors that say the server cannot serve us now: an outage, not a bad record. redis-py
 #: turns the known codes into these classes (also when a script's call fails with one)...
 _OUTAGE_CLASSES = (redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError,
@@ -147,11 +149,56 @@ def _lua_names() -> str:
     ])
 
 
+#: A top-level definition of the prelude or of the generated names: ``local NAME`` or
+#: ``local function NAME`` at the start of a line.
+_LUA_DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_]\w*)\b", re.M)
+_LUA_WORD = re.compile(r"[A-Za-z_]\w*")
+#: A line that is only a comment (a comment after code is read as code: it may name more,
+#: never less).
+_LUA_COMMENT_LINE = re.compile(r"^[ \t]*--(?!\[).*$", re.M)
+
+
+def _lua_words(text: str) -> set[str]:
+    return set(_LUA_WORD.findall(_LUA_COMMENT_LINE.sub("", text)))
+
+
+def _lua_definitions(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """``text`` cut at its top-level definitions: what comes before the first (kept as it
+    is), and (name, source) of each, in order (a definition's source runs to the next)."""
+    starts = list(_LUA_DEFINITION.finditer(text))
+    if not starts:
+        return text, []
+    ends = [m.start() for m in starts[1:]] + [len(text)]
+    definitions = [(m.group(1), text[m.start():end]) for m, end in zip(starts, ends)]
+    for defined, source in definitions:
+        # Only a definition's own lines: the rest indented, its closing "end" or "}" not.
+        for line in source.splitlines()[1:]:
+            if line[:1] not in ("", " ", "\t", "-") and line.rstrip() not in ("end", "}"):
+                raise ValueError(f"the Lua prelude's {defined!r} is followed by a top-level"
+                                 f" line that is no definition: {line!r}")
+    return text[:starts[0].start()], definitions
+
+
 @cache
 def _source(name: str) -> str:
+    """The script ``name`` with the names and prelude definitions it uses, in their order.
+
+    Redis runs the whole chunk on every call, so a definition the script never reaches
+    still costs its table or closure each time. Lua resolves a local by its name in the
+    text, and only to one defined before it: a definition no kept text names (the script,
+    or a later kept definition) cannot be reached, and leaving it out changes nothing.
+    """
     lua = resources.files(__package__).joinpath("lua")
-    return "\n".join([_lua_names(), lua.joinpath("_prelude.lua").read_text(),
-                      lua.joinpath(f"{name}.lua").read_text()])
+    body = lua.joinpath(f"{name}.lua").read_text()
+    head, definitions = _lua_definitions(_lua_names() + "\n"
+                                          + lua.joinpath("_prelude.lua").read_text())
+    used = _lua_words(body)
+    kept: list[str] = []
+    for defined, text in reversed(definitions):
+        if defined in used:
+            kept.append(text)
+            used |= _lua_words(text)
+    return "\n".join([head, *reversed(kept), body])
 
 
 @cache
@@ -188,6 +235,7 @@ class RedisStore(Store):
         self._server: str | None = None
         self._servers: frozenset[str] = frozenset()  # its run ids (a cluster's masters)
         self._bad_keys: set[str] = set()
+        self._entry_heads: dict[str, tuple[bytes, ...]] = {}  # see _entry_script
         self._heartbeating = threading.local()
         if isinstance(client, ClusterClient):
             client.keyless_key = self._epoch  # TIME: the clock the heartbeat reads
@@ -355,7 +403,15 @@ class RedisStore(Store):
         pipe.evalsha(_sha(name), len(keys), *keys, *args)
 
     def _entry_script(self, pipe: Pipeline, name: str, entry: str, *args: Any) -> None:
-        self._script(pipe, name, self.entry_keys(entry), entry, *args)
+        # The entry's keys and name as the bytes redis-py would send (it sends bytes as they
+        # are): a claim, its check and its sent mark each pass the same eleven.
+        heads = self._entry_heads
+        head = heads.get(entry)
+        if head is None:
+            if len(heads) >= ENTRY_HEADS:
+                heads = self._entry_heads = {}  # (a new dict: other threads may read the old)
+            head = heads[entry] = tuple(k.encode() for k in (*self.entry_keys(entry), entry))
+        pipe.evalsha(_sha(name), len(head) - 1, *head, *args)
 
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,

@@ -46,9 +46,17 @@ local function get_run(K, due)
   return run
 end
 
--- The entry's anchor, checkpoint and token; nil and the field's name when one is bad.
+-- The entry's pause as read by HMGET of paused_at, last_paused_at and resumed_at (see
+-- pause_of).
+local function pause_from(paused_at, from, to)
+  return {paused = paused_at ~= false, from = tonumber(from or ''), to = tonumber(to or '')}
+end
+
+-- The entry's anchor, checkpoint and token (and token_text, the token field as stored);
+-- nil and the field's name when one is bad. Its pause (as pause_of) comes in the same HMGET.
 local function get_entry(K)
-  local v = redis.call('HMGET', K.entry, 'anchor', 'checkpoint', 'token')
+  local v = redis.call('HMGET', K.entry, 'anchor', 'checkpoint', 'token', 'paused_at',
+                       'last_paused_at', 'resumed_at')
   local e = {}
   for i, f in ipairs({'anchor', 'checkpoint', 'token'}) do
     if v[i] then
@@ -58,6 +66,8 @@ local function get_entry(K)
     end
   end
   e.token = e.token or 0
+  e.token_text = v[3]
+  e.pause = pause_from(v[4], v[5], v[6])
   return e
 end
 
@@ -127,7 +137,7 @@ end
 -- pause [from, to) (last_paused_at, resumed_at), whose instants stay skipped after it.
 local function pause_of(K)
   local v = redis.call('HMGET', K.entry, 'paused_at', 'last_paused_at', 'resumed_at')
-  return {paused = v[1] ~= false, from = tonumber(v[2] or ''), to = tonumber(v[3] or '')}
+  return pause_from(v[1], v[2], v[3])
 end
 
 -- Whether a scheduled run due at ``due`` (a number) is skipped for the pause ``P``.

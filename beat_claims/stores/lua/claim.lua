@@ -17,7 +17,9 @@ if not e.anchor then return {CLAIM.missing} end
 local cp_text = e.checkpoint and fmt(e.checkpoint) or ''
 local floor = tonumber(ARGV[5])
 local now = now_ms()
-local pause = pause_of(K)
+local pause = e.pause
+-- The entry's token counter as this call leaves it (each next_token() is its new value).
+local token_text = e.token_text or '0'
 local claimed, skipped, existing, taken, unreadable = {}, {}, {}, {}, {}
 if ARGV[3] ~= '' then
   if fmt(e.anchor) ~= ARGV[3] or cp_text ~= ARGV[4] then
@@ -40,6 +42,7 @@ if ARGV[3] ~= '' then
       elseif action == 'claim' then
         local token = next_token(K, floor)
         floor = token
+        token_text = fmt(token)
         put_run(K, {due = due_n, state = STATE.claimed, token = token, owner = owner,
                     claimed_at = now}, nil)
         redis.call('ZADD', K.history, due_n, due)
@@ -77,6 +80,7 @@ if ARGV[6] == '1' then
       local old = shallow_copy(run)
       run.token = next_token(K, floor)
       floor = run.token
+      token_text = fmt(run.token)
       run.state = STATE.claimed
       run.owner = owner
       run.claimed_at = now
@@ -92,5 +96,5 @@ if ARGV[6] == '1' then
   end
 end
 trim(K, tonumber(ARGV[7]), now)
-return {CLAIM.ok, claimed, skipped, existing, taken, fmt(e.anchor), cp_text,
-        redis.call('HGET', K.entry, 'token') or '0', unreadable}
+return {CLAIM.ok, claimed, skipped, existing, taken, fmt(e.anchor), cp_text, token_text,
+        unreadable}
