@@ -96,7 +96,8 @@ class EntrySeed:
 
 @dataclass(frozen=True)
 class Pause:
-    """An operator's pause of an entry: who, why, since when (store clock, UTC ms)."""
+    """An operator's pause of an entry: who, why, since when (store clock, UTC ms; 0 when
+    the stored instant cannot be read: the entry is paused all the same)."""
 
     by: str
     note: str

@@ -795,8 +795,10 @@ class RedisStore(Store):
                 continue
             anchor, checkpoint, token, schedule, *pause = reply
             paused_at, paused_by, note, resumed_by, resumed_at, last_paused_at = pause
-            paused = (None if _maybe_int(paused_at) is None else
-                      Pause(paused_by or "", note or "", int(paused_at)))
+            # Paused is the field being there, as claims and checks read it; an instant
+            # that cannot be read is reported as 0 rather than hiding the pause.
+            paused = (None if paused_at is None else
+                      Pause(paused_by or "", note or "", _maybe_int(paused_at) or 0))
             out.append(EntryRecord(name, schedule or "", _maybe_int(anchor),
                                    _maybe_int(checkpoint), _maybe_int(token) or 0, paused,
                                    resumed_by, _maybe_int(resumed_at),

@@ -1673,11 +1673,13 @@ def _entry_record(row: Sequence[Any]) -> EntryRecord:
     """An entry as operators see it, from a row of entry_read (or entries_all)."""
     (name, description, anchor, checkpoint, token, by, note, at, resumed_by, resumed_at,
      last_paused_at) = row
-    paused_at = _maybe_int(at)
+    # Paused is the column being set, as claims and checks read it; an instant that cannot
+    # be read is reported as 0 rather than hiding the pause.
     return EntryRecord(
         name, description or "", _maybe_int(anchor), _maybe_int(checkpoint),
         _maybe_int(token) or 0,
-        paused=None if paused_at is None else Pause(str(by or ""), str(note or ""), paused_at),
+        paused=None if at is None else Pause(str(by or ""), str(note or ""),
+                                             _maybe_int(at) or 0),
         resumed_by=None if resumed_by is None else str(resumed_by),
         resumed_at=_maybe_int(resumed_at), last_paused_at=_maybe_int(last_paused_at))
 

@@ -51,12 +51,9 @@ def _corrupt_pause_field(store: Store, field: str, raw: str) -> None:
 
 
 # -- bad records ----------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "review: an entry whose paused_at cannot be read (Redis, SQLite) is read as not paused"
-    " by entries() (status, the admin, health, the exporter's beat_claims_entry_paused 0),"
-    " while claim and check treat any value as paused and skip every occurrence: the entry"
-    " silently never runs and nothing says why; nothing logs or repairs the field"))
 def test_an_unreadable_pause_instant_is_read_as_the_claims_apply_it(store: Store) -> None:
+    """An entry whose paused_at cannot be read is shown paused (instant 0) as the claims
+    treat it, so status, the admin, health and the exporter say why nothing runs."""
     state = entry(store)
     assert store.pause("e", "alice@ops", "billing is down") is not None
     _corrupt_pause_field(store, "paused_at", "yesterday")
