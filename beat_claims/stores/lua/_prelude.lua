@@ -27,9 +27,10 @@ local function entry_keys(keys, name)
           tasks = keys[10], name = name}
 end
 
-local NUMBER_FIELDS = {'due', 'token', 'claimed_at', 'sending_at', 'sent_at', 'started_at',
-  'finished_at', 'released_at', 'revived_at', 'worker_pid', 'retries', 'attempts',
-  'reclaims', 'deliveries'}
+local NUMBER_FIELDS = {due = true, token = true, claimed_at = true, sending_at = true,
+  sent_at = true, started_at = true, finished_at = true, released_at = true,
+  revived_at = true, worker_pid = true, retries = true, attempts = true, reclaims = true,
+  deliveries = true}
 
 -- A run's record: nil when there is none, false when it cannot be read (bad JSON, an
 -- unknown state, a number field that is not a number). A bad record is never trusted.
@@ -38,8 +39,8 @@ local function get_run(K, due)
   if not raw then return nil end
   local ok, run = pcall(cjson.decode, raw)
   if not ok or type(run) ~= 'table' or not STATE[run.state] then return false end
-  for _, f in ipairs(NUMBER_FIELDS) do
-    if run[f] ~= nil and type(run[f]) ~= 'number' then return false end
+  for f, v in pairs(run) do  -- (the fields the record has: fewer than NUMBER_FIELDS)
+    if NUMBER_FIELDS[f] and type(v) ~= 'number' then return false end
   end
   if type(run.due) ~= 'number' or fmt(run.due) ~= due then return false end
   if run.owner ~= nil and type(run.owner) ~= 'string' then return false end
@@ -85,27 +86,27 @@ local function since(run)
   return run.revived_at or run.started_at or run.sent_at or run.sending_at or 0
 end
 
--- Where a run is indexed, as {key, member, score} places: the bucket's index of its kind,
+-- Where a run is indexed, as up to two places (key, member, score), returned one after the
+-- other (no table: put_run runs on every transition): the bucket's index of its kind,
 -- and the entry's own index of runs due again (what a claim takes) or busy — being sent,
 -- sent or started (what overlap="skip" waits for). A claimed run is only in the bucket's
 -- held index; a final one in none. A waiting run (overlap="buffer_one") is in the entry's
 -- index of due runs (a claim takes it once the entry is not busy); whether it is in the
 -- bucket's (what the sweeps report due) depends on the entry, not on the run alone: see
--- place_waiting().
+-- place_waiting(). The two places of a run are in two keys.
 local function places(K, run)
-  local due = fmt(run.due)
-  if run.state == STATE.waiting then
-    return {{K.due_e, due, run.due}}
-  elseif run.state == STATE.due then
-    return {{K.due_e, due, run.due}, {K.due, plain_member(K, run), since(run)}}
-  elseif run.state == STATE.claimed then
-    return {{K.held, held_member(K, run), since(run)}}
-  elseif run.state == STATE.sending then
-    return {{K.held, held_member(K, run), since(run)}, {K.busy_e, due, run.due}}
-  elseif OPEN[run.state] then
-    return {{K.open, plain_member(K, run), since(run)}, {K.busy_e, due, run.due}}
+  local state = run.state
+  if state == STATE.waiting then
+    return K.due_e, fmt(run.due), run.due
+  elseif state == STATE.due then
+    return K.due_e, fmt(run.due), run.due, K.due, plain_member(K, run), since(run)
+  elseif state == STATE.claimed then
+    return K.held, held_member(K, run), since(run)
+  elseif state == STATE.sending then
+    return K.held, held_member(K, run), since(run), K.busy_e, fmt(run.due), run.due
+  elseif OPEN[state] then
+    return K.open, plain_member(K, run), since(run), K.busy_e, fmt(run.due), run.due
   end
-  return {}
 end
 
 -- Whether a run makes the entry's next runs overlap: being sent, sent or started. A run
@@ -170,20 +171,38 @@ local function place_waiting(K)
   end
 end
 
+-- Index a run at (k, m, score) unless its old form, at places (o1, n1, t1) and (o2, n2, t2),
+-- has it there with that score; which of the old places it is (1, 2; nil: neither).
+local function put_place(k, m, score, o1, n1, t1, o2, n2, t2)
+  if k == o1 and m == n1 then
+    if score ~= t1 then redis.call('ZADD', k, score, m) end
+    return 1
+  elseif k == o2 and m == n2 then
+    if score ~= t2 then redis.call('ZADD', k, score, m) end
+    return 2
+  end
+  redis.call('ZADD', k, score, m)
+  return nil
+end
+
 -- Store ``run`` (whose previous form was ``old``: nil for a new run) and its indexes,
 -- touching only the places that change.
 local function put_run(K, run, old)
-  local before = {}
-  if old then
-    for _, p in ipairs(places(K, old)) do before[p[1] .. '\0' .. p[2]] = p end
+  local k1, m1, s1, k2, m2, s2 = places(K, run)
+  local o1, n1, t1, o2, n2, t2
+  if old then o1, n1, t1, o2, n2, t2 = places(K, old) end
+  local kept1, kept2 = false, false
+  if k1 then
+    local i = put_place(k1, m1, s1, o1, n1, t1, o2, n2, t2)
+    kept1, kept2 = i == 1, i == 2
   end
-  for _, p in ipairs(places(K, run)) do
-    local id = p[1] .. '\0' .. p[2]
-    local was = before[id]
-    if not was or was[3] ~= p[3] then redis.call('ZADD', p[1], p[3], p[2]) end
-    before[id] = nil
+  if k2 then
+    local i = put_place(k2, m2, s2, o1, n1, t1, o2, n2, t2)
+    kept1, kept2 = kept1 or i == 1, kept2 or i == 2
   end
-  for _, p in pairs(before) do redis.call('ZREM', p[1], p[2]) end
+  -- the old form's places the run has left
+  if o1 and not kept1 then redis.call('ZREM', o1, n1) end
+  if o2 and not kept2 then redis.call('ZREM', o2, n2) end
   local was_waiting = old ~= nil and old.state == STATE.waiting
   if was_waiting and run.state ~= STATE.waiting and run.state ~= STATE.due then
     redis.call('ZREM', K.due, plain_member(K, run))  -- (place_waiting may have put it)
