@@ -33,7 +33,7 @@ from .beat.outage import MAX_BACKOFF, Outage
 from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
 from .beat.sweeper import Sweeper
-from .enums import Overlap
+from .enums import Overlap, Reason
 from .metrics import Metrics
 from .runs import HEADER, Owner, from_ms, iso
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
@@ -54,6 +54,10 @@ logger = get_logger("celery.beat.claims")
 #: Entries registered again per call after the store went back (the heartbeat is renewed,
 #: and the store kept settling, between two calls).
 RESYNC_CHUNK = 2000
+#: Pauses this beat knows checked against the store's records per heartbeat (one read, in
+#: turn): what it knows of each stays current, so that a resume is not undone and a later
+#: pause is restored if the store loses writes.
+PAUSE_CHECKS = 100
 
 
 class ClaimsEntry(ScheduleEntry):
@@ -288,7 +292,8 @@ class Scheduler(BaseScheduler):
     def _tick(self) -> float:
         if self._went_back_why is not None:
             return self._went_back()
-        if self.liveness.due():
+        heartbeat = self.liveness.due()
+        if heartbeat:
             if self.liveness.beat():
                 raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
                                     " wipe)")
@@ -309,6 +314,8 @@ class Scheduler(BaseScheduler):
                         len(self.claimer.states))
         self._settle_logged = False
         self._registered_once = True
+        if heartbeat:  # the epoch is the one this beat knows, and the store has settled
+            self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS))
         began = self.clock.now()
         broker_down = self.broker_outage.waiting() > 0
         if time.monotonic() - self._last_sweep >= self.settings.heartbeat_interval:
@@ -351,7 +358,10 @@ class Scheduler(BaseScheduler):
         finally:
             for name in due:  # each popped entry goes back once, at its next due instant
                 self.claimer.push(name)
+            self.knowledge.skipped_paused(self.claimer.skips.counts.get(Reason.PAUSED, ()))
             self.claimer.skips.flush()
+        if self.knowledge.pauses_stale:  # a skip for a pause: maybe a later one
+            self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS, stale_only=True))
         self.broker_outage.up()
         if self.sender.up_since is None:  # claiming and sending from here on
             self.sender.up_since = began
@@ -410,13 +420,13 @@ class Scheduler(BaseScheduler):
         saw paused whose pause the store lost: unless it holds a pause, or a resume at or
         after the one this beat knew. Logged, never silent; the pause's ``at`` is the
         restore's instant, its note says what happened."""
-        known = {n: p for n, p in self.knowledge.paused.items() if n in self.schedule}
+        known = sorted(n for n in self.knowledge.paused if n in self.schedule)
         if not known:
             return
-        for record in self.store.entries(sorted(known)):
-            pause = known[record.name]
-            if record.paused is not None or (
-                    record.resumed_at is not None and record.resumed_at >= pause.at):
+        for record in self.store.entries(known):
+            self.knowledge.check_pause(record.name, record)  # resumed since, or paused later
+            pause = self.knowledge.paused.get(record.name)
+            if pause is None or record.paused is not None:
                 continue
             note = (f"{pause.note} " if pause.note else "") + (
                 f"[restored by beat {self.owner}: the store lost this pause, made by"
@@ -427,6 +437,22 @@ class Scheduler(BaseScheduler):
                 logger.warning("beat-claims: %s: the store lost its pause (by %s at %s:"
                                " %r); paused again", record.name, pause.by, iso(pause.at),
                                pause.note)
+
+    def _check_pauses(self, names: list[str]) -> None:
+        """Bring what this beat knows of these entries' pauses up to date with the store's
+        records (Knowledge.check_pause): forgotten once the store shows a resume at or after
+        it, replaced by a later pause. Called only while the store's epoch is the one this
+        beat knows and the store is not settling; a store that went back unnoticed shows
+        older state, which is never taken in."""
+        if not names:
+            return
+        records = {record.name: record for record in self.store.entries(names)}
+        for name in names:
+            known = self.knowledge.paused.get(name)
+            change = self.knowledge.check_pause(name, records.get(name))
+            if change is not None and known is not None:
+                logger.debug("beat-claims: %s: the pause this beat knew (by %s at %s) was %s"
+                             " in the store", name, known.by, iso(known.at), change)
 
     # -- publishing -------------------------------------------------------------------
     def _publish_claim(self, claim: Claim, task_id: str) -> Any:

@@ -500,3 +500,63 @@ def test_a_pause_resumed_before_the_store_was_wiped_is_not_restored(
     finally:
         s.close()
     assert record.paused is None
+
+
+def _record(paused: Any = None, resumed_at: int | None = None,
+            last_paused_at: int | None = None) -> Any:
+    from beat_claims.stores.base import EntryRecord
+    return EntryRecord("e", "every 1s", 0, None, 1, paused, "bob@ops" if resumed_at else None,
+                       resumed_at, last_paused_at)
+
+
+def test_a_known_pause_takes_in_only_later_state_from_the_store() -> None:
+    """What a beat knows of a pause follows the store's records forwards only: a store that
+    went back (a wipe, an older snapshot not noticed yet) never makes it forget the pause,
+    unless the store shows a resume at or after the pause began."""
+    from beat_claims.beat.knowledge import Knowledge
+    from beat_claims.stores.base import EntryRecord, Pause
+
+    k = Knowledge()
+    known = Pause("alice@ops", "down", 1000)
+    # No record, no pause and no resume since, an earlier resume, an earlier pause, and
+    # another entry's record.
+    went_back = [None, _record(), _record(resumed_at=999, last_paused_at=500),
+                 _record(Pause("zoe@ops", "older", 999)),
+                 EntryRecord("other", "", 0, None, 1, None, "bob@ops", 5000, 1000)]
+    for record in went_back:
+        k.paused["e"] = known
+        assert k.check_pause("e", record) is None
+        assert k.paused["e"] == known
+    # The same pause, paused again (who and note change, not the instant): the store's.
+    again = Pause("carol@ops", "still down", 1000)
+    assert k.check_pause("e", _record(again)) == "updated" and k.paused["e"] == again
+    assert k.check_pause("e", _record(again)) is None
+    # A later pause replaces it; a resume at or after it forgets it.
+    later = Pause("carol@ops", "second", 3000)
+    assert k.check_pause("e", _record(later)) == "updated" and k.paused["e"] == later
+    assert k.check_pause("e", _record(resumed_at=3000, last_paused_at=3000)) == "resumed"
+    assert "e" not in k.paused
+    assert k.check_pause("e", _record(later)) is None and "e" not in k.paused
+
+
+def test_known_pauses_are_checked_in_turn_the_skipped_first() -> None:
+    from beat_claims.beat.knowledge import Knowledge
+    from beat_claims.stores.base import Pause
+
+    k = Knowledge()
+    for i in range(250):
+        k.paused[f"e{i:03}"] = Pause("alice@ops", "", i)
+    seen: Counter[str] = Counter()
+    for _ in range(5):
+        turn = k.pauses_to_check(100)
+        assert len(turn) == len(set(turn)) == 100
+        seen.update(turn)
+    assert set(seen) == set(k.paused) and max(seen.values()) - min(seen.values()) <= 1
+    k.skipped_paused(["e200", "e007", "unknown"])
+    assert k.pauses_to_check(100, stale_only=True) == ["e007", "e200"]
+    assert k.pauses_to_check(100, stale_only=True) == []
+    k.skipped_paused(["e123"])
+    assert k.pauses_to_check(100)[0] == "e123"
+    del k.paused["e123"]
+    k.skipped_paused(["e123"])
+    assert k.pauses_to_check(3, stale_only=True) == []

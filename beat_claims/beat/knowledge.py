@@ -1,21 +1,23 @@
 """What this beat knows of each entry: its anchor, the highest checkpoint and token seen,
-and the runs it sent lately.
+the runs it sent lately, and the pause it saw.
 
 It serves two purposes. The store's answers are checked against it: a checkpoint or a
 token lower than one this beat has seen means the store lost writes (an older snapshot, a
 lagging replica), and is never adopted silently. And when the store's epoch changes, it is
 registered again, so that no occurrence this beat handed out is handed out again, no token
-is used twice, and interval entries keep their grid.
+is used twice, interval entries keep their grid, and a pause the store lost is restored
+(what the beat knows of a pause only ever moves forwards: see :meth:`Knowledge.check_pause`).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..enums import RunState
 from ..runs import Run
-from ..stores.base import Claim, EntrySeed, EntryState, Pause
+from ..stores.base import Claim, EntryRecord, EntrySeed, EntryState, Pause
 
 #: After the store may have lost writes, new tokens start this far above the highest one
 #: seen: a beat that has since died may have handed out tokens nobody alive saw.
@@ -35,9 +37,14 @@ class Knowledge:
     def __init__(self) -> None:
         self.entries: dict[str, Known] = {}
         self.recent: deque[Run] = deque(maxlen=RECENT_SENDS)
-        #: Entries the store said were paused at this beat's last claim of them (an
-        #: occurrence recorded skipped, paused), with the pause as the store held it.
+        #: Entries this beat knows paused (an occurrence was recorded skipped for the
+        #: pause), with the pause as the store last showed it: kept current from the
+        #: store's records (:meth:`pauses_to_check`, :meth:`check_pause`).
         self.paused: dict[str, Pause] = {}
+        #: Known pauses whose entry had an occurrence skipped for a pause since they were
+        #: last checked: the store may hold a later pause. Checked first.
+        self.pauses_stale: set[str] = set()
+        self._pause_turn = 0
 
     def learn(self, name: str, state: EntryState) -> str | None:
         """Take in the store's state of an entry. Returns what went back, if anything did
@@ -55,6 +62,50 @@ class Knowledge:
             return f"its token went back from {known.token} to {state.token}"
         known.checkpoint = state.checkpoint
         known.token = state.token
+        return None
+
+    def skipped_paused(self, names: Iterable[str]) -> None:
+        """Occurrences of ``names`` were skipped for a pause: check the ones this beat knows
+        paused soon (the pause may be a later one)."""
+        self.pauses_stale.update(name for name in names if name in self.paused)
+
+    def pauses_to_check(self, limit: int, stale_only: bool = False) -> list[str]:
+        """Up to ``limit`` entries this beat knows paused, to check against the store: the
+        stale ones first, then the others in turn (every one within a bounded number of
+        calls)."""
+        picked = [name for name in sorted(self.pauses_stale) if name in self.paused][:limit]
+        self.pauses_stale.difference_update(picked)
+        if stale_only or len(picked) >= limit:
+            return picked
+        names = [name for name in self.paused if name not in set(picked)]
+        if len(names) <= limit - len(picked):
+            return picked + names
+        start = self._pause_turn % len(names)
+        turn = (names[start:] + names[:start])[:limit - len(picked)]
+        self._pause_turn = start + len(turn)
+        return picked + turn
+
+    def check_pause(self, name: str, record: EntryRecord | None) -> str | None:
+        """Bring the pause this beat knows of ``name`` up to date with the store's record.
+        Only later state is taken in: a resume at or after the known pause began forgets
+        it ("resumed"); a pause that began later replaces it, and the same pause takes the
+        store's who and note ("updated"). Anything else leaves it as it is (None): no
+        record, no pause and no such resume, or an earlier pause, is what a store that lost
+        writes shows (a wipe, an older snapshot not noticed yet), and the pause is then
+        restored once the beat finds out (see Scheduler._restore_pauses)."""
+        known = self.paused.get(name)
+        if known is None or record is None or record.name != name:
+            return None
+        current = record.paused
+        if current is not None:
+            if current.at > known.at or (current.at == known.at and current != known):
+                self.paused[name] = current
+                return "updated"
+            return None
+        if record.resumed_at is not None and record.resumed_at >= known.at:
+            del self.paused[name]
+            self.pauses_stale.discard(name)
+            return "resumed"
         return None
 
     def claimed(self, claims: list[Claim]) -> None:
