@@ -184,12 +184,6 @@ def test_a_second_pause_lost_with_an_older_snapshot_is_restored(
     assert record.paused.by == "carol@ops" and record.paused.note.startswith("second ["), record
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a backfilled run a live beat sent is lost when the store comes back from a"
-    " snapshot taken before the backfill: register restores a sent run only where the store"
-    " has no record or a claimed/due one, so the old skipped (paused) run stays, and the"
-    " worker refuses the backfill's message ('token superseded' by the skipped run's): the"
-    " operator's backfill never runs, nothing says so, and the history says skipped"))
 def test_a_backfilled_run_sent_before_an_older_snapshot_came_back_still_runs(
         store_server: SnapshotServer, server: RedisServer, tmp_path: Path) -> None:
     app = make_app(store_server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1)}},

@@ -11,8 +11,9 @@ import sqlite3
 
 import pytest
 
-from beat_claims.enums import Overlap, Reason, RunState
-from beat_claims.stores.base import CheckVerdict, Outcome, Store
+from beat_claims.enums import Overlap, Reason, RunState, StartVerdict
+from beat_claims.runs import Run
+from beat_claims.stores.base import CheckVerdict, EntrySeed, Outcome, Store
 from beat_claims.stores.redis import RedisStore
 from beat_claims.stores.sqlite import SQLiteStore
 
@@ -23,8 +24,10 @@ from .helpers import (
     check,
     claim,
     claims,
+    delivery,
     entry,
     now,
+    process,
     run,
     runs,
     send,
@@ -173,3 +176,26 @@ def test_a_backfill_naming_an_instant_twice_creates_one_run(store: Store) -> Non
     assert made is not None and sorted(made.created) == [older, old], made
     taken = take(store, B)
     assert [c.due for c in taken] == [older, old]
+
+
+@pytest.mark.parametrize("ended", [RunState.CANCELLED, RunState.SKIPPED])
+def test_a_sent_run_a_beat_knows_replaces_an_older_copys_run_that_ended_without_running(
+        store: Store, ended: RunState) -> None:
+    """The store came back from a copy taken before a backfill: it holds the run the
+    backfill replaced (ended without running, a lower token). A live beat that sent the
+    backfill's run registers it: it is restored, and its delivery starts (not refused as
+    superseded). One that ended after running (done) is never replaced."""
+    c = claims(store, A, 1000)[0]
+    send(store, A, c, task_id="t-old")
+    store.finish([Outcome("e", c.due, c.token, ended, reason=Reason.PAUSED)
+                  if ended is RunState.SKIPPED else Outcome("e", c.due, c.token, ended)])
+    if run(store, c).state is not ended:
+        pytest.skip(f"the store does not record {ended.value} from a worker's outcome")
+    known = Run("e", c.due, RunState.SENT, token=c.token + 5, task_id="t-new", manual=True,
+                extra={"reseeded": True})
+    store.register([EntrySeed("e", "every 1s", runs=(known,))])
+    restored = run(store, c)
+    assert (restored.state, restored.token) == (RunState.SENT, c.token + 5)
+    new = delivery(c, process(1), task_id="t-new", token=c.token + 5)
+    assert store.start(new).verdict is StartVerdict.RUN
+    assert store.lookup_task("t-old") is None

@@ -3,7 +3,8 @@
 -- checkpoint and a token floor (the higher of the store's and the caller's is kept: nothing
 -- goes back), and runs the caller knows of (restored only where the store has no record at
 -- their instant, or where the store still holds a run the caller has since sent as claimed
--- or due); the token counter is raised to every token of those runs. A field that cannot
+-- or due, or, with a lower token, one that ended without running: a backfill replaced it);
+-- the token counter is raised to every token of those runs. A field that cannot
 -- be read is replaced, and named in the reply; a token counter replaced so starts above
 -- every token the entry's runs hold.
 -- KEYS: the entry's keys. ARGV: name, description, anchor for a new entry, known anchor
@@ -64,6 +65,16 @@ if #known > 0 then
       -- An older copy of the store still holds it claimed (or due again), and the caller
       -- sent it since: what the caller knows is newer.
       put_run(K, run, stored)
+    elseif stored and run.state == STATE.sent and (stored.token or 0) < (run.token or 0)
+        and (stored.state == STATE.skipped or stored.state == STATE.cancelled
+             or (stored.state == STATE.lost and not stored.started_at)) then
+      -- An older copy of the store holds the run a backfill replaced (it ended without
+      -- running), and the caller sent the backfill's run since, with a later token. As a
+      -- backfill does, the old record goes with its task id.
+      forget_run(K, stored)
+      redis.call('ZREM', K.lost, due)
+      put_run(K, run, nil)
+      redis.call('ZADD', K.history, run.due, due)
     end
   end
   trim(K, tonumber(ARGV[7]), now_ms())
