@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -138,3 +139,33 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     inherit its settings module: Celery turns on its Django fixup for any app when the
     variable is set. Tests that start Django processes name their settings explicitly."""
     os.environ.pop("DJANGO_SETTINGS_MODULE", None)
+
+
+class SnapshotServer(RedisServer):
+    """A redis-server whose data can be saved, and brought back older or not at all."""
+
+    def snapshot(self, to: Path) -> None:
+        self.client().save()
+        shutil.copy(Path(self.dir) / "dump.rdb", to)
+
+    def come_back(self, snapshot: Path | None) -> None:
+        """Stop without saving, and start again from ``snapshot`` (None: empty)."""
+        assert self.proc is not None
+        with contextlib.suppress(Exception):  # it answers by closing the connection
+            self.client().shutdown(nosave=True)
+        self.proc.wait(10)
+        self.proc = None
+        dump = Path(self.dir) / "dump.rdb"
+        dump.unlink(missing_ok=True)
+        if snapshot is not None:
+            shutil.copy(snapshot, dump)
+        self.start()
+
+
+@pytest.fixture
+def store_server() -> Iterator[SnapshotServer]:
+    server = SnapshotServer()
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)

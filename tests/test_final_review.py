@@ -9,8 +9,6 @@ a problem found in the review.
 from __future__ import annotations
 
 import contextlib
-import shutil
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,40 +21,11 @@ from beat_claims.settings import Settings
 from beat_claims.stores import open_store
 from beat_claims.stores.base import Delivery, EntrySeed, WorkerProcess
 
-from .conftest import RedisServer
+from .conftest import RedisServer, SnapshotServer
 from .inprocess import make, make_app, messages
 from .processes import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-class SnapshotServer(RedisServer):
-    """A redis-server whose data can be saved, and brought back older."""
-
-    def snapshot(self, to: Path) -> None:
-        self.client().save()
-        shutil.copy(Path(self.dir) / "dump.rdb", to)
-
-    def come_back(self, snapshot: Path) -> None:
-        """Stop without saving, and start again from ``snapshot``."""
-        assert self.proc is not None
-        with contextlib.suppress(Exception):  # it answers by closing the connection
-            self.client().shutdown(nosave=True)
-        self.proc.wait(10)
-        self.proc = None
-        dump = Path(self.dir) / "dump.rdb"
-        dump.unlink(missing_ok=True)
-        shutil.copy(snapshot, dump)
-        self.start()
-
-
-@pytest.fixture
-def store_server() -> Iterator[SnapshotServer]:
-    server = SnapshotServer()
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
 
 
 def _tick(s: Scheduler) -> None:

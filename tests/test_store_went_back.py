@@ -10,12 +10,10 @@ catch-up policy."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import shutil
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,39 +26,9 @@ from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import Check, CheckResult, Claim, Delivery, Outcome, WorkerProcess
 from beat_claims.stores.redis import RedisStore
 
-from .conftest import RedisServer, seed_settled_epoch
+from .conftest import RedisServer, SnapshotServer, seed_settled_epoch
 from .inprocess import make, make_app, messages, occurrences_sent, run_for
 from .processes import duplicates, executions, fleet, wait_for
-
-
-class SnapshotServer(RedisServer):
-    """A redis-server whose data can be saved, and brought back older or not at all."""
-
-    def snapshot(self, to: Path) -> None:
-        self.client().save()
-        shutil.copy(Path(self.dir) / "dump.rdb", to)
-
-    def come_back(self, snapshot: Path | None) -> None:
-        """Stop without saving, and start again from ``snapshot`` (None: empty)."""
-        assert self.proc is not None
-        with contextlib.suppress(Exception):  # it answers by closing the connection
-            self.client().shutdown(nosave=True)
-        self.proc.wait(10)
-        self.proc = None
-        dump = Path(self.dir) / "dump.rdb"
-        dump.unlink(missing_ok=True)
-        if snapshot is not None:
-            shutil.copy(snapshot, dump)
-        self.start()
-
-
-@pytest.fixture
-def store_server() -> Iterator[SnapshotServer]:
-    server = SnapshotServer()
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
 
 
 def tokens_are_never_reused(rows: list[dict[str, object]]) -> None:
