@@ -204,6 +204,12 @@ def _sql_names(schema: str) -> dict[str, str]:
         f" LEFT JOIN {names['s']}.runs r"
         " ON r.entry_id = e.id AND r.due = (x.value ->> 'd')::bigint ORDER BY x.n")
     names["SELECT_RUNS"] = select_runs.format("")
+    # The entries a batch of items names, locked in one order (name) so that two batches
+    # never wait on each other in a circle.
+    names["LOCK_ITEMS_ENTRIES"] = (
+        f"PERFORM 1 FROM {names['s']}.entries e"
+        " WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)"
+        " ORDER BY e.name FOR NO KEY UPDATE;")
     names["SELECT_RUNS_SINCE"] = select_runs.format(", r.since")
     names["STATES"] = _quoted_list([s.value for s in RunState])
     names["FINAL"] = _quoted_list([s.value for s in FINAL_STATES])
@@ -850,9 +856,7 @@ DECLARE
   v_ok boolean;
   v_count integer := 0;
 BEGIN
-  PERFORM 1 FROM {s}.entries e
-    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
-    ORDER BY e.name FOR NO KEY UPDATE;
+  {LOCK_ITEMS_ENTRIES}
   FOR v_item, v_entry, v_rec, v_ok IN {SELECT_RUNS} LOOP
     v_due := (v_item ->> 'd')::bigint;
     CONTINUE WHEN v_entry IS NULL OR NOT v_ok;
@@ -884,9 +888,7 @@ DECLARE
   v_now bigint;
   v_attempts bigint;
 BEGIN
-  PERFORM 1 FROM {s}.entries e
-    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
-    ORDER BY e.name FOR NO KEY UPDATE;
+  {LOCK_ITEMS_ENTRIES}
   FOR v_item, v_entry, v_rec, v_ok IN {SELECT_RUNS} LOOP
     v_due := (v_item ->> 'd')::bigint;
     o_state := NULL;
@@ -926,9 +928,7 @@ DECLARE
   v_rec jsonb;
   v_ok boolean;
 BEGIN
-  PERFORM 1 FROM {s}.entries e
-    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
-    ORDER BY e.name FOR NO KEY UPDATE;
+  {LOCK_ITEMS_ENTRIES}
   FOR v_item, v_entry, v_rec, v_ok IN {SELECT_RUNS} LOOP
     v_due := (v_item ->> 'd')::bigint;
     o_result := CASE WHEN v_entry IS NULL THEN 0 WHEN NOT v_ok THEN -1
@@ -1090,9 +1090,7 @@ DECLARE
   v_since bigint;
   v_late boolean;
 BEGIN
-  PERFORM 1 FROM {s}.entries e
-    WHERE e.name IN (SELECT x ->> 'e' FROM jsonb_array_elements(p_items) x)
-    ORDER BY e.name FOR NO KEY UPDATE;
+  {LOCK_ITEMS_ENTRIES}
   FOR v_item, v_entry, v_rec, v_ok, v_since IN {SELECT_RUNS_SINCE} LOOP
     v_due := (v_item ->> 'd')::bigint;
     v_state := v_rec ->> 'state';
