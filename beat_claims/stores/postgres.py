@@ -113,7 +113,7 @@ logger = get_logger("celery.beat.claims")
 T = TypeVar("T")
 
 #: The layout's version. A change to a table or a function gets a new one and a migration.
-LAYOUT = 4
+LAYOUT = 5
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version). A function whose arguments change must be dropped
 #: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
@@ -139,6 +139,9 @@ DROP FUNCTION IF EXISTS {s}.resume(text, text);
     # that ended without running, with a lower token) that an older copy of the store
     # holds: no table changes, the functions are installed again.
     3: "SELECT 1;",
+    # 5: register() also puts a later-token sent run over an earlier send no worker started
+    # (two backfills of one instant, restored from an older copy): functions only.
+    4: "SELECT 1;",
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
 #: casts, EXECUTE FUNCTION triggers; tested on 15).
@@ -522,13 +525,16 @@ BEGIN
     IF jsonb_array_length(coalesce(v_seed -> 'runs', '[]')) > 0 THEN
       FOR v_run IN SELECT x FROM jsonb_array_elements(v_seed -> 'runs') x LOOP
         -- An older copy of the store holds the run a backfill replaced (it ended without
-        -- running), and the caller sent the backfill's run since, with a later token: as
-        -- a backfill does, the old row goes (with its task ids), and the caller's is put.
+        -- running, or an earlier send no worker started), and the caller sent a later run
+        -- since, with a later token (the record of an instant carries its latest token: the
+        -- copy is behind): as a backfill does, the old row goes (with its task ids), and
+        -- the caller's is put.
         DELETE FROM {s}.runs r
           WHERE r.entry_id = v_entry.id AND r.due = (v_run ->> 'due')::bigint
             AND v_run ->> 'state' = {SENT} AND r.readable
             AND (r.record ->> 'state' IN ({SKIPPED}, {CANCELLED})
-                 OR (r.record ->> 'state' = {LOST} AND r.record ->> 'started_at' IS NULL))
+                 OR (r.record ->> 'state' IN ({LOST}, {SENT})
+                     AND r.record ->> 'started_at' IS NULL))
             AND coalesce({s}.int_of(r.record -> 'token'), 0)
                 < coalesce({s}.int_of(v_run -> 'token'), 0);
         -- Where the store has a record, it is kept, unless an older copy of the store

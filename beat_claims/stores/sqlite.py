@@ -469,6 +469,11 @@ def _ended_unrun(run: Record) -> bool:
     return run["state"] in _REDONE and not _ran(run)
 
 
+def _sent_unstarted(run: Record) -> bool:
+    """A run sent that no worker has started."""
+    return run["state"] == RunState.SENT.value and run.get("started_at") is None
+
+
 def _to_due(run: Record, by: str | None, now: int) -> None:
     """Due again, for any beat that has the entry; its next claim gets a fresh token."""
     if by is None:
@@ -1079,11 +1084,14 @@ class SQLiteStore(Store):
                     # An older copy of the store still holds it claimed (or due again), and
                     # the caller sent it since: what the caller knows is newer.
                     self._put_run(db, seed.name, record)
-                elif stored and known.state is RunState.SENT and _ended_unrun(stored) and (
+                elif stored and known.state is RunState.SENT and (
+                        _ended_unrun(stored) or _sent_unstarted(stored)) and (
                         (_maybe_int(stored.get("token")) or 0) < known.token):
                     # An older copy holds the run a backfill replaced (it ended without
-                    # running), and the caller sent the backfill's run since: newer. As a
-                    # backfill does, the old row (and its task ids) goes.
+                    # running, or an earlier send no worker started), and the caller sent a
+                    # later run since: the record of an instant carries its latest token, so
+                    # this copy is behind. As a backfill does, the old row (and its task
+                    # ids) goes.
                     db.execute(self._sql["run_delete"], (seed.name, known.due))
                     self._insert_run(db, seed.name, record)
             self._trim(db, seed.name, self.history_limit, now)

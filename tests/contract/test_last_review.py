@@ -1,7 +1,7 @@
 """Adversarial review of register's restore of sent runs over runs that ended without
 running (4e1f88f), and of a pause whose instant cannot be read (7c9e29d), at the contract.
 
-Tests marked ``xfail(strict=True, reason="review: ...")`` reproduce a problem found in the
+Tests once marked ``xfail(strict=True, reason="review: ...")`` reproduced a problem found in the
 review; the others pin a property that holds and was not pinned elsewhere.
 """
 
@@ -45,13 +45,6 @@ def _starts(store: Store, due: int, token: int, task_id: str, n: int = 1) -> boo
 
 
 # -- findings --------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "review: register keeps the first sent run it restores at an instant, not the latest:"
-    " a beat that sent two backfills of one instant (the first cancelled or lost unstarted,"
-    " then backfilled again) registers both (Knowledge.recent, oldest first); the older"
-    " one replaces the copy's cancelled run, and the newer one then meets a sent run, which"
-    " no branch replaces. The store holds the superseded token, the worker refuses the"
-    " operator's last backfill as superseded, and history shows the wrong task id"))
 def test_the_latest_of_two_sent_runs_a_beat_knows_at_one_instant_is_restored(
         store: Store) -> None:
     due, token = _ended(store)
@@ -62,12 +55,6 @@ def test_the_latest_of_two_sent_runs_a_beat_knows_at_one_instant_is_restored(
     assert _starts(store, due, token + 5, "t-backfill-2")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: two live beats that sent successive backfills of one instant register what"
-    " they know in either order; when the one that sent the older backfill registers first,"
-    " its sent run stays and the newer beat's is dropped (a stored sent run is never"
-    " replaced by a later-token sent one): the result depends on who registers first, and"
-    " the worker refuses the latest backfill's message as superseded"))
 def test_two_beats_knowing_successive_sends_at_one_instant_end_with_the_latest(
         store: Store) -> None:
     due, token = _ended(store)

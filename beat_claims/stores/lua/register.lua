@@ -67,10 +67,13 @@ if #known > 0 then
       put_run(K, run, stored)
     elseif stored and run.state == STATE.sent and (stored.token or 0) < (run.token or 0)
         and (stored.state == STATE.skipped or stored.state == STATE.cancelled
-             or (stored.state == STATE.lost and not stored.started_at)) then
+             or ((stored.state == STATE.lost or stored.state == STATE.sent)
+                 and not stored.started_at)) then
       -- An older copy of the store holds the run a backfill replaced (it ended without
-      -- running), and the caller sent the backfill's run since, with a later token. As a
-      -- backfill does, the old record goes with its task id.
+      -- running, or an earlier send of the instant no worker started), and the caller sent
+      -- a later run since, with a later token: the record of an instant always carries its
+      -- latest token, so this copy is behind. As a backfill does, the old record goes with
+      -- its task id.
       forget_run(K, stored)
       redis.call('ZREM', K.lost, due)
       put_run(K, run, nil)
