@@ -346,11 +346,16 @@ class Scheduler(BaseScheduler):
                 due_rest = [name for name in due if name not in set(together)]
             else:
                 due_rest = due
-            for chunk in self.claimer.shares(due_rest, self.liveness.peers()):
-                fresh, waited = self.claimer.claim(chunk, self.clock.now())
-                now = self.clock.now()
-                self.sender.send([c for c in fresh + waited
-                                  if self.holdings.later.get(c.ref, 0) <= now], self.schedule)
+            claiming = self.claimer.claim_chunks(
+                self.claimer.shares(due_rest, self.liveness.peers()), self.clock.now)
+            try:
+                for fresh, waited in claiming:
+                    now = self.clock.now()
+                    self.sender.send([c for c in fresh + waited
+                                      if self.holdings.later.get(c.ref, 0) <= now],
+                                     self.schedule)
+            finally:
+                claiming.close()  # what was claimed ahead is held: sent later, or given back
         except BrokerDown as exc:
             self.sender.up_since = None
             self.broker_outage.down(exc.__cause__ or exc)
@@ -511,6 +516,7 @@ class Scheduler(BaseScheduler):
             self.holdings.clear()
             self.sender.up_since = None
             self.recovery.close()
+            self.claimer.close()
             self._ready = False
             self._closed = True
         finally:

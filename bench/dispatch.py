@@ -972,7 +972,8 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
     if isinstance(beats, str):
         return {**out, "status": "error", "error": beats}
     started = time.time()
-    beats.configure({**_base_cfg(case, names, store, broker, workdir, None, run_id,
+    profile = args.profile if case.scheduler in args.profile_schedulers else None
+    beats.configure({**_base_cfg(case, names, store, broker, workdir, profile, run_id,
                                  args.setup_timeout, args.pg),
                      "interval": IDLE_INTERVAL, "last_run_at": started, "idle": True})
     ready, problem = beats.collect("ready", started + args.setup_timeout + 10)
@@ -1494,8 +1495,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a beat may take to be ready (300); beat-claims on a fresh"
                          " store waits one heartbeat TTL (15 s) before it registers")
     ap.add_argument("--profile", metavar="DIR", default=None,
-                    help="cProfile each beat of a burst from the start of ticking; writes"
-                         " DIR/<run>-<beat>.prof and prints the top functions to stderr")
+                    help="cProfile each beat of a burst or an idle window from the start"
+                         " of ticking; writes DIR/<run>-<beat>.prof and prints the top"
+                         " functions to stderr")
     ap.add_argument("--profile-schedulers", default="beat_claims",
                     help="schedulers to profile with --profile (beat_claims)")
     ap.add_argument("--dump", metavar="DIR", default=None,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Generator, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,6 +35,15 @@ CONFLICT_RETRIES = 5
 #: Occurrences of a jittered entry looked at in one plan, or to find when it next wakes:
 #: the bound of those walks. Hitting it delays occurrences (logged), never skips one.
 JITTER_WALK = 1000
+
+
+@dataclass(frozen=True)
+class _Round:
+    """One claim of a chunk of entries: the plans it was made of, and its results."""
+
+    now: int
+    plans: dict[str, tuple[ClaimPlan, Any]]
+    future: Future[list[ClaimResult]]
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,7 @@ class Claimer:
         self.heap: list[tuple[int, str]] = []
         self.skips = SkipLog(logger)
         self._noted: set[tuple[str, str]] = set()
+        self._pool: ThreadPoolExecutor | None = None  # the claim thread (claim_chunks)
 
     # -- entries ----------------------------------------------------------------------
     def register(self, names: Iterable[str], seeds: list[EntrySeed] | None = None,
@@ -306,27 +317,104 @@ class Claimer:
 
     def claim(self, names: list[str], now: int) -> tuple[list[Claim], list[Claim]]:
         """Claim what is due of ``names``: (new occurrences, runs that were due again)."""
+        return self._finish(self._begin(names, now))
+
+    def claim_chunks(self, chunks: list[list[str]], now: Callable[[], int]
+                     ) -> Generator[tuple[list[Claim], list[Claim]], None, None]:
+        """Claim chunk after chunk, as :meth:`claim` does each. The store call of the next
+        chunk is made in a thread of its own while the caller sends the current one: its
+        reply is there when the caller asks for the next chunk, rather than the beat
+        waiting on it between two chunks. Whatever that call claimed is held once the
+        generator is closed (a stop, an error), for the caller to send or give back; a
+        reply that never came is the sweeps' to find (this beat's own claims whose reply
+        it never had)."""
+        ahead: _Round | None = None
+        try:
+            for i, chunk in enumerate(chunks):
+                current = ahead if ahead is not None else self._begin(chunk, now())
+                ahead = None
+                fresh, waited = self._finish(current)
+                if i + 1 < len(chunks):
+                    ahead = self._begin(chunks[i + 1], now(), in_thread=True)
+                yield fresh, waited
+        finally:
+            if ahead is not None:
+                self._settle(ahead)
+
+    def _begin(self, names: list[str], now: int, in_thread: bool = False) -> _Round:
+        """Plan ``names`` and make the first claim of them (in the claim thread: its reply
+        is waited for by :meth:`_finish`)."""
+        plans = self._plans([n for n in names if n in self.states], now, first=True)
+        items = [p for p, _ in plans.values()]
+        future: Future[list[ClaimResult]] = Future()
+        if not items:
+            future.set_result([])
+        elif in_thread:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="beat-claims-claim")
+            future = self._pool.submit(self.store.claim, self.owner, items)
+        else:
+            future.set_result(self.store.claim(self.owner, items))
+        return _Round(now, plans, future)
+
+    def _finish(self, first: _Round) -> tuple[list[Claim], list[Claim]]:
+        """Take in a round's results, and claim again (at once) what met a conflict."""
         fresh: list[Claim] = []
         waited: list[Claim] = []
-        pending = [n for n in names if n in self.states]
-        for _attempt in range(CONFLICT_RETRIES):
-            plans: dict[str, tuple[ClaimPlan, Any]] = {}
-            for name in pending:
-                try:
-                    plans[name] = self._plan(name, now)
-                except Exception as exc:
-                    self.note(name, "plan", logging.ERROR, "beat-claims: cannot compute the"
-                              " due runs of %r (%s: %s); trying again later", name,
-                              type(exc).__name__, exc)
+        plans = first.plans
+        results = first.future.result()
+        for _attempt in range(1, CONFLICT_RETRIES):
+            pending = [r.entry for r in results
+                       if self._accept(r, plans[r.entry][1], fresh, waited)]
+            plans = self._plans(pending, first.now, first=False)
             if not plans:
-                break
-            pending = []
-            for result in self.store.claim(self.owner, [p for p, _ in plans.values()]):
-                if self._accept(result, plans[result.entry][1], fresh, waited):
-                    pending.append(result.entry)
-            if not pending:
-                break
+                return fresh, waited
+            results = self.store.claim(self.owner, [p for p, _ in plans.values()])
+        for result in results:
+            self._accept(result, plans[result.entry][1], fresh, waited)
         return fresh, waited
+
+    def _settle(self, round_: _Round) -> None:
+        """Hold what a claim made ahead took, now that nobody will ask for it: the caller
+        sends it later or gives it back (a stop, an outage of the broker). Never raises:
+        it runs while another exception (a stop's SystemExit) is on its way out."""
+        try:
+            results = round_.future.result()
+        except Exception as exc:  # found by the sweeps, and by close(), from the records
+            self.logger.warning("beat-claims: the reply to a claim made ahead was lost"
+                                " (%s: %s); its claims are taken back from the store's"
+                                " records", type(exc).__name__, exc)
+            return
+        for result in results:
+            try:
+                self._accept(result, round_.plans[result.entry][1], [], [])
+            except Exception as exc:  # the store went back: seen again at the next call
+                self.logger.warning("beat-claims: %s: a claim made ahead could not be taken"
+                                    " in (%s: %s)", result.entry, type(exc).__name__, exc)
+
+    def _plans(self, names: list[str], now: int, first: bool
+               ) -> dict[str, tuple[ClaimPlan, Any]]:
+        plans: dict[str, tuple[ClaimPlan, Any]] = {}
+        for name in names:
+            try:
+                planned = self._plan(name, now)
+            except Exception as exc:
+                self.note(name, "plan", logging.ERROR, "beat-claims: cannot compute the"
+                          " due runs of %r (%s: %s); trying again later", name,
+                          type(exc).__name__, exc)
+                continue
+            if not first and not (planned[0].claim or planned[0].skip):
+                # Another beat claimed what was due: nothing is left to write (its runs
+                # due again, if any, are the sweeps' to take).
+                continue
+            plans[name] = planned
+        return plans
+
+    def close(self) -> None:
+        """Stop the claim thread (a claim made ahead has been settled by then)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def take_due(self, names: Iterable[str]) -> list[Claim]:
         """Claim the runs of ``names`` that are due again (released, taken back,

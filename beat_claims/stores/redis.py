@@ -556,16 +556,18 @@ class RedisStore(Store):
             if isinstance(reply, Exception):
                 out.append(CheckResult(item.claim, CheckVerdict.REFUSED,
                                        why=f"unreadable record: {reply}"))
-            elif reply[0] == CheckVerdict.SEND.value:
+                continue
+            verdict, _, detail = reply.partition(";")  # one string (see check.lua)
+            if verdict == CheckVerdict.SEND.value:
                 out.append(CheckResult(item.claim, CheckVerdict.SEND))
-            elif reply[0] == CheckVerdict.MISSING.value:
-                out.append(CheckResult(item.claim, CheckVerdict.MISSING, why=str(reply[1])))
-            elif reply[0] == CheckVerdict.SKIPPED.value:
-                out.append(CheckResult(item.claim, CheckVerdict.SKIPPED, Reason(reply[1])))
-            elif reply[0] == CheckVerdict.WAITING.value:
+            elif verdict == CheckVerdict.MISSING.value:
+                out.append(CheckResult(item.claim, CheckVerdict.MISSING, why=detail))
+            elif verdict == CheckVerdict.SKIPPED.value:
+                out.append(CheckResult(item.claim, CheckVerdict.SKIPPED, Reason(detail)))
+            elif verdict == CheckVerdict.WAITING.value:
                 out.append(CheckResult(item.claim, CheckVerdict.WAITING))
             else:
-                out.append(CheckResult(item.claim, CheckVerdict.REFUSED, why=str(reply[1])))
+                out.append(CheckResult(item.claim, CheckVerdict.REFUSED, why=detail))
         return out
 
     def record_sent(self, owner: Owner, claims: Sequence[Claim]) -> int:
@@ -888,20 +890,22 @@ def _maybe_int(value: Any) -> int | None:
 
 
 def _claim_result(entry: str, reply: Any) -> ClaimResult:
+    """The claim script's reply: one string of ';'-separated fields (see claim.lua)."""
     if isinstance(reply, Exception):
         return ClaimResult(entry, ClaimStatus.CORRUPT, detail=str(reply))
-    status = ClaimStatus(reply[0])
+    fields = reply.split(";")
+    status = ClaimStatus(fields[0])
     if status is ClaimStatus.MISSING:
         return ClaimResult(entry, status)
     if status is ClaimStatus.CORRUPT:
-        return ClaimResult(entry, status, detail=f"unreadable field {reply[1]!r}")
+        return ClaimResult(entry, status, detail=f"unreadable field {fields[1]!r}")
+    state = EntryState(int(fields[1]), _maybe_int(fields[2]), int(fields[3]))
     if status is ClaimStatus.CONFLICT:
-        anchor, checkpoint, token = reply[1:4]
-        return ClaimResult(entry, status, EntryState(int(anchor), _maybe_int(checkpoint),
-                                                     int(token)))
-    claimed, skipped, existing, taken, anchor, checkpoint, token, unreadable = reply[1:9]
+        return ClaimResult(entry, status, state)
+    claimed, skipped, existing, taken, unreadable = (
+        f.split(",") if f else [] for f in fields[4:9])
     return ClaimResult(
-        entry, status, EntryState(int(anchor), _maybe_int(checkpoint), int(token)),
+        entry, status, state,
         claims=tuple(Claim(entry, int(claimed[i]), int(claimed[i + 1]))
                      for i in range(0, len(claimed), 2)),
         taken=tuple(Claim(entry, int(taken[i]), int(taken[i + 1]), manual=taken[i + 2] == "1",

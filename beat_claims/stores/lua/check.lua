@@ -6,24 +6,25 @@
 -- scheduled run of the entry is the one being sent, sent or started: it comes too late). A holder that checked before and lost
 -- the reply may check again, and gets the same answer.
 -- KEYS: the entry's keys. ARGV: name, owner, token, due, task id, skip reason ('' none),
--- overlap policy. Returns {'send'}, {'skipped', reason}, {'waiting'} or {'refused', why}.
+-- overlap policy. Returns one string: 'send', 'skipped;reason', 'waiting', 'refused;why' or
+-- 'missing;why'.
 local K = entry_keys(KEYS, ARGV[1])
 local due = ARGV[4]
 local run = get_run(K, due)
-if run == nil then return {CHECK.missing, 'no such run'} end
-if run == false then return {CHECK.refused, 'unreadable record'} end
+if run == nil then return CHECK.missing .. ';no such run' end
+if run == false then return CHECK.refused .. ';unreadable record' end
 if run.state == STATE.waiting and run.waited_by == ARGV[2] and has_token(run, ARGV[3]) then
   -- made waiting by this holder's check: asked again (whatever overlap policy it asks
   -- with now), the same answer
-  return {CHECK.waiting}
+  return CHECK.waiting
 end
 if run.owner ~= ARGV[2] or not has_token(run, ARGV[3]) then
-  return {CHECK.refused, 'superseded'}
+  return CHECK.refused .. ';superseded'
 end
 if run.state == STATE.skipped and REASON[run.reason] then
-  return {CHECK.skipped, run.reason}  -- skipped by this holder's check: asked again
+  return CHECK.skipped .. ';' .. run.reason  -- skipped by this holder's check: asked again
 end
-if not HELD[run.state] then return {CHECK.refused, run.state} end
+if not HELD[run.state] then return CHECK.refused .. ';' .. run.state end
 local old = shallow_copy(run)
 local now = now_ms()
 local reason = ARGV[6]
@@ -55,7 +56,7 @@ if reason == '' and run.state == STATE.claimed and overlap ~= OVERLAP.allow
       run.owner = nil
       run.waiting_at = now
       put_run(K, run, old)
-      return {CHECK.waiting}
+      return CHECK.waiting
     end
   end
 end
@@ -64,10 +65,10 @@ if reason ~= '' then
   run.reason = reason
   run.finished_at = now
   put_run(K, run, old)
-  return {CHECK.skipped, reason}
+  return CHECK.skipped .. ';' .. reason
 end
 run.state = STATE.sending
 run.task_id = ARGV[5]
 run.sending_at = now
 put_run(K, run, old)
-return {CHECK.send}
+return CHECK.send

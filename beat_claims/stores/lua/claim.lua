@@ -6,14 +6,16 @@
 -- KEYS: the entry's keys. ARGV: name, owner, expected anchor ('' = no new occurrences),
 -- expected checkpoint ('' none), token floor, take due runs ('1'/'0'), history limit,
 -- n, then n pairs (due, 'claim' or a skip reason).
--- Returns {'ok', claimed, skipped, existing, taken, anchor, checkpoint, token} (claimed:
--- due, token pairs; taken: due, token, manual, maybe sent, attempts), or {'conflict',
--- anchor, checkpoint, token}, {'missing'}, {'corrupt', field}.
+-- Returns one string of ';'-separated fields (a flat reply costs the client far less to
+-- read than nested arrays): 'ok;anchor;checkpoint;token;claimed;skipped;existing;taken;
+-- unreadable', each list ','-separated (claimed: due, token pairs; skipped: due, reason
+-- pairs; taken: due, token, manual, maybe sent, attempts), or 'conflict;anchor;checkpoint;
+-- token', 'missing', 'corrupt;field'.
 local K = entry_keys(KEYS, ARGV[1])
 local owner = ARGV[2]
 local e, bad = get_entry(K)
-if not e then return {CLAIM.corrupt, bad} end
-if not e.anchor then return {CLAIM.missing} end
+if not e then return CLAIM.corrupt .. ';' .. bad end
+if not e.anchor then return CLAIM.missing end
 local cp_text = e.checkpoint and fmt(e.checkpoint) or ''
 local floor = tonumber(ARGV[5])
 local now = now_ms()
@@ -23,7 +25,7 @@ local token_text = e.token_text or '0'
 local claimed, skipped, existing, taken, unreadable = {}, {}, {}, {}, {}
 if ARGV[3] ~= '' then
   if fmt(e.anchor) ~= ARGV[3] or cp_text ~= ARGV[4] then
-    return {CLAIM.conflict, fmt(e.anchor), cp_text, fmt(e.token)}
+    return table.concat({CLAIM.conflict, fmt(e.anchor), cp_text, fmt(e.token)}, ';')
   end
   local cp = e.checkpoint
   for i = 1, tonumber(ARGV[8]) do
@@ -96,5 +98,7 @@ if ARGV[6] == '1' then
   end
 end
 trim(K, tonumber(ARGV[7]), now)
-return {CLAIM.ok, claimed, skipped, existing, taken, fmt(e.anchor), cp_text, token_text,
-        unreadable}
+return table.concat({CLAIM.ok, fmt(e.anchor), cp_text, token_text,
+                     table.concat(claimed, ','), table.concat(skipped, ','),
+                     table.concat(existing, ','), table.concat(taken, ','),
+                     table.concat(unreadable, ',')}, ';')
