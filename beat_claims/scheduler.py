@@ -11,6 +11,7 @@ before publishing it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -346,8 +347,8 @@ class Scheduler(BaseScheduler):
                 due_rest = [name for name in due if name not in set(together)]
             else:
                 due_rest = due
-            claiming = self.claimer.claim_chunks(
-                self.claimer.shares(due_rest, self.liveness.peers()), self.clock.now)
+            chunks = self.claimer.shares(due_rest, self.liveness.peers()) if due_rest else []
+            claiming = self.claimer.claim_chunks(chunks, self.clock.now)
             try:
                 for fresh, waited in claiming:
                     now = self.clock.now()
@@ -359,6 +360,11 @@ class Scheduler(BaseScheduler):
         except BrokerDown as exc:
             self.sender.up_since = None
             self.broker_outage.down(exc.__cause__ or exc)
+            # What was claimed ahead is held only once the send stopped: given back too, for
+            # a beat whose broker is up (if the store cannot take it now, it is sent here
+            # once the broker is back, or taken back by the sweeps).
+            with contextlib.suppress(StoreError, StoreConfigurationError):
+                self.sender.release(list(self.holdings.held.values()))
             return min(self.broker_outage.waiting(), self._sleep_for())
         finally:
             for name in due:  # each popped entry goes back once, at its next due instant
@@ -508,6 +514,9 @@ class Scheduler(BaseScheduler):
         deferred = _hold_stop_signals()
         try:
             try:
+                # A claim still in flight in the claim thread lands first: then it is
+                # among this beat's claims that _give_back finds in the store.
+                self.claimer.close()
                 self._give_back()
             except (StoreError, StoreConfigurationError) as exc:
                 logger.warning("beat-claims: could not give back the claims this beat held"
@@ -516,7 +525,6 @@ class Scheduler(BaseScheduler):
             self.holdings.clear()
             self.sender.up_since = None
             self.recovery.close()
-            self.claimer.close()
             self._ready = False
             self._closed = True
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
 from collections import defaultdict
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -116,6 +117,7 @@ class Claimer:
         self.skips = SkipLog(logger)
         self._noted: set[tuple[str, str]] = set()
         self._pool: ThreadPoolExecutor | None = None  # the claim thread (claim_chunks)
+        self._pool_pid = 0  # the process it belongs to
 
     # -- entries ----------------------------------------------------------------------
     def register(self, names: Iterable[str], seeds: list[EntrySeed] | None = None,
@@ -350,8 +352,10 @@ class Claimer:
         if not items:
             future.set_result([])
         elif in_thread:
-            if self._pool is None:
+            if self._pool is None or self._pool_pid != os.getpid():
+                # (a forked child has the parent's pool but not its thread: a new one)
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="beat-claims-claim")
+                self._pool_pid = os.getpid()
             future = self._pool.submit(self.store.claim, self.owner, items)
         else:
             future.set_result(self.store.claim(self.owner, items))
@@ -412,9 +416,9 @@ class Claimer:
 
     def close(self) -> None:
         """Stop the claim thread (a claim made ahead has been settled by then)."""
-        if self._pool is not None:
+        if self._pool is not None and self._pool_pid == os.getpid():
             self._pool.shutdown(wait=True)
-            self._pool = None
+        self._pool = None
 
     def take_due(self, names: Iterable[str]) -> list[Claim]:
         """Claim the runs of ``names`` that are due again (released, taken back,

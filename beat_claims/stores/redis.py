@@ -51,7 +51,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Any
 
@@ -236,6 +236,7 @@ class RedisStore(Store):
         self._servers: frozenset[str] = frozenset()  # its run ids (a cluster's masters)
         self._bad_keys: set[str] = set()
         self._entry_heads: dict[str, tuple[bytes, ...]] = {}  # see _entry_script
+        self._owner_record: tuple[Owner, str] | None = None  # see _owner_json
         self._heartbeating = threading.local()
         if isinstance(client, ClusterClient):
             client.keyless_key = self._epoch  # TIME: the clock the heartbeat reads
@@ -419,7 +420,7 @@ class RedisStore(Store):
         def build(pipe: Pipeline) -> None:
             self._script(pipe, "heartbeat",
                          [self._owners, self._alive, self._epoch, self._store_id],
-                         owner.id, json.dumps(owner.as_dict()), max(1, round(ttl * 1000)),
+                         owner.id, self._owner_json(owner), max(1, round(ttl * 1000)),
                          "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS,
                          "1" if settling else "0", uuid.uuid4().hex, *servers)
 
@@ -438,6 +439,13 @@ class RedisStore(Store):
         return Heartbeat(now=int(now), epoch=str(epoch_id), store_id=str(store_id),
                          settle_until=int(settle) if settle else None,
                          owners=tuple(_owner_statuses(owners, alive, int(now))))
+
+    def _owner_json(self, owner: Owner) -> str:
+        """The owner's record, written at every heartbeat: encoded once per owner."""
+        cached = self._owner_record
+        if cached is None or cached[0] != owner:
+            cached = self._owner_record = (owner, json.dumps(owner.as_dict()))
+        return cached[1]
 
     def _masters(self) -> str:
         """The run ids of the masters holding the store's slots (each bucket's, and the one
@@ -602,10 +610,15 @@ class RedisStore(Store):
             return [list(range(BUCKETS))]
         return [[bucket] for bucket in range(BUCKETS)]
 
+    @cached_property
+    def _live_keys(self) -> list[list[str]]:
+        """The keys of each live script call: a sweep at every heartbeat names them all."""
+        return [[k for b in group for k in self._bucket_keys(b, "due", "held")]
+                for group in self._bucket_groups()]
+
     def live_runs(self, query: LiveQuery) -> LiveRuns:
         def build(pipe: Pipeline) -> None:
-            for group in self._bucket_groups():
-                keys = [k for b in group for k in self._bucket_keys(b, "due", "held")]
+            for keys in self._live_keys:
                 self._script(pipe, "live", keys, query.owner, query.held_before,
                              query.mine_before, query.dead_before, query.limit,
                              *sorted(query.live_owners))
