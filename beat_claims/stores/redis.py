@@ -897,9 +897,21 @@ def _raise_if_error(reply: Any) -> None:
 
 def _maybe_int(value: Any) -> int | None:
     try:
-        return int(value) if value not in (None, "") else None
-    except (TypeError, ValueError):
+        return _whole(value) if value not in (None, "") else None
+    except (TypeError, ValueError, OverflowError):
         return None
+
+
+def _whole(text: str) -> int:
+    """A whole number as the store holds it: the scripts accept what Lua reads as one
+    ('5.0', '5e3': a counter written by a tool or a restore)."""
+    try:
+        return int(text)
+    except ValueError:
+        number = float(text)
+        if not number.is_integer():
+            raise
+        return int(number)
 
 
 def _claim_result(entry: str, reply: Any) -> ClaimResult:
@@ -912,7 +924,7 @@ def _claim_result(entry: str, reply: Any) -> ClaimResult:
         return ClaimResult(entry, status)
     if status is ClaimStatus.CORRUPT:
         return ClaimResult(entry, status, detail=f"unreadable field {fields[1]!r}")
-    state = EntryState(int(fields[1]), _maybe_int(fields[2]), int(fields[3]))
+    state = EntryState(_whole(fields[1]), _maybe_int(fields[2]), _whole(fields[3]))
     if status is ClaimStatus.CONFLICT:
         return ClaimResult(entry, status, state)
     claimed, skipped, existing, taken, unreadable = (

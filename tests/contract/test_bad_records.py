@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from beat_claims.beat.knowledge import TOKEN_GAP
 from beat_claims.enums import RunState, StartVerdict
 from beat_claims.runs import Run
 from beat_claims.stores.base import (
@@ -167,3 +168,26 @@ def test_a_corrupt_entry_is_reported_and_the_other_plans_answer(
     assert check(store, A, c).verdict is CheckVerdict.SEND
     started(store, c, process(1))
     assert [r.name for r in store.entries()] == ["e", "f"]
+
+
+def test_a_token_counter_stored_as_a_whole_float_is_read_as_its_number(
+        store: Store, backend: Backend) -> None:
+    """A counter written as '5.0' (by a tool, a restore) is the number 5: a claim that hands
+    out no token reads it, and so do the other plans of the same call (found in review: the
+    reply of the whole batch could not be read). One that hands out a token gets one above
+    it, or, where the store cannot count on from such a value (Redis' HINCRBY), reports the
+    entry corrupt alone; registering it again (the beat's repair) makes it claimable."""
+    states = register(store, "e", "f")
+    backend.corrupt_entry_field(store, "e", "token", "5.0")
+    results = store.claim(A, [plan(None), plan(states["f"], states["f"].anchor + 1000,
+                                               entry="f")])
+    assert [r.status for r in results] == [ClaimStatus.OK, ClaimStatus.OK]
+    assert results[0].state is not None and results[0].state.token == 5
+    assert len(results[1].claims) == 1
+    state = results[0].state
+    first = claim(store, A, state, state.anchor + 1000)
+    if first.status is ClaimStatus.CORRUPT:
+        state = store.register([EntrySeed("e", "every 1s (e)", state.anchor,
+                                          state.checkpoint, 5 + TOKEN_GAP)])["e"]
+        first = claim(store, A, state, state.anchor + 1000)
+    assert first.status is ClaimStatus.OK and first.claims[0].token > 5
