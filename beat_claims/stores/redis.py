@@ -915,9 +915,19 @@ def _whole(text: str) -> int:
 
 
 def _claim_result(entry: str, reply: Any) -> ClaimResult:
-    """The claim script's reply: one string of ';'-separated fields (see claim.lua)."""
+    """The claim script's reply: one string of ';'-separated fields (see claim.lua). A
+    reply that cannot be read (a field the script passed on as stored: a counter of
+    'inf') makes its own entry corrupt, never the call."""
     if isinstance(reply, Exception):
         return ClaimResult(entry, ClaimStatus.CORRUPT, detail=str(reply))
+    try:
+        return _parse_claim(entry, reply)
+    except (ValueError, IndexError, OverflowError) as exc:
+        return ClaimResult(entry, ClaimStatus.CORRUPT,
+                           detail=f"unreadable answer {str(reply)[:200]!r}: {exc}")
+
+
+def _parse_claim(entry: str, reply: str) -> ClaimResult:
     fields = reply.split(";")
     status = ClaimStatus(fields[0])
     if status is ClaimStatus.MISSING:

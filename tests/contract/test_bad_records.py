@@ -191,3 +191,18 @@ def test_a_token_counter_stored_as_a_whole_float_is_read_as_its_number(
                                           state.checkpoint, 5 + TOKEN_GAP)])["e"]
         first = claim(store, A, state, state.anchor + 1000)
     assert first.status is ClaimStatus.OK and first.claims[0].token > 5
+
+
+@pytest.mark.parametrize("raw", ["inf", "1e400"])
+def test_a_token_counter_that_is_no_whole_number_makes_only_its_entry_corrupt(
+        store: Store, backend: Backend, raw: str) -> None:
+    states = register(store, "e", "f")
+    backend.corrupt_entry_field(store, "e", "token", raw)
+    results = store.claim(A, [plan(None), plan(states["f"], states["f"].anchor + 1000,
+                                               entry="f")])
+    assert results[0].status is ClaimStatus.CORRUPT  # reported, so that the beat repairs it
+    assert results[1].status is ClaimStatus.OK and len(results[1].claims) == 1
+    state = store.register([EntrySeed("e", "every 1s (e)", states["e"].anchor, None,
+                                      TOKEN_GAP)])["e"]
+    c = claim(store, A, state, state.anchor + 1000)
+    assert c.status is ClaimStatus.OK and c.claims[0].token > TOKEN_GAP

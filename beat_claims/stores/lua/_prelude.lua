@@ -62,7 +62,7 @@ local function get_entry(K)
   for i, f in ipairs({'anchor', 'checkpoint', 'token'}) do
     if v[i] then
       local n = tonumber(v[i])
-      if n == nil or n ~= math.floor(n) then return nil, f end
+      if n == nil or n ~= math.floor(n) or math.abs(n) == math.huge then return nil, f end
       e[f] = n
     end
   end
