@@ -206,3 +206,14 @@ def test_a_token_counter_that_is_no_whole_number_makes_only_its_entry_corrupt(
                                       TOKEN_GAP)])["e"]
     c = claim(store, A, state, state.anchor + 1000)
     assert c.status is ClaimStatus.OK and c.claims[0].token > TOKEN_GAP
+
+
+@pytest.mark.parametrize("raw", ["5.0", "5e0"])
+def test_a_token_counter_written_otherwise_counts_on_without_a_repair(
+        store: Store, backend: Backend, raw: str) -> None:
+    """A whole number written otherwise is counted on from (found in review: Redis' HINCRBY
+    refused it, and a beat that knew nothing of the entry could not repair it)."""
+    state = register(store, "e")["e"]
+    backend.corrupt_entry_field(store, "e", "token", raw)
+    result = claim(store, A, state, state.anchor + 1000)
+    assert result.status is ClaimStatus.OK and result.claims[0].token == 6

@@ -53,7 +53,7 @@ local function pause_from(paused_at, from, to)
   return {paused = paused_at ~= false, from = tonumber(from or ''), to = tonumber(to or '')}
 end
 
--- The entry's anchor, checkpoint and token (and token_text, the token field as stored);
+-- The entry's anchor, checkpoint and token (and token_text, the token as written back);
 -- nil and the field's name when one is bad. Its pause (as pause_of) comes in the same HMGET.
 local function get_entry(K)
   local v = redis.call('HMGET', K.entry, 'anchor', 'checkpoint', 'token', 'paused_at',
@@ -67,7 +67,12 @@ local function get_entry(K)
     end
   end
   e.token = e.token or 0
-  e.token_text = v[3]
+  if v[3] and fmt(e.token) ~= v[3] and math.abs(e.token) < 2^53 then
+    -- a whole number written otherwise ('5.0', '0x10', by a tool or a restore): stored as
+    -- the counter HINCRBY can count on from, and as the client reads it
+    redis.call('HSET', K.entry, 'token', fmt(e.token))
+  end
+  e.token_text = v[3] and (math.abs(e.token) < 2^53 and fmt(e.token) or v[3])
   e.pause = pause_from(v[4], v[5], v[6])
   return e
 end
