@@ -294,8 +294,11 @@ class Scheduler(BaseScheduler):
         if self._went_back_why is not None:
             return self._went_back()
         heartbeat = self.liveness.due()
+        sweep_due = self._sweep_due(heartbeat)
         if heartbeat:
-            if self.liveness.beat():
+            # A sweep due in this tick is asked with the heartbeat: one round trip, not two.
+            sweep = self.sweeper.query() if self._ready and sweep_due else None
+            if self.liveness.beat(sweep=sweep):
                 raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
                                     " wipe)")
             self.metrics.heartbeat()
@@ -319,7 +322,7 @@ class Scheduler(BaseScheduler):
             self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS))
         began = self.clock.now()
         broker_down = self.broker_outage.waiting() > 0
-        if time.monotonic() - self._last_sweep >= self.settings.heartbeat_interval:
+        if sweep_due:
             self._last_sweep = time.monotonic()
             if self.holdings.unmarked:
                 self.sender.flush_marks()
@@ -377,6 +380,13 @@ class Scheduler(BaseScheduler):
         if self.sender.up_since is None:  # claiming and sending from here on
             self.sender.up_since = began
         return self._sleep_for()
+
+    def _sweep_due(self, heartbeat: bool) -> bool:
+        """A sweep at least every heartbeat interval, and with a heartbeat once half of one
+        has passed: the two keep step, and are asked in one round trip."""
+        since = time.monotonic() - self._last_sweep
+        interval = self.settings.heartbeat_interval
+        return since >= interval or (heartbeat and since >= interval / 2)
 
     def _sleep_for(self) -> float:
         wait = self.max_interval

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from ..runs import Owner, process_is_gone
-from ..stores.base import OwnerStatus, Store
+from ..stores.base import LiveQuery, LiveRuns, OwnerStatus, Store
 from .clock import StoreClock
 
 
@@ -31,15 +31,21 @@ class Liveness:
         self.store_id = ""  # stamped on messages: workers compare it with their store's
         self.settle_until: int | None = None
         self.owners: tuple[OwnerStatus, ...] = ()
+        #: The sweep query the last heartbeat answered, and its answer (see take_swept).
+        self.swept: tuple[LiveQuery, LiveRuns] | None = None
 
     def due(self) -> bool:
         return time.monotonic() - self.last >= self.interval
 
-    def beat(self, resync: bool = False, settling: bool = False) -> bool:
-        """Renew the heartbeat and read the store's clock, owners and epoch. True when the
-        epoch changed since the last heartbeat (the store may have lost writes)."""
+    def beat(self, resync: bool = False, settling: bool = False,
+             sweep: LiveQuery | None = None) -> bool:
+        """Renew the heartbeat and read the store's clock, owners and epoch (and with
+        ``sweep``, that sweep's answer, in the same round trip). True when the epoch changed
+        since the last heartbeat (the store may have lost writes)."""
         asked = time.monotonic()
-        hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling)
+        self.swept = None
+        hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
+                                  sweep=sweep)
         answered = time.monotonic()
         self.clock.set(hb.now, asked, answered)
         self.last = answered
@@ -48,7 +54,21 @@ class Liveness:
         self.store_id = hb.store_id
         self.settle_until = hb.settle_until
         self.owners = hb.owners
+        if sweep is not None and hb.live is not None and not changed:
+            self.swept = (sweep, hb.live)
         return changed and not resync
+
+    def take_swept(self) -> LiveRuns | None:
+        """The answer to the sweep query sent with the last heartbeat, once, while it holds:
+        the query's cutoffs were reckoned from the store's clock before that heartbeat and
+        its live owners from the one before, so it is used only when it is that recent and
+        every owner it took for alive still is (else a dead owner's claims would wait for
+        one more sweep). Else None: the sweep asks the store itself."""
+        swept, self.swept = self.swept, None
+        if swept is None or time.monotonic() - self.last >= self.interval:
+            return None
+        query, found = swept
+        return found if query.live_owners <= self.live_ids() else None
 
     def keep_alive(self) -> None:
         """During a long burst of sends: keep looking alive, but only from this loop. A

@@ -63,16 +63,28 @@ class Sweeper:
     def _policy(self, entry: str) -> Policy:
         return self.policies.get(entry, self.settings.policy)
 
-    def sweep(self, pick_up: bool = True) -> None:
-        """Take back what nobody will send; with ``pick_up``, claim what is due again in
-        this beat's entries; presume lost what never reported."""
+    def query(self) -> LiveQuery:
+        """What a sweep asks the store now (also sent with a heartbeat, see sweep)."""
         now = self.clock.now()
         interval = int(self.settings.heartbeat_interval * 1000)
         shortest = self.source.policy_bounds.reclaim_after
+        return LiveQuery(self.owner.id, self.liveness.live_ids(),
+                         held_before=now - int(shortest * 1000), mine_before=now - interval,
+                         dead_before=now - interval)
+
+    def sweep(self, pick_up: bool = True) -> None:
+        """Take back what nobody will send; with ``pick_up``, claim what is due again in
+        this beat's entries; presume lost what never reported.
+
+        What the sweep reads may have come with this tick's heartbeat (one round trip for
+        an idle beat): only a cheaper way to the same records. Every take-back and claim
+        below is a compare-and-set in the store, so an answer a few milliseconds old can
+        only miss what the next sweep finds, never take or send anything twice."""
+        now = self.clock.now()
         live = self.liveness.live_ids()
-        found = self.store.live_runs(LiveQuery(
-            self.owner.id, live, held_before=now - int(shortest * 1000),
-            mine_before=now - interval, dead_before=now - interval))
+        found = self.liveness.take_swept()
+        if found is None:
+            found = self.store.live_runs(self.query())
         reclaims: list[Reclaim] = []
         why: dict[tuple[str, int], tuple[str, str]] = {}
         for held in found.held:

@@ -416,6 +416,9 @@ class Heartbeat:
     store_id: str = ""
     """An id the store keeps as long as it keeps its records (a wipe makes a new one):
     beats stamp it on their messages, workers compare it with their own store's."""
+    live: LiveRuns | None = None
+    """With a ``sweep`` query: its answer, read from the records just after the heartbeat
+    was written (as :meth:`Store.live_runs` would)."""
 
 
 # -- the contract -------------------------------------------------------------------------
@@ -426,12 +429,23 @@ class Store(abc.ABC):
     # beats: liveness and entries
     @abc.abstractmethod
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
-                  settling: bool = False) -> Heartbeat:
+                  settling: bool = False, sweep: LiveQuery | None = None) -> Heartbeat:
         """Renew ``owner``'s liveness for ``ttl`` seconds and read the store's clock, epoch
         and owners. With ``resync`` the caller found the store went back: start a new epoch
         and settle for ``ttl`` (no claiming meanwhile). With ``settling`` the caller is
         still registering what it knows: a store that is settling stays so for ``ttl``
-        more."""
+        more. With ``sweep``, also answer that :meth:`live_runs` query (``live``): an idle
+        beat's heartbeat and sweep, in one round trip where the backend can."""
+
+    def _heartbeat_sweep(self, sweep: LiveQuery | None) -> LiveRuns | None:
+        """For a backend that answers a heartbeat's sweep with a second call: None if that
+        call fails (the heartbeat did not: the sweep asks again, and meets it there)."""
+        if sweep is None:
+            return None
+        try:
+            return self.live_runs(sweep)
+        except StoreError:
+            return None
 
     @abc.abstractmethod
     def leave(self, owner: Owner) -> None:

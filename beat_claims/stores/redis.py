@@ -416,29 +416,40 @@ class RedisStore(Store):
 
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
-                  settling: bool = False) -> Heartbeat:
+                  settling: bool = False, sweep: LiveQuery | None = None) -> Heartbeat:
         def build(pipe: Pipeline) -> None:
             self._script(pipe, "heartbeat",
                          [self._owners, self._alive, self._epoch, self._store_id],
                          owner.id, self._owner_json(owner), max(1, round(ttl * 1000)),
                          "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS,
                          "1" if settling else "0", uuid.uuid4().hex, *servers)
+            if sweep is not None:  # run after the heartbeat's script, in the same trip
+                self._live_build(pipe, sweep)
 
         self._heartbeating.on = True
         try:
             # On a cluster the script cannot read the other masters' run ids: they are read
             # just before (a master that restarts in between is caught by _check_server).
             servers = () if self.single_node else (self._masters(),)
-            reply = self._round_trip(build)[0]
+            replies = self._round_trip(build)
         finally:
             self._heartbeating.on = False
+        reply = replies[0]
         _raise_if_error(reply)
         now, epoch_id, settle, owners, alive, server, store_id = reply
         self._server = str(server) or None
         self._servers = frozenset(self._server.split(",")) if self._server else frozenset()
         return Heartbeat(now=int(now), epoch=str(epoch_id), store_id=str(store_id),
                          settle_until=int(settle) if settle else None,
-                         owners=tuple(_owner_statuses(owners, alive, int(now))))
+                         owners=tuple(_owner_statuses(owners, alive, int(now))),
+                         live=self._sweep_reply(replies[1:], sweep))
+
+    def _sweep_reply(self, replies: list[Any], sweep: LiveQuery | None) -> LiveRuns | None:
+        """The sweep's answer that came with a heartbeat; None if the sweep's part failed
+        (the heartbeat did not: the sweep asks again, and meets the error there)."""
+        if sweep is None or any(isinstance(reply, Exception) for reply in replies):
+            return None
+        return self._live_parse(replies, sweep)
 
     def _owner_json(self, owner: Owner) -> str:
         """The owner's record, written at every heartbeat: encoded once per owner."""
@@ -617,16 +628,20 @@ class RedisStore(Store):
                 for group in self._bucket_groups()]
 
     def live_runs(self, query: LiveQuery) -> LiveRuns:
-        def build(pipe: Pipeline) -> None:
-            for keys in self._live_keys:
-                self._script(pipe, "live", keys, query.owner, query.held_before,
-                             query.mine_before, query.dead_before, query.limit,
-                             *sorted(query.live_owners))
+        return self._live_parse(self._round_trip(lambda pipe: self._live_build(pipe, query)),
+                                query)
 
+    def _live_build(self, pipe: Pipeline, query: LiveQuery) -> None:
+        for keys in self._live_keys:
+            self._script(pipe, "live", keys, query.owner, query.held_before,
+                         query.mine_before, query.dead_before, query.limit,
+                         *sorted(query.live_owners))
+
+    def _live_parse(self, replies: list[Any], query: LiveQuery) -> LiveRuns:
         due: list[RunRef] = []
         held: list[HeldRun] = []
         complete = True
-        for reply in self._round_trip(build):
+        for reply in replies:
             _raise_if_error(reply)
             due_members, held_rows, more, bad_keys = reply
             for bad_key in bad_keys:

@@ -225,3 +225,20 @@ def test_entry_names_are_reported_exactly_as_registered(store: Store) -> None:
     assert sorted(h.entry for h in found.held) == sorted(names)
     assert sorted(o.entry for o in store.open_runs(before=now(store) + 1)) == sorted(names)
     assert sorted(e.name for e in store.entries()) == sorted(names)
+
+
+def test_a_heartbeat_asked_a_sweep_answers_it_as_live_runs_does(store: Store) -> None:
+    """An idle beat's heartbeat and sweep are one call: the answer is the records', read
+    after the heartbeat was written (so the caller's own liveness is already renewed)."""
+    released, held_by_a = claims(store, A, 1000, 2000)
+    store.release(A, [Release(released)])
+    cutoff = after(store, run(store, held_by_a).claimed_at or 0)
+    sweep = query(C, live=(C,), dead_before=cutoff)
+    hb = store.heartbeat(C, 30, sweep=sweep)
+    assert hb.live is not None
+    assert [(r.entry, r.due) for r in hb.live.due] == [("e", released.due)]
+    assert [(h.entry, h.due, h.owner) for h in hb.live.held] == [("e", held_by_a.due, A.id)]
+    assert hb.live == store.live_runs(sweep)
+    assert C.id in {o.owner.id for o in hb.owners if o.alive}
+    # Without a query, the heartbeat reads no runs.
+    assert store.heartbeat(C, 30).live is None
