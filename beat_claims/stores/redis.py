@@ -399,7 +399,8 @@ class RedisStore(Store):
             replies += self._round_trip(each)
         return replies
 
-    def _script(self, pipe: Pipeline, name: str, keys: Sequence[str], *args: Any) -> None:
+    def _script(self, pipe: Pipeline, name: str, keys: Sequence[str | bytes], *args: Any
+                ) -> None:
         # EVALSHA directly: redis-py would otherwise ask SCRIPT EXISTS on every execute.
         pipe.evalsha(_sha(name), len(keys), *keys, *args)
 
@@ -418,9 +419,8 @@ class RedisStore(Store):
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None) -> Heartbeat:
         def build(pipe: Pipeline) -> None:
-            self._script(pipe, "heartbeat",
-                         [self._owners, self._alive, self._epoch, self._store_id],
-                         owner.id, self._owner_json(owner), max(1, round(ttl * 1000)),
+            self._script(pipe, "heartbeat", self._heartbeat_keys, owner.id,
+                         self._owner_json(owner), max(1, round(ttl * 1000)),
                          "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS,
                          "1" if settling else "0", uuid.uuid4().hex, *servers)
             if sweep is not None:  # run after the heartbeat's script, in the same trip
@@ -622,10 +622,15 @@ class RedisStore(Store):
         return [[bucket] for bucket in range(BUCKETS)]
 
     @cached_property
-    def _live_keys(self) -> list[list[str]]:
-        """The keys of each live script call: a sweep at every heartbeat names them all."""
-        return [[k for b in group for k in self._bucket_keys(b, "due", "held")]
+    def _live_keys(self) -> list[list[bytes]]:
+        """The keys of each live script call: a sweep at every heartbeat names them all
+        (as bytes, which redis-py sends as they are)."""
+        return [[k.encode() for b in group for k in self._bucket_keys(b, "due", "held")]
                 for group in self._bucket_groups()]
+
+    @cached_property
+    def _heartbeat_keys(self) -> list[bytes]:
+        return [k.encode() for k in (self._owners, self._alive, self._epoch, self._store_id)]
 
     def live_runs(self, query: LiveQuery) -> LiveRuns:
         return self._live_parse(self._round_trip(lambda pipe: self._live_build(pipe, query)),
