@@ -25,7 +25,7 @@ from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
 
 from . import occurrences
-from .beat.claimer import Claimer, PolicyBounds
+from .beat.claimer import Claimer, PolicyBounds, usable_cores
 from .beat.clock import StoreClock
 from .beat.holdings import Holdings
 from .beat.knowledge import Knowledge
@@ -351,7 +351,9 @@ class Scheduler(BaseScheduler):
             else:
                 due_rest = due
             chunks = self.claimer.shares(due_rest, self.liveness.peers()) if due_rest else []
-            claiming = self.claimer.claim_chunks(chunks, self.clock.now)
+            claiming = self.claimer.claim_chunks(chunks, self.clock.now,
+                                                 claim_ahead=len(chunks) > 1
+                                                 and self._claim_ahead())
             try:
                 for fresh, waited in claiming:
                     now = self.clock.now()
@@ -380,6 +382,14 @@ class Scheduler(BaseScheduler):
         if self.sender.up_since is None:  # claiming and sending from here on
             self.sender.up_since = began
         return self._sleep_for()
+
+    def _claim_ahead(self) -> bool:
+        """Claiming the next chunk in a thread hides the store's time only when a core is
+        free to run that thread: with the beats of this host busy on every core (two beats
+        on two cores) it costs more than it saves."""
+        if self.settings.claim_ahead is not None:
+            return self.settings.claim_ahead
+        return usable_cores() > self.liveness.beats_here()
 
     def _sweep_due(self, heartbeat: bool) -> bool:
         """A sweep at least every heartbeat interval, and with a heartbeat once half of one

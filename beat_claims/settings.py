@@ -35,7 +35,7 @@ SETTINGS = ("url", "key_prefix", "sentinel_master", "heartbeat_interval", "recla
             "catch_up", "max_catch_up", "catch_up_window", "catch_up_grace", "overlap",
             "run_timeout", "history_limit", "publish_retries", "result_backend_recovery",
             "recovery_batch", "metrics_port", "entry_claims", "worker_timeout", "jitter",
-            "worker_unprotected", "backfill_limit", "health_grace")
+            "worker_unprotected", "backfill_limit", "health_grace", "claim_ahead")
 
 E = TypeVar("E", bound=Enum)
 
@@ -74,6 +74,9 @@ class Settings:
     publish_retries: int = 3
     worker_timeout: float = 1.0
     worker_unprotected: bool = False
+    #: Claim a burst's next chunk in a thread while the current one is sent: True, False,
+    #: or None (``"auto"``): when this host has a core more than the beats alive on it.
+    claim_ahead: bool | None = None
     sentinel_master: str | None = None
     metrics_port: int | None = None
     backfill_limit: int = DEFAULT_BACKFILL_LIMIT
@@ -140,7 +143,9 @@ class Settings:
                                     conf.get("beat_claims_catch_up_grace", 2.0)),
             history_limit=_positive_int("beat_claims_history_limit",
                                         conf.get("beat_claims_history_limit", 100)),
-            result_backend_recovery=bool(conf.get("beat_claims_result_backend_recovery", True)),
+            result_backend_recovery=_flag("beat_claims_result_backend_recovery",
+                                          conf.get("beat_claims_result_backend_recovery",
+                                                   True)),
             recovery_batch=_positive_int("beat_claims_recovery_batch",
                                          conf.get("beat_claims_recovery_batch", 100)),
             publish_retries=_positive_int("beat_claims_publish_retries",
@@ -149,6 +154,8 @@ class Settings:
                                     conf.get("beat_claims_worker_timeout", 1.0)),
             worker_unprotected=_flag("beat_claims_worker_unprotected",
                                      conf.get("beat_claims_worker_unprotected", False)),
+            claim_ahead=_auto_flag("beat_claims_claim_ahead",
+                                   conf.get("beat_claims_claim_ahead", "auto")),
             sentinel_master=master,
             metrics_port=(None if conf.get("beat_claims_metrics_port") is None else
                           _positive_int("beat_claims_metrics_port",
@@ -210,6 +217,14 @@ def _refuse_unknown(conf: Any) -> None:
 def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(f"{name}={value!r}: must be True or False")
+    return value
+
+
+def _auto_flag(name: str, value: Any) -> bool | None:
+    if value is None or value == "auto":
+        return None
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name}={value!r}: must be True, False or 'auto'")
     return value
 
 

@@ -27,9 +27,12 @@ ENTRIES = 2 * CLAIM_CHUNK + 50  # three chunks
 
 
 def burst_app(server: RedisServer, every: float = 2, **conf: Any) -> Any:
+    """Three chunks due at once; claimed ahead whatever this host's cores (auto would not
+    on a host with fewer cores than beats: see the tests at the end)."""
     schedule = {f"e{i:03d}": {"task": "t.noop", "schedule": timedelta(seconds=every)}
                 for i in range(ENTRIES)}
-    return make_app(server, schedule, beat_claims_catch_up="all", **conf)
+    return make_app(server, schedule, **{"beat_claims_catch_up": "all",
+                                         "beat_claims_claim_ahead": True, **conf})
 
 
 def spy_claims(s: Scheduler) -> list[tuple[str, list[Any]]]:
@@ -181,3 +184,36 @@ def test_a_conflict_costs_one_store_call_not_a_second_with_nothing_to_write(
     assert len(sent) == ENTRIES
     a.close()
     b.close()
+
+
+def _claim_threads(calls: list[tuple[str, list[Any]]]) -> set[str]:
+    return {name for name, plans in calls
+            if any(p.expected is not None and p.claim for p in plans)}
+
+
+@pytest.mark.parametrize("cores", [2, 3])
+def test_auto_claims_ahead_only_with_a_core_more_than_the_beats_of_this_host(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
+    """beat_claims_claim_ahead="auto" (the default): two beats on a host of two cores keep
+    both busy, and a claim thread would only compete with them; with three cores it has
+    one of its own. A lone beat claims ahead on two cores."""
+    monkeypatch.setattr("beat_claims.scheduler.usable_cores", lambda: cores)
+    app = burst_app(server, beat_claims_claim_ahead="auto")
+    a, b = make(app), make(app)
+    run_for(0.6, a, b)  # each has seen the other's heartbeat
+    assert a.liveness.beats_here() == b.liveness.beats_here() == 2
+    calls_a, calls_b = spy_claims(a), spy_claims(b)
+    due = next_burst(a)
+    wait_for(lambda: states_at(a, due)[RunState.SENT] == ENTRIES, 20,
+             f"{ENTRIES} runs sent by two beats", 0.02, lambda: (a.tick(), b.tick()))
+    no_duplicates(occurrences_sent(server))
+    threads = _claim_threads(calls_a + calls_b)
+    if cores == 2:
+        assert threads == {"MainThread"}, threads
+    else:
+        assert any(t.startswith("beat-claims-claim") for t in threads), threads
+    a.close()
+    b.close()
+    lone = make(burst_app(server, beat_claims_claim_ahead="auto", beat_claims_key_prefix="x"))
+    assert lone.liveness.beats_here() == 1 and lone._claim_ahead() is (cores > 1)
+    lone.close()

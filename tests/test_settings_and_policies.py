@@ -25,6 +25,13 @@ def test_defaults_take_the_redis_broker_url() -> None:
     assert s.policy.reclaim_after == 300.0 and s.policy.catch_up == "latest"
 
 
+@pytest.mark.parametrize(("value", "read"), [("auto", None), (None, None), (True, True),
+                                             (False, False)])
+def test_claim_ahead_is_auto_by_default_or_forced(value: object, read: bool | None) -> None:
+    assert Settings.from_app(make_app()).claim_ahead is None
+    assert Settings.from_app(make_app(beat_claims_claim_ahead=value)).claim_ahead is read
+
+
 def test_non_redis_broker_without_url_is_a_clear_error() -> None:
     app = make_app(broker_url="amqp://guest:secret@localhost:5672//")
     with pytest.raises(ConfigurationError) as err:
@@ -41,6 +48,9 @@ def test_non_redis_broker_without_url_is_a_clear_error() -> None:
     ("beat_claims_history_limit", 0),
     ("beat_claims_run_timeout", 0),
     ("beat_claims_key_prefix", "a{b}"),
+    ("beat_claims_claim_ahead", "yes"),
+    ("beat_claims_claim_ahead", 1),
+    ("beat_claims_result_backend_recovery", "False"),  # was taken for True
 ])
 def test_bad_setting_names_setting_and_value(setting: str, value: object) -> None:
     with pytest.raises(ConfigurationError) as err:
@@ -140,3 +150,17 @@ def test_entry_names_that_cannot_be_stored_are_named() -> None:
     assert "cannot be stored" in (entry_name_problem("bad\udc80") or "")
     assert "non-empty" in (entry_name_problem("") or "")
     assert "longer than" in (entry_name_problem("x" * 2000) or "")
+
+
+def test_every_setting_is_in_the_readme_table() -> None:
+    """The README's configuration table lists every setting the beat accepts (a setting
+    it refuses as unknown is never documented)."""
+    from pathlib import Path
+
+    from beat_claims.settings import SETTINGS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("`")[1] for line in table.splitlines()
+            if line.startswith("| `beat_claims_")}
+    assert rows == {f"beat_claims_{name}" for name in SETTINGS}

@@ -38,6 +38,13 @@ CONFLICT_RETRIES = 5
 JITTER_WALK = 1000
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the system tells)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class _Round:
     """One claim of a chunk of entries: the plans it was made of, and its results."""
@@ -321,22 +328,23 @@ class Claimer:
         """Claim what is due of ``names``: (new occurrences, runs that were due again)."""
         return self._finish(self._begin(names, now))
 
-    def claim_chunks(self, chunks: list[list[str]], now: Callable[[], int]
+    def claim_chunks(self, chunks: list[list[str]], now: Callable[[], int],
+                     claim_ahead: bool = True
                      ) -> Generator[tuple[list[Claim], list[Claim]], None, None]:
-        """Claim chunk after chunk, as :meth:`claim` does each. The store call of the next
-        chunk is made in a thread of its own while the caller sends the current one: its
-        reply is there when the caller asks for the next chunk, rather than the beat
-        waiting on it between two chunks. Whatever that call claimed is held once the
-        generator is closed (a stop, an error), for the caller to send or give back; a
-        reply that never came is the sweeps' to find (this beat's own claims whose reply
-        it never had)."""
+        """Claim chunk after chunk, as :meth:`claim` does each. With ``claim_ahead`` the
+        store call of the next chunk is made in a thread of its own while the caller sends
+        the current one: its reply is there when the caller asks for the next chunk, rather
+        than the beat waiting on it between two chunks (worth it only with a core free for
+        that thread). Whatever that call claimed is held once the generator is closed (a
+        stop, an error), for the caller to send or give back; a reply that never came is
+        the sweeps' to find (this beat's own claims whose reply it never had)."""
         ahead: _Round | None = None
         try:
             for i, chunk in enumerate(chunks):
                 current = ahead if ahead is not None else self._begin(chunk, now())
                 ahead = None
                 fresh, waited = self._finish(current)
-                if i + 1 < len(chunks):
+                if claim_ahead and i + 1 < len(chunks):
                     ahead = self._begin(chunks[i + 1], now(), in_thread=True)
                 yield fresh, waited
         finally:

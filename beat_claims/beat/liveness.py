@@ -92,6 +92,12 @@ class Liveness:
         return frozenset(o.owner.id for o in self.owners
                          if o.owner.id == self.owner.id or (o.alive and not _gone(o.owner)))
 
+    def beats_here(self) -> int:
+        """Live beats on this host, this one included (they share its cores)."""
+        live = self.live_ids()
+        return max(1, sum(1 for o in self.owners
+                          if o.owner.id in live and o.owner.host == self.owner.host))
+
     def peers(self) -> list[str]:
         """The live beats' ids in a stable order (to share a burst between them)."""
         return sorted(self.live_ids())
