@@ -275,6 +275,7 @@ class Scheduler(BaseScheduler):
             return self._bug_backoff
         finally:
             self._in_tick = False
+            self.liveness.swept = None  # a sweep's answer is for the tick it came in
         self._bug_backoff = 0.0
         self.store_outage.up()
         self.metrics.store_up(True)
@@ -296,8 +297,10 @@ class Scheduler(BaseScheduler):
         heartbeat = self.liveness.due()
         sweep_due = self._sweep_due(heartbeat)
         if heartbeat:
-            # A sweep due in this tick is asked with the heartbeat: one round trip, not two.
-            sweep = self.sweeper.query() if self._ready and sweep_due else None
+            # A sweep due in this tick is asked with the heartbeat: one round trip, not two
+            # (not the first heartbeat after an outage: that one only has to work).
+            sweep = (self.sweeper.query()
+                     if self._ready and sweep_due and not self.store_outage.active else None)
             if self.liveness.beat(sweep=sweep):
                 raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
                                     " wipe)")
@@ -393,10 +396,13 @@ class Scheduler(BaseScheduler):
 
     def _sweep_due(self, heartbeat: bool) -> bool:
         """A sweep at least every heartbeat interval, and with a heartbeat once half of one
-        has passed: the two keep step, and are asked in one round trip."""
+        has passed: the two keep step, and are asked in one round trip. Not early after an
+        outage (every tick's heartbeat is due then): a sweep that failed the last tick
+        waits its interval, and the ticks between claim and send."""
         since = time.monotonic() - self._last_sweep
         interval = self.settings.heartbeat_interval
-        return since >= interval or (heartbeat and since >= interval / 2)
+        early = heartbeat and not self.store_outage.active
+        return since >= interval or (early and since >= interval / 2)
 
     def _sleep_for(self) -> float:
         wait = self.max_interval

@@ -13,6 +13,10 @@ from ..runs import Owner, process_is_gone
 from ..stores.base import LiveQuery, LiveRuns, OwnerStatus, Store
 from .clock import StoreClock
 
+#: How far the store's clock may be from this beat's reckoning of it at a heartbeat for the
+#: answer of a sweep asked with that heartbeat to be used (the round trip, and some drift).
+CLOCK_STEP_MS = 250
+
 
 class StoreWentBack(Exception):
     """The store may have lost writes (a restart, a failover, a wipe, an older snapshot):
@@ -44,6 +48,7 @@ class Liveness:
         since the last heartbeat (the store may have lost writes)."""
         asked = time.monotonic()
         self.swept = None
+        reckoned = self.clock.now()  # what the sweep's cutoffs were reckoned from
         hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
                                   sweep=sweep)
         answered = time.monotonic()
@@ -54,16 +59,20 @@ class Liveness:
         self.store_id = hb.store_id
         self.settle_until = hb.settle_until
         self.owners = hb.owners
-        if sweep is not None and hb.live is not None and not changed:
+        # The store's clock stepped since the last heartbeat: cutoffs reckoned before it are
+        # not this reading's (a new owner's claim could look old): the sweep asks again.
+        in_step = abs(self.clock.now() - reckoned) <= CLOCK_STEP_MS
+        if sweep is not None and hb.live is not None and not changed and in_step:
             self.swept = (sweep, hb.live)
         return changed and not resync
 
     def take_swept(self) -> LiveRuns | None:
-        """The answer to the sweep query sent with the last heartbeat, once, while it holds:
-        the query's cutoffs were reckoned from the store's clock before that heartbeat and
-        its live owners from the one before, so it is used only when it is that recent and
-        every owner it took for alive still is (else a dead owner's claims would wait for
-        one more sweep). Else None: the sweep asks the store itself."""
+        """The answer to the sweep query sent with this tick's heartbeat, once, while it
+        holds: the query's cutoffs were reckoned from the store's clock before that
+        heartbeat (used only if the reading agreed) and its live owners from the one
+        before, so it is used only when every owner it took for alive still is (else a
+        dead owner's claims would wait for one more sweep). Else None: the sweep asks the
+        store itself."""
         swept, self.swept = self.swept, None
         if swept is None or time.monotonic() - self.last >= self.interval:
             return None

@@ -417,8 +417,9 @@ class Heartbeat:
     """An id the store keeps as long as it keeps its records (a wipe makes a new one):
     beats stamp it on their messages, workers compare it with their own store's."""
     live: LiveRuns | None = None
-    """With a ``sweep`` query: its answer, read from the records just after the heartbeat
-    was written (as :meth:`Store.live_runs` would)."""
+    """With a ``sweep`` query, where the backend answers it in the same round trip: its
+    answer, read from the records just after the heartbeat was written (as
+    :meth:`Store.live_runs` would). None otherwise."""
 
 
 # -- the contract -------------------------------------------------------------------------
@@ -434,18 +435,10 @@ class Store(abc.ABC):
         and owners. With ``resync`` the caller found the store went back: start a new epoch
         and settle for ``ttl`` (no claiming meanwhile). With ``settling`` the caller is
         still registering what it knows: a store that is settling stays so for ``ttl``
-        more. With ``sweep``, also answer that :meth:`live_runs` query (``live``): an idle
-        beat's heartbeat and sweep, in one round trip where the backend can."""
-
-    def _heartbeat_sweep(self, sweep: LiveQuery | None) -> LiveRuns | None:
-        """For a backend that answers a heartbeat's sweep with a second call: None if that
-        call fails (the heartbeat did not: the sweep asks again, and meets it there)."""
-        if sweep is None:
-            return None
-        try:
-            return self.live_runs(sweep)
-        except StoreError:
-            return None
+        more. With ``sweep``, a backend that can answer that :meth:`live_runs` query in the
+        same round trip does (``live``: an idle beat's heartbeat and sweep are one round
+        trip); one that cannot leaves ``live`` None, and the caller asks apart. Whatever
+        fails the sweep's part never fails the heartbeat."""
 
     @abc.abstractmethod
     def leave(self, owner: Owner) -> None:

@@ -1777,6 +1777,7 @@ class PostgresStore(Store):
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None) -> Heartbeat:
+        # (``sweep``: a second call here, so the sweep asks apart: ``live`` stays None)
         try:
             [(reply,)] = self._execute(
                 f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s, %s)",
@@ -1790,8 +1791,7 @@ class PostgresStore(Store):
         now = int(reply["now"])
         return Heartbeat(now=now, epoch=str(reply["epoch"]), store_id=str(reply["store"]),
                          settle_until=_maybe_int(reply.get("settle")),
-                         owners=tuple(_owner_statuses(reply["owners"], now)),
-                         live=self._heartbeat_sweep(sweep))
+                         owners=tuple(_owner_statuses(reply["owners"], now)))
 
     def leave(self, owner: Owner) -> None:
         try:

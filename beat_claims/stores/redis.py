@@ -298,10 +298,13 @@ class RedisStore(Store):
         pipe.reset()  # never send commands left by a call that failed before sending
         return pipe
 
-    def _round_trip(self, build: Callable[[Pipeline], Any]) -> list[Any]:
+    def _round_trip(self, build: Callable[[Pipeline], Any], vital: int | None = None
+                    ) -> list[Any]:
         """One round trip; each command's reply or its error (a bad record affects only its
         own item). Commands whose script the server lost (a restart, SCRIPT FLUSH) did not
-        run: the scripts are loaded and those commands alone are sent again."""
+        run: the scripts are loaded and those commands alone are sent again. An outage
+        error in any reply raises, or with ``vital`` only in the first ``vital`` replies
+        (the others are the caller's to judge)."""
         if self._cluster is not None:
             return self._cluster_round_trip(self._cluster, build)
         pipe = self._pipeline()
@@ -313,7 +316,7 @@ class RedisStore(Store):
             raise _store_error(exc) from exc
         finally:
             pipe.reset()
-        _raise_outage(replies)
+        _raise_outage(replies[:vital])
         lost = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if lost:
             try:
@@ -328,7 +331,7 @@ class RedisStore(Store):
                 raise _store_error(exc) from exc
             finally:
                 self._pipeline()
-            _raise_outage(replies)
+            _raise_outage(replies[:vital])
         return replies
 
     def _cluster_round_trip(self, cluster: ClusterClient, build: Callable[[Pipeline], Any]
@@ -423,15 +426,21 @@ class RedisStore(Store):
                          self._owner_json(owner), max(1, round(ttl * 1000)),
                          "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS,
                          "1" if settling else "0", uuid.uuid4().hex, *servers)
-            if sweep is not None:  # run after the heartbeat's script, in the same trip
-                self._live_build(pipe, sweep)
+            if combined is not None:  # run after the heartbeat's script, in the same trip
+                self._live_build(pipe, combined)
+
+        # On one server the sweep's scripts follow the heartbeat's in its round trip, and
+        # whatever fails them leaves the heartbeat standing (the sweep asks again, and meets
+        # it there). A cluster would fail the whole batch for one bucket's slot being moved
+        # (TRYAGAIN): there the sweep asks apart.
+        combined = sweep if self.single_node else None
 
         self._heartbeating.on = True
         try:
             # On a cluster the script cannot read the other masters' run ids: they are read
             # just before (a master that restarts in between is caught by _check_server).
             servers = () if self.single_node else (self._masters(),)
-            replies = self._round_trip(build)
+            replies = self._round_trip(build, vital=1)
         finally:
             self._heartbeating.on = False
         reply = replies[0]
@@ -442,12 +451,13 @@ class RedisStore(Store):
         return Heartbeat(now=int(now), epoch=str(epoch_id), store_id=str(store_id),
                          settle_until=int(settle) if settle else None,
                          owners=tuple(_owner_statuses(owners, alive, int(now))),
-                         live=self._sweep_reply(replies[1:], sweep))
+                         live=self._sweep_reply(replies[1:], combined))
 
     def _sweep_reply(self, replies: list[Any], sweep: LiveQuery | None) -> LiveRuns | None:
         """The sweep's answer that came with a heartbeat; None if the sweep's part failed
         (the heartbeat did not: the sweep asks again, and meets the error there)."""
-        if sweep is None or any(isinstance(reply, Exception) for reply in replies):
+        if sweep is None or len(replies) != len(self._live_keys) or any(
+                isinstance(reply, Exception) for reply in replies):
             return None
         return self._live_parse(replies, sweep)
 

@@ -940,6 +940,7 @@ class SQLiteStore(Store):
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None) -> Heartbeat:
+        # (``sweep``: a second call here, so the sweep asks apart: ``live`` stays None)
         ttl_ms = max(1, round(ttl * 1000))
 
         def work(db: sqlite3.Connection
@@ -981,8 +982,7 @@ class SQLiteStore(Store):
         owners = _owner_statuses(rows, now)
         self._warn_foreign_hosts(owners)
         return Heartbeat(now=now, epoch=epoch, settle_until=settle, owners=tuple(owners),
-                         store_id=store_id,
-                         live=self._heartbeat_sweep(sweep))
+                         store_id=store_id)
 
     def _store_id(self, db: sqlite3.Connection) -> str:
         """The store's id (made with the tables; again if someone deleted it)."""
