@@ -430,6 +430,7 @@ def _make_app(cfg: dict[str, Any]) -> Any:
             for name in cfg["names"]
         },
     )
+    app.conf.update(cfg.get("extra_conf") or {})
 
     @app.task(name=TASK)
     def noop(name: str) -> None:  # never runs: there is no worker
@@ -770,6 +771,14 @@ def _base_cfg(case: Case, names: list[str], store: RedisServer, broker: RedisSer
             "run_id": run_id, "setup_timeout": setup_timeout}
 
 
+def _tree_conf(case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    """``--tree-conf`` settings: for the working tree's beat-claims beats only (a commit's
+    code may not know them)."""
+    if case.scheduler != "beat_claims" or case.source.commit is not None:
+        return {}
+    return dict(args.tree_conf)
+
+
 def _start_beats(case: Case, args: argparse.Namespace,
                  servers: tuple[RedisServer, ...]) -> Beats | str:
     """Flush the servers and start the beats of a run; they wait for their configuration
@@ -805,7 +814,8 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     profile = args.profile if case.scheduler in args.profile_schedulers else None
     beats.configure({**_base_cfg(case, names, store, broker, workdir, profile, run_id,
                                  args.setup_timeout, args.pg),
-                     "interval": lead, "last_run_at": due_at - ONE_HOUR, "idle": False})
+                     "interval": lead, "last_run_at": due_at - ONE_HOUR, "idle": False,
+                     "extra_conf": _tree_conf(case, args)})
     # beat-claims anchors the entries when it registers them (T = anchor + lead), after
     # the settle period of a fresh store at some versions: its setup may take longer than
     # the lead; Celery's and RedBeat's T is fixed.
@@ -975,7 +985,8 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
     profile = args.profile if case.scheduler in args.profile_schedulers else None
     beats.configure({**_base_cfg(case, names, store, broker, workdir, profile, run_id,
                                  args.setup_timeout, args.pg),
-                     "interval": IDLE_INTERVAL, "last_run_at": started, "idle": True})
+                     "interval": IDLE_INTERVAL, "last_run_at": started, "idle": True,
+                     "extra_conf": _tree_conf(case, args)})
     ready, problem = beats.collect("ready", started + args.setup_timeout + 10)
     if problem:
         beats.finish(3)
@@ -1427,6 +1438,18 @@ def _print_profiles(directory: str, top: int) -> None:
 
 
 # -- main -----------------------------------------------------------------------------------------
+def _setting(text: str) -> tuple[str, Any]:
+    import ast
+
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith("beat_claims_"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected beat_claims_NAME=VALUE")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
+
+
 def _int_list(text: str) -> list[int]:
     return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
 
@@ -1489,6 +1512,11 @@ def main(argv: list[str] | None = None) -> int:
                          " temp dir), in the same run as the working tree's; cases"
                          " beat_claims_K@<short hash>. Repeat it or give a comma-separated"
                          " list for several commits")
+    ap.add_argument("--tree-conf", metavar="SETTING=VALUE", action="append", default=[],
+                    type=_setting,
+                    help="a beat_claims_* setting for the working tree's beats only (to"
+                         " measure it against the same code at --at-commit HEAD); the"
+                         " value is read as a Python literal, else as a string")
     ap.add_argument("--without-tree", action="store_true",
                     help="with --at-commit: do not run the working tree's beat_claims")
     ap.add_argument("--setup-timeout", type=float, default=300.0,

@@ -191,12 +191,12 @@ def _claim_threads(calls: list[tuple[str, list[Any]]]) -> set[str]:
             if any(p.expected is not None and p.claim for p in plans)}
 
 
-@pytest.mark.parametrize("cores", [2, 3])
-def test_auto_claims_ahead_only_with_a_core_more_than_the_beats_of_this_host(
+@pytest.mark.parametrize("cores", [3, 4])
+def test_auto_claims_ahead_only_with_two_cores_more_than_the_beats_of_this_host(
         server: RedisServer, monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
-    """beat_claims_claim_ahead="auto" (the default): two beats on a host of two cores keep
-    both busy, and a claim thread would only compete with them; with three cores it has
-    one of its own. A lone beat claims ahead on two cores."""
+    """beat_claims_claim_ahead="auto" (the default): a claim thread needs a core of its own
+    beside one per beat and one for the rest. Two beats on three cores claim chunk after
+    chunk; on four, ahead. A lone beat claims ahead from three cores."""
     monkeypatch.setattr("beat_claims.scheduler.usable_cores", lambda: cores)
     app = burst_app(server, beat_claims_claim_ahead="auto")
     a, b = make(app), make(app)
@@ -208,12 +208,14 @@ def test_auto_claims_ahead_only_with_a_core_more_than_the_beats_of_this_host(
              f"{ENTRIES} runs sent by two beats", 0.02, lambda: (a.tick(), b.tick()))
     no_duplicates(occurrences_sent(server))
     threads = _claim_threads(calls_a + calls_b)
-    if cores == 2:
+    if cores == 3:
         assert threads == {"MainThread"}, threads
     else:
         assert any(t.startswith("beat-claims-claim") for t in threads), threads
     a.close()
     b.close()
     lone = make(burst_app(server, beat_claims_claim_ahead="auto", beat_claims_key_prefix="x"))
-    assert lone.liveness.beats_here() == 1 and lone._claim_ahead() is (cores > 1)
+    assert lone.liveness.beats_here() == 1 and lone._claim_ahead()
+    monkeypatch.setattr("beat_claims.scheduler.usable_cores", lambda: 2)
+    assert not lone._claim_ahead()
     lone.close()
