@@ -294,7 +294,7 @@ class Scheduler(BaseScheduler):
     def _tick(self) -> float:
         if self._went_back_why is not None:
             return self._went_back()
-        heartbeat = self.liveness.due()
+        heartbeat = self.liveness.due() or self._heartbeat_with_sweep()
         sweep_due = self._sweep_due(heartbeat)
         if heartbeat:
             # A sweep due in this tick is asked with the heartbeat: one round trip, not two
@@ -395,6 +395,15 @@ class Scheduler(BaseScheduler):
         if self.settings.claim_ahead is not None:
             return self.settings.claim_ahead
         return usable_cores() >= self.liveness.beats_here() + 2
+
+    def _heartbeat_with_sweep(self) -> bool:
+        """A sweep due ahead of the heartbeat (they fell out of step: a heartbeat alone
+        after an error) takes the heartbeat with it once half an interval has passed: the
+        round trip is the same, and the two are in step again."""
+        interval = self.settings.heartbeat_interval
+        return (time.monotonic() - self._last_sweep >= interval
+                and time.monotonic() - self.liveness.last >= interval / 2
+                and not self.store_outage.active)
 
     def _sweep_due(self, heartbeat: bool) -> bool:
         """A sweep at least every heartbeat interval, and with a heartbeat once half of one

@@ -75,7 +75,8 @@ class Settings:
     worker_timeout: float = 1.0
     worker_unprotected: bool = False
     #: Claim a burst's next chunk in a thread while the current one is sent: True, False,
-    #: or None (``"auto"``): when this host has a core more than the beats alive on it.
+    #: or None (``"auto"``): when this process may use two cores more than the beats alive
+    #: on its host.
     claim_ahead: bool | None = None
     sentinel_master: str | None = None
     metrics_port: int | None = None

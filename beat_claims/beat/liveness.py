@@ -14,7 +14,8 @@ from ..stores.base import LiveQuery, LiveRuns, OwnerStatus, Store
 from .clock import StoreClock
 
 #: How far the store's clock may be from this beat's reckoning of it at a heartbeat for the
-#: answer of a sweep asked with that heartbeat to be used (the round trip, and some drift).
+#: answer of a sweep asked with that heartbeat to be used (half a round trip either way
+#: of error in each reading, and some drift).
 CLOCK_STEP_MS = 250
 
 
@@ -46,12 +47,15 @@ class Liveness:
         """Renew the heartbeat and read the store's clock, owners and epoch (and with
         ``sweep``, that sweep's answer, in the same round trip). True when the epoch changed
         since the last heartbeat (the store may have lost writes)."""
-        asked = time.monotonic()
         self.swept = None
         reckoned = self.clock.now()  # what the sweep's cutoffs were reckoned from
+        asked = time.monotonic()
         hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
                                   sweep=sweep)
         answered = time.monotonic()
+        # This beat's reckoning of the store's clock at the instant the store read it (the
+        # middle of the round trip, as the clock takes it).
+        expected = reckoned + int(((asked + answered) / 2 - asked) * 1000)
         self.clock.set(hb.now, asked, answered)
         self.last = answered
         changed = self.epoch is not None and hb.epoch != self.epoch
@@ -61,7 +65,7 @@ class Liveness:
         self.owners = hb.owners
         # The store's clock stepped since the last heartbeat: cutoffs reckoned before it are
         # not this reading's (a new owner's claim could look old): the sweep asks again.
-        in_step = abs(self.clock.now() - reckoned) <= CLOCK_STEP_MS
+        in_step = abs(hb.now - expected) <= CLOCK_STEP_MS
         if sweep is not None and hb.live is not None and not changed and in_step:
             self.swept = (sweep, hb.live)
         return changed and not resync
