@@ -132,8 +132,10 @@ def test_jitter_sends_each_run_at_its_own_offset_the_same_on_every_beat(
             assert r.reason is None, r  # a jittered run is on time, not caught up
             offset = jitter_offset(name, r.due, jitter)
             offsets.add(offset // 250)
-            # Claimed (by whichever beat) once due + its offset had come, and soon after.
-            assert r.due + offset <= r.claimed_at <= r.due + offset + 1500, (r, offset)
+            # Claimed (by whichever beat) once due + its offset had come by the beat's
+            # reckoning of the store's clock (within half a round trip of it: a few ms
+            # under load), and soon after.
+            assert r.due + offset - 250 <= r.claimed_at <= r.due + offset + 1500, (r, offset)
     assert len(offsets) > 3  # the runs were spread, not sent together
 
 
