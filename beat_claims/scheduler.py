@@ -401,9 +401,10 @@ class Scheduler(BaseScheduler):
         after an error) takes the heartbeat with it once half an interval has passed: the
         round trip is the same, and the two are in step again."""
         interval = self.settings.heartbeat_interval
-        return (time.monotonic() - self._last_sweep >= interval
+        return (self._ready and not self.store_outage.active
+                and time.monotonic() - self._last_sweep >= interval
                 and time.monotonic() - self.liveness.last >= interval / 2
-                and not self.store_outage.active)
+                and self.liveness.settling_for() == 0)  # (settling: no sweep to take)
 
     def _sweep_due(self, heartbeat: bool) -> bool:
         """A sweep at least every heartbeat interval, and with a heartbeat once half of one
