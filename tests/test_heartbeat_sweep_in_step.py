@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 import pytest
 
@@ -24,6 +23,8 @@ from beat_claims.scheduler import Scheduler
 from .conftest import RedisServer
 from .faults import Proxy, proxy
 from .inprocess import make, make_app
+from .processes import wait_for
+from .test_heartbeat_sweep import _count_calls
 
 
 @pytest.fixture
@@ -66,27 +67,20 @@ def test_a_sweep_that_leads_the_heartbeat_takes_it_along_and_they_keep_step(
                    beat_claims_heartbeat_interval=1.0, beat_max_loop_interval=0.25)
     s = make(app)
     _celery_loop(s, 2.5)
-    apart: list[float] = []
-    real = s.store.live_runs
-
-    def live_runs(*args: Any, **kwargs: Any) -> Any:
-        apart.append(time.monotonic())
-        return real(*args, **kwargs)
-
-    s.store.live_runs = live_runs  # type: ignore[method-assign]
+    counts = _count_calls(s, "live_runs")
     _celery_loop(s, 3.2)
-    assert len(apart) <= 1, f"in step: {len(apart)} sweeps asked apart"
+    assert counts["live_runs"] <= 1, f"in step: {counts['live_runs']} sweeps asked apart"
     # One heartbeat alone, 0.3 s after a sweep (what _store_down does after a failed call:
     # lapse(), and the next tick heartbeats at once).
     swept = s._last_sweep
-    while s._last_sweep == swept:  # the next sweep (with its heartbeat)
-        time.sleep(max(0.0, min(s.tick(), 0.01)))
-    time.sleep(0.3)
+    wait_for(lambda: s._last_sweep != swept, 5, "the next sweep (with its heartbeat)",
+             interval=0.01, between=s.tick)
+    time.sleep(0.3)  # (a phase to set up, not a condition to wait for)
     s.liveness.lapse()
-    apart.clear()
+    counts["live_runs"] = 0
 
     _celery_loop(s, 6.2)
     s.close()
-    assert len(apart) <= 2, (
-        f"{len(apart)} of ~6 sweeps asked the store apart after one heartbeat alone: the"
+    assert counts["live_runs"] <= 2, (
+        f"{counts['live_runs']} of ~6 sweeps asked the store apart after one heartbeat alone: the"
         f" sweep leads the heartbeat and the half-interval rule never joins them again")
