@@ -34,6 +34,8 @@ class RedisServer:
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="bc-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+        #: More of redis-server's options (``--name value ...``), for a test's own server.
+        self.args: list[str] = []
 
     @property
     def url(self) -> str:
@@ -45,7 +47,7 @@ class RedisServer:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--loglevel", "warning"],
+             "--appendonly", "no", "--dir", self.dir, "--loglevel", "warning", *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10

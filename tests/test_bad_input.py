@@ -14,7 +14,7 @@ from beat_claims.enums import Reason, RunState
 from beat_claims.runs import Owner, Run, iso
 from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import ClaimPlan, EntrySeed, LiveQuery
-from beat_claims.stores.redis import BUCKETS, RedisStore, _sha, digest
+from beat_claims.stores.redis import BUCKETS, RedisStore, digest, function_name
 
 from .conftest import RedisServer
 from .contract.conftest import BACKENDS
@@ -78,7 +78,7 @@ def test_a_claim_being_sent_when_its_window_passes_is_recorded_not_stuck(
                        beat_claims_url=lossy.url(), beat_claims_heartbeat_interval=0.3,
                        beat_claims_catch_up_grace=0.1)
         s = make(app)
-        lossy.drop_reply_to(_sha("check"))
+        lossy.drop_reply_to(function_name("check"))
         wait_for(lambda: s.tick() is not None and lossy.pending() == 0, 10, "the check")
         [run] = [r for r in s.store.history("w")]
         assert run.state is RunState.SENDING

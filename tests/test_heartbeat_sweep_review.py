@@ -36,7 +36,7 @@ from beat_claims.stores.base import (
     StoreConfigurationError,
     StoreError,
 )
-from beat_claims.stores.redis import RedisStore, _sha
+from beat_claims.stores.redis import RedisStore, function_name
 
 from .conftest import RedisServer
 from .contract.backend_redis_cluster import ClusterServers, cluster
@@ -163,7 +163,7 @@ def test_a_lost_reply_to_the_heartbeat_carrying_the_sweep(server: RedisServer,
                     10, "a claim held by B", interval=0.05, between=b.tick)[0]
     b.store.leave(b.owner)
     b._closed = True
-    lossy.drop_reply_to(_sha("live"))  # only a heartbeat carrying the sweep (or a sweep)
+    lossy.drop_reply_to(function_name("live"))  # only a heartbeat carrying the sweep (or a sweep)
     started = time.monotonic()
     wait_for(lambda: lossy.pending() == 0, 5, "the lost reply", interval=0.02,
              between=a.tick)

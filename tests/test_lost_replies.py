@@ -20,7 +20,7 @@ from beat_claims.enums import RunState
 from beat_claims.runs import iso
 from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import Delivery, EntrySeed, Outcome, StoreError, WorkerProcess
-from beat_claims.stores.redis import RedisStore, _sha
+from beat_claims.stores.redis import RedisStore, function_name
 
 from .conftest import RedisServer
 from .faults import Proxy, proxy
@@ -125,7 +125,7 @@ def assert_each_sent_once(server: RedisServer, history: list[Any], overlap: str)
 def test_a_lost_reply_to_a_claim(server: RedisServer, lossy: Proxy, overlap: str) -> None:
     s = make(app_for(server, lossy.url(), overlap))
     run_for(0.6, s)
-    lossy.drop_reply_to(_sha("claim"))
+    lossy.drop_reply_to(function_name("claim"))
     wait_for(lambda: tick_all(s, work=True) or lossy.pending() == 0, 5, "the lost reply")
     work_for(1.0, s)
     assert_each_sent_once(server, settled_history(server, s, True), overlap)
@@ -137,7 +137,7 @@ def test_a_lost_reply_to_the_check_before_publish(server: RedisServer, lossy: Pr
                                                   overlap: str) -> None:
     s = make(app_for(server, lossy.url(), overlap))
     run_for(0.6, s)
-    lossy.drop_reply_to(_sha("check"))
+    lossy.drop_reply_to(function_name("check"))
     wait_for(lambda: tick_all(s, work=True) or lossy.pending() == 0, 5, "the lost reply")
     work_for(1.0, s)
     assert_each_sent_once(server, settled_history(server, s, True), overlap)
@@ -149,7 +149,7 @@ def test_a_lost_reply_to_the_sent_mark(server: RedisServer, lossy: Proxy,
                                        overlap: str) -> None:
     s = make(app_for(server, lossy.url(), overlap))
     run_for(0.6, s)
-    lossy.drop_reply_to(_sha("sent"))
+    lossy.drop_reply_to(function_name("sent"))
     wait_for(lambda: tick_all(s, work=True) or lossy.pending() == 0, 5, "the lost reply")
     work_for(1.0, s)
     assert_each_sent_once(server, settled_history(server, s, True), overlap)
@@ -167,7 +167,7 @@ def test_a_lost_reply_to_a_release(server: RedisServer, lossy: Proxy, overlap: s
     # However slow the machine, the stopping beat holds something to release.
     held = set(wait_for(lambda: set(a.holdings.held), 15, "a claim held by the first beat",
                         interval=0.05, between=lambda: (a.tick(), b.tick())))
-    lossy.drop_reply_to(_sha("release"))
+    lossy.drop_reply_to(function_name("release"))
     a.close()
     assert lossy.pending() == 0
     history = settled_history(server, b, True)
@@ -188,7 +188,7 @@ def test_a_lost_reply_to_a_take_over(server: RedisServer, lossy: Proxy, overlap:
     assert held
     a.store.leave(a.owner)  # a dies: its claims are for others to take back
     a._closed = True
-    lossy.drop_reply_to(_sha("reclaim"))
+    lossy.drop_reply_to(function_name("reclaim"))
     wait_for(lambda: tick_all(b, work=True) or lossy.pending() == 0, 5, "the lost reply")
     history = settled_history(server, b, True)
     assert {ref.due for ref in held} <= {r.due for r in history
@@ -257,7 +257,7 @@ def test_a_request_run_asked_again_with_its_request_id_after_a_lost_reply_record
     id: the store records one manual run, and the second answer is its instant."""
     store = RedisStore.from_url(lossy.url())
     store.register([EntrySeed(ENTRY)])
-    lossy.drop_reply_to(_sha("request"))
+    lossy.drop_reply_to(function_name("request"))
     with pytest.raises(StoreError):
         store.request_run(ENTRY, "operator", "req-1")
     assert lossy.pending() == 0

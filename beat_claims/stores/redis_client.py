@@ -213,10 +213,10 @@ class ClusterClient:
 
     # -- one batch --------------------------------------------------------------------
     def node_of(self, args: Sequence[Any]) -> ClusterNode:
-        """The master that serves the command, by its first key (EVAL and EVALSHA: their
+        """The master that serves the command, by its first key (a script's call: its
         first declared key), as the client's slot table has it."""
         name = str(args[0]).upper()
-        if name in ("EVALSHA", "EVAL"):
+        if name in ("EVALSHA", "EVAL", "FCALL", "FCALL_RO"):
             key = args[3] if int(args[2]) > 0 else self.keyless_key
         else:
             key = args[1] if len(args) > 1 else self.keyless_key

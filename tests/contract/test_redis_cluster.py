@@ -42,7 +42,7 @@ from beat_claims.stores.base import (
     StoreConfigurationError,
     StoreError,
 )
-from beat_claims.stores.redis import SCRIPTS, RedisStore, _sha
+from beat_claims.stores.redis import SCRIPTS, RedisStore, _sha, function_name, library_name
 from beat_claims.stores.redis_client import (
     ClusterClient,
     RedisOptions,
@@ -116,16 +116,25 @@ def names_off(store: RedisStore, c: ClusterServers, node: NodeServer, count: int
             if where[name] != node.port][:count]
 
 
-def evalsha_calls(node: NodeServer) -> tuple[int, int]:
-    """EVALSHA calls that ran, and those that failed (NOSCRIPT), on ``node`` so far."""
-    stats = node.client().info("commandstats").get("cmdstat_evalsha", {})
-    calls, failed = int(stats.get("calls", 0)), int(stats.get("failed_calls", 0))
+def script_calls(node: NodeServer) -> tuple[int, int]:
+    """Script calls (FCALL or EVALSHA) that ran, and those that failed (the library or the
+    scripts missing), on ``node`` so far."""
+    info = node.client().info("commandstats")
+    calls = failed = 0
+    for command in ("cmdstat_fcall", "cmdstat_evalsha"):
+        stats = info.get(command, {})
+        calls += int(stats.get("calls", 0))
+        failed += int(stats.get("failed_calls", 0))
     return calls - failed, failed
 
 
-def script_loads(node: NodeServer) -> int:
-    stats = node.client().info("commandstats").get("cmdstat_script|load", {})
-    return int(stats.get("calls", 0))
+def loads(node: NodeServer, command: str) -> int:
+    """How many times ``node`` was sent ``command`` (``script|load``, ``function|load``)."""
+    return int(node.client().info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def has_library(node: NodeServer) -> bool:
+    return bool(node.client().function_list(library=library_name()))
 
 
 def answers(store: RedisStore) -> bool:
@@ -163,31 +172,45 @@ def test_every_store_method_works_on_the_cluster(store: RedisStore) -> None:
     assert {r.name for r in store.entries()} >= {"e", "known", "weird{name}"}
 
 
-# -- scripts a master lost ----------------------------------------------------------------
+# -- the library (or the scripts) a master lost ---------------------------------------------
+@pytest.mark.parametrize("calls_by", ["functions", "scripts"])
 def test_a_master_that_lost_the_scripts_gets_them_and_only_its_commands_go_again(
-        store: RedisStore, cluster_servers: ClusterServers) -> None:
+        store: RedisStore, cluster_servers: ClusterServers, calls_by: str) -> None:
+    """With functions (Redis 7), the library; by EVALSHA (a server that takes no functions:
+    see test_redis_specific.py for how the store finds out), the scripts."""
+    if calls_by == "scripts":
+        store._functions = False
     names = [f"e{i}" for i in range(60)]
     states = register(store, *names)
     flushed = other_master(store, cluster_servers)
-    flushed.client().script_flush()
-    calls = {n.port: evalsha_calls(n) for n in cluster_servers.nodes}
-    loads = {n.port: script_loads(n) for n in cluster_servers.nodes}
+    load = "function|load" if calls_by == "functions" else "script|load"
+    if calls_by == "functions":
+        flushed.client().function_flush()
+    else:
+        flushed.client().script_flush()
+    calls = {n.port: script_calls(n) for n in cluster_servers.nodes}
+    before = {n.port: loads(n, load) for n in cluster_servers.nodes}
     results = store.claim(A, [plan(s, s.anchor + 1000, entry=n) for n, s in states.items()])
     assert [r.status for r in results] == [ClaimStatus.OK] * len(names)
     where = master_of(store, cluster_servers)
     assert any(where[n] == flushed.port for n in names)
     for node in cluster_servers.nodes:
-        ran, failed = (now_ - before for now_, before in zip(evalsha_calls(node),
-                                                              calls[node.port]))
+        ran, failed = (now_ - then for now_, then in zip(script_calls(node),
+                                                          calls[node.port]))
         mine = sum(1 for n in names if where[n] == node.port)
         assert ran == mine, (node.name, ran, mine)  # each claim ran once
         if node.port == flushed.port:
-            assert failed == mine  # refused (NOSCRIPT) once each, then sent again
-            assert script_loads(node) - loads[node.port] == len(SCRIPTS)
+            assert failed == mine  # refused (not found) once each, then sent again
+            assert loads(node, load) - before[node.port] == (
+                1 if calls_by == "functions" else len(SCRIPTS))
         else:
             assert failed == 0
-            assert script_loads(node) == loads[node.port]
-    assert flushed.client().script_exists(*(_sha(n) for n in SCRIPTS)) == [True] * len(SCRIPTS)
+            assert loads(node, load) == before[node.port]
+    if calls_by == "functions":
+        assert has_library(flushed)
+    else:
+        assert flushed.client().script_exists(*(_sha(n) for n in SCRIPTS)) == [True] * len(
+            SCRIPTS)
 
 
 # -- nothing sent twice -------------------------------------------------------------------
@@ -225,9 +248,9 @@ def test_a_reply_lost_after_a_master_ran_the_batch_is_an_outage_and_nothing_runs
         states = register(store, *names)
         where = master_of(store, cluster_servers)
         assert 0 < sum(1 for n in names if where[n] == node.port) < len(names)
-        calls = {n.port: evalsha_calls(n) for n in cluster_servers.nodes}
+        calls = {n.port: script_calls(n) for n in cluster_servers.nodes}
         if fault == "connection cut":
-            p.drop_reply_to(_sha("claim"))
+            p.drop_reply_to(function_name("claim"))
         else:
             p.delay = 1.5
         with pytest.raises(StoreError):
@@ -235,7 +258,7 @@ def test_a_reply_lost_after_a_master_ran_the_batch_is_an_outage_and_nothing_runs
         p.delay = 0
         for n in cluster_servers.nodes:
             mine = sum(1 for name in names if where[name] == n.port)
-            assert evalsha_calls(n)[0] - calls[n.port][0] == mine, n.name
+            assert script_calls(n)[0] - calls[n.port][0] == mine, n.name
         # Every claim was made once, and is found from the records.
         cutoff = now(store) + 1
         held = store.live_runs(query(A, live=(A,), mine_before=cutoff)).held
@@ -261,10 +284,10 @@ def test_a_bucket_resharded_to_another_master_is_followed_and_nothing_runs_twice
     try:
         cluster_servers.move_slot(slot, target, finish=False)  # open, its keys on target
         assert [r.due for r in store.history(name)] == [first.claims[0].due]  # ASK
-        calls = evalsha_calls(target)[0] + evalsha_calls(source)[0]
+        calls = script_calls(target)[0] + script_calls(source)[0]
         with pytest.raises(StoreError, match=r"TRYAGAIN|redirect"):
             claim(store, A, first.state, state.anchor + 2000, entry=name)
-        assert evalsha_calls(target)[0] + evalsha_calls(source)[0] == calls  # none ran
+        assert script_calls(target)[0] + script_calls(source)[0] == calls  # none ran
         cluster_servers.finish_move(slot, target, source)
         second = claim(store, A, first.state, state.anchor + 2000, entry=name)  # MOVED
         assert second.status is ClaimStatus.OK
@@ -348,7 +371,7 @@ def test_a_restart_of_any_master_starts_a_new_epoch_and_keeps_the_records(
     assert hb.settle_until is not None and hb.settle_until > hb.now + 5_000  # settling
     assert node.run_id() in (store._server or "").split(",")
     assert run(store, c).owner == A.id  # the records came back
-    assert node.client().script_exists(_sha("claim")) == [True]  # the scripts too
+    assert has_library(node)  # the scripts too
 
 
 def test_a_failover_to_a_replica_starts_a_new_epoch_and_keeps_what_was_replicated() -> None:
@@ -476,7 +499,7 @@ def test_two_schedulers_across_a_master_restart_send_nothing_twice(
         assert len(sent) > before
         duplicated = {k: n for k, n in Counter(sent).items() if n > 1}
         assert duplicated == {}, duplicated
-        assert node.client().script_exists(_sha("check")) == [True]
+        assert has_library(node)
     finally:
         for s in (a, b):
             s.close()

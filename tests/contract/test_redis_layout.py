@@ -37,7 +37,14 @@ from beat_claims.stores.base import (
     Reclaim,
     Release,
 )
-from beat_claims.stores.redis import BUCKETS, SCRIPTS, RedisStore, _lua_names, _sha
+from beat_claims.stores.redis import (
+    BUCKETS,
+    SCRIPTS,
+    RedisStore,
+    _lua_names,
+    _sha,
+    function_name,
+)
 
 from ..conftest import RedisServer
 from .helpers import (
@@ -123,7 +130,8 @@ class Monitor:
         assert not self.thread.is_alive()
 
     def scripts(self) -> list[tuple[str, list[str], list[list[bytes]]]]:
-        """Each script run: its sha, its declared keys, and the commands it ran."""
+        """Each script run: its sha or function name, its declared keys, and the commands it
+        ran."""
         runs: list[tuple[str, list[str], list[list[bytes]]]] = []
         current: list[list[bytes]] | None = None
         for line in self.lines:
@@ -133,13 +141,19 @@ class Monitor:
             if who == b"lua":
                 assert current is not None, f"a script command outside a script: {line!r}"
                 current.append(args)
-            elif args and args[0].upper() in (b"EVALSHA", b"EVAL"):
+            elif args and args[0].upper() in (b"EVALSHA", b"EVAL", b"FCALL"):
                 n = int(args[2])
                 current = []
                 runs.append((args[1].decode(), [k.decode() for k in args[3:3 + n]], current))
             else:
                 current = None
         return runs
+
+
+def script_names() -> dict[str, str]:
+    """Each script's name, by what a call of it names (its function, or its sha)."""
+    return {**{_sha(name): name for name in SCRIPTS},
+            **{function_name(name): name for name in SCRIPTS}}
 
 
 def exercise(store: RedisStore) -> None:
@@ -200,7 +214,7 @@ def test_every_key_a_script_touches_is_declared_and_in_one_hash_slot(
     with Monitor(server) as monitor:
         exercise(redis_store)
     runs = monitor.scripts()
-    names = {_sha(name): name for name in SCRIPTS}
+    names = script_names()
     assert {names.get(sha, sha) for sha, _, _ in runs} == set(SCRIPTS)  # every script ran
     client = server.client()
     checked = 0
@@ -225,7 +239,7 @@ def test_on_one_server_a_sweep_reads_every_bucket_in_one_call(
     with Monitor(server) as monitor:
         redis_store.live_runs(LiveQuery("o", frozenset(), 0, 0, 0))
         redis_store.open_runs(before=1)
-    names = {_sha(name): name for name in SCRIPTS}
+    names = script_names()
     assert sorted(names[sha] for sha, _, _ in monitor.scripts()) == ["live", "open"]
 
 

@@ -1,17 +1,32 @@
-"""Redis only: how the Redis store talks to its server (scripts the server lost, a call that
-could not connect, the shared anchoring instant across clients)."""
+"""Redis only: how the Redis store talks to its server (the library or the scripts the
+server lost, a server that takes no functions, a call that could not connect, the shared
+anchoring instant across clients)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 
 from beat_claims.stores.base import ClaimStatus, EntrySeed, StoreError
-from beat_claims.stores.redis import RedisStore
+from beat_claims.stores.redis import RedisStore, _NotRun, library_name
 
 from ..conftest import RedisServer
-from .helpers import A, plan, register
+from ..inprocess import make, make_app, occurrences_sent, run_for
+from .helpers import A, plan, query, register, send
+
+#: Servers that take no functions, each as redis-server's options: an ACL without
+#: FUNCTION and FCALL; FCALL not a command at all (as before Redis 7.0); an ACL that runs
+#: functions but does not let this user load them.
+NO_FUNCTIONS = {
+    "acl without functions": ["--user", "default", "on", "nopass", "~*", "&*", "+@all",
+                              "-function", "-fcall", "-fcall_ro"],
+    "no FCALL command": ["--rename-command", "FCALL", ""],
+    "acl without FUNCTION LOAD": ["--user", "default", "on", "nopass", "~*", "&*", "+@all",
+                                  "-function"],
+}
 
 
 @pytest.fixture
@@ -21,13 +36,120 @@ def redis_store(server: RedisServer) -> Iterator[RedisStore]:
     store.close()
 
 
-def test_a_batch_survives_a_script_flush(redis_store: RedisStore, server: RedisServer) -> None:
+@pytest.fixture(params=sorted(NO_FUNCTIONS))
+def no_functions(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.args = NO_FUNCTIONS[request.param]
+    server.start()
+    yield server
+    server.stop()
+
+
+def script_calls(server: RedisServer, command: str) -> tuple[int, int]:
+    """``command``'s calls (``fcall``, ``evalsha``) that ran, and those that failed."""
+    stats = server.client().info("commandstats").get(f"cmdstat_{command}", {})
+    calls, failed = int(stats.get("calls", 0)), int(stats.get("failed_calls", 0))
+    return calls - failed, failed
+
+
+def test_scripts_run_as_one_library_of_functions(redis_store: RedisStore,
+                                                 server: RedisServer) -> None:
+    """On Redis 7, every call is an FCALL of this version's library, loaded once."""
+    server.client().function_flush()
+    server.client().config_resetstat()
     states = register(redis_store, *(f"e{i}" for i in range(30)))
-    server.client().script_flush()
+    results = redis_store.claim(A, [plan(s, s.anchor + 1000, entry=name)
+                                    for name, s in states.items()])
+    for r in results:
+        send(redis_store, A, r.claims[0])
+    # register (and its anchoring instant), claim, check, sent: once each
+    assert script_calls(server, "fcall")[0] == 30 * 4 + 1
+    assert script_calls(server, "evalsha") == (0, 0)
+    stats = server.client().info("commandstats")
+    assert stats["cmdstat_function|load"]["calls"] == 1
+    assert server.client().function_list(library=library_name())
+
+
+def test_a_batch_survives_a_function_flush(redis_store: RedisStore,
+                                           server: RedisServer) -> None:
+    """A restart without persistence or FUNCTION FLUSH: the calls refused are sent again
+    once the library is loaded, each run once."""
+    states = register(redis_store, *(f"e{i}" for i in range(30)))
+    server.client().function_flush()
+    server.client().config_resetstat()
     results = redis_store.claim(A, [plan(s, s.anchor + 1000, entry=name)
                                     for name, s in states.items()])
     assert [r.status for r in results] == [ClaimStatus.OK] * 30
     assert all(len(r.claims) == 1 for r in results)
+    # refused once each (not found), then run once each
+    assert script_calls(server, "fcall") == (30, 30)
+
+
+def test_a_library_another_process_loaded_meanwhile_is_used(redis_store: RedisStore,
+                                                            server: RedisServer) -> None:
+    """Two beats find the library missing at once: the second one's load is refused (it
+    exists), and that is no reason to give up functions."""
+    register(redis_store, "e")
+    redis_store._mend({_NotRun.NO_FUNCTION}, redis_store.client.pipeline())
+    redis_store._mend({_NotRun.NO_FUNCTION}, redis_store.client.pipeline())
+    assert redis_store._functions
+    register(redis_store, "f")
+    assert script_calls(server, "evalsha") == (0, 0)
+
+
+def test_a_server_that_takes_no_functions_is_sent_scripts(
+        no_functions: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Redis before 7.0, or an ACL without functions: the calls it refused did not run;
+    they are sent again by EVALSHA, each run once, and every call after too. Said once."""
+    store = RedisStore.from_url(no_functions.url, "bc-redis")
+    try:
+        with caplog.at_level(logging.INFO, logger="celery.beat.claims"):
+            states = register(store, *(f"e{i}" for i in range(30)))
+            results = store.claim(A, [plan(s, s.anchor + 1000, entry=name)
+                                      for name, s in states.items()])
+            assert [r.status for r in results] == [ClaimStatus.OK] * 30
+            assert [len(r.claims) for r in results] == [1] * 30
+            for r in results:
+                send(store, A, r.claims[0])
+            hb = store.heartbeat(A, 10, sweep=query(A, live=(A,), mine_before=1))
+            assert hb.live is not None and hb.live.complete
+        # register (and its anchoring instant), claim, check, sent; a heartbeat, a sweep
+        assert script_calls(no_functions, "evalsha") == (30 * 4 + 1 + 2, 0)
+        assert script_calls(no_functions, "fcall")[0] == 0
+        said = [r for r in caplog.records if "EVALSHA" in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]
+    finally:
+        store.close()
+
+
+def test_a_beat_on_a_server_without_functions_sends_each_occurrence_once(
+        no_functions: RedisServer) -> None:
+    app = make_app(no_functions, {
+        f"every-1s-{i}": {"task": "t.noop", "schedule": timedelta(seconds=1)}
+        for i in range(5)})
+    s = make(app)
+    try:
+        run_for(3.5, s)
+    finally:
+        s.close()
+    sent = occurrences_sent(no_functions)
+    assert len(sent) >= 10
+    assert len(sent) == len(set(sent))
+
+
+def test_a_batch_survives_a_script_flush(no_functions: RedisServer) -> None:
+    """By EVALSHA (a server that takes no functions): the scripts are loaded again."""
+    store = RedisStore.from_url(no_functions.url, "bc-redis")
+    try:
+        states = register(store, *(f"e{i}" for i in range(30)))
+        no_functions.client().script_flush()
+        results = store.claim(A, [plan(s, s.anchor + 1000, entry=name)
+                                  for name, s in states.items()])
+        assert [r.status for r in results] == [ClaimStatus.OK] * 30
+        assert all(len(r.claims) == 1 for r in results)
+        assert script_calls(no_functions, "evalsha")[1] == 30  # NOSCRIPT once each
+    finally:
+        store.close()
 
 
 def test_a_call_that_could_not_connect_is_an_outage_and_leaves_nothing_queued(
