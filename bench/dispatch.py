@@ -81,7 +81,9 @@ counted and flagged, never mixed in).
 
 Redis commands per run are the ``INFO commandstats`` deltas of each server between just
 before T and the moment the parent sees the N-th message (the parent's own ``LLEN`` polls
-and ``INFO`` calls are subtracted; commands run inside Lua scripts count). Round trips and
+and ``INFO`` calls are subtracted; commands run inside Lua scripts count); the store
+server's time in script calls (FCALL and EVALSHA, their commands included) over the same
+span is ``store_script_ms``, and per call ``store_script_usec_per_call``. Round trips and
 CPU seconds are summed over the ticks of every beat that end after T and start before the
 last publish (``time.process_time`` of the beat, nanosecond resolution). Peak RSS is
 ``VmHWM`` of each beat process (the whole life of the process); the idle workload also
@@ -191,6 +193,16 @@ class RedisServer:
     def commandstats(self) -> dict[str, int]:
         return {k.removeprefix("cmdstat_"): int(v["calls"])
                 for k, v in self.client.info("commandstats").items()}
+
+    def script_time(self) -> tuple[int, int]:
+        """Script calls (FCALL and EVALSHA) so far, and the server's microseconds in them
+        (INFO commandstats: the commands they ran included)."""
+        stats = self.client.info("commandstats")
+        calls = usec = 0
+        for name in ("cmdstat_fcall", "cmdstat_evalsha"):
+            calls += int(stats.get(name, {}).get("calls", 0))
+            usec += int(stats.get(name, {}).get("usec", 0))
+        return calls, usec
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -841,6 +853,8 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     beats.go.set()
     time.sleep(max(0.0, t_lo - 0.1 - time.time()))
     stats_before = {s.name: s.commandstats() for s in (store, broker)}
+    scripts_before = store.script_time()
+    scripts_at_end = scripts_before
     busy_before = _busy_cpu((store, broker))
     busy_after = busy_before
     polls, reached, status = 0, None, "ok"
@@ -853,6 +867,7 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
         polls += 1
         if reached is None and (length >= n or now > t_lo + args.timeout):
             stats_at_end = {s.name: s.commandstats() for s in (store, broker)}
+            scripts_at_end = store.script_time()
             busy_after = _busy_cpu((store, broker))
             polls_at_end = polls
             if length < n:
@@ -885,6 +900,10 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
             delta = _command_delta(stats_before[server.name], stats_at_end[server.name], own)
             out[f"{server.name}_commands"] = sum(delta.values())
             out[f"{server.name}_commands_by_name"] = dict(sorted(delta.items()))
+        calls, usec = (end - start for end, start in zip(scripts_at_end, scripts_before))
+        if case.store == "redis" and calls:
+            out["store_script_ms"] = round(usec / 1000, 1)
+            out["store_script_usec_per_call"] = round(usec / calls, 1)
     return out
 
 
@@ -1045,7 +1064,7 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
 BURST_FIGURES = ("seconds", "lag_p50_ms", "lag_p99_ms", "cpu_seconds", "peak_rss_mib",
                  "rss_sum_mib", "store_commands", "broker_commands", "store_round_trips",
                  "broker_round_trips", "round_trips_per_task", "ticks", "setup_seconds",
-                 "settle_seconds")
+                 "settle_seconds", "store_script_ms", "store_script_usec_per_call")
 IDLE_FIGURES = ("cpu_seconds_per_minute", "store_commands_per_minute",
                 "broker_commands_per_minute", "store_round_trips_per_minute",
                 "broker_round_trips_per_minute", "ticks_per_minute", "peak_rss_mib",
@@ -1055,7 +1074,8 @@ RUN_FIELDS = ("status", "seconds", "lag_p50_ms", "lag_p99_ms", "cpu_seconds",
               "exactly_n", "duplicates", "later_occurrences", "due_spread_ms",
               "sent_by_timeout",
               "store_round_trips", "broker_round_trips", "store_commands", "broker_commands",
-              "lead", "setup_seconds", "settle_seconds", "ready_after_register_seconds",
+              "store_script_ms", "store_script_usec_per_call", "lead", "setup_seconds",
+              "settle_seconds", "ready_after_register_seconds",
               "peak_rss_mib", "rss_end_mib", "other_cpu_seconds", "loadavg_before",
               "loadavg_after", "error", "errors", "warnings", "attempts", "discarded")
 DISCARDED_FIELDS = ("status", "lead", "setup_seconds", "error", "published",
