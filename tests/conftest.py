@@ -9,7 +9,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -72,6 +72,20 @@ class RedisServer:
 
     def client(self, db: int = 0) -> redis.Redis:
         return redis.Redis(port=self.port, db=db, decode_responses=True)
+
+
+@contextlib.contextmanager
+def own_redis(args: Sequence[str] = ()) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, with more options (``args``): its configuration
+    never reaches the session's server."""
+    server = RedisServer()
+    server.args = list(args)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
 
 
 def seed_settled_epoch(server: RedisServer, prefix: str = "beat-claims") -> None:

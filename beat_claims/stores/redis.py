@@ -222,13 +222,25 @@ def _library_parts() -> tuple[str, tuple[tuple[str, str], ...]]:
     return head, tuple((name, lua.joinpath(f"{name}.lua").read_text()) for name in SCRIPTS)
 
 
+def _library_text(name: str) -> str:
+    """Every script as a function of one library named ``name`` (Redis 7 and later)."""
+    head, bodies = _library_parts()
+    functions = []
+    for script, body in bodies:
+        flags = "'no-writes'" if script in READ_ONLY_SCRIPTS else ""
+        functions.append(f"redis.register_function{{function_name = '{name}_{script}',"
+                         f" flags = {{{flags}}},\ncallback = function(KEYS, ARGV)\n{body}\n"
+                         f"end}}")
+    return "\n".join([f"#!lua name={name}", head, *functions])
+
+
 @cache
 def library_name() -> str:
-    """The function library of this version's scripts, named by a digest of their text:
-    versions side by side (a rolling upgrade) each load their own, and never replace
-    another's (function names are global on a server, so they carry it too)."""
-    head, bodies = _library_parts()
-    text = "\n".join([head, *(f"{name}\n{body}" for name, body in bodies)])
+    """The function library of this version's scripts, named by a digest of its whole text
+    (its flags and wrappers too): versions side by side (a rolling upgrade) each load their
+    own, and never run or replace another's (function names are global on a server, so
+    they carry it too)."""
+    text = _library_text("beat_claims")
     return "beat_claims_" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
@@ -245,17 +257,10 @@ def _script_of(function: str) -> str:
 
 @cache
 def _library() -> str:
-    """Every script as a function of one library (Redis 7 and later). The names and the
-    prelude run once, when the server loads the library, rather than at every call as
-    with EVALSHA: a claim, a check and a sent mark each cost the server a fifth less."""
-    head, bodies = _library_parts()
-    functions = []
-    for name, body in bodies:
-        flags = "'no-writes'" if name in READ_ONLY_SCRIPTS else ""
-        functions.append(f"redis.register_function{{function_name = '{function_name(name)}',"
-                         f" flags = {{{flags}}},\ncallback = function(KEYS, ARGV)\n{body}\n"
-                         f"end}}")
-    return "\n".join([f"#!lua name={library_name()}", head, *functions])
+    """The library as loaded. Its names and prelude run once, when the server loads it,
+    rather than at every call as with EVALSHA: over a burst, the server's time per call is
+    about a fifth less (``store_script_usec_per_call``, docs/benchmarks.md)."""
+    return _library_text(library_name())
 
 
 class _NotRun(enum.Enum):
@@ -265,6 +270,16 @@ class _NotRun(enum.Enum):
     NO_SCRIPT = "the server lost the scripts (a restart, SCRIPT FLUSH)"
     NO_FUNCTION = "the server lost the library (a restart, FUNCTION FLUSH, a new node)"
     NO_FUNCTIONS = "the server does not take functions (Redis before 7, or an ACL)"
+    #: Out of memory, too few replicas, a failing save: a function may write, so it is
+    #: refused before it starts. The same script by EVALSHA runs, and fails only at its
+    #: first write: a call that only reads (the worker's fence turning a duplicate away,
+    #: a prune that only deletes) still answers, as it did before functions.
+    WRITES_REFUSED = "the server refuses writes"
+
+
+#: Replies that refuse a write command before it runs (a function's own failure names the
+#: function: "... script: NAME, on @user_function:N.").
+_WRITES_REFUSED_CODES = ("OOM", "NOREPLICAS", "MISCONF")
 
 
 def _not_run(reply: Any, command: Sequence[Any]) -> _NotRun | None:
@@ -278,6 +293,10 @@ def _not_run(reply: Any, command: Sequence[Any]) -> _NotRun | None:
     if text.lower().startswith("unknown command") or (
             isinstance(reply, redis.exceptions.NoPermissionError) and "'fcall'" in text):
         return _NotRun.NO_FUNCTIONS
+    if "script:" not in text and (
+            isinstance(reply, redis.exceptions.OutOfMemoryError)  # type: ignore[attr-defined]
+            or text.split(" ", 1)[0] in _WRITES_REFUSED_CODES):
+        return _NotRun.WRITES_REFUSED
     return None
 
 
@@ -316,6 +335,7 @@ class RedisStore(Store):
         #: Scripts are called as functions of one library (FCALL) until the server shows it
         #: takes none (see _mend): then by EVALSHA.
         self._functions = True
+        self._mode_lock = threading.Lock()
         if isinstance(client, ClusterClient):
             client.keyless_key = self._epoch  # TIME: the clock the heartbeat reads
             client.on_connect = self._check_server
@@ -400,13 +420,15 @@ class RedisStore(Store):
                     if (why := _not_run(reply, commands[i])) is not None}
             _raise_outage([reply for i, reply in enumerate(replies[:vital])
                            if i not in lost])
-            if not lost or passes == MEND_PASSES:
-                break  # (still refused: an error reply for its item, as any other)
+            if not lost:
+                break
+            if passes == MEND_PASSES:
+                raise StoreError(f"the server keeps refusing the scripts: {replies[min(lost)]}")
             try:
                 self._mend(set(lost.values()), self._pipeline())
                 again = self._pipeline()
-                for i in lost:
-                    commands[i] = self._as_called(commands[i])
+                for i, why in lost.items():
+                    commands[i] = self._as_called(commands[i], why)
                     again.execute_command(*commands[i])
                 for i, reply in zip(lost, again.execute(raise_on_error=False)):
                     replies[i] = reply
@@ -432,7 +454,7 @@ class RedisStore(Store):
                     logger.error("beat-claims: the server does not compile the script"
                                  " library (%s): please report it", reply)
                 self._no_functions(f"the server refused the library ({reply})")
-        if not self._functions:
+        if not self._functions or _NotRun.NO_SCRIPT in causes:
             for name in SCRIPTS:
                 pipe.script_load(_source(name))
             replies = pipe.execute(raise_on_error=False)
@@ -441,16 +463,19 @@ class RedisStore(Store):
                 _raise_if_error(reply)
 
     def _no_functions(self, why: str) -> None:
-        if self._functions:
+        with self._mode_lock:  # (said once, whichever thread finds it out)
+            if not self._functions:
+                return
             self._functions = False
             logger.info("beat-claims: %s: each script is sent by EVALSHA instead, and runs"
                         " the shared prelude at every call (a claim costs the server more)",
                         why)
 
-    def _as_called(self, command: Sequence[Any]) -> Sequence[Any]:
-        """A script call as this store makes them now (by EVALSHA once it takes no
-        functions)."""
-        if not self._functions and str(command[0]).upper() == "FCALL":
+    def _as_called(self, command: Sequence[Any], why: _NotRun) -> Sequence[Any]:
+        """A script call refused for ``why``, as it is sent again: by EVALSHA once the
+        server takes no functions, or while it refuses writes (see _NotRun)."""
+        if str(command[0]).upper() == "FCALL" and (
+                not self._functions or why is _NotRun.WRITES_REFUSED):
             return ("EVALSHA", _sha(_script_of(str(command[1]))), *command[2:])
         return command
 
@@ -479,7 +504,7 @@ class RedisStore(Store):
                         if (why := _not_run(reply, commands[i][0])) is not None}
                 _raise_outage([reply for i, reply in enumerate(replies) if i not in lost])
                 if not lost or passes == MEND_PASSES:
-                    break
+                    break  # (what is left is refused below)
                 nodes = {}
                 for i in lost:
                     node = answered[i][1]
@@ -488,8 +513,8 @@ class RedisStore(Store):
                 for node in nodes.values():
                     self._mend(set(lost.values()),
                                cluster.get_redis_connection(node).pipeline(transaction=False))
-                for i in lost:
-                    commands[i] = (self._as_called(commands[i][0]), commands[i][1])
+                for i, why in lost.items():
+                    commands[i] = (self._as_called(commands[i][0], why), commands[i][1])
                 for i, (reply, node) in zip(lost, cluster.execute([commands[i]
                                                                     for i in lost])):
                     replies[i], answered[i] = reply, (reply, node)
@@ -498,7 +523,7 @@ class RedisStore(Store):
             raise _store_error(exc) from exc  # (TRYAGAIN: ClusterClient.execute gave up)
         for i, reply in enumerate(replies):
             if _not_run(reply, commands[i][0]) is not None:
-                raise StoreError(f"a cluster node keeps losing the scripts: {reply}")
+                raise StoreError(f"a cluster node keeps refusing the scripts: {reply}")
         return replies
 
     def _chunked(self, items: Sequence[Any], build: Callable[[Pipeline, Any], Any]

@@ -13,7 +13,7 @@ import pytest
 from beat_claims.stores.base import ClaimStatus, EntrySeed, StoreError
 from beat_claims.stores.redis import RedisStore, _NotRun, library_name
 
-from ..conftest import RedisServer
+from ..conftest import RedisServer, own_redis
 from ..inprocess import make, make_app, occurrences_sent, run_for
 from .helpers import A, plan, query, register, send
 
@@ -38,11 +38,8 @@ def redis_store(server: RedisServer) -> Iterator[RedisStore]:
 
 @pytest.fixture(params=sorted(NO_FUNCTIONS))
 def no_functions(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.args = NO_FUNCTIONS[request.param]
-    server.start()
-    yield server
-    server.stop()
+    with own_redis(NO_FUNCTIONS[request.param]) as server:
+        yield server
 
 
 def script_calls(server: RedisServer, command: str) -> tuple[int, int]:
@@ -95,6 +92,31 @@ def test_a_library_another_process_loaded_meanwhile_is_used(redis_store: RedisSt
     assert redis_store._functions
     register(redis_store, "f")
     assert script_calls(server, "evalsha") == (0, 0)
+
+
+def test_a_server_out_of_memory_is_an_outage_for_a_claim_and_the_claim_never_ran(
+        server: RedisServer) -> None:
+    """Refused before it started (a function may write): sent again by EVALSHA, which
+    fails at its first write; nothing was written, and the claim made afterwards is the
+    first (token 1)."""
+    store = RedisStore.from_url(server.url, "bc-redis")
+    client = server.client()
+    try:
+        states = register(store, "e")
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")
+        try:
+            with pytest.raises(StoreError, match=r"OutOfMemory|OOM"):
+                store.claim(A, [plan(states["e"], states["e"].anchor + 1000, entry="e")])
+        finally:
+            client.config_set("maxmemory", "0")
+        [result] = store.claim(A, [plan(states["e"], states["e"].anchor + 1000, entry="e")])
+        assert result.status is ClaimStatus.OK
+        assert [c.token for c in result.claims] == [1]
+        assert store._functions  # (a refusal to write says nothing of functions)
+    finally:
+        client.config_set("maxmemory", "0")
+        store.close()
 
 
 def test_a_server_that_takes_no_functions_is_sent_scripts(
