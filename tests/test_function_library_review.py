@@ -111,3 +111,50 @@ def test_a_version_that_registers_other_flags_loads_its_own_library(
     assert flags[function_name("live")] == set(), (
         f"{library_name()}: 'live' runs with the flags another version registered:"
         f" {flags[function_name('live')]}")
+
+
+def test_without_evalsha_a_call_refused_for_writes_is_an_outage_not_a_credentials_error(
+        ) -> None:
+    """An ACL with the library's commands only: the call refused for writes cannot go by
+    EVALSHA (NOPERM); it stays what it was, an outage (StoreError), never "the store
+    refused the credentials" (a configuration error, which the worker does not catch)."""
+    acl = ["--user", "default", "on", "nopass", "~*", "&*", "+@all", "-evalsha", "-eval",
+           "-script"]
+    with own_redis(acl) as server:
+        s = RedisStore.from_url(server.url, "bc-review")
+        try:
+            c = one_claim(s, A)
+            send(s, A, c)
+            started(s, c, process(1))
+            client = server.client()
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", "1")
+            try:
+                with pytest.raises(StoreError) as raised:
+                    s.start(delivery(c, process(2)))
+                assert "credentials" not in str(raised.value)
+                assert s._functions
+            finally:
+                client.config_set("maxmemory", "0")
+        finally:
+            s.close()
+
+
+def test_a_duplicate_is_refused_while_the_server_is_full_and_has_lost_the_library(
+        store: RedisStore, own_server: RedisServer) -> None:
+    """FUNCTION LOAD is a write, refused out of memory: the calls go by EVALSHA."""
+    c = one_claim(store, A)
+    send(store, A, c)
+    started(store, c, process(1))
+    assert store.finish([Outcome(c.entry, c.due, c.token, RunState.DONE)]) == [True]
+    client = own_server.client()
+    client.function_flush()
+    client.script_flush()
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")
+    try:
+        decision = store.start(delivery(c, process(2)))
+    finally:
+        client.config_set("maxmemory", "0")
+    assert not decision.ok, decision
+    assert store._functions  # (loaded at the next call that finds it missing)

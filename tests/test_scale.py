@@ -48,8 +48,10 @@ def test_a_large_schedule_due_at_once_is_sent_once_by_two_beats(server: RedisSer
     none is left claimed, being sent or due again."""
     seed_settled_epoch(server)
     entries = schedule()
+    # (grace: both beats tick in this one process; on a slow machine, first occurrences
+    # claimed later than it would be recorded skipped for catch-up, as they should be)
     app = make_app(server, entries, beat_claims_heartbeat_interval=2,
-                   beat_claims_catch_up_grace=5)
+                   beat_claims_catch_up_grace=30)
     a, b = make(app), make(app)
     worst = [0.0]
 
@@ -62,7 +64,7 @@ def test_a_large_schedule_due_at_once_is_sent_once_by_two_beats(server: RedisSer
     def entries_sent() -> int:
         return len({entry for entry, _ in occurrences_sent(server)})
 
-    wait_for(lambda: entries_sent() == N, 25, f"all {N} entries to be sent", interval=0.02,
+    wait_for(lambda: entries_sent() == N, 60, f"all {N} entries to be sent", interval=0.02,
              between=tick_both)
     sent = Counter(occurrences_sent(server))
     assert {k: n for k, n in sent.items() if n > 1} == {}

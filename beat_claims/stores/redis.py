@@ -52,6 +52,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
 from typing import Any
@@ -272,14 +273,47 @@ class _NotRun(enum.Enum):
     NO_FUNCTIONS = "the server does not take functions (Redis before 7, or an ACL)"
     #: Out of memory, too few replicas, a failing save: a function may write, so it is
     #: refused before it starts. The same script by EVALSHA runs, and fails only at its
-    #: first write: a call that only reads (the worker's fence turning a duplicate away,
-    #: a prune that only deletes) still answers, as it did before functions.
+    #: first write: a call that only reads (the worker's fence turning a duplicate away;
+    #: out of memory, a prune that only deletes) still answers, as it did before
+    #: functions. Nothing remembers the refusal: while it lasts, such a call costs two
+    #: round trips.
     WRITES_REFUSED = "the server refuses writes"
 
 
 #: Replies that refuse a write command before it runs (a function's own failure names the
 #: function: "... script: NAME, on @user_function:N.").
 _WRITES_REFUSED_CODES = ("OOM", "NOREPLICAS", "MISCONF")
+
+
+def _refuses_writes(reply: Any) -> bool:
+    """A reply refusing a write command before it ran (out of memory, too few replicas, a
+    failing save); a function's own failure names the function ("script: NAME, ...")."""
+    return isinstance(reply, ResponseError) and "script:" not in str(reply) and (
+        isinstance(reply, redis.exceptions.OutOfMemoryError)  # type: ignore[attr-defined]
+        or str(reply).split(" ", 1)[0] in _WRITES_REFUSED_CODES)
+
+
+@dataclass
+class _Mended:
+    """What mending a server could not do."""
+
+    #: The server refused to load the library because it refuses writes (its reply).
+    library_refusal: Any = None
+    #: False: loading the scripts was not permitted (only the calls refused for writes
+    #: needed them; with functions they are the only ones by EVALSHA).
+    scripts: bool = True
+
+    def and_(self, other: _Mended) -> _Mended:
+        return _Mended(self.library_refusal or other.library_refusal,
+                       self.scripts and other.scripts)
+
+
+def _answer(i: int, reply: Any, refused: dict[int, Any]) -> Any:
+    """A call's reply once sent again: a call refused for writes that EVALSHA may not
+    serve (no permission) keeps its refusal."""
+    if i in refused and isinstance(reply, redis.exceptions.NoPermissionError):
+        return refused[i]
+    return reply
 
 
 def _not_run(reply: Any, command: Sequence[Any]) -> _NotRun | None:
@@ -293,9 +327,7 @@ def _not_run(reply: Any, command: Sequence[Any]) -> _NotRun | None:
     if text.lower().startswith("unknown command") or (
             isinstance(reply, redis.exceptions.NoPermissionError) and "'fcall'" in text):
         return _NotRun.NO_FUNCTIONS
-    if "script:" not in text and (
-            isinstance(reply, redis.exceptions.OutOfMemoryError)  # type: ignore[attr-defined]
-            or text.split(" ", 1)[0] in _WRITES_REFUSED_CODES):
+    if _refuses_writes(reply):
         return _NotRun.WRITES_REFUSED
     return None
 
@@ -415,6 +447,7 @@ class RedisStore(Store):
             raise _store_error(exc) from exc
         finally:
             pipe.reset()
+        refused: dict[int, Any] = {}  # see _resend
         for passes in range(MEND_PASSES + 1):
             lost = {i: why for i, reply in enumerate(replies)
                     if (why := _not_run(reply, commands[i])) is not None}
@@ -423,24 +456,49 @@ class RedisStore(Store):
             if not lost:
                 break
             if passes == MEND_PASSES:
-                raise StoreError(f"the server keeps refusing the scripts: {replies[min(lost)]}")
+                if vital is None or min(lost) < vital:
+                    raise StoreError(f"the server keeps refusing the scripts:"
+                                     f" {replies[min(lost)]}")
+                break  # (the caller's to judge, as any error reply past ``vital``)
             try:
-                self._mend(set(lost.values()), self._pipeline())
+                mended = self._mend(set(lost.values()), self._pipeline())
+                resend = self._resend(lost, mended, commands, replies, refused)
                 again = self._pipeline()
-                for i, why in lost.items():
-                    commands[i] = self._as_called(commands[i], why)
+                for i in resend:
                     again.execute_command(*commands[i])
-                for i, reply in zip(lost, again.execute(raise_on_error=False)):
-                    replies[i] = reply
+                for i, reply in zip(resend, again.execute(raise_on_error=False)):
+                    replies[i] = _answer(i, reply, refused)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 raise _store_error(exc) from exc
             finally:
                 self._pipeline()
         return replies
 
-    def _mend(self, causes: set[_NotRun], pipe: Pipeline) -> None:
+    def _resend(self, lost: dict[int, _NotRun], mended: _Mended,
+                commands: list[Sequence[Any]], replies: list[Any],
+                refused: dict[int, Any]) -> list[int]:
+        """The lost calls to send again, their commands as they go now (``commands``
+        rewritten). A call refused for writes goes by EVALSHA, and its refusal is kept in
+        ``refused``: if EVALSHA cannot serve it either (no permission for it, or for
+        loading the scripts), the refusal is its reply, an outage as before."""
+        resend = []
+        for i, why in lost.items():
+            if i in refused and not mended.scripts:
+                replies[i] = refused[i]
+                continue
+            if why is _NotRun.NO_FUNCTION and mended.library_refusal is not None:
+                why = _NotRun.WRITES_REFUSED  # (the library cannot be loaded now)
+                refused.setdefault(i, mended.library_refusal)
+            elif why is _NotRun.WRITES_REFUSED:
+                refused.setdefault(i, replies[i])
+            commands[i] = self._as_called(commands[i], why)
+            resend.append(i)
+        return resend
+
+    def _mend(self, causes: set[_NotRun], pipe: Pipeline) -> _Mended:
         """Make the server able to run the script calls it refused (``pipe``: one to it):
         the library loaded again, or the scripts if it takes no functions."""
+        mended = _Mended()
         if _NotRun.NO_FUNCTIONS in causes:
             self._no_functions("the server does not run functions (Redis before 7.0, or an"
                                " ACL without FCALL)")
@@ -448,19 +506,27 @@ class RedisStore(Store):
             pipe.execute_command("FUNCTION", "LOAD", _library())
             (reply,) = pipe.execute(raise_on_error=False)
             if isinstance(reply, Exception) and "already exists" not in str(reply):
-                if not isinstance(reply, redis.exceptions.NoPermissionError):
-                    _raise_outage([reply])  # (loading, busy, a replica: try again later)
-                if "compil" in str(reply).lower():  # (a bug of ours: never the server's)
-                    logger.error("beat-claims: the server does not compile the script"
-                                 " library (%s): please report it", reply)
-                self._no_functions(f"the server refused the library ({reply})")
+                if _refuses_writes(reply):  # (FUNCTION LOAD is a write: by EVALSHA now)
+                    mended.library_refusal = reply
+                else:
+                    if not isinstance(reply, redis.exceptions.NoPermissionError):
+                        _raise_outage([reply])  # (loading, busy, a replica: try later)
+                    if "compil" in str(reply).lower():  # (a bug of ours, not the server's)
+                        logger.error("beat-claims: the server does not compile the script"
+                                     " library (%s): please report it", reply)
+                    self._no_functions(f"the server refused the library ({reply})")
         if not self._functions or _NotRun.NO_SCRIPT in causes:
             for name in SCRIPTS:
                 pipe.script_load(_source(name))
             replies = pipe.execute(raise_on_error=False)
+            if self._functions and any(isinstance(r, redis.exceptions.NoPermissionError)
+                                       for r in replies):
+                mended.scripts = False  # (only calls refused for writes needed them)
+                return mended
             _raise_outage(replies)
             for reply in replies:
                 _raise_if_error(reply)
+        return mended
 
     def _no_functions(self, why: str) -> None:
         with self._mode_lock:  # (said once, whichever thread finds it out)
@@ -496,6 +562,7 @@ class RedisStore(Store):
             commands = [(args, dict(options)) for args, options in recorder.command_stack]
         finally:
             recorder.reset()
+        refused: dict[int, Any] = {}  # see _resend
         try:
             answered = cluster.execute(commands)
             replies = [reply for reply, _ in answered]
@@ -510,14 +577,17 @@ class RedisStore(Store):
                     node = answered[i][1]
                     if node is not None:
                         nodes[node.name] = node
+                mended = _Mended()
                 for node in nodes.values():
-                    self._mend(set(lost.values()),
-                               cluster.get_redis_connection(node).pipeline(transaction=False))
-                for i, why in lost.items():
-                    commands[i] = (self._as_called(commands[i][0], why), commands[i][1])
-                for i, (reply, node) in zip(lost, cluster.execute([commands[i]
-                                                                    for i in lost])):
-                    replies[i], answered[i] = reply, (reply, node)
+                    mended = mended.and_(self._mend(
+                        set(lost.values()),
+                        cluster.get_redis_connection(node).pipeline(transaction=False)))
+                calls = [args for args, _ in commands]
+                resend = self._resend(lost, mended, calls, replies, refused)
+                commands = [(calls[i], options) for i, (_, options) in enumerate(commands)]
+                for i, (reply, node) in zip(resend, cluster.execute([commands[i]
+                                                                      for i in resend])):
+                    replies[i], answered[i] = _answer(i, reply, refused), (reply, node)
         except (redis.ConnectionError, redis.TimeoutError, RedisClusterException,
                 redis.exceptions.ClusterError, redis.exceptions.TryAgainError) as exc:
             raise _store_error(exc) from exc  # (TRYAGAIN: ClusterClient.execute gave up)
