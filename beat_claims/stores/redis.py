@@ -432,8 +432,9 @@ class RedisStore(Store):
                     ) -> list[Any]:
         """One round trip; each command's reply or its error (a bad record affects only its
         own item). Script calls the server says it did not run (it lost the library or the
-        scripts: a restart, a flush; or it takes no functions) are sent again, those
-        alone, once the cause is mended. An outage error in any reply raises, or with
+        scripts: a restart, a flush; it takes no functions; it refuses writes: see
+        _NotRun) are sent again, those alone, once the cause is mended, at most
+        MEND_PASSES times. An outage error in any reply raises, or with
         ``vital`` only in the first ``vital`` replies (the others are the caller's to
         judge)."""
         if self._cluster is not None:
