@@ -45,10 +45,10 @@ DEFAULTS = {"maxmemory": "0", "maxmemory-policy": "noeviction", "min-replicas-to
 def test_a_duplicate_delivery_is_still_refused_while_the_server_refuses_writes(
         store: RedisStore, own_server: RedisServer, refused: str) -> None:
     """The worker's fence (start.lua) refuses a duplicate delivery of a finished run
-    without writing anything. By EVALSHA it still did so on a server that refuses writes
-    (OOM, NOREPLICAS); as an FCALL of a function without flags the call is refused up
-    front, the store raises StoreError, and the worker runs the duplicate unfenced
-    (worker._decide: 'deliveries run unfenced')."""
+    without writing anything, also on a server that refuses writes (OOM, NOREPLICAS). A
+    function that may write is refused up front there: were that refusal the answer, the
+    store would raise StoreError and the worker run the duplicate unfenced
+    (worker._decide: 'deliveries run unfenced'). The call goes again by EVALSHA."""
     c = one_claim(store, A)
     send(store, A, c)
     started(store, c, process(1))
@@ -82,11 +82,10 @@ def library_caches() -> Iterator[None]:
 def test_a_version_that_registers_other_flags_loads_its_own_library(
         own_server: RedisServer, library_caches: None, monkeypatch: pytest.MonkeyPatch
         ) -> None:
-    """library_name() digests the prelude and the bodies, not the flags each function is
-    registered with (nor the register_function wrapper). A later version that changes only
-    the flags (say 'allow-oom' on start, the fix of the test above) gets the same name,
-    finds the library 'already exists' (or not missing at all) and runs this version's
-    functions with the old flags, on every server that already holds them."""
+    """library_name() digests the whole library, the flags each function is registered
+    with and the register_function wrapper too: a later version that changes only the
+    flags gets a name of its own, rather than finding the library 'already exists' (or not
+    missing at all) and running the old flags on every server that already holds them."""
     first = RedisStore.from_url(own_server.url, "bc-review")
     try:
         register(first, "e")  # this version's library, loaded
