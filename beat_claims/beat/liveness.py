@@ -55,7 +55,7 @@ class Liveness:
         answered = time.monotonic()
         # This beat's reckoning of the store's clock at the instant the store read it (the
         # middle of the round trip, as the clock takes it).
-        expected = reckoned + int(((asked + answered) / 2 - asked) * 1000)
+        expected = reckoned + int((answered - asked) * 500)
         self.clock.set(hb.now, asked, answered)
         self.last = answered
         changed = self.epoch is not None and hb.epoch != self.epoch

@@ -229,7 +229,7 @@ def _library_text(name: str) -> str:
     functions = []
     for script, body in bodies:
         flags = "'no-writes'" if script in READ_ONLY_SCRIPTS else ""
-        functions.append(f"redis.register_function{{function_name = '{name}_{script}',"
+        functions.append(f"redis.register_function{{function_name = '{_in(name, script)}',"
                          f" flags = {{{flags}}},\ncallback = function(KEYS, ARGV)\n{body}\n"
                          f"end}}")
     return "\n".join([f"#!lua name={name}", head, *functions])
@@ -245,10 +245,14 @@ def library_name() -> str:
     return "beat_claims_" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+def _in(library: str, script: str) -> str:
+    return f"{library}_{script}"
+
+
 @cache
 def function_name(name: str) -> str:
     """The name script ``name`` is called by (FCALL) in this version's library."""
-    return f"{library_name()}_{name}"
+    return _in(library_name(), name)
 
 
 @cache
@@ -611,12 +615,14 @@ class RedisStore(Store):
             replies += self._round_trip(each)
         return replies
 
+    def _call(self, name: str) -> tuple[str, str]:
+        """How script ``name`` is called now: FCALL of its function, or EVALSHA (redis-py's
+        Script would ask SCRIPT EXISTS at every execute)."""
+        return ("FCALL", function_name(name)) if self._functions else ("EVALSHA", _sha(name))
+
     def _script(self, pipe: Pipeline, name: str, keys: Sequence[str | bytes], *args: Any
                 ) -> None:
-        if self._functions:
-            pipe.execute_command("FCALL", function_name(name), len(keys), *keys, *args)
-        else:  # (redis-py's Script would ask SCRIPT EXISTS at every execute)
-            pipe.execute_command("EVALSHA", _sha(name), len(keys), *keys, *args)
+        pipe.execute_command(*self._call(name), len(keys), *keys, *args)
 
     def _entry_script(self, pipe: Pipeline, name: str, entry: str, *args: Any) -> None:
         # The entry's keys and name as the bytes redis-py would send (it sends bytes as they
@@ -627,10 +633,7 @@ class RedisStore(Store):
             if len(heads) >= ENTRY_HEADS:
                 heads = self._entry_heads = {}  # (a new dict: other threads may read the old)
             head = heads[entry] = tuple(k.encode() for k in (*self.entry_keys(entry), entry))
-        if self._functions:
-            pipe.execute_command("FCALL", function_name(name), len(head) - 1, *head, *args)
-        else:
-            pipe.execute_command("EVALSHA", _sha(name), len(head) - 1, *head, *args)
+        pipe.execute_command(*self._call(name), len(head) - 1, *head, *args)
 
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
