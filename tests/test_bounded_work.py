@@ -121,8 +121,10 @@ def test_result_backend_recovery_keeps_the_heartbeat_alive_and_is_bounded(
         app = make_app(server, schedule, result_backend=slow.url(3),
                        beat_claims_heartbeat_interval=0.4)
         s = make(app)
-        run_for(3.0, s)  # some hundreds of sent runs, older than the settling time
-        assert len(occurrences_sent(server)) >= 400
+        # some hundreds of sent runs, older than the settling time (200 a second: a
+        # deadline, not a fixed time, for a slow machine)
+        wait_for(lambda: len(occurrences_sent(server)) >= 400, 30, "400 sent runs",
+                 between=lambda: run_for(0.2, s))
         passes: list[float] = []
         run = s.recovery.run
 
