@@ -244,10 +244,10 @@ def _backlog(store: Store) -> None:
     store.release(GONE, [Release(c) for c in claims])
 
 
-def _error_ms(store: Store, truth: Any, sweep: bool) -> float:
+def _error_ms(store: Store, truth: Any, sweep: bool) -> tuple[float, float]:
     """How far behind the store's clock "now" is right after a heartbeat (as Liveness
-    reckons it), median of 7."""
-    errors = []
+    reckons it), and that heartbeat's round trip in ms: medians of 7."""
+    errors, trips = [], []
     for _ in range(7):
         clock = StoreClock()
         hb0 = store.heartbeat(ME, 60)
@@ -260,19 +260,27 @@ def _error_ms(store: Store, truth: Any, sweep: bool) -> float:
         if sweep:
             assert hb.live is not None and len(hb.live.due) >= BACKLOG
         errors.append(truth() - clock.now())
+        trips.append((answered - asked) * 1000)
     errors.sort()
-    return errors[len(errors) // 2]
+    trips.sort()
+    return errors[len(errors) // 2], trips[len(trips) // 2]
 
 
 def _check(store: Store, truth: Any) -> None:
+    """The estimate's bound is half the round trip (the store read its clock somewhere in
+    it): a heartbeat carrying a sweep of thousands of runs keeps to it, however slow the
+    machine makes that round trip. 2 ms for the whole-ms readings."""
     _backlog(store)
-    alone = _error_ms(store, truth, sweep=False)
-    carried = _error_ms(store, truth, sweep=True)
-    print(f"\n{type(store).__name__}: clock behind by {alone:.1f} ms after a heartbeat,"
-          f" {carried:.1f} ms after a heartbeat carrying the sweep")
-    assert carried <= alone + 20, (
-        f"after a heartbeat that carried the sweep, 'now' is {carried:.1f} ms behind the"
-        f" store's clock (a heartbeat alone: {alone:.1f} ms)")
+    alone, alone_trip = _error_ms(store, truth, sweep=False)
+    carried, carried_trip = _error_ms(store, truth, sweep=True)
+    print(f"\n{type(store).__name__}: clock behind by {alone:.1f} ms after a heartbeat"
+          f" ({alone_trip:.1f} ms round trip), {carried:.1f} ms after a heartbeat carrying"
+          f" the sweep ({carried_trip:.1f} ms)")
+    for error, trip, what in ((alone, alone_trip, "a heartbeat"),
+                              (carried, carried_trip, "a heartbeat that carried the sweep")):
+        assert error <= trip / 2 + 2, (
+            f"after {what}, 'now' is {error:.1f} ms behind the store's clock: more than half"
+            f" its {trip:.1f} ms round trip")
 
 
 def test_redis_clock_estimate_after_a_heartbeat_carrying_the_sweep(server: RedisServer

@@ -198,9 +198,9 @@ def test_store_outage_sends_nothing_logs_once_and_catches_up(
     The broker is another server, so it would accept what the beat sent."""
     app = make_app(server, broker=broker, beat_claims_catch_up="all")
     s = make(app)
-    run_for(1.5, s)
+    wait_for(lambda: occurrences_sent(broker), 15, "a first run sent", interval=0.05,
+             between=s.tick)
     before = len(occurrences_sent(broker))
-    assert before >= 1
     admin = server.client()
     admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # read-only, unreachable master
     try:
@@ -211,11 +211,12 @@ def test_store_outage_sends_nothing_logs_once_and_catches_up(
     finally:
         admin.execute_command("REPLICAOF", "NO", "ONE")
     with caplog.at_level(logging.WARNING, logger="celery.beat.claims"):
-        run_for(3.5, s)
+        # the outage's occurrences (4 s of an every-second entry), caught up
+        wait_for(lambda: len(occurrences_sent(broker)) >= before + 5, 20,
+                 "the outage's runs to be caught up", interval=0.05, between=s.tick)
     assert "store reachable again" in caplog.text
     sent = occurrences_sent(broker)
     no_duplicates(sent)
-    assert len(sent) >= before + 5  # the outage's occurrences, caught up
     dues = sorted(r.due for r in s.store.history("every-1s"))
     assert all(b - a == 1000 for a, b in itertools.pairwise(dues)), "caught up, oldest first"
     assert {r.state for r in s.store.history("every-1s")} <= {RunState.SENT, RunState.CLAIMED}

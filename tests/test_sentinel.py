@@ -64,14 +64,14 @@ def sentinel(server: RedisServer, tmp_path: Path) -> Iterator[int]:
 
 def test_scheduler_claims_through_sentinel(server: RedisServer, sentinel: int) -> None:
     # Imported here: the client tests below need none of the scheduler (or Celery app).
-    from .inprocess import make, make_app, occurrences_sent, run_for
+    from .inprocess import make, make_app, occurrences_sent
 
     app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1)}},
                    beat_claims_url=f"sentinel://127.0.0.1:{sentinel}/0",
                    beat_claims_sentinel_master="bcmaster")
     s = make(app)
-    run_for(2.3, s)
-    assert len(occurrences_sent(server)) >= 2
+    wait_for(lambda: len(occurrences_sent(server)) >= 2, 15, "two runs sent", interval=0.05,
+             between=s.tick)
     from beat_claims.stores.redis import RedisStore
 
     # Written through the master: read there directly.
