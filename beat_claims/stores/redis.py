@@ -662,7 +662,7 @@ class RedisStore(Store):
             self._heartbeating.on = False
         reply = replies[0]
         _raise_if_error(reply)
-        now, epoch_id, settle, owners, alive, server, store_id = reply
+        now, epoch_id, settle, owners, alive, server, store_id = _json_reply(reply, 7)
         self._server = str(server) or None
         self._servers = frozenset(self._server.split(",")) if self._server else frozenset()
         return Heartbeat(now=int(now), epoch=str(epoch_id), store_id=str(store_id),
@@ -875,7 +875,7 @@ class RedisStore(Store):
         complete = True
         for reply in replies:
             _raise_if_error(reply)
-            due_members, held_rows, more, bad_keys = reply
+            due_members, held_rows, more, bad_keys = _json_reply(reply, 4)
             for bad_key in bad_keys:
                 self._note_bad_key(bad_key)
                 complete = False
@@ -1140,6 +1140,19 @@ def _raise_outage(replies: list[Any]) -> None:
 def _raise_if_error(reply: Any) -> None:
     if isinstance(reply, Exception):
         raise StoreError(f"the server answered with an error: {reply}") from reply
+
+
+def _json_reply(reply: Any, length: int) -> list[Any]:
+    """A script's reply sent as one JSON array of ``length`` values (redis-py reads one
+    string far faster than nested arrays). Lua's cjson writes an empty list as ``{}``: read
+    back as ``[]``."""
+    try:
+        values = json.loads(reply)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"the server's reply is not the script's: {reply!r:.200}") from exc
+    if not isinstance(values, list) or len(values) != length:
+        raise StoreError(f"the server's reply is not the script's: {reply!r:.200}")
+    return [[] if value == {} else value for value in values]
 
 
 def _maybe_int(value: Any) -> int | None:

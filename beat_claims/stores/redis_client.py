@@ -65,6 +65,8 @@ from redis.exceptions import AskError, MovedError, TryAgainError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from .redis_packer import packer_options
+
 DEFAULT_SENTINEL_PORT = 26379
 #: ``redis+cluster://`` and ``rediss+cluster://`` (TLS): a Redis Cluster, any node as seed.
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -133,7 +135,7 @@ def connect(url: str, options: RedisOptions = RedisOptions()) -> redis.Redis | C
     if not url.startswith("sentinel://"):
         # Not Redis.from_url: there the URL's query wins over the arguments given.
         kwargs = {key: value for key, value in parse_url(url).items() if key not in _OWNED}
-        pool = ConnectionPool(**{**kwargs, **common})
+        pool = ConnectionPool(**{**kwargs, **common, **packer_options(kwargs)})
         return redis.Redis.from_pool(pool)  # type: ignore[attr-defined]  # not in types-redis
     if not options.sentinel_master:
         raise ValueError(f"{redact(url)}: a sentinel:// URL needs the master's name"
@@ -149,7 +151,8 @@ def connect(url: str, options: RedisOptions = RedisOptions()) -> redis.Redis | C
         },
     )
     return sentinel.master_for(options.sentinel_master, db=parsed.db,
-                               username=parsed.username, password=parsed.password, **common)
+                               username=parsed.username, password=parsed.password, **common,
+                               **packer_options({}))
 
 
 class ClusterClient:

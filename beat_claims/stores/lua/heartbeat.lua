@@ -12,8 +12,9 @@
 -- and on a cluster the run ids of the masters of every bucket and of these keys (sorted,
 -- comma-separated: server.lua, just before; a restart or failover of any master is a new
 -- epoch); on one server, the script reads its run id itself.
--- Returns {now, epoch id, settle until or '', owners (flat id, JSON), alive (flat id,
--- expiry), the server's run id (the masters' on a cluster), the store's id}.
+-- Returns, as one JSON string (one value for the client to read, not a dozen):
+-- [now, epoch id, settle until or '', owners (flat id, JSON), alive (flat id, expiry), the
+-- server's run id (the masters' on a cluster), the store's id].
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
 -- A key of the wrong kind here would stop every beat: it is replaced (the owners come
@@ -52,5 +53,6 @@ if not store_id then
   store_id = ARGV[8]
   redis.call('SET', KEYS[4], store_id)
 end
-return {fmt(now), id, settle and fmt(settle) or '', redis.call('HGETALL', KEYS[1]),
-        redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), server, store_id}
+return cjson.encode({fmt(now), id, settle and fmt(settle) or '',
+                     redis.call('HGETALL', KEYS[1]),
+                     redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), server, store_id})

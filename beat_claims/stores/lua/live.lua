@@ -4,8 +4,9 @@
 -- KEYS: each bucket's due and held zsets, bucket after bucket (one bucket per call on a
 -- cluster, where each has its own slot; all of them on one server). ARGV: owner, held
 -- before, mine before, dead before, limit, then the ids of the live owners.
--- Returns {due members, held members and scores (flat), more (1 if cut short), keys of the
--- wrong kind}, over every bucket of the call (flat: an idle sweep parses four values).
+-- Returns, as one JSON string (one value for the client to read), [due members, held
+-- members and scores (flat), more (1 if cut short), keys of the wrong kind], over every
+-- bucket of the call.
 local me = ARGV[1]
 local held_before, mine_before, dead_before = tonumber(ARGV[2]), tonumber(ARGV[3]),
   tonumber(ARGV[4])
@@ -46,4 +47,4 @@ for k = 1, #KEYS, 2 do
   for _, value in ipairs(held) do all_held[#all_held + 1] = value end
   end
 end
-return {all_due, all_held, more, bad}
+return cjson.encode({all_due, all_held, more, bad})

@@ -1,0 +1,69 @@
+"""The store's command packer writes exactly the bytes redis-py's would, for every kind of
+argument redis-py takes, and refuses what redis-py refuses; the store's clients use it
+(without hiredis), and their commands reach a real server intact."""
+
+from __future__ import annotations
+
+import enum
+
+import pytest
+from redis._parsers.encoders import Encoder
+from redis.connection import PythonRespSerializer
+from redis.exceptions import DataError
+
+from beat_claims.stores import redis_packer
+from beat_claims.stores.redis_client import connect
+from beat_claims.stores.redis_packer import RespPacker
+
+from .conftest import RedisServer
+
+
+class Color(str, enum.Enum):
+    RED = "red"
+
+
+COMMANDS = [
+    ("GET", "key"),
+    ("CONFIG GET", "maxmemory"),
+    (b"CONFIG GET", b"maxmemory"),
+    ("SET", "k", ""),
+    ("FCALL", "f", 2, b"{p}:a", b"{p}:b", "owner", 1796171293865, -5, 0, 1.5, 2.0e-3),
+    ("SET", "ünïcödé", "名前"),
+    ("SET", memoryview(b"view"), bytearray(b"array")),
+    ("SET", Color.RED, "x" * 100_000),  # longer than redis-py's buffer cutoff
+    ("HSET", "h", *[f"f{i}" for i in range(300)]),
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: str(c[0]))
+def test_the_packer_writes_what_redis_py_writes(command: tuple[object, ...]) -> None:
+    theirs = PythonRespSerializer(6000, Encoder("utf-8", "strict", True).encode)
+    assert b"".join(RespPacker().pack(*command)) == b"".join(theirs.pack(*command))
+
+
+@pytest.mark.parametrize("bad", [True, None, object(), [1]],
+                         ids=["bool", "None", "object", "list"])
+def test_the_packer_refuses_what_redis_py_refuses(bad: object) -> None:
+    with pytest.raises(DataError, match="Invalid input of type"):
+        RespPacker().pack("SET", "k", bad)
+
+
+def test_the_packer_encodes_as_the_url_says() -> None:
+    assert RespPacker("latin-1").pack("SET", "é") == [b"*2\r\n$3\r\nSET\r\n$1\r\n\xe9\r\n"]
+    with pytest.raises(UnicodeEncodeError):
+        RespPacker("ascii").pack("SET", "é")
+
+
+def test_a_store_client_packs_with_it_and_its_commands_arrive_intact(
+        server: RedisServer) -> None:
+    client = connect(server.url)
+    packer = client.connection_pool.connection_kwargs.get("command_packer")
+    if redis_packer.HIREDIS_AVAILABLE:
+        assert packer is None, "with hiredis, redis-py's own packer (in C) is faster"
+    else:
+        assert isinstance(packer, RespPacker)
+    values = {f"f{i}": f"välue {i}" for i in range(200)}
+    client.hset("h", mapping=values)
+    assert client.hgetall("h") == values
+    assert client.execute_command("ECHO", 12345) == "12345"
+    client.close()
