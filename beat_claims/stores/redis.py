@@ -47,6 +47,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import math
 import re
 import socket
 import threading
@@ -59,7 +60,7 @@ from typing import Any
 
 import redis
 from celery.utils.log import get_logger
-from redis.client import Pipeline
+from redis.client import NEVER_DECODE, Pipeline
 from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
@@ -116,6 +117,8 @@ CHUNK = 1000
 MEND_PASSES = 3
 #: Entries whose script arguments (keys and name, encoded) are kept; then they start again.
 ENTRY_HEADS = 2048
+#: redis-py's option to read a command's reply as bytes.
+_UNDECODED = {NEVER_DECODE: True}
 #: Errors that say the server cannot serve us now: an outage, not a bad record. redis-py
 #: turns the known codes into these classes (also when a script's call fails with one)...
 _OUTAGE_CLASSES = (redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError,
@@ -365,6 +368,7 @@ class RedisStore(Store):
         self._server: str | None = None
         self._servers: frozenset[str] = frozenset()  # its run ids (a cluster's masters)
         self._bad_keys: set[str] = set()
+        self._bad_text_logged = False  # see _json_reply
         self._entry_heads: dict[str, tuple[bytes, ...]] = {}  # see _entry_script
         self._owner_record: tuple[Owner, str] | None = None  # see _owner_json
         self._heartbeating = threading.local()
@@ -620,9 +624,12 @@ class RedisStore(Store):
         Script would ask SCRIPT EXISTS at every execute)."""
         return ("FCALL", function_name(name)) if self._functions else ("EVALSHA", _sha(name))
 
-    def _script(self, pipe: Pipeline, name: str, keys: Sequence[str | bytes], *args: Any
-                ) -> None:
-        pipe.execute_command(*self._call(name), len(keys), *keys, *args)
+    def _script(self, pipe: Pipeline, name: str, keys: Sequence[str | bytes], *args: Any,
+                raw: bool = False) -> None:
+        """Call script ``name``; with ``raw``, its reply is read as bytes (a JSON reply,
+        decoded by _json_reply: a record of bytes that are not UTF-8 cannot fail it)."""
+        pipe.execute_command(*self._call(name), len(keys), *keys, *args,
+                             **(_UNDECODED if raw else {}))
 
     def _entry_script(self, pipe: Pipeline, name: str, entry: str, *args: Any) -> None:
         # The entry's keys and name as the bytes redis-py would send (it sends bytes as they
@@ -642,7 +649,7 @@ class RedisStore(Store):
             self._script(pipe, "heartbeat", self._heartbeat_keys, owner.id,
                          self._owner_json(owner), max(1, round(ttl * 1000)),
                          "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS,
-                         "1" if settling else "0", uuid.uuid4().hex, *servers)
+                         "1" if settling else "0", uuid.uuid4().hex, *servers, raw=True)
             if combined is not None:  # run after the heartbeat's script, in the same trip
                 self._live_build(pipe, combined)
 
@@ -662,7 +669,7 @@ class RedisStore(Store):
             self._heartbeating.on = False
         reply = replies[0]
         _raise_if_error(reply)
-        now, epoch_id, settle, owners, alive, server, store_id = _json_reply(reply, 7)
+        now, epoch_id, settle, owners, alive, server, store_id = self._json_reply(reply, 7)
         self._server = str(server) or None
         self._servers = frozenset(self._server.split(",")) if self._server else frozenset()
         return Heartbeat(now=int(now), epoch=str(epoch_id), store_id=str(store_id),
@@ -676,7 +683,10 @@ class RedisStore(Store):
         if sweep is None or len(replies) != len(self._live_keys) or any(
                 isinstance(reply, Exception) for reply in replies):
             return None
-        return self._live_parse(replies, sweep)
+        try:
+            return self._live_parse(replies, sweep)
+        except StoreError:
+            return None
 
     def _owner_json(self, owner: Owner) -> str:
         """The owner's record, written at every heartbeat: encoded once per owner."""
@@ -834,6 +844,31 @@ class RedisStore(Store):
                 for r in self._chunked(releases, build)]
 
     # -- sweeps -----------------------------------------------------------------------
+    def _json_reply(self, reply: Any, length: int) -> list[Any]:
+        """A script's reply sent as one JSON array of ``length`` values (redis-py reads one
+        string far faster than nested arrays), read as bytes: UTF-8 whatever the client's
+        encoding, and bytes that are not UTF-8 (a record written by something else) read as
+        replacement characters, logged once (such a name matches no entry). Lua's cjson
+        writes an empty list as ``{}``: read back as ``[]``."""
+        if isinstance(reply, bytes):
+            try:
+                reply = reply.decode()
+            except UnicodeDecodeError:
+                reply = reply.decode(errors="replace")
+                if not self._bad_text_logged:
+                    self._bad_text_logged = True
+                    logger.error("beat-claims: the store holds a record whose bytes are not"
+                                 " UTF-8 (written by something else than beat-claims): read"
+                                 " with replacement characters; such a name matches no entry")
+        try:
+            values = json.loads(reply)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"the server's reply is not the script's: {reply!r:.200}"
+                             ) from exc
+        if not isinstance(values, list) or len(values) != length:
+            raise StoreError(f"the server's reply is not the script's: {reply!r:.200}")
+        return [[] if value == {} else value for value in values]
+
     def _note_bad_key(self, key: str) -> None:
         if key not in self._bad_keys:
             self._bad_keys.add(key)
@@ -867,7 +902,7 @@ class RedisStore(Store):
         for keys in self._live_keys:
             self._script(pipe, "live", keys, query.owner, query.held_before,
                          query.mine_before, query.dead_before, query.limit,
-                         *sorted(query.live_owners))
+                         *sorted(query.live_owners), raw=True)
 
     def _live_parse(self, replies: list[Any], query: LiveQuery) -> LiveRuns:
         due: list[RunRef] = []
@@ -875,7 +910,7 @@ class RedisStore(Store):
         complete = True
         for reply in replies:
             _raise_if_error(reply)
-            due_members, held_rows, more, bad_keys = _json_reply(reply, 4)
+            due_members, held_rows, more, bad_keys = self._json_reply(reply, 4)
             for bad_key in bad_keys:
                 self._note_bad_key(bad_key)
                 complete = False
@@ -885,7 +920,8 @@ class RedisStore(Store):
                 if ref is not None:
                     due.append(ref)
             for member, score in zip(held_rows[::2], held_rows[1::2]):
-                run = _held_member(member, int(float(score)))
+                since = _finite_ms(score)
+                run = _held_member(member, since) if since is not None else None
                 if run is not None:
                     held.append(run)
         # The limit is per bucket in the script: the answer holds at most ``limit`` of each.
@@ -1142,17 +1178,14 @@ def _raise_if_error(reply: Any) -> None:
         raise StoreError(f"the server answered with an error: {reply}") from reply
 
 
-def _json_reply(reply: Any, length: int) -> list[Any]:
-    """A script's reply sent as one JSON array of ``length`` values (redis-py reads one
-    string far faster than nested arrays). Lua's cjson writes an empty list as ``{}``: read
-    back as ``[]``."""
+def _finite_ms(score: Any) -> int | None:
+    """A sorted set's score as whole ms; None for one that is not finite (a record written
+    by something else: ``-inf`` must not stop every heartbeat)."""
     try:
-        values = json.loads(reply)
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"the server's reply is not the script's: {reply!r:.200}") from exc
-    if not isinstance(values, list) or len(values) != length:
-        raise StoreError(f"the server's reply is not the script's: {reply!r:.200}")
-    return [[] if value == {} else value for value in values]
+        value = float(score)
+    except (TypeError, ValueError):
+        return None
+    return int(value) if math.isfinite(value) else None
 
 
 def _maybe_int(value: Any) -> int | None:
@@ -1248,7 +1281,8 @@ def _parse_run(entry: str, raw: Any) -> Run | None:
 
 
 def _owner_statuses(owners: list[Any], alive: list[Any], now: int) -> list[OwnerStatus]:
-    expiry = {alive[i]: int(float(alive[i + 1])) for i in range(0, len(alive), 2)}
+    # (an expiry that is not a finite number, written by something else: taken as lapsed)
+    expiry = {alive[i]: _finite_ms(alive[i + 1]) or 0 for i in range(0, len(alive), 2)}
     out = []
     for owner_id, raw in zip(owners[::2], owners[1::2]):
         try:

@@ -74,9 +74,10 @@ CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 REDIRECT_PASSES = 5
 
 #: Client options beat-claims owns: a URL's query cannot loosen them (the store's URL is
-#: often the broker's, whose query may carry settings meant for the broker).
+#: often the broker's, whose query may carry settings meant for the broker). Text is UTF-8,
+#: as the scripts and their JSON records are.
 _OWNED = ("socket_timeout", "socket_connect_timeout", "decode_responses", "retry",
-          "retry_on_timeout", "retry_on_error")
+          "retry_on_timeout", "retry_on_error", "encoding", "encoding_errors")
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def connect(url: str, options: RedisOptions = RedisOptions()) -> redis.Redis | C
     if not url.startswith("sentinel://"):
         # Not Redis.from_url: there the URL's query wins over the arguments given.
         kwargs = {key: value for key, value in parse_url(url).items() if key not in _OWNED}
-        pool = ConnectionPool(**{**kwargs, **common, **packer_options(kwargs)})
+        pool = ConnectionPool(**{**kwargs, **common, **packer_options()})
         return redis.Redis.from_pool(pool)  # type: ignore[attr-defined]  # not in types-redis
     if not options.sentinel_master:
         raise ValueError(f"{redact(url)}: a sentinel:// URL needs the master's name"
@@ -152,7 +153,7 @@ def connect(url: str, options: RedisOptions = RedisOptions()) -> redis.Redis | C
     )
     return sentinel.master_for(options.sentinel_master, db=parsed.db,
                                username=parsed.username, password=parsed.password, **common,
-                               **packer_options({}))
+                               **packer_options())
 
 
 class ClusterClient:
