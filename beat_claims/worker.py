@@ -15,8 +15,9 @@ gets the record that says what became of it.
 
 The store is asked with a short timeout (``beat_claims_worker_timeout``); after one
 failure this process treats it as down — deliveries run unfenced, logged once — and a
-background probe finds out when it answers again: a store that hangs costs one delivery
-one timeout per outage, not every task.
+background probe finds out when it answers again (soon after a blip, at most every 5 s in
+a long outage): a store that hangs costs one delivery one timeout per outage, not every
+task.
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ logger = get_logger("celery.worker.claims")
 
 _MARK = "_beat_claims_fenced"
 _MESSAGE_LIMIT = 500
-#: While the store is down, a process asks it again this often (in the background).
+#: While the store is down, a process asks it again (in the background) after PROBE_FIRST,
+#: then at twice the last wait, up to PROBE_EVERY: most outages a worker meets are blips (a
+#: connection cut, a failover), and each second it takes for unfenced after the store is
+#: back is a second in which a message sent twice runs twice.
+PROBE_FIRST = 0.25
 PROBE_EVERY = 5.0
 #: What Celery's Task.replace raises once the replacement is sent.
 _REPLACED = "Replaced by new task"
@@ -93,8 +98,10 @@ class _Context:
         threading.Thread(target=self._probe, name="beat-claims-probe", daemon=True).start()
 
     def _probe(self) -> None:
+        wait = PROBE_FIRST
         while self.down_since is not None and self.store is not None:
-            time.sleep(PROBE_EVERY)
+            time.sleep(wait)
+            wait = min(PROBE_EVERY, 2 * wait)
             try:
                 self.store.owners()
             except Exception:

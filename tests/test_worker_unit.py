@@ -4,6 +4,7 @@ delivery one timeout, logged once, then probed in the background."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -35,6 +36,7 @@ def test_header_parsing() -> None:
 
 def test_a_store_outage_is_logged_once_and_probed_until_it_answers(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker, "PROBE_FIRST", 0.05)
     monkeypatch.setattr(worker, "PROBE_EVERY", 0.1)
     port = free_port()
     context = _Context()
@@ -53,6 +55,19 @@ def test_a_store_outage_is_logged_once_and_probed_until_it_answers(
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1  # once per outage, not per task
     assert "reachable again" in caplog.text
+
+
+def test_a_blip_is_over_for_the_worker_soon_after_the_store_is_back(
+        server: RedisServer) -> None:
+    """The first probe comes after a quarter of a second, then at doubling waits: a
+    store that was away for a moment is fenced again within about a second of its return,
+    not at the next 5 s probe (deliveries meanwhile run unfenced)."""
+    context = _Context()
+    context.store = RedisStore.from_url(server.url)
+    failed_at = time.monotonic()
+    context.failed("starting a task", ConnectionError("a blip"))
+    wait_for(lambda: context.down_since is None, 3, "the probe to find the store back")
+    assert time.monotonic() - failed_at < worker.PROBE_EVERY / 2
 
 
 def test_an_operators_run_has_a_task_id_of_its_own_the_worker_finds() -> None:
