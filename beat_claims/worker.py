@@ -49,9 +49,13 @@ _MESSAGE_LIMIT = 500
 #: While the store is down, a process asks it again (in the background) after PROBE_FIRST,
 #: then at twice the last wait, up to PROBE_EVERY: most outages a worker meets are blips (a
 #: connection cut, a failover), and each second it takes for unfenced after the store is
-#: back is a second in which a message sent twice runs twice.
+#: back is a second in which a message sent twice runs twice. An outage that follows the
+#: last one within PROBE_MEMORY starts where that one's waits had got to: a store that
+#: answers the probe (a read) and fails the deliveries' writes (writes paused, a lock) costs
+#: a delivery one timeout per PROBE_EVERY, not one per PROBE_FIRST.
 PROBE_FIRST = 0.25
 PROBE_EVERY = 5.0
+PROBE_MEMORY = 60.0
 #: What Celery's Task.replace raises once the replacement is sent.
 _REPLACED = "Replaced by new task"
 
@@ -67,6 +71,8 @@ class _Context:
         self.pid = 0
         self.broken: str | None = None  # a configuration error: no fencing at all
         self.down_since: float | None = None
+        self._probe_wait = PROBE_FIRST  # the next probe's wait (see PROBE_MEMORY)
+        self._up_at = float("-inf")  # when the last outage ended (monotonic)
         self._lock = threading.Lock()
         self._noted: set[str] = set()
 
@@ -92,23 +98,27 @@ class _Context:
             if self.down_since is not None:
                 return
             self.down_since = time.monotonic()
+            if self.down_since - self._up_at > PROBE_MEMORY:
+                self._probe_wait = PROBE_FIRST
         logger.error("beat-claims: store unreachable (%s: %s) while %s; until it answers,"
                      " deliveries run unfenced and their outcomes are not recorded here"
                      " (logged once per outage)", type(exc).__name__, exc, what)
         threading.Thread(target=self._probe, name="beat-claims-probe", daemon=True).start()
 
     def _probe(self) -> None:
-        wait = PROBE_FIRST
         while self.down_since is not None and self.store is not None:
-            time.sleep(wait)
-            wait = min(PROBE_EVERY, 2 * wait)
+            time.sleep(self._probe_wait)
+            self._probe_wait = min(PROBE_EVERY, 2 * self._probe_wait)
             try:
                 self.store.owners()
             except Exception:
                 continue
-            since, self.down_since = self.down_since, None
+            with self._lock:
+                since, self.down_since = self.down_since, None
+                self._up_at = time.monotonic()
             logger.warning("beat-claims: store reachable again after %.1fs; deliveries are"
                            " fenced again", time.monotonic() - (since or time.monotonic()))
+            return  # (an outage from here on is another one, with a probe of its own)
 
     def note(self, key: str, message: str, *args: Any) -> None:
         """Log a condition once per process."""

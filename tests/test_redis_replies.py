@@ -90,3 +90,33 @@ def test_scores_that_are_not_finite_stop_no_heartbeat(server: RedisServer) -> No
     hb = store.heartbeat(ME, 60)
     assert {o.owner.id for o in hb.owners if o.alive} == {ME.id, GONE.id}
     store.close()
+
+
+def test_every_read_takes_bytes_that_are_not_utf_8(server: RedisServer) -> None:
+    """Not only the heartbeat and the sweep: the owners (what a worker's probe and a beat's
+    first contact read) and the open runs (the lost-run pass) read as well."""
+    store = RedisStore.from_url(server.url, "replies")
+    _due_runs(store, ["good"])
+    raw = server.client()
+    raw.hset(store._heartbeat_keys[0], b"intruder \xff", b"{\xfe}")
+    raw.zadd(store._bucket_keys(0, "open")[0], {b"1000|bad \xff": 1})
+    assert GONE.id in {o.owner.id for o in store.owners()}
+    store.open_runs(before=store.now())  # no error; the bad member names no entry
+    store.close()
+
+
+@pytest.mark.parametrize("flush", ["FUNCTION", "SCRIPT"])
+def test_a_heartbeat_sent_again_after_the_server_lost_the_scripts_reads_bad_bytes(
+        server: RedisServer, flush: str) -> None:
+    """The call the server refused (it lost the library, or the scripts) is sent again,
+    its reply read as bytes as the first time."""
+    store = RedisStore.from_url(server.url, "replies")
+    _due_runs(store, ["good"])
+    raw = server.client()
+    raw.hset(store._heartbeat_keys[0], b"intruder \xff", b"{\xfe}")
+    raw.zadd(store._bucket_keys(0, "due")[0], {b"1000|bad \xff": 1})
+    if flush == "SCRIPT":
+        store._no_functions("the test")  # calls by EVALSHA from here on
+    raw.execute_command(flush, "FLUSH")
+    assert "good" in _swept(store)
+    store.close()

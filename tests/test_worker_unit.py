@@ -70,6 +70,25 @@ def test_a_blip_is_over_for_the_worker_soon_after_the_store_is_back(
     assert time.monotonic() - failed_at < worker.PROBE_EVERY / 2
 
 
+def test_outages_one_after_the_other_keep_the_probes_backoff(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that answers the probe (a read) and fails every delivery's write: each new
+    outage waits as long as the last one had got to, up to PROBE_EVERY, so a delivery pays
+    one timeout per PROBE_EVERY, not one per PROBE_FIRST."""
+    monkeypatch.setattr(worker, "PROBE_FIRST", 0.05)
+    monkeypatch.setattr(worker, "PROBE_EVERY", 0.4)
+    context = _Context()
+    context.store = RedisStore.from_url(server.url)
+    waits = []
+    for _ in range(5):
+        started = time.monotonic()
+        context.failed("finishing a task", ConnectionError("writes refused"))
+        wait_for(lambda: context.down_since is None, 5, "the probe to find the store")
+        waits.append(time.monotonic() - started)
+    assert waits[-1] >= 0.4 and waits[-2] >= 0.4, waits  # at PROBE_EVERY, as it got to
+    assert waits[0] < 0.3, waits  # the first outage in a while: a blip, soon over
+
+
 def test_an_operators_run_has_a_task_id_of_its_own_the_worker_finds() -> None:
     scheduled = task_id_for("e", 1000)
     assert manual_task_id_for("e", 1000, 7) == manual_task_id_for("e", 1000, 7)

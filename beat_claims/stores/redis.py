@@ -451,6 +451,8 @@ class RedisStore(Store):
         try:
             build(pipe)
             commands = [args for args, _ in pipe.command_stack]
+            # (each command's options: a reply read as bytes is read so when sent again)
+            options = [dict(opts) for _, opts in pipe.command_stack]
             replies = list(pipe.execute(raise_on_error=False))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise _store_error(exc) from exc
@@ -474,7 +476,7 @@ class RedisStore(Store):
                 resend = self._resend(lost, mended, commands, replies, refused)
                 again = self._pipeline()
                 for i in resend:
-                    again.execute_command(*commands[i])
+                    again.execute_command(*commands[i], **options[i])
                 for i, reply in zip(resend, again.execute(raise_on_error=False)):
                     replies[i] = _answer(i, reply, refused)
             except (redis.ConnectionError, redis.TimeoutError) as exc:

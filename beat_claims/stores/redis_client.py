@@ -128,6 +128,9 @@ def connect(url: str, options: RedisOptions = RedisOptions()) -> redis.Redis | C
         return ClusterClient(url, options)
     common: dict[str, Any] = {
         "decode_responses": True,
+        # Bytes that are not UTF-8 (written into the store's keys by something else) are
+        # read as replacement characters: such a name matches nothing, and no read fails.
+        "encoding_errors": "replace",
         "socket_timeout": options.timeout,
         "socket_connect_timeout": options.connect_timeout,
         "retry": Retry(NoBackoff(), 0),
@@ -190,6 +193,7 @@ class ClusterClient:
                     (str(self.kwargs.get("host")), int(self.kwargs["port"])),
                     **self.kwargs,
                     decode_responses=True,
+                    encoding_errors="replace",  # (as connect(): no read fails on bad bytes)
                     socket_timeout=self.options.timeout,
                     socket_connect_timeout=self.options.connect_timeout,
                     # The cluster client's retries (each node's connections get none).
