@@ -226,6 +226,15 @@ def _busy_cpu(servers: tuple[RedisServer, ...]) -> tuple[float, float]:
     return busy, ours + time.process_time()
 
 
+def _server_cpu(servers: tuple[RedisServer, ...]) -> tuple[float, ...]:
+    """CPU seconds (user and system) each redis-server has used so far, then the seconds
+    the hypervisor has kept this VM's CPUs from running so far (steal)."""
+    import psutil
+
+    steal = getattr(psutil.cpu_times(), "steal", 0.0)
+    return (*(sum(psutil.Process(s.proc.pid).cpu_times()[:2]) for s in servers), steal)
+
+
 def _other_cpu(before: tuple[float, float], after: tuple[float, float],
                beats_cpu: float) -> float:
     """Busy CPU seconds of the machine in a window not spent by the benchmark."""
@@ -584,6 +593,7 @@ def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, 
         return
     counters.publishes = []
     go.wait()
+    gc_pauses = _GcPauses()
     profiler = None
     if cfg["profile_dir"]:
         import cProfile
@@ -610,9 +620,42 @@ def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, 
     out_q.put(("result", index, {
         "publishes": counters.publishes, "ticks": ticks, "error": error,
         "warnings": dict(warnings), "other_round_trips": counters.other,
-        "maxrss_kib": _peak_rss_kib(), "rss_kib": _vm_kib("VmRSS") or 0}))
+        "maxrss_kib": _peak_rss_kib(), "rss_kib": _vm_kib("VmRSS") or 0,
+        "gc_seconds": gc_pauses.stop()}))
     with contextlib.suppress(Exception):
         service.sync()  # what celery beat does on its way out: the scheduler's close()
+
+
+def _stolen(run: dict[str, Any], max_steal: float | None) -> bool:
+    """Whether the host kept more than ``max_steal`` of the VM's CPU time from it over a
+    burst that went through (steal, from /proc/stat)."""
+    if max_steal is None or run.get("status") != "ok" or not run.get("seconds"):
+        return False
+    capacity = run["seconds"] * (os.cpu_count() or 1)
+    return run.get("steal_seconds", 0.0) > max_steal * capacity
+
+
+class _GcPauses:
+    """The time the beat spent in the garbage collector since it was made."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.seconds = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+    def stop(self) -> float:
+        import gc
+
+        gc.callbacks.remove(self._on_gc)
+        return round(self.seconds, 3)
 
 
 # -- the parent: one run ------------------------------------------------------------------
@@ -857,6 +900,8 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     scripts_at_end = scripts_before
     busy_before = _busy_cpu((store, broker))
     busy_after = busy_before
+    servers_before = _server_cpu((store, broker))
+    servers_after = servers_before
     polls, reached, status = 0, None, "ok"
     stats_at_end: dict[str, dict[str, int]] | None = None
     polls_at_end = 0
@@ -869,6 +914,7 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
             stats_at_end = {s.name: s.commandstats() for s in (store, broker)}
             scripts_at_end = store.script_time()
             busy_after = _busy_cpu((store, broker))
+            servers_after = _server_cpu((store, broker))
             polls_at_end = polls
             if length < n:
                 status = "timeout"
@@ -894,6 +940,12 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
                        "results": results}, f)
     if out["status"] == "ok" and out.get("cpu_seconds") is not None:
         out["other_cpu_seconds"] = _other_cpu(busy_before, busy_after, out["cpu_seconds"])
+        # The store's and the broker's redis-servers: what a beat's publishes and store
+        # calls cost the servers that share this VM's cores.
+        out["store_server_cpu_seconds"] = round(servers_after[0] - servers_before[0], 3)
+        out["broker_server_cpu_seconds"] = round(servers_after[1] - servers_before[1], 3)
+        # A VM's CPUs taken by its host: runs of one commit differ most by this.
+        out["steal_seconds"] = round(servers_after[2] - servers_before[2], 3)
     if stats_at_end is not None:
         for server in (store, broker) if case.store == "redis" else (broker,):
             own = {"llen": polls_at_end} if server is broker else {}
@@ -969,6 +1021,8 @@ def _burst_figures(case: Case, n: int, due_at: float, lead: float,
         "lag_p50_ms": round(1000 * (_pct(lags, 0.50) or 0.0), 1) if lags else None,
         "lag_p99_ms": round(1000 * (_pct(lags, 0.99) or 0.0), 1) if lags else None,
         "published": len(stamps),
+        # From the go to the end of the run (the burst, and the grace after it).
+        "gc_seconds": round(sum(r.get("gc_seconds", 0.0) for r in results.values()), 3),
         "published_per_beat": [len(per_beat[i]) if i in per_beat else None
                                for i in range(case.beats)],
         # when each beat published its first and its last message of the burst, ms after T
@@ -1064,7 +1118,9 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
 BURST_FIGURES = ("seconds", "lag_p50_ms", "lag_p99_ms", "cpu_seconds", "peak_rss_mib",
                  "rss_sum_mib", "store_commands", "broker_commands", "store_round_trips",
                  "broker_round_trips", "round_trips_per_task", "ticks", "setup_seconds",
-                 "settle_seconds", "store_script_ms", "store_script_usec_per_call")
+                 "settle_seconds", "store_script_ms", "store_script_usec_per_call",
+                 "store_server_cpu_seconds", "broker_server_cpu_seconds", "gc_seconds",
+                 "steal_seconds")
 IDLE_FIGURES = ("cpu_seconds_per_minute", "store_commands_per_minute",
                 "broker_commands_per_minute", "store_round_trips_per_minute",
                 "broker_round_trips_per_minute", "ticks_per_minute", "peak_rss_mib",
@@ -1074,7 +1130,9 @@ RUN_FIELDS = ("status", "seconds", "lag_p50_ms", "lag_p99_ms", "cpu_seconds",
               "exactly_n", "duplicates", "later_occurrences", "due_spread_ms",
               "sent_by_timeout",
               "store_round_trips", "broker_round_trips", "store_commands", "broker_commands",
-              "store_script_ms", "store_script_usec_per_call", "lead", "setup_seconds",
+              "store_script_ms", "store_script_usec_per_call", "store_server_cpu_seconds",
+              "broker_server_cpu_seconds", "gc_seconds", "steal_seconds", "lead",
+              "setup_seconds",
               "settle_seconds", "ready_after_register_seconds",
               "peak_rss_mib", "rss_end_mib", "other_cpu_seconds", "loadavg_before",
               "loadavg_after", "error", "errors", "warnings", "attempts", "discarded")
@@ -1539,6 +1597,10 @@ def main(argv: list[str] | None = None) -> int:
                          " value is read as a Python literal, else as a string")
     ap.add_argument("--without-tree", action="store_true",
                     help="with --at-commit: do not run the working tree's beat_claims")
+    ap.add_argument("--max-steal", type=float, default=0.05, metavar="FRACTION",
+                    help="run a burst again (twice at most) when the VM's host took more"
+                         " than this fraction of its CPU time during it (steal; 0.05)."
+                         " A negative value keeps every run")
     ap.add_argument("--setup-timeout", type=float, default=300.0,
                     help="seconds a beat may take to be ready (300); beat-claims on a fresh"
                          " store waits one heartbeat TTL (15 s) before it registers")
@@ -1553,6 +1615,8 @@ def main(argv: list[str] | None = None) -> int:
                          " DIR/<run>-lead<lead>.json")
     ap.add_argument("--quiet", action="store_true", help="print only the JSON line")
     args = ap.parse_args(argv)
+    if args.max_steal < 0:
+        args.max_steal = None
     kinds = [k.strip() for k in args.schedulers.split(",") if k.strip()]
     for k in kinds:
         if k not in SCHEDULERS:
@@ -1638,6 +1702,17 @@ def main(argv: list[str] | None = None) -> int:
                                             run_id)
                             run["attempts"] = attempt
                             run["discarded"] = discarded
+                            stolen = _stolen(run, args.max_steal)
+                            if stolen and attempt < 3:
+                                # The host took the VM's CPUs for part of the burst: its
+                                # time says more about the host than about the scheduler.
+                                discarded.append({**{k: run[k] for k in DISCARDED_FIELDS
+                                                     if k in run}, "status": "steal",
+                                                  "steal_seconds": run["steal_seconds"]})
+                                if not args.quiet:
+                                    print(f"    steal {run['steal_seconds']:.2f} s: again",
+                                          file=sys.stderr, flush=True)
+                                continue
                             if run["status"] not in ("setup-too-slow", "overlap"):
                                 break
                             discarded.append({k: run[k] for k in DISCARDED_FIELDS if k in run})
@@ -1652,7 +1727,9 @@ def main(argv: list[str] | None = None) -> int:
                         shown = {k: run.get(k) for k in (
                             "status", "seconds", "setup_seconds", "settle_seconds", "lead",
                             "cpu_seconds", "other_cpu_seconds", "cpu_seconds_per_minute",
-                            "peak_rss_mib", "rss_end_mib", "published_per_beat", "exactly_n",
+                            "store_server_cpu_seconds", "broker_server_cpu_seconds",
+                            "gc_seconds", "steal_seconds", "peak_rss_mib", "rss_end_mib",
+                            "published_per_beat", "exactly_n",
                             "error") if k in run}
                         print(f"    {shown}", file=sys.stderr, flush=True)
     finally:
