@@ -6,7 +6,8 @@ a schedule source overrides (``bounds``, ``on_sent``, ``entries_changed``,
 own state. Each tick: renew the heartbeat (and notice a store that went back), take back
 what nobody will send and pick up what is due again, claim what is due (one atomic
 compare-and-set per entry, many entries per call), then check each claim immediately
-before publishing it.
+before publishing it (a claim made just before its publish may carry that check: see
+:class:`beat_claims.stores.base.SendAtOnce`).
 """
 
 from __future__ import annotations

@@ -180,7 +180,10 @@ class Admin:
     def follow(self, element: WebElement) -> None:
         """Click a link or a button and wait for the page it loads."""
         element.click()
-        WebDriverWait(self.driver, 10).until(staleness_of(element))
+        # Asked about the old page while the new one loads, chromedriver may answer with
+        # an error of its own ("unhandled inspector error") rather than "stale": ask again.
+        WebDriverWait(self.driver, 10, ignored_exceptions=(WebDriverException,)).until(
+            staleness_of(element))
 
     def press_run_now(self) -> None:
         self.follow(self.driver.find_element(By.CSS_SELECTOR, "input[value='Run now']"))

@@ -121,9 +121,14 @@ def assert_each_sent_once(server: RedisServer, history: list[Any], overlap: str)
         assert RunState.DONE in after, [by_due[d].state for d in old]
 
 
+@pytest.mark.parametrize("checked", [True, False], ids=["checked-with-it", "claim-only"])
 @pytest.mark.parametrize("overlap", ["allow", "skip"])
-def test_a_lost_reply_to_a_claim(server: RedisServer, lossy: Proxy, overlap: str) -> None:
+def test_a_lost_reply_to_a_claim(server: RedisServer, lossy: Proxy, overlap: str,
+                                 checked: bool) -> None:
+    """Checked with it (SendAtOnce), the lost claim left runs being sent that this beat
+    never heard of; else, claimed ones."""
     s = make(app_for(server, lossy.url(), overlap))
+    s.claimer.check_with_claim = checked
     run_for(0.6, s)
     lossy.drop_reply_to(function_name("claim"))
     wait_for(lambda: tick_all(s, work=True) or lossy.pending() == 0, 5, "the lost reply")
@@ -136,6 +141,7 @@ def test_a_lost_reply_to_a_claim(server: RedisServer, lossy: Proxy, overlap: str
 def test_a_lost_reply_to_the_check_before_publish(server: RedisServer, lossy: Proxy,
                                                   overlap: str) -> None:
     s = make(app_for(server, lossy.url(), overlap))
+    s.claimer.check_with_claim = False  # a claim, then its own check (checked with it: above)
     run_for(0.6, s)
     lossy.drop_reply_to(function_name("check"))
     wait_for(lambda: tick_all(s, work=True) or lossy.pending() == 0, 5, "the lost reply")

@@ -109,7 +109,7 @@ def test_released_runs_are_sent_by_another_beat_at_its_next_sweep(server: RedisS
     run_for(0.3, b)  # b is up and has looked at the store once
     a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.6, a)
-    released = [r.due for r in a.store.history("every-1s") if r.state is RunState.CLAIMED]
+    released = [r.due for r in a.store.history("every-1s") if r.state.held]
     assert released
     a.close()
     # b has not restarted: its next sweep (within one heartbeat interval) finds them.
@@ -150,7 +150,7 @@ def test_abandoned_claim_is_reclaimed_by_a_long_lived_beat_without_restart(
     a, b = make(app), make(app)
     a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.2, a)
-    claimed = [r.due for r in a.store.history("every-1s") if r.state is RunState.CLAIMED]
+    claimed = [r.due for r in a.store.history("every-1s") if r.state.held]
     assert claimed
     run_for(0.5, b)  # b sees the live, young claim and leaves it
     assert iso(claimed[0]) not in {d for _, d in occurrences_sent(server)}
@@ -347,7 +347,7 @@ def test_a_taken_over_claim_survives_the_death_of_the_beat_that_took_it(
     for s in (a, b):
         s.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.3, a)
-    claimed = [r.due for r in a.store.history("every-1s") if r.state is RunState.CLAIMED]
+    claimed = [r.due for r in a.store.history("every-1s") if r.state.held]
     assert claimed
     a.store.leave(a.owner)  # a dies (no release)
     a._closed = True
@@ -368,7 +368,7 @@ def test_catch_up_window_also_applies_to_released_runs(server: RedisServer) -> N
     a = make(app)
     a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.3, a)
-    released = [r.due for r in a.store.history("w") if r.state is RunState.CLAIMED]
+    released = [r.due for r in a.store.history("w") if r.state.held]
     assert released
     a.close()
     time.sleep(2.0)  # the released run is now older than the window

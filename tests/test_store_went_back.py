@@ -222,6 +222,7 @@ def test_a_run_claimed_in_an_older_snapshot_and_sent_since_is_not_sent_again(
     app = make_app(store_server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1),
                                         "claims": {"catch_up": "all"}}}, broker=broker)
     s = make(app)
+    s.claimer.check_with_claim = False  # a claim, then its own check
     snap = tmp_path / "old.rdb"
     victims = check_with(s, lambda claims: store_server.snapshot(snap))
     worker = Worker(observer(store_server), broker)
@@ -254,6 +255,7 @@ def test_a_claim_whose_run_a_wipe_removed_before_its_check_is_sent_not_dropped(
     app = make_app(store_server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1),
                                         "claims": {"catch_up": "all"}}}, broker=broker)
     s = make(app)
+    s.claimer.check_with_claim = False  # a claim, then its own check
 
     def wiped(claims: list[Claim]) -> None:
         if wipe == "restart":

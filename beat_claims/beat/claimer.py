@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import logging
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,11 +20,20 @@ from typing import Any, Protocol
 
 from .. import occurrences
 from ..catch_up import plan
-from ..enums import Reason
+from ..enums import Overlap, Reason
 from ..metrics import Metrics
-from ..runs import Owner, iso
+from ..runs import Owner, iso, task_id_for
 from ..settings import Policy, Settings
-from ..stores.base import Claim, ClaimPlan, ClaimResult, ClaimStatus, EntrySeed, EntryState, Store
+from ..stores.base import (
+    Claim,
+    ClaimPlan,
+    ClaimResult,
+    ClaimStatus,
+    EntrySeed,
+    EntryState,
+    SendAtOnce,
+    Store,
+)
 from .holdings import Holdings
 from .knowledge import TOKEN_GAP, Knowledge
 from .liveness import StoreWentBack
@@ -52,6 +62,7 @@ class _Round:
     now: int
     plans: dict[str, tuple[ClaimPlan, Any]]
     future: Future[list[ClaimResult]]
+    send: bool = False  # the caller publishes what it claims at once (SendAtOnce)
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,10 @@ class Claimer:
         self.skips = SkipLog(logger)
         self._noted: set[tuple[str, str]] = set()
         self._pool: ThreadPoolExecutor | None = None  # the claim thread (claim_chunks)
+        #: A chunk claimed and sent at once asks the store to check its new occurrences
+        #: before publish in the claim (SendAtOnce): one store call fewer a run. Off, they
+        #: are checked by the sender's own call, as claims made ahead always are.
+        self.check_with_claim = True
         self._pool_pid = 0  # the process it belongs to
 
     # -- entries ----------------------------------------------------------------------
@@ -341,7 +356,10 @@ class Claimer:
         ahead: _Round | None = None
         try:
             for i, chunk in enumerate(chunks):
-                current = ahead if ahead is not None else self._begin(chunk, now())
+                # Claimed here and sent next: checked before publish with the claim. (A
+                # chunk claimed ahead waits for the one before it: checked when it is sent.)
+                current = ahead if ahead is not None else self._begin(
+                    chunk, now(), send=self.check_with_claim)
                 ahead = None
                 fresh, waited = self._finish(current)
                 if claim_ahead and i + 1 < len(chunks):
@@ -351,10 +369,13 @@ class Claimer:
             if ahead is not None:
                 self._settle(ahead)
 
-    def _begin(self, names: list[str], now: int, in_thread: bool = False) -> _Round:
+    def _begin(self, names: list[str], now: int, in_thread: bool = False,
+               send: bool = False) -> _Round:
         """Plan ``names`` and make the first claim of them (in the claim thread: its reply
-        is waited for by :meth:`_finish`)."""
-        plans = self._plans([n for n in names if n in self.states], now, first=True)
+        is waited for by :meth:`_finish`). With ``send``, the caller publishes the new
+        occurrences next: the store may check them before publish in the same call."""
+        plans = self._plans([n for n in names if n in self.states], now, first=True,
+                            send=send)
         items = [p for p, _ in plans.values()]
         future: Future[list[ClaimResult]] = Future()
         if not items:
@@ -367,7 +388,7 @@ class Claimer:
             future = self._pool.submit(self.store.claim, self.owner, items)
         else:
             future.set_result(self.store.claim(self.owner, items))
-        return _Round(now, plans, future)
+        return _Round(now, plans, future, send)
 
     def _finish(self, first: _Round) -> tuple[list[Claim], list[Claim]]:
         """Take in a round's results, and claim again (at once) what met a conflict."""
@@ -378,7 +399,7 @@ class Claimer:
         for _attempt in range(1, CONFLICT_RETRIES):
             pending = [r.entry for r in results
                        if self._accept(r, plans[r.entry][1], fresh, waited)]
-            plans = self._plans(pending, first.now, first=False)
+            plans = self._plans(pending, first.now, first=False, send=first.send)
             if not plans:
                 return fresh, waited
             results = self.store.claim(self.owner, [p for p, _ in plans.values()])
@@ -404,12 +425,12 @@ class Claimer:
                 self.logger.warning("beat-claims: %s: a claim made ahead could not be taken"
                                     " in (%s: %s)", result.entry, type(exc).__name__, exc)
 
-    def _plans(self, names: list[str], now: int, first: bool
+    def _plans(self, names: list[str], now: int, first: bool, send: bool = False
                ) -> dict[str, tuple[ClaimPlan, Any]]:
         plans: dict[str, tuple[ClaimPlan, Any]] = {}
         for name in names:
             try:
-                planned = self._plan(name, now)
+                planned = self._plan(name, now, send)
             except Exception as exc:
                 self.note(name, "plan", logging.ERROR, "beat-claims: cannot compute the"
                           " due runs of %r (%s: %s); trying again later", name,
@@ -442,7 +463,7 @@ class Claimer:
         known = self.knowledge.entries.get(name)
         return known.token if known is not None else 0
 
-    def _plan(self, name: str, now: int) -> tuple[ClaimPlan, Any]:
+    def _plan(self, name: str, now: int, send: bool = False) -> tuple[ClaimPlan, Any]:
         state = self.states[name]
         policy = self.source.policies[name]
         keep = max(policy.max_catch_up, self.settings.history_limit) + 1
@@ -469,8 +490,14 @@ class Claimer:
                        self.settings.history_limit, window.exact)
         if pending:  # on time, and sent at their own instant: the policy has no say yet
             decided.run = sorted(decided.run + pending)
+        at_once = None
+        # Not a jittered entry (it waits for its instant), nor one with an overlap policy:
+        # a reply lost would leave runs being sent that count as busy until taken back.
+        if send and decided.run and not policy.jitter and policy.overlap is Overlap.ALLOW:
+            at_once = SendAtOnce(tuple(task_id_for(name, due, self.settings.key_prefix)
+                                       for due in decided.run), policy.overlap)
         return ClaimPlan(name, state, tuple(decided.run), tuple(decided.skip),
-                         token_floor=self._token_floor(name)), decided
+                         token_floor=self._token_floor(name), send=at_once), decided
 
     def _accept(self, result: ClaimResult, decided: Any, fresh: list[Claim],
                 waited: list[Claim]) -> bool:
@@ -495,6 +522,9 @@ class Claimer:
         # a later result of the same call stops it.
         self.holdings.hold(result.claims, waited=False)
         self.holdings.hold(result.taken, waited=True)
+        checked_at = time.monotonic()
+        for check in result.checked:
+            self.holdings.prechecked[check.claim.ref] = (check, checked_at)
         self._defer(list(result.claims) + list(result.taken))
         self.knowledge.claimed(list(result.claims) + list(result.taken))
         fresh.extend(result.claims)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..stores.base import Claim, RunRef
+from ..stores.base import CheckResult, Claim, RunRef
 
 
 class Holdings:
@@ -21,6 +21,9 @@ class Holdings:
         self.checked: list[Claim] = []  # passed the check; publish not begun
         self.unmarked: list[Claim] = []  # published; the sent mark is still to be stored
         self.later: dict[RunRef, int] = {}  # held ones not to be sent before (jitter), ms
+        #: Held ones the store checked before publish with their claim (SendAtOnce), and
+        #: when (monotonic): the answer the sender's check would get, if it comes soon.
+        self.prechecked: dict[RunRef, tuple[CheckResult, float]] = {}
 
     def hold(self, claims: Iterable[Claim], waited: bool) -> None:
         for claim in claims:
@@ -32,6 +35,7 @@ class Holdings:
         self.held.pop(ref, None)
         self.waited.discard(ref)
         self.later.pop(ref, None)
+        self.prechecked.pop(ref, None)
 
     def ready(self, now: int) -> list[Claim]:
         """The held claims whose instant to be sent has come."""
@@ -53,6 +57,7 @@ class Holdings:
         self.held.clear()
         self.waited.clear()
         self.later.clear()
+        self.prechecked.clear()
         self.checked.clear()
         self.unmarked.clear()
 

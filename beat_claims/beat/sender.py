@@ -1,7 +1,9 @@
 """The check before publish, the publish, the sent mark, and giving claims back.
 
-A batch of claims is checked in one store call immediately before its publishes; the
-publishes follow, then the sent marks. If publishing stalls for half a heartbeat interval
+A batch of claims is checked in one store call immediately before its publishes (or, for
+the new occurrences of an entry without runs due again, overlap "allow" and no jitter, by
+the claim just made: SendAtOnce, whose answers count from the claim); the publishes follow,
+then the sent marks. If publishing stalls for half a heartbeat interval
 (a paused VM, a slow broker), the rest of the batch is checked again, so a beat that wakes
 after its claims were taken back sends at most the one message that was in flight.
 
@@ -25,7 +27,7 @@ from ..enums import Overlap, Reason, RunState
 from ..metrics import Metrics
 from ..runs import Owner, iso, manual_task_id_for, task_id_for
 from ..settings import Policy, Settings
-from ..stores.base import Check, CheckVerdict, Claim, Release, Store
+from ..stores.base import Check, CheckResult, CheckVerdict, Claim, Release, Store
 from .claimer import SkipLog
 from .clock import StoreClock
 from .holdings import Holdings
@@ -134,14 +136,12 @@ class Sender:
         checks = self.decide(claims, schedule)
         for start in range(0, len(checks), SEND_BATCH):
             self.liveness.keep_alive()
-            queue = self._check(checks[start:start + SEND_BATCH])
-            checked_at = time.monotonic()
+            queue, checked_at = self._check(checks[start:start + SEND_BATCH])
             try:
                 while queue:
                     if time.monotonic() - checked_at > self.settings.heartbeat_interval / 2:
                         self.liveness.keep_alive()
-                        queue = self._check(list(queue))
-                        checked_at = time.monotonic()
+                        queue, checked_at = self._check(list(queue))
                         continue
                     check = queue.popleft()
                     self.holdings.checked.pop(0)  # from here on, it may be published
@@ -154,14 +154,15 @@ class Sender:
                 raise
             self.flush_marks()
 
-    def _check(self, checks: list[Check]) -> deque[Check]:
+    def _check(self, checks: list[Check]) -> tuple[deque[Check], float]:
         """The check before publish for ``checks``, in one store call: those still ours and
-        to be sent, in order (the others are recorded, or not ours)."""
+        to be sent, in order (the others are recorded, or not ours), and when the oldest
+        answer was given (monotonic)."""
         self.holdings.checked = []
         if not checks:
-            return deque()
+            return deque(), time.monotonic()
         queue: deque[Check] = deque()
-        results = self.store.check(self.owner, checks)
+        results, checked_at = self._answers(checks)
         missing = [r.claim for r in results if r.verdict is CheckVerdict.MISSING]
         if missing:
             # A run this beat claimed has no record: the store lost writes. The claims stay
@@ -188,7 +189,33 @@ class Sender:
                 self.metrics.count("not_sent")
                 self.logger.warning("beat-claims: not sending %s due %s (token %d): %s",
                                     claim.entry, iso(claim.due), claim.token, result.why)
-        return queue
+        return queue, checked_at
+
+    def _answers(self, checks: list[Check]) -> tuple[list[CheckResult], float]:
+        """The store's check of each of ``checks``, in order, and when the oldest answer was
+        given (monotonic). A claim the store checked with its claim moments ago
+        (SendAtOnce) has that answer, which asking again would get (a holder's check
+        repeated has the same answer); one checked longer ago than a stall allows, or to be
+        checked with a skip reason, is asked again."""
+        prechecked = self.holdings.prechecked
+        now = time.monotonic()
+        oldest = now - self.settings.heartbeat_interval / 2
+        answered_at = now
+        answers: dict[int, CheckResult] = {}
+        ask: list[Check] = []
+        for i, check in enumerate(checks):
+            found = prechecked.pop(check.claim.ref, None)
+            if (found is not None and check.skip is None and found[1] >= oldest
+                    and found[0].claim == check.claim):
+                answers[i] = found[0]
+                answered_at = min(answered_at, found[1])
+            else:
+                ask.append(check)
+        if ask:
+            asked = iter(self.store.check(self.owner, ask))
+            return ([answers[i] if i in answers else next(asked) for i in range(len(checks))],
+                    answered_at)
+        return [answers[i] for i in range(len(checks))], answered_at
 
     def _publish_one(self, check: Check, schedule: dict[str, Any]) -> None:
         claim = check.claim

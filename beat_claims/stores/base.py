@@ -186,6 +186,28 @@ class ClaimPlan:
     skip: tuple[tuple[int, Reason], ...] = ()
     take_due: bool = True
     token_floor: int = 0
+    #: The caller publishes the new occurrences at once: a backend may check them before
+    #: publish in the claim's own atomic step (see :class:`SendAtOnce`).
+    send: SendAtOnce | None = None
+
+
+@dataclass(frozen=True)
+class SendAtOnce:
+    """The check before publish of a plan's new occurrences, asked with their claim.
+
+    The caller is about to publish them, so a check made in the claim's own atomic step
+    is the check it would make right after the claim, with one store call fewer a run.
+    Each claimed occurrence is then checked as :meth:`Store.check` would check
+    ``Check(claim, task_id, None, overlap)``, in due order, and its answer is in
+    :attr:`ClaimResult.checked`. Not while the entry has runs due again (released,
+    requested, waiting: the plan takes them, and the caller checks them with the new ones
+    in due order); and a backend may always leave ``checked`` empty: the caller then
+    checks them itself. The holder may check a run so answered again, and gets the same
+    answer, as after any check.
+    """
+
+    task_ids: tuple[str, ...]  # one for each instant of ``ClaimPlan.claim``, in its order
+    overlap: Overlap = Overlap.ALLOW
 
 
 class ClaimStatus(str, Enum):
@@ -206,6 +228,9 @@ class ClaimResult:
     existing: tuple[int, ...] = ()  # planned instants that already had a run: left as they are
     unreadable: tuple[int, ...] = ()  # runs whose record cannot be read: out of the indexes
     detail: str = ""
+    #: With ``ClaimPlan.send``: the check before publish of each of ``claims`` (or empty:
+    #: not checked, see :class:`SendAtOnce`).
+    checked: tuple[CheckResult, ...] = ()
 
 
 # -- the check before publish -------------------------------------------------------------
@@ -453,8 +478,9 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
         """Claim occurrences (compare-and-set on each entry's checkpoint, a fresh token
-        each) and record the planned skips; take the entry's due runs. One result per
-        plan, in order."""
+        each) and record the planned skips; take the entry's due runs. With a plan's
+        ``send``, the new occurrences may be checked before publish in the same atomic step
+        (:class:`SendAtOnce`). One result per plan, in order."""
 
     @abc.abstractmethod
     def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
@@ -601,6 +627,7 @@ __all__ = [
     "BackfillRefused", "BackfillResult", "Check", "CheckResult", "CheckVerdict", "Claim",
     "ClaimPlan", "ClaimResult", "ClaimStatus", "Delivery", "EntryRecord", "EntrySeed",
     "EntryState", "Heartbeat", "HeldRun", "LiveQuery", "LiveRuns", "OpenRun", "Outcome",
-    "OwnerStatus", "Pause", "Reclaim", "Release", "RunRef", "StartDecision", "Store",
+    "OwnerStatus", "Pause", "Reclaim", "Release", "RunRef", "SendAtOnce", "StartDecision",
+    "Store",
     "StoreConfigurationError", "StoreError", "WorkerProcess", "in_last_pause",
 ]

@@ -790,12 +790,14 @@ class RedisStore(Store):
             else:
                 cp = plan.expected.checkpoint
                 args += [plan.expected.anchor, "" if cp is None else cp]
-            steps = sorted([(due, "claim") for due in plan.claim]
-                           + [(due, reason.value) for due, reason in plan.skip])
+            send = plan.send
+            task_ids = dict(zip(plan.claim, send.task_ids)) if send else {}
+            steps = sorted([(due, "claim", task_ids.get(due, "")) for due in plan.claim]
+                           + [(due, reason.value, "") for due, reason in plan.skip])
             args += [plan.token_floor, "1" if plan.take_due else "0", self.history_limit,
-                     len(steps)]
-            for due, action in steps:
-                args += [due, action]
+                     send.overlap.value if send else "", len(steps)]
+            for step in steps:
+                args += step
             self._entry_script(pipe, "claim", plan.entry, *args)
 
         plans = list(plans)
@@ -1217,7 +1219,7 @@ def _claim_result(entry: str, reply: Any) -> ClaimResult:
         return ClaimResult(entry, ClaimStatus.CORRUPT, detail=str(reply))
     try:
         return _parse_claim(entry, reply)
-    except (ValueError, IndexError, OverflowError) as exc:
+    except (ValueError, IndexError, KeyError, OverflowError) as exc:
         return ClaimResult(entry, ClaimStatus.CORRUPT,
                            detail=f"unreadable answer {str(reply)[:200]!r}: {exc}")
 
@@ -1232,18 +1234,27 @@ def _parse_claim(entry: str, reply: str) -> ClaimResult:
     state = EntryState(_whole(fields[1]), _maybe_int(fields[2]), _whole(fields[3]))
     if status is ClaimStatus.CONFLICT:
         return ClaimResult(entry, status, state)
-    claimed, skipped, existing, taken, unreadable = (
-        f.split(",") if f else [] for f in fields[4:9])
+    claimed, skipped, existing, taken, unreadable, checked = (
+        f.split(",") if f else [] for f in fields[4:10])
+    claims = tuple(Claim(entry, int(claimed[i]), int(claimed[i + 1]))
+                   for i in range(0, len(claimed), 2))
+    by_due = {claim.due: claim for claim in claims}
     return ClaimResult(
         entry, status, state,
-        claims=tuple(Claim(entry, int(claimed[i]), int(claimed[i + 1]))
-                     for i in range(0, len(claimed), 2)),
+        claims=claims,
         taken=tuple(Claim(entry, int(taken[i]), int(taken[i + 1]), manual=taken[i + 2] == "1",
                           maybe_sent=taken[i + 3] == "1", attempts=int(taken[i + 4]))
                     for i in range(0, len(taken), 5)),
         skipped=tuple((int(skipped[i]), Reason(skipped[i + 1]))
                       for i in range(0, len(skipped), 2)),
-        existing=_dues(existing), unreadable=_dues(unreadable))
+        existing=_dues(existing), unreadable=_dues(unreadable),
+        checked=tuple(_checked(by_due[int(checked[i])], checked[i + 1], checked[i + 2])
+                      for i in range(0, len(checked), 3)))
+
+
+def _checked(claim: Claim, verdict: str, reason: str) -> CheckResult:
+    """A new claim's check made with it (see claim.lua): send, skipped or waiting."""
+    return CheckResult(claim, CheckVerdict(verdict), Reason(reason) if reason else None)
 
 
 def _dues(texts: list[str]) -> tuple[int, ...]:

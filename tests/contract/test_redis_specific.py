@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from beat_claims.stores.base import ClaimStatus, EntrySeed, StoreError
+from beat_claims.stores.base import CheckVerdict, ClaimStatus, EntrySeed, StoreError
 from beat_claims.stores.redis import RedisStore, _NotRun, library_name
 
 from ..conftest import RedisServer, own_redis
@@ -197,3 +198,38 @@ def test_entries_first_seen_by_clients_starting_together_share_their_anchor(
     second = register(other, *names[5:], *names[:5])
     other.close()
     assert len({s.anchor for s in {**first, **second}.values()}) == 1
+
+
+def test_the_redis_store_checks_new_claims_with_their_claim(redis_store: RedisStore) -> None:
+    """SendAtOnce is honoured here (one script call a run fewer in a burst), and a beat
+    sending a burst asks for it: its scripts are claim and sent, no check."""
+    from .test_send_at_once import claim_at_once
+
+    result = claim_at_once(redis_store, 1000, 2000)
+    assert [c.verdict for c in result.checked] == [CheckVerdict.SEND] * 2
+    assert [c.claim for c in result.checked] == list(result.claims)
+
+
+def test_a_burst_is_sent_without_a_check_call_of_its_own(server: RedisServer) -> None:
+    """150 entries due at once, one beat (not claiming ahead: a chunk claimed ahead is
+    checked when it is sent): every run is sent once, and the sender asks the store to
+    check none of them."""
+    app = make_app(server, {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=1)}
+                            for i in range(150)}, beat_claims_claim_ahead=False,
+                   # (an answer of the claim counts for half an interval: a slow machine
+                   # must not outlast it)
+                   beat_claims_heartbeat_interval=2.0)
+    s = make(app)
+    asked: list[int] = []
+    check = s.store.check
+
+    def counting(owner: Any, checks: Any) -> Any:
+        asked.append(len(checks))
+        return check(owner, checks)
+
+    s.store.check = counting  # type: ignore[method-assign]
+    run_for(1.5, s)
+    sent = occurrences_sent(server)
+    assert len(sent) >= 150 and len(set(sent)) == len(sent)
+    assert sum(asked) == 0, asked
+    s.close()

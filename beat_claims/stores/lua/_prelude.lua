@@ -260,6 +260,60 @@ local function skip_run(K, run, reason, now)
   put_run(K, run, old)
 end
 
+-- The check before publish of ``run``, held by the caller (``old``: its stored form; nil
+-- for a run the same call claims, not stored yet): it is marked being sent with
+-- ``task_id``, or recorded skipped (``reason``; else 'paused' for a scheduled run of a
+-- paused entry or due in its last pause, or 'overlap' as the entry's ``overlap`` policy
+-- says while another run of it is being sent, sent or started), or, with "buffer_one",
+-- waiting until that run is final. Stored, and answered as check.lua answers. ``pause``:
+-- the entry's (pause_of).
+local function check_run(K, run, old, task_id, reason, overlap, pause, now)
+  local due = fmt(run.due)
+  if reason == '' and not run.manual and paused_for(pause, run.due) then
+    reason = REASON.paused  -- paused, or due in its last pause
+  end
+  if reason == '' and run.state == STATE.claimed and overlap ~= OVERLAP.allow
+      and not run.manual and busy_besides(K, due) then
+    if overlap == OVERLAP.skip then
+      reason = REASON.overlap
+    elseif overlap == OVERLAP.buffer_one and busy_newer(K, due) then
+      reason = REASON.overlap  -- a newer occurrence runs already: this one comes too late
+    elseif overlap == OVERLAP.buffer_one then
+      -- The newest waits; any other waiting run of the entry is skipped (the older one).
+      for _, other in ipairs(redis.call('ZRANGE', K.due_e, 0, -1)) do
+        local o = get_run(K, other)
+        if o and o.state == STATE.waiting and other ~= due then
+          if o.due > run.due then
+            reason = REASON.overlap
+          else
+            skip_run(K, o, REASON.overlap, now)
+          end
+        end
+      end
+      if reason == '' then
+        run.state = STATE.waiting
+        run.waited_by = run.owner
+        run.owner = nil
+        run.waiting_at = now
+        put_run(K, run, old)
+        return CHECK.waiting
+      end
+    end
+  end
+  if reason ~= '' then
+    run.state = STATE.skipped
+    run.reason = reason
+    run.finished_at = now
+    put_run(K, run, old)
+    return CHECK.skipped .. ';' .. reason
+  end
+  run.state = STATE.sending
+  run.task_id = task_id
+  run.sending_at = now
+  put_run(K, run, old)
+  return CHECK.send
+end
+
 -- Whether ``token`` (a string from ARGV; '' = any) is the run's current token.
 local function has_token(run, token)
   return token == '' or fmt(run.token or 0) == token

@@ -25,50 +25,5 @@ if run.state == STATE.skipped and REASON[run.reason] then
   return CHECK.skipped .. ';' .. run.reason  -- skipped by this holder's check: asked again
 end
 if not HELD[run.state] then return CHECK.refused .. ';' .. run.state end
-local old = shallow_copy(run)
-local now = now_ms()
-local reason = ARGV[6]
-if reason == '' and not run.manual and paused_for(pause_of(K), run.due) then
-  reason = REASON.paused  -- paused, or due in its last pause
-end
-local overlap = ARGV[7]
-if reason == '' and run.state == STATE.claimed and overlap ~= OVERLAP.allow
-    and not run.manual and busy_besides(K, due) then
-  if overlap == OVERLAP.skip then
-    reason = REASON.overlap
-  elseif overlap == OVERLAP.buffer_one and busy_newer(K, due) then
-    reason = REASON.overlap  -- a newer occurrence runs already: this one comes too late
-  elseif overlap == OVERLAP.buffer_one then
-    -- The newest waits; any other waiting run of the entry is skipped (the older one).
-    for _, other in ipairs(redis.call('ZRANGE', K.due_e, 0, -1)) do
-      local o = get_run(K, other)
-      if o and o.state == STATE.waiting and other ~= due then
-        if o.due > run.due then
-          reason = REASON.overlap
-        else
-          skip_run(K, o, REASON.overlap, now)
-        end
-      end
-    end
-    if reason == '' then
-      run.state = STATE.waiting
-      run.waited_by = run.owner
-      run.owner = nil
-      run.waiting_at = now
-      put_run(K, run, old)
-      return CHECK.waiting
-    end
-  end
-end
-if reason ~= '' then
-  run.state = STATE.skipped
-  run.reason = reason
-  run.finished_at = now
-  put_run(K, run, old)
-  return CHECK.skipped .. ';' .. reason
-end
-run.state = STATE.sending
-run.task_id = ARGV[5]
-run.sending_at = now
-put_run(K, run, old)
-return CHECK.send
+return check_run(K, run, shallow_copy(run), ARGV[5], ARGV[6], ARGV[7], pause_of(K),
+                 now_ms())

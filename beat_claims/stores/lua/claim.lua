@@ -3,14 +3,20 @@
 -- it believes in; if the store holds others, nothing is written and the store's are
 -- returned. The checkpoint only moves forward; a fresh token for each claim, above the
 -- caller's floor; an instant that already has a run is left as it is (and reported).
+-- With an overlap policy (ARGV[8]; '' = none), each new claim is also checked before
+-- publish at once, as check.lua would check it right after (the caller publishes next):
+-- marked being sent with its task id, or recorded skipped or waiting; not while the entry
+-- has runs due again (then none is checked here).
 -- KEYS: the entry's keys. ARGV: name, owner, expected anchor ('' = no new occurrences),
 -- expected checkpoint ('' none), token floor, take due runs ('1'/'0'), history limit,
--- n, then n pairs (due, 'claim' or a skip reason).
+-- overlap policy to check new claims with ('' = do not check them), n, then n triples
+-- (due, 'claim' or a skip reason, task id: '' unless checked).
 -- Returns one string of ';'-separated fields (a flat reply costs the client far less to
 -- read than nested arrays): 'ok;anchor;checkpoint;token;claimed;skipped;existing;taken;
--- unreadable', each list ','-separated (claimed: due, token pairs; skipped: due, reason
--- pairs; taken: due, token, manual, maybe sent, attempts), or 'conflict;anchor;checkpoint;
--- token', 'missing', 'corrupt;field'.
+-- unreadable;checked', each list ','-separated (claimed: due, token pairs; skipped: due,
+-- reason pairs; taken: due, token, manual, maybe sent, attempts; checked: due, verdict,
+-- reason triples, of the new claims checked), or 'conflict;anchor;checkpoint;token',
+-- 'missing', 'corrupt;field'.
 local K = entry_keys(KEYS, ARGV[1])
 local owner = ARGV[2]
 local e, bad = get_entry(K)
@@ -22,14 +28,19 @@ local now = now_ms()
 local pause = e.pause
 -- The entry's token counter as this call leaves it (each next_token() is its new value).
 local token_text = e.token_text or '0'
-local claimed, skipped, existing, taken, unreadable = {}, {}, {}, {}, {}
+local claimed, skipped, existing, taken, unreadable, checked = {}, {}, {}, {}, {}, {}
+-- Checked with the claim only while the entry has no run due again (released, requested,
+-- waiting): those are taken below, and checked in due order with the new ones by the
+-- caller's own check, as the overlap policies need.
+local check_with = ARGV[8]
+if check_with ~= '' and redis.call('EXISTS', K.due_e) == 1 then check_with = '' end
 if ARGV[3] ~= '' then
   if fmt(e.anchor) ~= ARGV[3] or cp_text ~= ARGV[4] then
     return table.concat({CLAIM.conflict, fmt(e.anchor), cp_text, fmt(e.token)}, ';')
   end
   local cp = e.checkpoint
-  for i = 1, tonumber(ARGV[8]) do
-    local due, action = ARGV[7 + 2 * i], ARGV[8 + 2 * i]
+  for i = 1, tonumber(ARGV[9]) do
+    local due, action, task_id = ARGV[7 + 3 * i], ARGV[8 + 3 * i], ARGV[9 + 3 * i]
     local due_n = tonumber(due)
     if cp == nil or due_n > cp then
       cp = due_n
@@ -45,8 +56,17 @@ if ARGV[3] ~= '' then
         local token = next_token(K, floor)
         floor = token
         token_text = fmt(token)
-        put_run(K, {due = due_n, state = STATE.claimed, token = token, owner = owner,
-                    claimed_at = now}, nil)
+        local run = {due = due_n, state = STATE.claimed, token = token, owner = owner,
+                     claimed_at = now}
+        if check_with ~= '' then
+          local verdict, reason = string.match(
+            check_run(K, run, nil, task_id, '', check_with, pause, now), '^([^;]*);?(.*)$')
+          checked[#checked + 1] = due
+          checked[#checked + 1] = verdict
+          checked[#checked + 1] = reason
+        else
+          put_run(K, run, nil)
+        end
         redis.call('ZADD', K.history, due_n, due)
         claimed[#claimed + 1] = due
         claimed[#claimed + 1] = fmt(token)
@@ -101,4 +121,4 @@ trim(K, tonumber(ARGV[7]), now)
 return table.concat({CLAIM.ok, fmt(e.anchor), cp_text, token_text,
                      table.concat(claimed, ','), table.concat(skipped, ','),
                      table.concat(existing, ','), table.concat(taken, ','),
-                     table.concat(unreadable, ',')}, ';')
+                     table.concat(unreadable, ','), table.concat(checked, ',')}, ';')
