@@ -63,6 +63,8 @@ class _Round:
     plans: dict[str, tuple[ClaimPlan, Any]]
     future: Future[list[ClaimResult]]
     send: bool = False  # the caller publishes what it claims at once (SendAtOnce)
+    #: When the claim call began (monotonic): its checks (SendAtOnce) are no younger.
+    asked_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -378,6 +380,7 @@ class Claimer:
                             send=send)
         items = [p for p, _ in plans.values()]
         future: Future[list[ClaimResult]] = Future()
+        asked_at = time.monotonic()
         if not items:
             future.set_result([])
         elif in_thread:
@@ -388,7 +391,7 @@ class Claimer:
             future = self._pool.submit(self.store.claim, self.owner, items)
         else:
             future.set_result(self.store.claim(self.owner, items))
-        return _Round(now, plans, future, send)
+        return _Round(now, plans, future, send, asked_at)
 
     def _finish(self, first: _Round) -> tuple[list[Claim], list[Claim]]:
         """Take in a round's results, and claim again (at once) what met a conflict."""
@@ -396,15 +399,17 @@ class Claimer:
         waited: list[Claim] = []
         plans = first.plans
         results = first.future.result()
+        asked_at = first.asked_at
         for _attempt in range(1, CONFLICT_RETRIES):
             pending = [r.entry for r in results
-                       if self._accept(r, plans[r.entry][1], fresh, waited)]
+                       if self._accept(r, plans[r.entry][1], fresh, waited, asked_at)]
             plans = self._plans(pending, first.now, first=False, send=first.send)
             if not plans:
                 return fresh, waited
+            asked_at = time.monotonic()
             results = self.store.claim(self.owner, [p for p, _ in plans.values()])
         for result in results:
-            self._accept(result, plans[result.entry][1], fresh, waited)
+            self._accept(result, plans[result.entry][1], fresh, waited, asked_at)
         return fresh, waited
 
     def _settle(self, round_: _Round) -> None:
@@ -500,8 +505,10 @@ class Claimer:
                          token_floor=self._token_floor(name), send=at_once), decided
 
     def _accept(self, result: ClaimResult, decided: Any, fresh: list[Claim],
-                waited: list[Claim]) -> bool:
-        """Take in one result; True when the entry must be planned again (a conflict)."""
+                waited: list[Claim], asked_at: float = 0.0) -> bool:
+        """Take in one result; True when the entry must be planned again (a conflict).
+        ``asked_at``: when its claim call began (monotonic), what its checks date from
+        (the store calls made taking in the results before it do not make them younger)."""
         name = result.entry
         if result.status is ClaimStatus.MISSING:
             raise StoreWentBack(f"entry {name!r} is missing from the store")
@@ -522,9 +529,8 @@ class Claimer:
         # a later result of the same call stops it.
         self.holdings.hold(result.claims, waited=False)
         self.holdings.hold(result.taken, waited=True)
-        checked_at = time.monotonic()
         for check in result.checked:
-            self.holdings.prechecked[check.claim.ref] = (check, checked_at)
+            self.holdings.prechecked[check.claim.ref] = (check, asked_at)
         self._defer(list(result.claims) + list(result.taken))
         self.knowledge.claimed(list(result.claims) + list(result.taken))
         fresh.extend(result.claims)

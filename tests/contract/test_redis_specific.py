@@ -233,3 +233,34 @@ def test_a_burst_is_sent_without_a_check_call_of_its_own(server: RedisServer) ->
     assert len(sent) >= 150 and len(set(sent)) == len(sent)
     assert sum(asked) == 0, asked
     s.close()
+
+
+def test_an_answer_of_the_claim_older_than_half_an_interval_is_asked_again(
+        server: RedisServer) -> None:
+    """A beat that stalled between its claim and its publish (taking in the claim's other
+    results, a paused VM) asks the store again: another beat may hold the run by then."""
+    app = make_app(server, {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=1)}
+                            for i in range(3)}, beat_claims_claim_ahead=False,
+                   beat_claims_heartbeat_interval=2.0)
+    s = make(app)
+    asked: list[int] = []
+    check = s.store.check
+
+    def counting(owner: Any, checks: Any) -> Any:
+        asked.append(len(checks))
+        return check(owner, checks)
+
+    s.store.check = counting  # type: ignore[method-assign]
+    send = s.sender.send
+
+    def stalled(claims: Any, schedule: Any) -> None:
+        for ref, (answer, _) in list(s.holdings.prechecked.items()):
+            s.holdings.prechecked[ref] = (answer, 0.0)  # as if the claim began long ago
+        send(claims, schedule)
+
+    s.sender.send = stalled  # type: ignore[method-assign]
+    run_for(1.5, s)
+    sent = occurrences_sent(server)
+    assert sent and len(set(sent)) == len(sent)
+    assert sum(asked) >= len(sent), (asked, sent)
+    s.close()
