@@ -210,6 +210,19 @@ def test_the_redis_store_checks_new_claims_with_their_claim(redis_store: RedisSt
     assert [c.claim for c in result.checked] == list(result.claims)
 
 
+def count_checks(s: Any) -> list[int]:
+    """The number of runs in each check call the beat ``s`` makes (the store's own)."""
+    asked: list[int] = []
+    check = s.store.check
+
+    def counting(owner: Any, checks: Any) -> Any:
+        asked.append(len(checks))
+        return check(owner, checks)
+
+    s.store.check = counting
+    return asked
+
+
 def test_a_burst_is_sent_without_a_check_call_of_its_own(server: RedisServer) -> None:
     """150 entries due at once, one beat (not claiming ahead: a chunk claimed ahead is
     checked when it is sent): every run is sent once, and the sender asks the store to
@@ -220,14 +233,7 @@ def test_a_burst_is_sent_without_a_check_call_of_its_own(server: RedisServer) ->
                    # must not outlast it)
                    beat_claims_heartbeat_interval=2.0)
     s = make(app)
-    asked: list[int] = []
-    check = s.store.check
-
-    def counting(owner: Any, checks: Any) -> Any:
-        asked.append(len(checks))
-        return check(owner, checks)
-
-    s.store.check = counting  # type: ignore[method-assign]
+    asked = count_checks(s)
     run_for(1.5, s)
     sent = occurrences_sent(server)
     assert len(sent) >= 150 and len(set(sent)) == len(sent)
@@ -243,14 +249,7 @@ def test_an_answer_of_the_claim_older_than_half_an_interval_is_asked_again(
                             for i in range(3)}, beat_claims_claim_ahead=False,
                    beat_claims_heartbeat_interval=2.0)
     s = make(app)
-    asked: list[int] = []
-    check = s.store.check
-
-    def counting(owner: Any, checks: Any) -> Any:
-        asked.append(len(checks))
-        return check(owner, checks)
-
-    s.store.check = counting  # type: ignore[method-assign]
+    asked = count_checks(s)
     send = s.sender.send
 
     def stalled(claims: Any, schedule: Any) -> None:
