@@ -31,6 +31,7 @@ from .beat.clock import StoreClock
 from .beat.holdings import Holdings
 from .beat.knowledge import Knowledge
 from .beat.liveness import Liveness, StoreWentBack
+from .beat.long_lived import freeze_long_lived
 from .beat.outage import MAX_BACKOFF, Outage
 from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
@@ -317,6 +318,8 @@ class Scheduler(BaseScheduler):
         if not self._ready:
             self.claimer.sync(self.schedule)
             self._ready = True
+            if not self._registered_once:
+                freeze_long_lived()
         if self._settle_logged or not self._registered_once:
             logger.info("beat-claims: %d entries registered; claiming",
                         len(self.claimer.states))

@@ -621,6 +621,7 @@ def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, 
         "publishes": counters.publishes, "ticks": ticks, "error": error,
         "warnings": dict(warnings), "other_round_trips": counters.other,
         "maxrss_kib": _peak_rss_kib(), "rss_kib": _vm_kib("VmRSS") or 0,
+        "gc_full_collections": gc_pauses.full_collections,
         "gc_seconds": gc_pauses.stop()}))
     with contextlib.suppress(Exception):
         service.sync()  # what celery beat does on its way out: the scheduler's close()
@@ -642,6 +643,7 @@ class _GcPauses:
         import gc
 
         self.seconds = 0.0
+        self.full_collections = 0  # of the oldest generation: they walk the whole heap
         self._started = 0.0
         gc.callbacks.append(self._on_gc)
 
@@ -650,6 +652,7 @@ class _GcPauses:
             self._started = time.perf_counter()
         else:
             self.seconds += time.perf_counter() - self._started
+            self.full_collections += info.get("generation") == 2
 
     def stop(self) -> float:
         import gc
@@ -1023,6 +1026,7 @@ def _burst_figures(case: Case, n: int, due_at: float, lead: float,
         "published": len(stamps),
         # From the go to the end of the run (the burst, and the grace after it).
         "gc_seconds": round(sum(r.get("gc_seconds", 0.0) for r in results.values()), 3),
+        "gc_full_collections": sum(r.get("gc_full_collections", 0) for r in results.values()),
         "published_per_beat": [len(per_beat[i]) if i in per_beat else None
                                for i in range(case.beats)],
         # when each beat published its first and its last message of the burst, ms after T
@@ -1120,7 +1124,7 @@ BURST_FIGURES = ("seconds", "lag_p50_ms", "lag_p99_ms", "cpu_seconds", "peak_rss
                  "broker_round_trips", "round_trips_per_task", "ticks", "setup_seconds",
                  "settle_seconds", "store_script_ms", "store_script_usec_per_call",
                  "store_server_cpu_seconds", "broker_server_cpu_seconds", "gc_seconds",
-                 "steal_seconds")
+                 "gc_full_collections", "steal_seconds")
 IDLE_FIGURES = ("cpu_seconds_per_minute", "store_commands_per_minute",
                 "broker_commands_per_minute", "store_round_trips_per_minute",
                 "broker_round_trips_per_minute", "ticks_per_minute", "peak_rss_mib",
@@ -1131,8 +1135,8 @@ RUN_FIELDS = ("status", "seconds", "lag_p50_ms", "lag_p99_ms", "cpu_seconds",
               "sent_by_timeout",
               "store_round_trips", "broker_round_trips", "store_commands", "broker_commands",
               "store_script_ms", "store_script_usec_per_call", "store_server_cpu_seconds",
-              "broker_server_cpu_seconds", "gc_seconds", "steal_seconds", "lead",
-              "setup_seconds",
+              "broker_server_cpu_seconds", "gc_seconds", "gc_full_collections",
+              "steal_seconds", "lead", "setup_seconds",
               "settle_seconds", "ready_after_register_seconds",
               "peak_rss_mib", "rss_end_mib", "other_cpu_seconds", "loadavg_before",
               "loadavg_after", "error", "errors", "warnings", "attempts", "discarded")
@@ -1728,7 +1732,8 @@ def main(argv: list[str] | None = None) -> int:
                             "status", "seconds", "setup_seconds", "settle_seconds", "lead",
                             "cpu_seconds", "other_cpu_seconds", "cpu_seconds_per_minute",
                             "store_server_cpu_seconds", "broker_server_cpu_seconds",
-                            "gc_seconds", "steal_seconds", "peak_rss_mib", "rss_end_mib",
+                            "gc_seconds", "gc_full_collections", "steal_seconds",
+                            "peak_rss_mib", "rss_end_mib",
                             "published_per_beat", "exactly_n",
                             "error") if k in run}
                         print(f"    {shown}", file=sys.stderr, flush=True)

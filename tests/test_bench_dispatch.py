@@ -25,6 +25,8 @@ def test_gc_pauses_are_counted_until_stopped() -> None:
     pauses.stop()
     counted = pauses.seconds
     assert counted > 0.0  # a collection's start and stop, timed by perf_counter
+    assert pauses.full_collections == 1  # gc.collect() walks the oldest generation
     gc.collect()
     assert pauses.seconds == counted
+    assert pauses.full_collections == 1
     assert pauses._on_gc not in gc.callbacks
