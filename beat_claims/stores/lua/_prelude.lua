@@ -158,6 +158,7 @@ end
 -- change: a run that starts or stops overlapping, a run that starts or stops waiting, a
 -- pause or a resume.
 local function place_waiting(K)
+  if K.no_due then return end  -- the caller read the entry's due runs: none, none added
   local dues = redis.call('ZRANGE', K.due_e, 0, -1)
   if #dues == 0 then return end
   local waiting = {}
@@ -194,6 +195,7 @@ end
 -- touching only the places that change.
 local function put_run(K, run, old)
   local k1, m1, s1, k2, m2, s2 = places(K, run)
+  if k1 == K.due_e then K.no_due = nil end
   local o1, n1, t1, o2, n2, t2
   if old then o1, n1, t1, o2, n2, t2 = places(K, old) end
   local kept1, kept2 = false, false

@@ -29,11 +29,19 @@ local pause = e.pause
 -- The entry's token counter as this call leaves it (each next_token() is its new value).
 local token_text = e.token_text or '0'
 local claimed, skipped, existing, taken, unreadable, checked = {}, {}, {}, {}, {}, {}
--- Checked with the claim only while the entry has no run due again (released, requested,
--- waiting): those are taken below, and checked in due order with the new ones by the
--- caller's own check, as the overlap policies need.
+-- The entry's runs due again (released, requested, waiting), read once: the claims below
+-- add to them only runs that wait on (made waiting by their check), which the take below
+-- would leave waiting. Checked with the claim only while there are none: they are taken
+-- below, and checked in due order with the new ones by the caller's own check, as the
+-- overlap policies need.
+local take_due = ARGV[6] == '1'
 local check_with = ARGV[8]
-if check_with ~= '' and redis.call('EXISTS', K.due_e) == 1 then check_with = '' end
+local dues = {}
+if take_due or check_with ~= '' then
+  dues = redis.call('ZRANGE', K.due_e, 0, -1)
+  K.no_due = #dues == 0  -- (until put_run puts a run there: see place_waiting)
+end
+if #dues > 0 then check_with = '' end
 if ARGV[3] ~= '' then
   if fmt(e.anchor) ~= ARGV[3] or cp_text ~= ARGV[4] then
     return table.concat({CLAIM.conflict, fmt(e.anchor), cp_text, fmt(e.token)}, ';')
@@ -84,8 +92,8 @@ if ARGV[3] ~= '' then
     redis.call('HSET', K.entry, 'checkpoint', cp_text)
   end
 end
-if ARGV[6] == '1' then
-  for _, due in ipairs(redis.call('ZRANGE', K.due_e, 0, -1)) do
+if take_due then
+  for _, due in ipairs(dues) do
     local run = get_run(K, due)
     if run == false then
       drop_bad(K, due)
