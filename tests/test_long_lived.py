@@ -42,19 +42,33 @@ def test_a_beat_freezes_what_it_has_once_its_schedule_is_registered(
         server: RedisServer) -> None:
     out = run_python(f"""
         import gc
-        from tests.inprocess import make, make_app
+        from tests.inprocess import make, make_app, settled
 
         class Server:  # the test's redis-server, as make_app reads it
             url = {server.url!r}
             def broker_url(self): return {server.broker_url()!r}
 
         app = make_app(Server())
-        before = gc.get_freeze_count()
-        s = make(app)
-        entries = [o for o in gc.get_objects() if o is s.schedule]
-        print(before, gc.get_freeze_count() > 0, entries == [])
+        s = make(app, settle=False)
+        built = gc.get_freeze_count()  # the schedule is set up, not registered yet
+        settled(s)
+        seen = [o for o in gc.get_objects() if o is s.schedule or o is s.claimer.states]
+        print(built, gc.get_freeze_count() > 0, seen == [])
         s.close()
     """)
-    # Nothing frozen before; after the first registration the schedule is among the frozen
-    # objects (gc.get_objects() no longer lists it).
+    # Nothing frozen when the scheduler is built; after the first registration the schedule
+    # and the claimer's states are among the frozen objects (gc.get_objects() omits them).
     assert out == "0 True True"
+
+
+def test_a_beat_ticked_in_a_thread_of_another_program_freezes_nothing() -> None:
+    out = run_python("""
+        import gc, threading
+        from beat_claims.beat.long_lived import freeze_long_lived
+
+        answers = []
+        t = threading.Thread(target=lambda: answers.append(freeze_long_lived()))
+        t.start(); t.join()
+        print(answers, gc.get_freeze_count())
+    """)
+    assert out == "[False] 0"

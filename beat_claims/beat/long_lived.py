@@ -16,8 +16,12 @@ def freeze_long_lived() -> bool:
     at 5,000 entries). Frozen (:func:`gc.freeze`), a full collection walks only what came
     later. Garbage is collected first, so nothing unreachable is kept; an object frozen and
     dropped later is still freed when nothing refers to it (only a cycle of such objects
-    stays, at most what was alive at this instant). True the first time."""
+    stays, at most what was alive at this instant). The freeze is the whole process's: a
+    beat ticked in a thread of another program (Celery's embedded beat as a thread) leaves
+    that program's heap alone. True when it froze."""
     global _frozen
+    if threading.current_thread() is not threading.main_thread():
+        return False
     with _lock:
         if _frozen:
             return False

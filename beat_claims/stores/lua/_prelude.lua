@@ -195,6 +195,8 @@ end
 -- touching only the places that change.
 local function put_run(K, run, old)
   local k1, m1, s1, k2, m2, s2 = places(K, run)
+  -- (every run that enters an entry's index of due runs enters it here: a caller that
+  -- read it empty, K.no_due, learns it is not any more)
   if k1 == K.due_e then K.no_due = nil end
   local o1, n1, t1, o2, n2, t2
   if old then o1, n1, t1, o2, n2, t2 = places(K, old) end
