@@ -5,8 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 
-_lock = threading.Lock()
-_frozen = False
+_frozen = False  # (read and written by the main thread only)
 
 
 def freeze_long_lived() -> bool:
@@ -22,10 +21,9 @@ def freeze_long_lived() -> bool:
     global _frozen
     if threading.current_thread() is not threading.main_thread():
         return False
-    with _lock:
-        if _frozen:
-            return False
-        _frozen = True
+    if _frozen:
+        return False
+    _frozen = True
     gc.collect()
     gc.freeze()
     return True
