@@ -10,13 +10,15 @@ replaces with ``***``:
 - the value of every query parameter whose name (``%``-decoded, any case) says password,
   secret or token (``password=``, ``sentinel_password=``, ``sslpassword=``...), and of
   every ``key=value`` pair of a libpq string whose key does;
-- in each URL of a ``;``-joined list (``sentinel://a;sentinel://b/0``).
 
-A URL that does not parse as its client would read it is masked more, never less: the
-user-info ends at the last ``@`` (a password may hold an unescaped ``/ ? # @ ;``), a
+in each URL of a ``;``-joined list (``sentinel://a;sentinel://b/0``).
+
+A URL that does not parse as written is masked more, never less: it is read every way it
+may be meant (the user-info ending at any of its ``@``: a password may hold an unescaped
+``/ ? # @ ;``, a query value an ``@``) and what any reading calls secret is masked; a
 "port" that is not a number (``redis://u:pa/ss`` without its ``@``) is masked to the end
-of that URL, and text that a secret value runs into (``password=a?b``: ``b`` too) is
-masked with it. It never raises: on a bug it shows ``***`` alone.
+of that URL, and text that a secret value runs into (``password=a?b``: ``b`` too) with
+it. It never raises: on a bug it shows ``***`` alone.
 
 Clients echo parts of a URL they misread in their errors (a host ``sec`` from
 ``redis://sec/ret@host``, libpq's ``invalid percent-encoded token: "..."``):
@@ -27,6 +29,7 @@ message; :func:`raise_redacted` raises a store's error with its message so maske
 from __future__ import annotations
 
 import re
+from itertools import groupby
 from typing import NoReturn
 from urllib.parse import unquote, unquote_plus
 
@@ -46,6 +49,9 @@ _DSN_KEY = re.compile(r"([A-Za-z_][\w.\-]*)(\s*=\s*)")
 _PARAM_NAME = re.compile(r"[\w.\-%+\[\]]+")
 #: Where a piece of a secret may end in a client's error message.
 _DELIMITERS = re.compile(r"[/?#@;:&=,\s'\"\\]+")
+#: The most ways one URL is read (one per ``@`` after its authority); a URL with more
+#: ``@`` is masked whole, but its scheme.
+MAX_READINGS = 16
 #: Pieces of a secret shorter than this are not looked for in messages (they would mask
 #: unrelated words); a whole secret is, whatever its length.
 _MIN_PIECE = 3
@@ -96,11 +102,11 @@ def raise_redacted(error: BaseException, url: str, cause: BaseException) -> NoRe
 def _merged(text: str) -> list[Piece]:
     """``text`` cut into pieces that, joined, give it back, each secret or not."""
     out: list[Piece] = []
-    for char, secret in zip(text, _mask(text)):
-        if out and out[-1][1] == secret:
-            out[-1] = (out[-1][0] + char, secret)
-        else:
-            out.append((char, secret))
+    i = 0
+    for secret, run in groupby(_mask(text)):
+        n = len(list(run))
+        out.append((text[i:i + n], secret))
+        i += n
     return out
 
 
@@ -155,6 +161,8 @@ def _url(part: str) -> list[list[Piece]]:
     if not rest.startswith("/"):  # (no authority: unix:///path, sqlite:///path: @ is a path's)
         end = _authority_end(rest)
         ats = {rest[:end].rfind("@")} | {i for i in range(end, len(rest)) if rest[i] == "@"}
+        if len(ats) > MAX_READINGS:  # (bounded work: all of it masked)
+            return [[(scheme + sep, False), (rest, True)]]
     return [[(scheme + sep, False), *_authority(scheme, rest, at)] for at in sorted(ats)]
 
 

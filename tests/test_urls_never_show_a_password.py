@@ -166,6 +166,7 @@ def test_the_shape_of_what_is_shown(url: str, shown: str) -> None:
     " redis://:Xq7Zr9@h",
     "django:alice:Xq7Zr9@x",
     "redis://h/0;password=Xq7Zr9",
+    "redis://h/0?a=" + "@Xq7Zr9" * 40,  # (more @ than readings: masked whole)
 ])
 def test_unparseable_urls_and_libpq_strings_are_masked(url: str) -> None:
     from beat_claims.urls import redact_url
