@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from celery import Celery
 
 from .enums import CatchUp, Overlap
+from .urls import redact_url
 
 ENTRY_KEYS = ("catch_up", "max_catch_up", "catch_up_window", "overlap", "reclaim_after",
               "run_timeout", "jitter")
@@ -85,11 +86,6 @@ class Settings:
     policy: Policy = Policy()
 
     @property
-    def redacted_url(self) -> str:
-        """The store's URL without its password, for logs and messages."""
-        return _redact(self.url)
-
-    @property
     def heartbeat_ttl(self) -> float:
         """A beat whose heartbeat is older than this is dead: three missed renewals."""
         return 3 * self.heartbeat_interval
@@ -112,7 +108,7 @@ class Settings:
             (conf.get("broker_transport_options") or {}).get("master_name"))
         if url.startswith("sentinel://") and not master:
             raise ConfigurationError(
-                f"beat_claims_sentinel_master is not set for the Sentinel URL {_redact(url)!r}"
+                f"beat_claims_sentinel_master is not set for the Sentinel URL {redact_url(url)!r}"
                 " (nor broker_transport_options['master_name'])")
         prefix = conf.get("beat_claims_key_prefix") or "beat-claims"
         if not isinstance(prefix, str) or any(c in prefix for c in "{} \n"):
@@ -235,16 +231,9 @@ def _default_url(broker_url: str) -> str:
         return broker_url.strip() if url.startswith("sentinel://") else url
     raise ConfigurationError(
         "beat_claims_url is not set and the broker is not Redis "
-        f"(broker_url={_redact(url)!r}): set beat_claims_url to a redis://, rediss:// or"
+        f"(broker_url={redact_url(url)!r}): set beat_claims_url to a redis://, rediss:// or"
         " sentinel:// URL"
     )
-
-
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-    return url
 
 
 def _choice(name: str, value: Any, choices: type[E]) -> E:

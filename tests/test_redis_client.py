@@ -26,7 +26,6 @@ from beat_claims.stores.redis_client import (
     SentinelURL,
     connect,
     parse_sentinel_url,
-    redact,
 )
 
 from .conftest import RedisServer, free_port
@@ -335,26 +334,3 @@ def test_parse_sentinel_url_errors_do_not_show_passwords() -> None:
     with pytest.raises(ValueError) as caught:
         parse_sentinel_url("sentinel://:first@h1;sentinel://:second@h2")
     assert "first" not in str(caught.value) and "second" not in str(caught.value)
-
-
-# -- redact -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("url", "expected"), [
-    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
-    ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
-    ("rediss://user:pw@h:6380/0?ssl_cert_reqs=none",
-     "rediss://user:***@h:6380/0?ssl_cert_reqs=none"),
-    ("redis://user:p@ss@h/0", "redis://user:***@h/0"),
-    ("redis://:p%40w@h", "redis://:***@h"),
-    ("redis://:with/slash@h/0", "redis://:***@h/0"),
-    ("redis://user@h/0", "redis://user@h/0"),
-    ("unix://u:pw@/run/redis.sock?db=1", "unix://u:***@/run/redis.sock?db=1"),
-    ("unix:///run/redis.sock?db=1&password=pw", "unix:///run/redis.sock?db=1&password=***"),
-    ("sentinel://u:pw@h1:26379;sentinel://:pw2@h2:26379/0",
-     "sentinel://u:***@h1:26379;sentinel://:***@h2:26379/0"),
-    ("not a url", "not a url"),
-    ("", ""),
-])
-def test_redact(url: str, expected: str) -> None:
-    assert redact(url) == expected

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..urls import redact_text, redact_url
 from .base import Store, StoreConfigurationError, StoreError
 
 if TYPE_CHECKING:
@@ -42,12 +43,14 @@ def open_store(settings: Settings, timeout: float | None = None) -> Store:
         options = RedisOptions(timeout=seconds, connect_timeout=min(seconds, 2.0),
                                sentinel_master=settings.sentinel_master)
         try:
-            return RedisStore.from_url(settings.url, settings.key_prefix,
+            return RedisStore.from_url(url, settings.key_prefix,
                                        settings.history_limit, options)
         except ValueError as exc:
-            raise StoreConfigurationError(f"beat_claims_url: {exc}") from None
+            # (a client's message may quote pieces of a URL it misread)
+            raise StoreConfigurationError(f"beat_claims_url: {redact_text(str(exc), url)}"
+                                          ) from None
     raise StoreConfigurationError(
-        f"beat_claims_url={settings.redacted_url!r}: unknown store (the URL must start with"
+        f"beat_claims_url={redact_url(url)!r}: unknown store (the URL must start with"
         f" {', '.join(s + '://' for s in REDIS_SCHEMES + SQLITE_SCHEMES + POSTGRES_SCHEMES)},"
         f" or be {DJANGO_SCHEME!r} or '{DJANGO_SCHEME}:ALIAS')")
 

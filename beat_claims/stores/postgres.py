@@ -75,6 +75,7 @@ from psycopg.types.json import Jsonb
 
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
+from ..urls import raise_redacted, redact_text, redact_url
 from .base import (
     BackfillRefused,
     BackfillResult,
@@ -1434,22 +1435,18 @@ def _disown(conn: psycopg.Connection[Any]) -> None:
     _INHERITED.append(conn)
 
 
-def _redacted(params: dict[str, Any]) -> str:
-    """A connection's parameters as a URL without secrets."""
-    user = params.get("user")
-    host = params.get("host") or params.get("hostaddr") or ""
-    port = params.get("port")
-    netloc = f"{user}@" if user else ""
-    netloc += str(host) if "/" not in str(host) else ""
-    if port:
-        netloc += f":{port}"
-    query = f"?host={host}" if "/" in str(host) else ""
-    return f"postgresql://{netloc}/{params.get('dbname') or ''}{query}"
+def _conninfo(params: dict[str, Any]) -> str:
+    """The ``key=value`` string of a connection's parameters ("" when libpq would refuse
+    them: the connection says why)."""
+    try:
+        return make_conninfo(**params)
+    except psycopg.Error:
+        return ""
 
 
 def _django_params(alias: str) -> dict[str, Any]:
     """libpq parameters from a Django database's settings (imported only for such URLs)."""
-    url = "django" if alias == "default" else f"django:{alias}"
+    url = redact_url("django" if alias == "default" else f"django:{alias}")
     try:
         from django.conf import settings
         from django.core.exceptions import ImproperlyConfigured
@@ -1463,7 +1460,7 @@ def _django_params(alias: str) -> dict[str, Any]:
             f"beat_claims_url={url!r}: Django settings are not configured ({exc})") from None
     if alias not in databases:
         raise StoreConfigurationError(
-            f"beat_claims_url={url!r}: settings.DATABASES has no {alias!r}"
+            f"beat_claims_url={url!r}: settings.DATABASES has no {redact_url(alias)!r}"
             f" (it has {', '.join(sorted(databases)) or 'none'})")
     db = databases[alias]
     engine = str(db.get("ENGINE", ""))
@@ -1510,6 +1507,8 @@ class PostgresStore(Store):
 
     def __init__(self, params: dict[str, Any], prefix: str = "beat-claims",
                  history_limit: int = 100, timeout: float = 5.0, url: str = "") -> None:
+        """``url`` as written in the settings (``postgresql://...``, ``django:ALIAS``), or
+        "" (``params`` alone): shown masked (:func:`~beat_claims.urls.redact_url`)."""
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             raise StoreConfigurationError(f"beat_claims_url: timeout must be a number of"
                                           f" seconds > 0, not {timeout!r}")
@@ -1518,7 +1517,12 @@ class PostgresStore(Store):
         self.history_limit = history_limit
         self.timeout = float(timeout)
         self._params = self._with_bounds(params)
-        self._url = url or _redacted(params)
+        #: The URL (or parameters) the client's errors may quote pieces of: masked in them.
+        self._secret_url = url if "://" in url else _conninfo(params)
+        self._url = redact_url(url)  # postgresql://..., as written
+        if "://" not in url:  # django:ALIAS, or parameters alone: the parameters too
+            shown = redact_url(self._secret_url)
+            self._url = f"{self._url} ({shown})" if self._url and shown else self._url or shown
         s = f'"{self.schema}"'
         self._s = s
         self._lock = threading.RLock()
@@ -1570,17 +1574,16 @@ class PostgresStore(Store):
             alias = url.partition(":")[2] or "default"
             if alias.startswith("//"):
                 raise StoreConfigurationError(
-                    f"beat_claims_url={url!r}: write 'django' or 'django:ALIAS'")
+                    f"beat_claims_url={redact_url(url)!r}: write 'django' or 'django:ALIAS'")
             params = _django_params(alias)
-            description = f"{url} ({_redacted(params)})"
         else:
             try:
                 params = conninfo_to_dict(url)
             except psycopg.ProgrammingError as exc:
-                raise StoreConfigurationError(
-                    f"beat_claims_url: not a PostgreSQL URL: {exc}") from None
-            description = _redacted(params)
-        return cls(params, prefix, history_limit, timeout, description)
+                raise StoreConfigurationError(  # (libpq quotes what it cannot read)
+                    f"beat_claims_url: not a PostgreSQL URL: {redact_text(str(exc), url)}"
+                ) from None
+        return cls(params, prefix, history_limit, timeout, url)
 
     @property
     def description(self) -> str:
@@ -1619,7 +1622,7 @@ class PostgresStore(Store):
         try:
             conn = _Connection.connect(make_conninfo(**self._params), autocommit=True)
         except psycopg.Error as exc:
-            raise _connect_error(exc, self.description) from exc
+            raise_redacted(_connect_error(exc, self.description), self._secret_url, exc)
         try:
             conn.execute(
                 f"SET statement_timeout = {max(1, round(self.timeout * 1000))};"

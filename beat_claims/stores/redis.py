@@ -65,6 +65,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
+from ..urls import raise_redacted, redact_url
 from .base import (
     BackfillRefused,
     BackfillResult,
@@ -96,7 +97,7 @@ from .base import (
     StoreError,
     WorkerProcess,
 )
-from .redis_client import ClusterClient, RedisOptions, connect, redact
+from .redis_client import ClusterClient, RedisOptions, connect
 
 logger = get_logger("celery.beat.claims")
 
@@ -355,7 +356,8 @@ class RedisStore(Store):
         self.single_node = self._cluster is None
         self.prefix = prefix
         self.history_limit = history_limit
-        self._url = redact(url) if url else "redis"
+        self._url = redact_url(url) if url else "redis"
+        self._secret_url = url  # (its secrets are masked in the client's errors)
         self._local = threading.local()
         g = f"{{{prefix}}}"
         self._owners, self._alive, self._epoch = f"{g}:owners", f"{g}:alive", f"{g}:epoch"
@@ -455,7 +457,7 @@ class RedisStore(Store):
             options = [dict(opts) for _, opts in pipe.command_stack]
             replies = list(pipe.execute(raise_on_error=False))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise _store_error(exc) from exc
+            raise_redacted(_store_error(exc), self._secret_url, exc)
         finally:
             pipe.reset()
         refused: dict[int, Any] = {}  # see _resend
@@ -480,7 +482,7 @@ class RedisStore(Store):
                 for i, reply in zip(resend, again.execute(raise_on_error=False)):
                     replies[i] = _answer(i, reply, refused)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise _store_error(exc) from exc
+                raise_redacted(_store_error(exc), self._secret_url, exc)
             finally:
                 self._pipeline()
         return replies
@@ -601,7 +603,8 @@ class RedisStore(Store):
                     replies[i], answered[i] = _answer(i, reply, refused), (reply, node)
         except (redis.ConnectionError, redis.TimeoutError, RedisClusterException,
                 redis.exceptions.ClusterError, redis.exceptions.TryAgainError) as exc:
-            raise _store_error(exc) from exc  # (TRYAGAIN: ClusterClient.execute gave up)
+            # (TRYAGAIN: ClusterClient.execute gave up)
+            raise_redacted(_store_error(exc), self._secret_url, exc)
         for i, reply in enumerate(replies):
             if _not_run(reply, commands[i][0]) is not None:
                 raise StoreError(f"a cluster node keeps refusing the scripts: {reply}")

@@ -49,7 +49,6 @@ master stops answering mid-batch; a dead seed at the first command, within 7 s.
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -65,6 +64,7 @@ from redis.exceptions import AskError, MovedError, TryAgainError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from ..urls import redact_text, redact_url
 from .redis_packer import packer_options
 
 DEFAULT_SENTINEL_PORT = 26379
@@ -138,11 +138,15 @@ def connect(url: str, options: RedisOptions = RedisOptions()) -> redis.Redis | C
     }
     if not url.startswith("sentinel://"):
         # Not Redis.from_url: there the URL's query wins over the arguments given.
-        kwargs = {key: value for key, value in parse_url(url).items() if key not in _OWNED}
+        try:
+            given = parse_url(url)
+        except ValueError as exc:  # (it may quote what it misread: a password's piece)
+            raise ValueError(f"{redact_url(url)}: {redact_text(str(exc), url)}") from None
+        kwargs = {key: value for key, value in given.items() if key not in _OWNED}
         pool = ConnectionPool(**{**kwargs, **common, **packer_options()})
         return redis.Redis.from_pool(pool)  # type: ignore[attr-defined]  # not in types-redis
     if not options.sentinel_master:
-        raise ValueError(f"{redact(url)}: a sentinel:// URL needs the master's name"
+        raise ValueError(f"{redact_url(url)}: a sentinel:// URL needs the master's name"
                          " (beat_claims_sentinel_master, or the broker's"
                          " transport option master_name)")
     parsed = parse_sentinel_url(url)
@@ -350,7 +354,7 @@ def parse_cluster_url(url: str) -> dict[str, Any]:
     redis-py's query options (``ssl_cert_reqs``, ``ssl_ca_certs``...). A cluster has no
     database but 0; options redis-py would drop for a cluster are refused, and the ones
     beat-claims owns (timeouts, retries, decoding) are ignored as for other URLs."""
-    where = redact(url)
+    where = redact_url(url)
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in CLUSTER_SCHEMES:
@@ -362,7 +366,7 @@ def parse_cluster_url(url: str) -> dict[str, Any]:
     try:
         parsed = parse_url(scheme.split("+", 1)[0] + "://" + rest)
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        raise ValueError(f"{where}: {redact_text(str(exc), url)}") from None
     if not parsed.get("host"):
         raise ValueError(f"{where}: no host")
     if parsed.pop("db", 0) != 0:
@@ -392,7 +396,7 @@ def parse_sentinel_url(url: str) -> SentinelURL:
         part = part.strip()
         if not part:
             continue
-        where = redact(part)
+        where = redact_url(part)
         parsed = urlsplit(part)
         if parsed.scheme != "sentinel":
             raise ValueError(f"{where}: every node of a sentinel URL starts with sentinel://")
@@ -415,36 +419,12 @@ def parse_sentinel_url(url: str) -> SentinelURL:
             if value is None:
                 continue
             if found.setdefault(key, value) != value:
-                raise ValueError(f"{redact(url)}: the nodes give different {key}s")
+                raise ValueError(f"{redact_url(url)}: the nodes give different {key}s")
     if not nodes:
-        raise ValueError(f"{redact(url)}: no sentinel in the URL")
+        raise ValueError(f"{redact_url(url)}: no sentinel in the URL")
     return SentinelURL(tuple(nodes), found.get("db", 0), found.get("username"),
                        found.get("password"))
 
 
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#;]*", re.IGNORECASE)
-
-
-def redact(url: str) -> str:
-    """``url`` with every password replaced by ``***``, for logs and error messages.
-
-    Never raises, and masks too much rather than too little on a malformed URL.
-    """
-    out = []
-    for part in url.split(";"):
-        scheme, sep, rest = part.partition("://")
-        if sep:
-            authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-            end = authority.rfind("@")
-            if end < 0 and ":" in rest and "@" in rest:
-                end = rest.rfind("@")  # an unquoted / ? or # in the password
-            userinfo = rest[:end] if end >= 0 else ""
-            if ":" in userinfo:
-                rest = userinfo.split(":", 1)[0] + ":***" + rest[end:]
-            part = scheme + sep + rest
-        out.append(_QUERY_PASSWORD.sub(r"\1***", part))
-    return ";".join(out)
-
-
 __all__ = ["CLUSTER_SCHEMES", "ClusterClient", "RedisOptions", "SentinelURL", "connect",
-           "parse_cluster_url", "parse_sentinel_url", "redact"]
+           "parse_cluster_url", "parse_sentinel_url"]

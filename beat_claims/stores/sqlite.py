@@ -72,6 +72,7 @@ from celery.utils.log import get_logger
 
 from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
+from ..urls import redact_url
 from .base import (
     BackfillRefused,
     BackfillResult,
@@ -542,7 +543,7 @@ def _file_id(path: str) -> tuple[int, int] | None:
 def _path_from_url(url: str) -> str:
     """The file of a ``sqlite:///relative.db`` or ``sqlite:////absolute.db`` URL."""
     scheme, sep, rest = url.partition("://")
-    where = f"beat_claims_url={url!r}"
+    where = f"beat_claims_url={redact_url(url)!r}"
     if scheme.lower() != "sqlite" or not sep:
         raise StoreConfigurationError(f"{where}: not a sqlite:/// URL")
     if "?" in rest or "#" in rest:
@@ -567,7 +568,7 @@ class SQLiteStore(Store):
         self.prefix = prefix
         self.history_limit = history_limit
         self.timeout = max(0.001, float(timeout))
-        self._url = url or f"sqlite:///{path}"
+        self._url = redact_url(url or f"sqlite:///{path}")
         self.tables = Tables.for_prefix(prefix)
         self._sql = _statements(self.tables)
         self._lock = threading.Lock()

@@ -181,7 +181,8 @@ def test_a_long_prefix_gets_a_schema_name_of_at_most_63_bytes() -> None:
 def test_the_description_names_the_schema_and_never_the_password() -> None:
     store = PostgresStore.from_url("postgresql://alice:s3cret@db.example:6543/app?sslmode=require",
                                    "beat-claims")
-    assert store.description == "postgresql://alice@db.example:6543/app (schema 'beat_claims')"
+    assert store.description == ("postgresql://alice:***@db.example:6543/app?sslmode=require"
+                                 " (schema 'beat_claims')")
     assert "s3cret" not in store.description
 
 

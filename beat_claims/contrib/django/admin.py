@@ -49,10 +49,10 @@ from beat_claims.runs import from_ms, iso
 from beat_claims.settings import ConfigurationError, Settings
 from beat_claims.stores import StoreConfigurationError, StoreError
 from beat_claims.stores.base import Store
+from beat_claims.urls import redact_url
 
 from . import status as source
 from .apps import project_app
-from .checks import mask
 from .models import Entry
 
 logger = get_logger("celery.beat.claims")
@@ -449,7 +449,7 @@ class EntryAdmin(admin.ModelAdmin):
             settings = Settings.from_app(project_app())
         except ConfigurationError as exc:
             return f"(misconfigured: {exc})"
-        return f"{mask(settings.url)} (prefix {settings.key_prefix!r})"
+        return f"{redact_url(settings.url)} (prefix {settings.key_prefix!r})"
 
     def _schedules(self, app: Any) -> dict[str, Any]:
         """Entry name -> Celery schedule, as the beats of this site compute them."""

@@ -15,20 +15,16 @@ those must work while Redis is down. ``BEAT_CLAIMS_CHECK_STORE = False`` skips t
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.core import checks
 
+from beat_claims.urls import redact_url
+
 #: Seconds the reachability check waits for the store: ``check`` must not hang.
 STORE_TIMEOUT = 1.0
 TAG = "beat_claims"
-
-
-def mask(url: str) -> str:
-    """The URL with any user and password replaced by ``***``."""
-    return re.sub(r"://[^@/;]*@", "://***@", url)
 
 
 def register() -> None:
@@ -61,7 +57,7 @@ def _check_app(app: Any) -> list[checks.CheckMessage]:
     if _url_missing(app.conf):
         return [checks.Error(
             "beat-claims has no store: CELERY_BEAT_CLAIMS_URL is not set and the broker"
-            f" ({mask(str(app.conf.get('broker_url') or '')) or 'none'}) is not Redis.",
+            f" ({redact_url(str(app.conf.get('broker_url') or '')) or 'none'}) is not Redis.",
             hint="Set CELERY_BEAT_CLAIMS_URL to the store's URL: redis://, rediss://,"
                  " sentinel://, postgresql://, sqlite:///path, or 'django'.",
             id="beat_claims.E001")]
@@ -128,7 +124,7 @@ def _check_store(settings: Any) -> list[checks.CheckMessage]:
         store.owners()
     except Exception as exc:
         return [checks.Warning(
-            f"beat-claims cannot reach its store at {mask(settings.url)}:"
+            f"beat-claims cannot reach its store at {redact_url(settings.url)}:"
             f" {type(exc).__name__}: {exc}",
             hint="Beats send nothing while the store is unreachable. Start the store or fix"
                  " CELERY_BEAT_CLAIMS_URL; BEAT_CLAIMS_CHECK_STORE = False skips this check.",
