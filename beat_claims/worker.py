@@ -22,6 +22,7 @@ task.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -40,7 +41,8 @@ from .enums import RunState
 from .runs import HEADER, iso, process_identity, process_is_gone, to_ms
 from .settings import ConfigurationError, Settings
 from .stores import StoreConfigurationError, open_store
-from .stores.base import Delivery, Outcome, Store, StoreError, WorkerProcess
+from .stores.base import Delivery, Outcome, StartDecision, Store, StoreError, WorkerProcess
+from .worker_liveness import ProcessHeartbeat, StarterVerdict, judge_starter, ttl_of
 
 logger = get_logger("celery.worker.claims")
 
@@ -128,6 +130,11 @@ class _Context:
 
 
 _context = _Context()
+#: This process's liveness record in the store (a thread renews it; a forked child starts
+#: its own).
+_heartbeat = ProcessHeartbeat()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_heartbeat.after_fork_in_child)
 #: Task ids of deliveries refused in this process, while they finish: Celery would record
 #: them STARTED in the result backend over the run's real result.
 _refused: set[str] = set()
@@ -370,15 +377,12 @@ def _decide(sender: Any = None, task_id: str | None = None, task: Any = None,
     process = _process(request)
     delivery = Delivery(entry, due, token, process, int(request.retries or 0),
                         request.id or "")
+    interval = _context.settings.worker_heartbeat_interval
     try:
+        _heartbeat.ensure(store, process, interval)  # (no start without a record)
         decision = store.start(delivery)
-        busy = decision.busy_with
-        if not decision.ok and busy is not None and _starter_gone(task, request.id, busy):
-            logger.warning("beat-claims: %s due %s: the process that started it (%s pid %d)"
-                           " is gone; running this redelivery", entry, iso(due), busy.worker,
-                           busy.pid)
-            decision = store.start(Delivery(entry, due, token, process, delivery.retries,
-                                            request.id or "", takeover=busy))
+        if not decision.ok and decision.busy_with is not None:
+            decision = _when_busy(store, delivery, decision, interval)
     except StoreError as exc:
         _context.failed(f"starting {entry} due {iso(due)} (task {request.id})", exc)
         return
@@ -411,20 +415,31 @@ def fence(task: Task) -> None:
         raise Ignore()
 
 
-def _starter_gone(task: Task, task_id: str, starter: WorkerProcess) -> bool:
-    """Is the process that started this run gone? Same host: by pid and process identity
-    (a pid now held by another process was reused); else ask its node."""
-    worker = starter.worker
-    here = process_is_gone(_host_of(worker), starter.pid, starter.process)
-    if here is not None:
-        return here
-    try:
-        replies = task.app.control.inspect([worker], timeout=1.0).active() or {}
-    except Exception:
-        return False
-    if worker not in replies:
-        return True  # its node does not answer: gone
-    return not any(t.get("id") == task_id for t in replies[worker] or [])
+def _when_busy(store: Store, delivery: Delivery, busy: StartDecision, interval: float
+               ) -> StartDecision:
+    """Another process started this delivery's run: the delivery runs only if that process
+    is gone. On this host, by its pid and process identity (a pid now another process's
+    was reused); elsewhere, from its heartbeat record in the store (see
+    :mod:`beat_claims.worker_liveness`), never by asking it."""
+    starter = busy.busy_with
+    assert starter is not None
+    entry, due = delivery.entry, iso(delivery.due)
+    here = process_is_gone(_host_of(starter.worker), starter.pid, starter.process)
+    if here is False:
+        return busy
+    detail = "its pid is gone on this host"
+    if here is None:
+        logger.info("beat-claims: %s due %s was started by %s pid %d on another host:"
+                    " judging it from its heartbeat in the store (at most %.1fs)", entry, due,
+                    starter.worker, starter.pid, ttl_of(interval) + interval)
+        judgement = judge_starter(store, delivery, busy, interval)
+        if judgement.verdict is not StarterVerdict.GONE:
+            return judgement.decision
+        detail = f"{judgement.detail}, judged in {judgement.waited:.1f}s"
+    logger.warning("beat-claims: %s due %s: the process that started it (%s pid %d) is gone"
+                   " (%s); running this redelivery", entry, due, starter.worker, starter.pid,
+                   detail)
+    return store.start(dataclasses.replace(delivery, takeover=starter))
 
 
 def _host_of(worker: str) -> str:
