@@ -123,6 +123,11 @@ class ProcessHeartbeat:
                 failing_since = None
             renewed, wait = now, interval
 
+    def stop(self) -> None:
+        """No more renewals (the thread ends at its next wake): the record lapses after its
+        TTL, as a process's that ended."""
+        self._pid, self._process = 0, None
+
     def after_fork_in_child(self) -> None:
         """A forked child has no thread of its parent's: it starts its own when it first
         executes, with a lock of its own (one the parent held would never be released)."""

@@ -62,8 +62,14 @@ class Sent:
         self.header = {"entry": entry, "due": iso(due), "token": self.claim.token,
                        "prefix": "beat-claims", "store": hb.store_id}
 
-    def publish(self, app: Celery, task: str, args: list[Any]) -> None:
-        app.send_task(task, args, task_id=self.task_id, headers={"beat_claims": self.header})
+    def publish(self, server: RedisServer, task: str, args: list[Any]) -> None:
+        """Once, as a beat would (the broker redelivers it on its own)."""
+        app = Celery("sender", set_as_current=False, broker=server.broker_url())
+        try:
+            app.send_task(task, args, task_id=self.task_id,
+                          headers={"beat_claims": self.header})
+        finally:
+            app.close()
 
     def record(self) -> Run:
         return next(r for r in self.store.history(self.entry) if r.due == self.due)
@@ -74,14 +80,6 @@ def store_url(request: pytest.FixtureRequest, server: RedisServer,
               tmp_path: Path) -> Iterator[str]:
     with claims_url(request.param, server, tmp_path) as url:
         yield url
-
-
-@pytest.fixture
-def client_app(server: RedisServer) -> Iterator[Celery]:
-    app = Celery("sender", set_as_current=False)
-    app.conf.broker_url = server.broker_url()
-    yield app
-    app.close()
 
 
 def _store(url: str) -> Store:
@@ -118,14 +116,14 @@ def _evidence(f: Fleet, sent: Sent, server: RedisServer) -> str:
             + "\n".join(f"--- {p.args[-1]}\n{f.log(p)[-3000:]}" for p in f.procs))
 
 
-def _alive_and_busy(server: RedisServer, tmp_path: Path, client_app: Celery, url: str,
+def _alive_and_busy(server: RedisServer, tmp_path: Path, url: str,
                     pool: str) -> None:
     """The starter (``pool``, node on host A) runs a 20 s task; the broker redelivers its
     message to a worker on host B: refused there, the body runs once, one start."""
     sent = Sent(_store(url), f"busy-{pool}")
     with _fleet(server, tmp_path, url) as f:
         _worker(f, "w1@hostA", pool)
-        sent.publish(client_app, "proj.slow", [20])
+        sent.publish(server, "proj.slow", [20])
         [first] = wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
         second = _worker(f, "w2@hostB")
         wait_for(lambda: "refusing delivery" in f.log(second)
@@ -143,18 +141,18 @@ def _alive_and_busy(server: RedisServer, tmp_path: Path, client_app: Celery, url
 
 
 def test_a_busy_solo_starter_on_another_host_is_alive_and_its_redelivery_is_refused(
-        server: RedisServer, tmp_path: Path, client_app: Celery, store_url: str) -> None:
-    _alive_and_busy(server, tmp_path, client_app, store_url, "solo")
+        server: RedisServer, tmp_path: Path, store_url: str) -> None:
+    _alive_and_busy(server, tmp_path, store_url, "solo")
 
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_busy_starter_of_a_pool_on_another_host_is_alive_and_its_redelivery_is_refused(
-        server: RedisServer, tmp_path: Path, client_app: Celery, pool: str) -> None:
-    _alive_and_busy(server, tmp_path, client_app, server.url, pool)
+        server: RedisServer, tmp_path: Path, pool: str) -> None:
+    _alive_and_busy(server, tmp_path, server.url, pool)
 
 
 def test_a_killed_starters_redelivery_runs_within_the_bound(
-        server: RedisServer, tmp_path: Path, client_app: Celery, store_url: str) -> None:
+        server: RedisServer, tmp_path: Path, store_url: str) -> None:
     """kill -9 of the starter while it runs: its run's redelivery on another host runs once
     the starter's record lapsed, and within one TTL (+ a poll) of the later of the kill and
     the redelivery's arrival."""
@@ -162,7 +160,7 @@ def test_a_killed_starters_redelivery_runs_within_the_bound(
     sent = Sent(store, "killed")
     with _fleet(server, tmp_path, store_url) as f:
         starter = _worker(f, "w1@hostA")
-        sent.publish(client_app, "proj.slow", [20])
+        sent.publish(server, "proj.slow", [20])
         [first] = wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
         killed_at = time.time()
         os.kill(starter.pid, signal.SIGKILL)
@@ -175,8 +173,8 @@ def test_a_killed_starters_redelivery_runs_within_the_bound(
         runs = wait_for(lambda: [r for r in _rows(server, sent.entry)
                                  if r["hostname"] == "w2@hostB"], 10 * TTL,
                         "the redelivery to run on w2")
-        arrived = [r for r in _rows(server, sent.entry, "received")
-                   if r["hostname"] == "w2@hostB"][0]["at"]
+        arrived = next(r["at"] for r in _rows(server, sent.entry, "received")
+                       if r["hostname"] == "w2@hostB")
         ran = runs[0]["at"]
         evidence = (f"killed at {killed_at:.3f}, redelivery arrived {arrived:.3f}, ran"
                     f" {ran:.3f}; the starter's record lapsed at {record.expires_at / 1000:.3f}"
