@@ -116,14 +116,14 @@ def _evidence(f: Fleet, sent: Sent, server: RedisServer) -> str:
             + "\n".join(f"--- {p.args[-1]}\n{f.log(p)[-3000:]}" for p in f.procs))
 
 
-def _alive_and_busy(server: RedisServer, tmp_path: Path, url: str,
-                    pool: str) -> None:
+def _alive_and_busy(server: RedisServer, tmp_path: Path, url: str, pool: str,
+                    task: str = "proj.slow") -> None:
     """The starter (``pool``, node on host A) runs a 20 s task; the broker redelivers its
     message to a worker on host B: refused there, the body runs once, one start."""
     sent = Sent(_store(url), f"busy-{pool}")
     with _fleet(server, tmp_path, url) as f:
         _worker(f, "w1@hostA", pool)
-        sent.publish(server, "proj.slow", [20])
+        sent.publish(server, task, [20])
         [first] = wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
         second = _worker(f, "w2@hostB")
         wait_for(lambda: "refusing delivery" in f.log(second)
@@ -190,3 +190,34 @@ def test_a_killed_starters_redelivery_runs_within_the_bound(
         assert (run.state, run.worker) == (RunState.STARTED, "w2@hostB"), evidence
         assert run.extra.get("deliveries") == 2, evidence
     assert len(_rows(server, sent.entry)) == 2  # the killed one, and the redelivery
+
+
+def test_a_gevent_starter_whose_task_yields_is_alive_and_its_redelivery_is_refused(
+        server: RedisServer, tmp_path: Path) -> None:
+    """Under gevent the renewing thread is a greenlet: it renews while the task yields (a
+    sleep, I/O), so the starter is judged alive as in the other pools."""
+    pytest.importorskip("gevent")
+    _alive_and_busy(server, tmp_path, server.url, "gevent")
+
+
+def test_a_gevent_starter_whose_task_never_yields_is_taken_for_gone_after_its_ttl(
+        server: RedisServer, tmp_path: Path) -> None:
+    """What the README says a greenlet heartbeat cannot do: a task that never yields to
+    the hub (a loop without I/O or sleep) stops the renewals, and once the record lapsed
+    the redelivery runs beside it."""
+    pytest.importorskip("gevent")
+    store = _store(server.url)
+    sent = Sent(store, "spins")
+    with _fleet(server, tmp_path, server.url) as f:
+        _worker(f, "w1@hostA", "gevent")
+        sent.publish(server, "proj.spin", [6 * TTL])
+        [first] = wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
+        second = _worker(f, "w2@hostB")
+        runs = wait_for(lambda: [r for r in _rows(server, sent.entry)
+                                 if r["hostname"] == "w2@hostB"], 30,
+                        "the redelivery to run on w2")
+        assert "is gone" in f.log(second), _evidence(f, sent, server)
+        # Before w1's task ended: both ran at once.
+        assert not [r for r in _rows(server, sent.entry, "end")
+                    if r["hostname"] == "w1@hostA" and r["at"] < runs[0]["at"]]
+        assert first["hostname"] == "w1@hostA"

@@ -138,6 +138,17 @@ def slow(self: Any, seconds: float = 5.0) -> str:
     return "slept"
 
 
+@app.task(bind=True, name="proj.spin")
+def spin(self: Any, seconds: float = 5.0) -> str:
+    """Busy for ``seconds`` without I/O or sleep: under gevent it never yields to the hub."""
+    _note(self, "run")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pass
+    _note(self, "end")
+    return "spun"
+
+
 @app.task(bind=True, name="proj.alternating")
 def alternating(self: Any) -> str:
     """Occurrences due on an even second take 2.5 s: outcomes arrive out of order."""
