@@ -13,6 +13,10 @@ outcome is ignored, and nothing here moves an entry's checkpoint. A delivery tha
 without an outcome (``Reject``, a task that ``replace``\\ s itself, the user's ``Ignore``)
 gets the record that says what became of it.
 
+Every process that executes fenced deliveries keeps its liveness record in the store; a
+delivery whose run another process started judges that process by it
+(:mod:`beat_claims.worker_liveness`), never by asking it.
+
 The store is asked with a short timeout (``beat_claims_worker_timeout``); after one
 failure this process treats it as down — deliveries run unfenced, logged once — and a
 background probe finds out when it answers again (soon after a blip, at most every 5 s in

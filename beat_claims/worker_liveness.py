@@ -41,7 +41,15 @@ from enum import Enum
 
 from celery.utils.log import get_logger
 
-from .stores.base import Delivery, StartDecision, Store, WorkerLiveness, WorkerProcess
+from .stores.base import (
+    Delivery,
+    StartDecision,
+    Store,
+    StoreError,
+    WorkerLiveness,
+    WorkerLivenessRead,
+    WorkerProcess,
+)
 
 logger = get_logger("celery.worker.claims")
 
@@ -154,37 +162,50 @@ def judge_starter(store: Store, delivery: Delivery, busy: StartDecision, interva
                   sleep: Callable[[float], None] = time.sleep) -> Judgement:
     """Is the process that started this delivery's run (``busy.busy_with``) gone? Judged
     from its record in the store alone, polled every :func:`poll_pace` for at most its TTL
-    plus one interval (see the module docstring). StoreError when the store fails."""
+    plus one interval (see the module docstring).
+
+    A read whose reply is lost is asked again at the next poll (a read changes nothing);
+    StoreError when none answered by the end. A start that fails raises at once: its lost
+    reply may have started the run for this very delivery (asked again, the store would
+    answer "already started by this process"), so the worker treats it as any failed
+    start."""
     starter = busy.busy_with
     assert starter is not None
     began = clock()
-    read = store.worker_liveness([starter])
-    first = read.records[0]
-    # The starter's own TTL when its record tells it (another setting than ours).
-    ttl = max(ttl_of(interval), _ttl_of(first))
-    beat = ttl / 3
-    decision = busy
+    ttl = ttl_of(interval)
+    first: WorkerLiveness | None = None  # the record as the judgement first read it
+    have_first = False
+    failure: StoreError | None = None
     while True:
-        record = read.records[0]
+        try:
+            read: WorkerLivenessRead | None = store.worker_liveness([starter])
+        except StoreError as exc:
+            read, failure = None, exc
         waited = clock() - began
-        if record is not None and (first is None or record.renewed_at > first.renewed_at):
-            return Judgement(StarterVerdict.ALIVE, _refusal(busy, "which is alive (its"
-                             " heartbeat was renewed while this delivery waited)"),
-                             "renewed", waited)
-        fresh = record is not None and record.alive(read.now)
-        if not fresh and waited >= beat:
-            detail = ("it has no heartbeat record" if record is None else
-                      f"its heartbeat lapsed {(read.now - record.expires_at) / 1000:.1f}s"
-                      f" ago")
-            return Judgement(StarterVerdict.GONE, decision, detail, waited)
-        if waited >= ttl + beat:  # the store's clock disagrees with ours: it says fresh
+        if read is not None:
+            failure, record = None, read.records[0]
+            if not have_first:
+                # The starter's own TTL when its record tells it (another setting than ours).
+                first, have_first, ttl = record, True, max(ttl, _ttl_of(record))
+            elif record is not None and (first is None or record.renewed_at > first.renewed_at):
+                return Judgement(StarterVerdict.ALIVE, _refusal(busy, "which is alive (its"
+                                 " heartbeat was renewed while this delivery waited)"),
+                                 "renewed", waited)
+            if (record is None or not record.alive(read.now)) and waited >= ttl / 3:
+                detail = ("it has no heartbeat record" if record is None else
+                          f"its heartbeat lapsed {(read.now - record.expires_at) / 1000:.1f}s"
+                          f" ago")
+                return Judgement(StarterVerdict.GONE, busy, detail, waited)
+        if waited >= ttl + ttl / 3:
+            if failure is not None:
+                raise failure
+            # The store's clock disagrees with ours: it still holds the record fresh.
             return Judgement(StarterVerdict.ALIVE, _refusal(busy, "whose heartbeat the"
                              " store still holds fresh"), "fresh", waited)
         sleep(poll_pace(interval))
         decision = store.start(delivery)
         if decision.ok or decision.busy_with != starter:
             return Judgement(StarterVerdict.SETTLED, decision, "settled", clock() - began)
-        read = store.worker_liveness([starter])
 
 
 def _ttl_of(record: WorkerLiveness | None) -> float:

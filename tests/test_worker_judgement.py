@@ -16,8 +16,8 @@ from celery import Celery
 
 from beat_claims.enums import RunState, StartVerdict
 from beat_claims.settings import ConfigurationError, Settings
-from beat_claims.stores.base import Claim, Outcome, Store
-from beat_claims.stores.redis import RedisStore
+from beat_claims.stores.base import Claim, Outcome, Store, StoreError
+from beat_claims.stores.redis import RedisStore, function_name
 from beat_claims.stores.sqlite import SQLiteStore
 from beat_claims.worker_liveness import (
     Judgement,
@@ -30,6 +30,7 @@ from beat_claims.worker_liveness import (
 
 from .conftest import RedisServer
 from .contract.helpers import A, delivery, one_claim, process, send, started
+from .faults import Proxy, proxy
 
 INTERVAL = 0.2
 TTL = ttl_of(INTERVAL)
@@ -157,6 +158,56 @@ def test_a_process_heartbeat_is_written_before_ensure_returns_and_renewed_after(
     [last] = store.worker_liveness([STARTER]).records
     time.sleep(INTERVAL * 2)
     assert store.worker_liveness([STARTER]).records == (last,), "renewed after stop()"
+
+
+# -- lost replies (Redis, through a proxy that loses the reply after the server acted) --------
+@pytest.fixture
+def lossy(server: RedisServer) -> Iterator[tuple[RedisStore, RedisStore, Proxy]]:
+    """A store whose replies the proxy may lose, and a plain one on the same server."""
+    with proxy(server.port) as p:
+        through, plain = (RedisStore.from_url(url, "bc-judgement")
+                          for url in (p.url(), server.url))
+        yield through, plain, p
+        through.close()
+        plain.close()
+
+
+def test_a_heartbeat_whose_reply_was_lost_was_written_and_is_written_again(
+        lossy: tuple[RedisStore, RedisStore, Proxy], starter_beats: ProcessHeartbeat) -> None:
+    through, plain, p = lossy
+    p.drop_reply_to(function_name("worker_heartbeat"))
+    with pytest.raises(StoreError):  # the worker runs that delivery unfenced, as on any failure
+        starter_beats.ensure(through, STARTER, INTERVAL)
+    [written] = plain.worker_liveness([STARTER]).records
+    assert written is not None, "the server acted: the record is there"
+    starter_beats.ensure(through, STARTER, INTERVAL)  # the next delivery: written again
+    [again] = plain.worker_liveness([STARTER]).records
+    assert again is not None and again.renewed_at >= written.renewed_at
+
+
+def test_a_renewal_whose_reply_was_lost_is_renewed_again_and_never_lapses(
+        lossy: tuple[RedisStore, RedisStore, Proxy], starter_beats: ProcessHeartbeat) -> None:
+    through, plain, p = lossy
+    starter_beats.ensure(through, STARTER, INTERVAL)
+    p.drop_reply_to(function_name("worker_heartbeat"), times=2)
+    deadline = time.monotonic() + 4 * INTERVAL + MARGIN
+    while p.pending() or time.monotonic() < deadline - MARGIN:
+        read = plain.worker_liveness([STARTER])
+        assert read.records[0] is not None and read.records[0].alive(read.now), read
+        assert time.monotonic() < deadline, "the lost replies were never asked"
+        time.sleep(0.02)
+
+
+def test_a_read_whose_reply_was_lost_while_judging_is_asked_again(
+        lossy: tuple[RedisStore, RedisStore, Proxy], starter_beats: ProcessHeartbeat) -> None:
+    through, plain, p = lossy
+    starter_beats.ensure(plain, STARTER, INTERVAL)
+    c = started_by_starter(plain)
+    busy = through.start(delivery(c, RECEIVER))
+    p.drop_reply_to(through.worker_key(STARTER))  # the judgement's first read of the record
+    judgement = judge_starter(through, delivery(c, RECEIVER), busy, INTERVAL)
+    assert p.pending() == 0
+    assert judgement.verdict is StarterVerdict.ALIVE, judgement
 
 
 # -- the setting ----------------------------------------------------------------------------
