@@ -386,7 +386,8 @@ def _decide(sender: Any = None, task_id: str | None = None, task: Any = None,
         _heartbeat.ensure(store, process, interval)  # (no start without a record)
         decision = store.start(delivery)
         if not decision.ok and decision.busy_with is not None:
-            decision = _when_busy(store, delivery, decision, interval)
+            decision = _when_busy(store, delivery, decision, interval,
+                                  _time_left(task, request))
     except StoreError as exc:
         _context.failed(f"starting {entry} due {iso(due)} (task {request.id})", exc)
         return
@@ -419,8 +420,18 @@ def fence(task: Task) -> None:
         raise Ignore()
 
 
-def _when_busy(store: Store, delivery: Delivery, busy: StartDecision, interval: float
-               ) -> StartDecision:
+def _time_left(task: Any, request: Any) -> float | None:
+    """What the delivery's time limits (the shorter of hard and soft, of the message or
+    the task) leave a judgement of its starter: a second less, and never below zero. A
+    judgement killed by the limit would leave the delivery undecided: it would run."""
+    hard, soft = tuple(getattr(request, "timelimit", None) or (None, None))[:2]
+    limits = [float(x) for x in (hard or getattr(task, "time_limit", None),
+                                 soft or getattr(task, "soft_time_limit", None)) if x]
+    return max(0.0, min(limits) - 1.0) if limits else None
+
+
+def _when_busy(store: Store, delivery: Delivery, busy: StartDecision, interval: float,
+               limit: float | None = None) -> StartDecision:
     """Another process started this delivery's run: the delivery runs only if that process
     is gone. On this host, by its pid and process identity (a pid now another process's
     was reused); elsewhere, from its heartbeat record in the store (see
@@ -436,7 +447,13 @@ def _when_busy(store: Store, delivery: Delivery, busy: StartDecision, interval: 
         logger.info("beat-claims: %s due %s was started by %s pid %d on another host:"
                     " judging it from its heartbeat in the store (at most %.1fs)", entry, due,
                     starter.worker, starter.pid, ttl_of(interval) + interval)
-        judgement = judge_starter(store, delivery, busy, interval)
+        judgement = judge_starter(store, delivery, busy, interval, limit)
+        if judgement.verdict is StarterVerdict.CUT_SHORT:
+            logger.warning("beat-claims: %s due %s: refusing this redelivery after %.1fs: its"
+                           " time limit ends the wait before the heartbeat of %s pid %d could"
+                           " lapse (give workers a beat_claims_worker_heartbeat_interval below"
+                           " a quarter of the task's time limit)", entry, due,
+                           judgement.waited, starter.worker, starter.pid)
         if judgement.verdict is not StarterVerdict.GONE:
             return judgement.decision
         detail = f"{judgement.detail}, judged in {judgement.waited:.1f}s"

@@ -147,6 +147,9 @@ class StarterVerdict(str, Enum):
     ALIVE = "alive"  # renewed since the judgement began: the delivery is refused
     GONE = "gone"  # lapsed or missing, not renewed for an interval: the delivery takes over
     SETTLED = "settled"  # the run no longer waits on it: the latest start's answer stands
+    #: The delivery's time limit ended the wait first (a fresh record, not renewed): the
+    #: delivery is refused rather than killed by its limit in the middle of the judgement.
+    CUT_SHORT = "cut short"
 
 
 @dataclass(frozen=True)
@@ -158,11 +161,12 @@ class Judgement:
 
 
 def judge_starter(store: Store, delivery: Delivery, busy: StartDecision, interval: float,
-                  clock: Callable[[], float] = time.monotonic,
+                  limit: float | None = None, clock: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep) -> Judgement:
     """Is the process that started this delivery's run (``busy.busy_with``) gone? Judged
     from its record in the store alone, polled every :func:`poll_pace` for at most its TTL
-    plus one interval (see the module docstring).
+    plus one interval (see the module docstring), and at most ``limit`` seconds (what the
+    delivery's time limit leaves it: CUT_SHORT then, unless a verdict came first).
 
     A read whose reply is lost is asked again at the next poll (a read changes nothing);
     StoreError when none answered by the end. A start that fails raises at once: its lost
@@ -196,6 +200,11 @@ def judge_starter(store: Store, delivery: Delivery, busy: StartDecision, interva
                           f"its heartbeat lapsed {(read.now - record.expires_at) / 1000:.1f}s"
                           f" ago")
                 return Judgement(StarterVerdict.GONE, busy, detail, waited)
+        if limit is not None and waited >= limit:
+            return Judgement(StarterVerdict.CUT_SHORT, _refusal(busy, "whose heartbeat was"
+                             f" not renewed, nor lapsed, within the {limit:.1f}s this"
+                             " delivery's time limit leaves the judgement"), "cut short",
+                             waited)
         if waited >= ttl + ttl / 3:
             if failure is not None:
                 raise failure

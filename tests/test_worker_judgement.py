@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from beat_claims.settings import ConfigurationError, Settings
 from beat_claims.stores.base import Claim, Outcome, Store, StoreError
 from beat_claims.stores.redis import RedisStore, function_name
 from beat_claims.stores.sqlite import SQLiteStore
+from beat_claims.worker import _time_left
 from beat_claims.worker_liveness import (
     Judgement,
     ProcessHeartbeat,
@@ -139,6 +141,40 @@ def test_a_run_given_back_while_it_waits_is_started_by_the_waiting_delivery(
     judgement, _ = judge(store, c)
     assert judgement.verdict is StarterVerdict.SETTLED, judgement
     assert judgement.decision.verdict is StartVerdict.RUN
+
+
+def test_a_time_limit_shorter_than_the_wait_cuts_it_short_and_refuses(store: Store) -> None:
+    """A delivery killed by its time limit in the middle of the judgement would run (the
+    judgement is made in task_prerun): the judgement ends first, and refuses."""
+    store.worker_heartbeat(STARTER, TTL)
+    c = started_by_starter(store)
+    busy = store.start(delivery(c, RECEIVER))
+    began = time.monotonic()
+    judgement = judge_starter(store, delivery(c, RECEIVER), busy, INTERVAL, limit=0.1)
+    assert judgement.verdict is StarterVerdict.CUT_SHORT, judgement
+    assert judgement.decision.verdict is StartVerdict.BUSY
+    assert "time limit" in judgement.decision.why
+    assert time.monotonic() - began <= 0.1 + POLL + MARGIN
+
+
+@pytest.mark.parametrize(("message", "hard", "soft", "left"), [
+    (None, None, None, None),
+    (None, 10, None, 9.0),
+    (None, 10, 6, 5.0),
+    ((4, None), 10, 6, 3.0),
+    ((None, 2), None, None, 1.0),
+    ((0.5, None), None, None, 0.0),
+])
+def test_the_time_a_judgement_may_take_is_the_shorter_time_limit_less_a_second(
+        message: tuple[float | None, float | None] | None, hard: float | None,
+        soft: float | None, left: float | None) -> None:
+    app = Celery("t", set_as_current=False)
+
+    @app.task(time_limit=hard, soft_time_limit=soft)
+    def limited() -> None: ...
+
+    request = types.SimpleNamespace(timelimit=message)
+    assert _time_left(limited, request) == left
 
 
 def test_a_process_heartbeat_is_written_before_ensure_returns_and_renewed_after(
