@@ -88,8 +88,8 @@ def _store(url: str) -> Store:
     return open_store(Settings.from_app(app))
 
 
-def _fleet(server: RedisServer, tmp_path: Path, url: str) -> Any:
-    conf = {"beat_claims_url": url, "beat_claims_worker_heartbeat_interval": INTERVAL,
+def _fleet(server: RedisServer, tmp_path: Path, url: str, **more: Any) -> Any:
+    conf = {**more, "beat_claims_url": url, "beat_claims_worker_heartbeat_interval": INTERVAL,
             "broker_transport_options": {"visibility_timeout": VISIBILITY,
                                          "unacked_restore_interval": 0.5,
                                          "unacked_restore_throttle": 1},
@@ -117,11 +117,11 @@ def _evidence(f: Fleet, sent: Sent, server: RedisServer) -> str:
 
 
 def _alive_and_busy(server: RedisServer, tmp_path: Path, url: str, pool: str,
-                    task: str = "proj.slow") -> None:
+                    task: str = "proj.slow", **conf: Any) -> None:
     """The starter (``pool``, node on host A) runs a 20 s task; the broker redelivers its
     message to a worker on host B: refused there, the body runs once, one start."""
     sent = Sent(_store(url), f"busy-{pool}")
-    with _fleet(server, tmp_path, url) as f:
+    with _fleet(server, tmp_path, url, **conf) as f:
         _worker(f, "w1@hostA", pool)
         sent.publish(server, task, [20])
         [first] = wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
@@ -145,10 +145,16 @@ def test_a_busy_solo_starter_on_another_host_is_alive_and_its_redelivery_is_refu
     _alive_and_busy(server, tmp_path, store_url, "solo")
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize(("pool", "conf"), [
+    ("prefork", {}),
+    ("prefork", {"worker_pool_start_method": "spawn"}),
+    ("threads", {}),
+], ids=["prefork-fork", "prefork-spawn", "threads"])
 def test_a_busy_starter_of_a_pool_on_another_host_is_alive_and_its_redelivery_is_refused(
-        server: RedisServer, tmp_path: Path, pool: str) -> None:
-    _alive_and_busy(server, tmp_path, server.url, pool)
+        server: RedisServer, tmp_path: Path, pool: str, conf: dict[str, Any]) -> None:
+    """Each pool child executes, so each child beats: its thread starts in the child (after
+    the fork, or in a spawned child) and renews while the task runs."""
+    _alive_and_busy(server, tmp_path, server.url, pool, **conf)
 
 
 def test_a_killed_starters_redelivery_runs_within_the_bound(
