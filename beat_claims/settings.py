@@ -36,7 +36,8 @@ SETTINGS = ("url", "key_prefix", "sentinel_master", "heartbeat_interval", "recla
             "catch_up", "max_catch_up", "catch_up_window", "catch_up_grace", "overlap",
             "run_timeout", "history_limit", "publish_retries", "result_backend_recovery",
             "recovery_batch", "metrics_port", "entry_claims", "worker_timeout", "jitter",
-            "worker_unprotected", "backfill_limit", "health_grace", "claim_ahead")
+            "worker_unprotected", "backfill_limit", "health_grace", "claim_ahead",
+            "worker_heartbeat_interval")
 
 E = TypeVar("E", bound=Enum)
 
@@ -75,6 +76,9 @@ class Settings:
     publish_retries: int = 3
     worker_timeout: float = 1.0
     worker_unprotected: bool = False
+    #: How often a worker process renews its liveness record in the store (its TTL: three
+    #: intervals): what a redelivery of a run it started judges it by.
+    worker_heartbeat_interval: float = 5.0
     #: Claim a burst's next chunk in a thread while the current one is sent: True, False,
     #: or None (``"auto"``): when this process may use two cores more than the beats alive
     #: on its host.
@@ -151,6 +155,8 @@ class Settings:
                                     conf.get("beat_claims_worker_timeout", 1.0)),
             worker_unprotected=_flag("beat_claims_worker_unprotected",
                                      conf.get("beat_claims_worker_unprotected", False)),
+            worker_heartbeat_interval=_worker_heartbeat_interval(
+                conf.get("beat_claims_worker_heartbeat_interval", 5.0)),
             claim_ahead=_auto_flag("beat_claims_claim_ahead",
                                    conf.get("beat_claims_claim_ahead", "auto")),
             sentinel_master=master,
@@ -266,6 +272,22 @@ def _seconds(name: str, value: Any) -> float:
     seconds = _number(name, value)
     if not seconds > 0:
         raise ConfigurationError(f"{name}={value!r}: must be greater than 0 seconds")
+    return seconds
+
+
+#: The worker heartbeat interval accepted: a redelivery may wait four intervals in the
+#: receiving process (a TTL and one interval) before it is run or refused.
+WORKER_HEARTBEAT_RANGE = (0.1, 60.0)
+
+
+def _worker_heartbeat_interval(value: Any) -> float:
+    name = "beat_claims_worker_heartbeat_interval"
+    seconds = _seconds(name, value)
+    low, high = WORKER_HEARTBEAT_RANGE
+    if not low <= seconds <= high:
+        raise ConfigurationError(
+            f"{name}={value!r}: must be between {low} and {high:.0f} seconds (a redelivery"
+            " may wait four intervals for the process that started its run)")
     return seconds
 
 

@@ -13,6 +13,10 @@ outcome is ignored, and nothing here moves an entry's checkpoint. A delivery tha
 without an outcome (``Reject``, a task that ``replace``\\ s itself, the user's ``Ignore``)
 gets the record that says what became of it.
 
+Every process that executes fenced deliveries keeps its liveness record in the store; a
+delivery whose run another process started judges that process by it
+(:mod:`beat_claims.worker_liveness`), never by asking it.
+
 The store is asked with a short timeout (``beat_claims_worker_timeout``); after one
 failure this process treats it as down — deliveries run unfenced, logged once — and a
 background probe finds out when it answers again (soon after a blip, at most every 5 s in
@@ -22,6 +26,7 @@ task.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -40,7 +45,8 @@ from .enums import RunState
 from .runs import HEADER, iso, process_identity, process_is_gone, to_ms
 from .settings import ConfigurationError, Settings
 from .stores import StoreConfigurationError, open_store
-from .stores.base import Delivery, Outcome, Store, StoreError, WorkerProcess
+from .stores.base import Delivery, Outcome, StartDecision, Store, StoreError, WorkerProcess
+from .worker_liveness import ProcessHeartbeat, StarterVerdict, judge_starter, ttl_of
 
 logger = get_logger("celery.worker.claims")
 
@@ -128,6 +134,11 @@ class _Context:
 
 
 _context = _Context()
+#: This process's liveness record in the store (a thread renews it; a forked child starts
+#: its own).
+_heartbeat = ProcessHeartbeat()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_heartbeat.after_fork_in_child)
 #: Task ids of deliveries refused in this process, while they finish: Celery would record
 #: them STARTED in the result backend over the run's real result.
 _refused: set[str] = set()
@@ -370,15 +381,13 @@ def _decide(sender: Any = None, task_id: str | None = None, task: Any = None,
     process = _process(request)
     delivery = Delivery(entry, due, token, process, int(request.retries or 0),
                         request.id or "")
+    interval = _context.settings.worker_heartbeat_interval
     try:
+        _heartbeat.ensure(store, process, interval)  # (no start without a record)
         decision = store.start(delivery)
-        busy = decision.busy_with
-        if not decision.ok and busy is not None and _starter_gone(task, request.id, busy):
-            logger.warning("beat-claims: %s due %s: the process that started it (%s pid %d)"
-                           " is gone; running this redelivery", entry, iso(due), busy.worker,
-                           busy.pid)
-            decision = store.start(Delivery(entry, due, token, process, delivery.retries,
-                                            request.id or "", takeover=busy))
+        if not decision.ok and decision.busy_with is not None:
+            decision = _when_busy(store, delivery, decision, interval,
+                                  _time_left(task, request))
     except StoreError as exc:
         _context.failed(f"starting {entry} due {iso(due)} (task {request.id})", exc)
         return
@@ -411,20 +420,47 @@ def fence(task: Task) -> None:
         raise Ignore()
 
 
-def _starter_gone(task: Task, task_id: str, starter: WorkerProcess) -> bool:
-    """Is the process that started this run gone? Same host: by pid and process identity
-    (a pid now held by another process was reused); else ask its node."""
-    worker = starter.worker
-    here = process_is_gone(_host_of(worker), starter.pid, starter.process)
-    if here is not None:
-        return here
-    try:
-        replies = task.app.control.inspect([worker], timeout=1.0).active() or {}
-    except Exception:
-        return False
-    if worker not in replies:
-        return True  # its node does not answer: gone
-    return not any(t.get("id") == task_id for t in replies[worker] or [])
+def _time_left(task: Any, request: Any) -> float | None:
+    """What the delivery's time limits (the shorter of hard and soft, of the message or
+    the task) leave a judgement of its starter: a second less, and never below zero. A
+    judgement killed by the limit would leave the delivery undecided: it would run."""
+    hard, soft = tuple(getattr(request, "timelimit", None) or (None, None))[:2]
+    limits = [float(x) for x in (hard or getattr(task, "time_limit", None),
+                                 soft or getattr(task, "soft_time_limit", None)) if x]
+    return max(0.0, min(limits) - 1.0) if limits else None
+
+
+def _when_busy(store: Store, delivery: Delivery, busy: StartDecision, interval: float,
+               limit: float | None = None) -> StartDecision:
+    """Another process started this delivery's run: the delivery runs only if that process
+    is gone. On this host, by its pid and process identity (a pid now another process's
+    was reused); elsewhere, from its heartbeat record in the store (see
+    :mod:`beat_claims.worker_liveness`), never by asking it."""
+    starter = busy.busy_with
+    assert starter is not None
+    entry, due = delivery.entry, iso(delivery.due)
+    here = process_is_gone(_host_of(starter.worker), starter.pid, starter.process)
+    if here is False:
+        return busy
+    detail = "its pid is gone on this host"
+    if here is None:
+        logger.info("beat-claims: %s due %s was started by %s pid %d on another host:"
+                    " judging it from its heartbeat in the store (at most %.1fs)", entry, due,
+                    starter.worker, starter.pid, ttl_of(interval) + interval)
+        judgement = judge_starter(store, delivery, busy, interval, limit)
+        if judgement.verdict is StarterVerdict.CUT_SHORT:
+            logger.warning("beat-claims: %s due %s: refusing this redelivery after %.1fs: its"
+                           " time limit ends the wait before the heartbeat of %s pid %d could"
+                           " lapse (give workers a beat_claims_worker_heartbeat_interval below"
+                           " a quarter of the task's time limit)", entry, due,
+                           judgement.waited, starter.worker, starter.pid)
+        if judgement.verdict is not StarterVerdict.GONE:
+            return judgement.decision
+        detail = f"{judgement.detail}, judged in {judgement.waited:.1f}s"
+    logger.warning("beat-claims: %s due %s: the process that started it (%s pid %d) is gone"
+                   " (%s); running this redelivery", entry, due, starter.worker, starter.pid,
+                   detail)
+    return store.start(dataclasses.replace(delivery, takeover=starter))
 
 
 def _host_of(worker: str) -> str:

@@ -27,9 +27,13 @@ What the contract promises, and every backend's contract suite checks
 from __future__ import annotations
 
 import abc
+import hashlib
+import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from ..enums import Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run
@@ -447,6 +451,88 @@ class Heartbeat:
     :meth:`Store.live_runs` would). None otherwise."""
 
 
+# -- worker processes' liveness -----------------------------------------------------------
+#: How long the store keeps a worker process's record after it lapsed (seconds), unless the
+#: store's ``worker_records_kept`` says otherwise: then it is removed (by expiry, or a
+#: bounded clean-up at each heartbeat), so the records are those of the processes of the
+#: last minutes, whatever the number of processes that ever ran.
+WORKER_RECORDS_KEPT = 600.0
+
+
+@dataclass(frozen=True)
+class WorkerLiveness:
+    """A worker process's heartbeat as the store holds it: when it was last renewed and when
+    it lapses (the store's clock, UTC ms). The process renews it in the background while it
+    lives; a redelivery of a run it started judges it by this record alone, never by asking
+    the process (a worker running a task under ``-P solo`` cannot answer)."""
+
+    process: WorkerProcess
+    renewed_at: int
+    expires_at: int
+
+    def alive(self, now: int) -> bool:
+        """Whether the record is fresh at the store instant ``now``."""
+        return now < self.expires_at
+
+
+def worker_id(process: WorkerProcess) -> str:
+    """The id of a worker process's record: a digest of the whole triple (any text in the
+    node name, and a fixed length for a key or a column)."""
+    text = json.dumps([process.worker, process.pid, process.process])
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def worker_ttl_ms(ttl: float) -> int:
+    """A worker heartbeat's ttl in whole ms; refused where it enters when it is not a finite
+    number of seconds > 0."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not (
+            math.isfinite(ttl) and ttl > 0):
+        raise ValueError(f"a worker heartbeat's ttl must be a finite number of seconds > 0,"
+                         f" not {ttl!r}")
+    return max(1, round(ttl * 1000))
+
+
+@dataclass(frozen=True)
+class WorkerLivenessRead:
+    """The records of the processes asked for, in their order (None: the store has none
+    that can be read: never written, removed long after it lapsed, lost, or unreadable),
+    and the store's clock when it read them."""
+
+    now: int
+    records: tuple[WorkerLiveness | None, ...]
+
+
+def read_worker_record(process: WorkerProcess, raw: Any) -> WorkerLiveness | None:
+    """A worker process's stored record (JSON text, or its object: ``worker``, ``pid``,
+    ``process``, ``renewed_at``, ``expires_at``); None when there is none or it cannot be
+    read (not JSON, a field missing or not a number, another process's): a bad record is
+    never taken for a live process."""
+    if not raw or isinstance(raw, Exception):
+        return None
+    try:
+        data = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+        renewed, expires = data["renewed_at"], data["expires_at"]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v) and abs(v) < 2**62 for v in (renewed, expires)):
+            return None
+        if (data["worker"], data["pid"], data["process"]) != (
+                process.worker, process.pid, process.process):
+            return None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return WorkerLiveness(process, int(renewed), int(expires))
+
+
+def written_worker_record(process: WorkerProcess, reply: Any) -> WorkerLiveness:
+    """The record a worker heartbeat answers as written; any other reply is the store's
+    fault (StoreError), never a record taken on trust."""
+    record = read_worker_record(process, reply)
+    if record is None:
+        raise StoreError(f"the store's reply to a worker heartbeat is no record:"
+                         f" {reply!r:.200}")
+    return record
+
+
 # -- the contract -------------------------------------------------------------------------
 class Store(abc.ABC):
     """One backend of the shared truth. See the module docstring for what every method
@@ -622,6 +708,27 @@ class Store(abc.ABC):
     def description(self) -> str:
         """The store for logs and status: its URL without secrets, and its key prefix."""
 
+    # workers: liveness of the processes that execute deliveries
+    #: Seconds a worker process's record is kept after it lapsed (see WORKER_RECORDS_KEPT).
+    worker_records_kept: float = WORKER_RECORDS_KEPT
+
+    @property
+    def worker_records_kept_ms(self) -> int:
+        return max(0, round(self.worker_records_kept * 1000))
+
+    @abc.abstractmethod
+    def worker_heartbeat(self, process: WorkerProcess, ttl: float) -> WorkerLiveness:
+        """``process`` is alive for ``ttl`` more seconds: its record is renewed from the
+        store's clock and answered as written. Records lapsed more than
+        ``worker_records_kept`` ago are removed. Calling again (a lost reply) renews it
+        again. A record of the process that cannot be read is replaced."""
+
+    @abc.abstractmethod
+    def worker_liveness(self, processes: Sequence[WorkerProcess]) -> WorkerLivenessRead:
+        """The records of ``processes`` (each the exact triple: node name, pid and process
+        identity; another process with the same name and pid has a record of its own), and
+        the store's clock. A record that cannot be read is None, and the others are read."""
+
 
 __all__ = [
     "BackfillRefused", "BackfillResult", "Check", "CheckResult", "CheckVerdict", "Claim",
@@ -631,3 +738,6 @@ __all__ = [
     "Store",
     "StoreConfigurationError", "StoreError", "WorkerProcess", "in_last_pause",
 ]
+__all__ += ["WORKER_RECORDS_KEPT", "WorkerLiveness", "WorkerLivenessRead",
+            "read_worker_record", "worker_id",
+            "worker_ttl_ms", "written_worker_record"]

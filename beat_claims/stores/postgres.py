@@ -20,6 +20,9 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
                an index never disagrees with its record
 ``tasks``      task id -> the run it was started for (token): goes with the run (cascade)
 ``ident``      the store's id (one row), kept as long as the store keeps its records
+``workers``    worker processes: id (``worker_id``) -> ``record`` (jsonb: node name, pid,
+               process identity, renewed_at, expires_at), expires_at (removed
+               ``worker_records_kept`` after it lapsed, by the heartbeats)
 functions      one per transition (register, claim, check, sent, release, reclaim, start,
                requeue, finish, request, backfill, pause, resume, forget, heartbeat) and
                their helpers (trim, anchor_instant, busy: what the overlap policies wait
@@ -105,7 +108,13 @@ from .base import (
     Store,
     StoreConfigurationError,
     StoreError,
+    WorkerLiveness,
+    WorkerLivenessRead,
     WorkerProcess,
+    read_worker_record,
+    worker_id,
+    worker_ttl_ms,
+    written_worker_record,
 )
 from .redis import ANCHOR_SHARED_MS, FORGET_OWNERS_MS, WEEK_MS
 
@@ -114,7 +123,7 @@ logger = get_logger("celery.beat.claims")
 T = TypeVar("T")
 
 #: The layout's version. A change to a table or a function gets a new one and a migration.
-LAYOUT = 5
+LAYOUT = 6
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version). A function whose arguments change must be dropped
 #: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
@@ -143,6 +152,9 @@ DROP FUNCTION IF EXISTS {s}.resume(text, text);
     # 5: register() also puts a later-token sent run over an earlier send no worker started
     # (two backfills of one instant, restored from an older copy): functions only.
     4: "SELECT 1;",
+    # 6: the liveness of worker processes (the workers table, worker_heartbeat()): created
+    # by the DDL installed after the migrations.
+    5: "SELECT 1;",
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
 #: casts, EXECUTE FUNCTION triggers; tested on 15).
@@ -1394,8 +1406,44 @@ END $$;
 """
 
 
+# The liveness of the worker processes that execute deliveries (a table and a function of
+# their own, installed with the rest).
+_WORKERS_DDL = """
+CREATE TABLE IF NOT EXISTS {s}.workers (
+  id text PRIMARY KEY,
+  record jsonb NOT NULL,
+  expires_at bigint NOT NULL);
+CREATE INDEX IF NOT EXISTS workers_expiry ON {s}.workers (expires_at);
+
+-- worker_heartbeat.lua: the worker process p_id is alive for p_ttl more; its record says
+-- who it is, when it was renewed and when it lapses (the database's clock). Records lapsed
+-- more than p_keep ago are removed, a hundred at most a call, never waiting for another
+-- heartbeat doing the same. Its commit need not wait for the WAL flush: a crash loses at
+-- most the last renewals (a record a little older), which the next renews.
+CREATE OR REPLACE FUNCTION {s}.worker_heartbeat(p_id text, p_worker text, p_pid bigint,
+                                                p_process text, p_ttl bigint, p_keep bigint)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  v_now bigint;
+  v_record jsonb;
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
+  DELETE FROM {s}.workers WHERE id IN (
+    SELECT w.id FROM {s}.workers w WHERE w.expires_at < {s}.now_ms() - p_keep
+      AND w.id <> p_id ORDER BY w.expires_at LIMIT 100 FOR UPDATE SKIP LOCKED);
+  PERFORM 1 FROM {s}.workers w WHERE w.id = p_id FOR UPDATE;
+  v_now := {s}.now_ms();  -- once the row it writes is locked
+  v_record := jsonb_build_object('worker', p_worker, 'pid', p_pid, 'process', p_process,
+                                 'renewed_at', v_now, 'expires_at', v_now + p_ttl);
+  INSERT INTO {s}.workers AS w (id, record, expires_at) VALUES (p_id, v_record, v_now + p_ttl)
+    ON CONFLICT (id) DO UPDATE SET record = excluded.record, expires_at = excluded.expires_at;
+  RETURN v_record;
+END $$;
+"""
+
+
 def _ddl(schema: str) -> str:
-    return _DDL.format_map(_sql_names(schema))
+    return (_DDL + _WORKERS_DDL).format_map(_sql_names(schema))
 
 
 # -- connections -----------------------------------------------------------------------
@@ -2055,6 +2103,33 @@ class PostgresStore(Store):
             raise StoreError(f"the server answered with an error: {exc}") from exc
         now = int(rows[0][0])
         return _owner_statuses([[i, info, exp] for _, i, info, exp in rows if i], now)
+
+    # -- workers: liveness ------------------------------------------------------------
+    def worker_heartbeat(self, process: WorkerProcess, ttl: float) -> WorkerLiveness:
+        ttl_ms = worker_ttl_ms(ttl)
+        try:
+            # (a liveness write is harmless whatever the epoch: allowed before a beat's
+            # heartbeat has read it, as that heartbeat is)
+            [(reply,)] = self._execute(
+                f"SELECT {self._s}.worker_heartbeat(%s, %s, %s, %s, %s, %s)",
+                [worker_id(process), process.worker, process.pid, process.process, ttl_ms,
+                 self.worker_records_kept_ms], heartbeat=True)
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        return written_worker_record(process, reply)
+
+    def worker_liveness(self, processes: Sequence[WorkerProcess]) -> WorkerLivenessRead:
+        processes = list(processes)
+        ids = [worker_id(p) for p in processes]
+        try:
+            rows = self._execute(
+                f"SELECT n.now, w.id, w.record FROM (SELECT {self._s}.now_ms() AS now) n"
+                f" LEFT JOIN {self._s}.workers w ON w.id = ANY(%s::text[])", [ids])
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        found = {i: record for _, i, record in rows if i}
+        return WorkerLivenessRead(int(rows[0][0]), tuple(
+            read_worker_record(p, found.get(i)) for p, i in zip(processes, ids)))
 
 
 # -- items and replies ----------------------------------------------------------------

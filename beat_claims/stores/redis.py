@@ -28,6 +28,9 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
 ``{P}:anchoring``       string  the shared anchoring instant (2 s)
 ``{P}:layout``          string  this layout's version
 ``{P}:id``              string  the store's id (made once; a wipe makes a new one)
+``{P}:w:ID``            string  a worker process's liveness (JSON: node name, pid, process
+                                identity, renewed_at, expires_at), removed by its expiry
+                                ``worker_records_kept`` after it lapses; ID: ``worker_id``
 ======================  ======  ===========================================================
 
 Records are JSON, never pickle. Names of states, reasons and policies reach the scripts
@@ -95,7 +98,13 @@ from .base import (
     Store,
     StoreConfigurationError,
     StoreError,
+    WorkerLiveness,
+    WorkerLivenessRead,
     WorkerProcess,
+    read_worker_record,
+    worker_id,
+    worker_ttl_ms,
+    written_worker_record,
 )
 from .redis_client import ClusterClient, RedisOptions, connect
 
@@ -133,7 +142,7 @@ _OUTAGE_CODES = ("NOREPLICAS", "BUSY", "MISCONF", "READONLY", "LOADING", "MASTER
 
 SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "open",
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
-           "anchor_instant", "server", "pause", "resume", "backfill")
+           "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat")
 
 
 def _lua_names() -> str:
@@ -1135,6 +1144,32 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self.client.close()
+
+    # -- workers: liveness ------------------------------------------------------------
+    def worker_key(self, process: WorkerProcess) -> str:
+        """In the slot of the store's global keys, as the beats' liveness: one key a call."""
+        return f"{{{self.prefix}}}:w:{worker_id(process)}"
+
+    def worker_heartbeat(self, process: WorkerProcess, ttl: float) -> WorkerLiveness:
+        ttl_ms = worker_ttl_ms(ttl)
+        reply = self._round_trip(lambda pipe: self._script(
+            pipe, "worker_heartbeat", [self.worker_key(process)], process.worker,
+            process.pid, process.process, ttl_ms, self.worker_records_kept_ms))[0]
+        _raise_if_error(reply)
+        return written_worker_record(process, reply)
+
+    def worker_liveness(self, processes: Sequence[WorkerProcess]) -> WorkerLivenessRead:
+        processes = list(processes)
+
+        def build(pipe: Pipeline) -> None:
+            pipe.time()
+            for process in processes:
+                pipe.get(self.worker_key(process))
+
+        (seconds, micros), *raws = self._round_trip(build)
+        return WorkerLivenessRead(int(seconds) * 1000 + int(micros) // 1000,
+                                  tuple(read_worker_record(p, raw)
+                                        for p, raw in zip(processes, raws)))
 
 
 # -- replies ------------------------------------------------------------------------------

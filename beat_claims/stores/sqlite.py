@@ -46,9 +46,11 @@ later), where busy (what overlap="skip" and "buffer_one" wait for), where place 
 
 Schema versions: 1 (task ids kept a week), 2 (task ids go with their run; the store's id),
 3 (an entry's pause and last resume; waiting runs), 4 (when the pause the last resume
-ended began: ``last_paused_at``). A file of an older schema is migrated when it is opened:
-from 1, task ids whose run is gone are removed; from 2, the entries table gets the pause's
-columns; from 3, ``last_paused_at`` (NULL: no last pause).
+ended began: ``last_paused_at``), 5 (``P_workers``: worker processes' liveness, id ->
+record (JSON), expires_at; removed ``worker_records_kept`` after they lapse). A file of
+an older schema is migrated when it is opened: from 1, task ids whose run is gone are
+removed; from 2, the entries table gets the pause's columns; from 3, ``last_paused_at``
+(NULL: no last pause); from 4, the workers table is made.
 """
 
 from __future__ import annotations
@@ -102,15 +104,20 @@ from .base import (
     Store,
     StoreConfigurationError,
     StoreError,
+    WorkerLiveness,
+    WorkerLivenessRead,
     WorkerProcess,
     in_last_pause,
+    read_worker_record,
+    worker_id,
+    worker_ttl_ms,
 )
 
 logger = get_logger("celery.beat.claims")
 
 #: The layout of the tables above. A file written by a newer version is refused; an older
 #: one is migrated.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Beats that register new entries within this many ms of each other share the instant.
 ANCHOR_SHARED_MS = 2000
 #: How long a presumed-lost run is kept (for a late delivery).
@@ -241,6 +248,35 @@ def _migrations(t: Tables) -> dict[int, list[Migration]]:
         # schema 3 still connected name their columns: they go on (their resume keeps no
         # interval).
         3: [lambda db: _add_columns(db, t.entries, _LAST_PAUSE_COLUMNS)],
+        # The worker processes' liveness: a table of its own, made with the others.
+        # Processes of schema 4 still connected never read it (they fence as before).
+        4: [],
+    }
+
+
+def _workers_table(t: Tables) -> str:
+    return f'"{t.base}_workers"'
+
+
+def _workers_schema(t: Tables) -> list[str]:
+    """The worker processes' liveness (schema 5): id (``worker_id``) -> record (JSON: node
+    name, pid, process identity, renewed_at, expires_at), and its expiry for the clean-up."""
+    return [f"CREATE TABLE IF NOT EXISTS {_workers_table(t)} (id TEXT PRIMARY KEY,"
+            " record TEXT NOT NULL, expires_at INTEGER NOT NULL) WITHOUT ROWID",
+            f'CREATE INDEX IF NOT EXISTS "{t.base}_workers_expiry" ON {_workers_table(t)}'
+            " (expires_at)"]
+
+
+def _workers_statements(t: Tables) -> dict[str, str]:
+    w = _workers_table(t)
+    return {
+        "put": f"INSERT INTO {w} (id, record, expires_at) VALUES (?, ?, ?)"
+               " ON CONFLICT (id) DO UPDATE SET record = excluded.record,"
+               " expires_at = excluded.expires_at",
+        # A hundred at most a heartbeat: the clean-up is bounded, whatever the pile.
+        "forget": f"DELETE FROM {w} WHERE id IN (SELECT id FROM {w} WHERE expires_at < ?"
+                  " ORDER BY expires_at LIMIT 100)",
+        "get": f"SELECT record FROM {w} WHERE id = ?",
     }
 
 
@@ -707,7 +743,7 @@ class SQLiteStore(Store):
                 raise StoreConfigurationError(
                     f"beat_claims_key_prefix={self.prefix!r}: the tables {t.base}_* in"
                     f" {self.path} belong to the prefix {row[0]!r}; choose another prefix")
-            for statement in _schema(t):
+            for statement in _schema(t) + _workers_schema(t):
                 db.execute(statement)
             migrations = _migrations(t)
             for old in range(version, SCHEMA_VERSION):
@@ -1690,6 +1726,36 @@ class SQLiteStore(Store):
     def now(self) -> int:
         """This host's clock, as every transition reads it (the store is for one host)."""
         return _now()
+
+    # -- workers: liveness ------------------------------------------------------------
+    def worker_heartbeat(self, process: WorkerProcess, ttl: float) -> WorkerLiveness:
+        ttl_ms = worker_ttl_ms(ttl)
+        q = _workers_statements(self.tables)
+
+        def work(db: sqlite3.Connection) -> WorkerLiveness:
+            """worker_heartbeat.lua: the process is alive for ttl more."""
+            now = _now()
+            db.execute(q["forget"], (now - self.worker_records_kept_ms,))
+            record = WorkerLiveness(process, now, now + ttl_ms)
+            db.execute(q["put"], (worker_id(process), json.dumps({
+                "worker": process.worker, "pid": process.pid, "process": process.process,
+                "renewed_at": now, "expires_at": now + ttl_ms}), now + ttl_ms))
+            return record
+
+        # (a liveness write is harmless in whichever file: allowed before a beat's
+        # heartbeat has read the epoch, as that heartbeat is)
+        return self._transaction(work, heartbeat=True)
+
+    def worker_liveness(self, processes: Sequence[WorkerProcess]) -> WorkerLivenessRead:
+        processes = list(processes)
+        q = _workers_statements(self.tables)
+
+        def work(db: sqlite3.Connection) -> list[Any]:
+            return [db.execute(q["get"], (worker_id(p),)).fetchone() for p in processes]
+
+        rows = self._transaction(work, write=False)
+        return WorkerLivenessRead(_now(), tuple(
+            read_worker_record(p, row[0] if row else None) for p, row in zip(processes, rows)))
 
 
 def _entry_record(row: Sequence[Any]) -> EntryRecord:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from beat_claims.stores.base import Store
+from beat_claims.stores.base import Store, WorkerProcess
 
 
 @dataclass(frozen=True)
@@ -30,3 +30,6 @@ class Backend:
     restart: Callable[[Store], None]
     """The store's server restarts, with the data it had (as from a snapshot taken just
     before); returns once it answers again."""
+    corrupt_worker_record: Callable[[Store, WorkerProcess, str], None]
+    """``corrupt_worker_record(store, process, raw)``: the stored liveness record of a worker
+    process that had a heartbeat becomes ``raw`` (a JSON text, or not even that)."""

@@ -30,7 +30,7 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from beat_claims.stores.base import Store
+from beat_claims.stores.base import Store, WorkerProcess, worker_id
 from beat_claims.stores.postgres import PostgresStore
 
 from .backend import Backend
@@ -152,6 +152,16 @@ def _pg_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -> N
         _table(store, "entries"), sql.Identifier(field)), [int(raw), entry])
 
 
+def _pg_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) -> None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw  # not JSON: a jsonb column can hold it only as a JSON string
+    cur = admin().execute(sql.SQL("UPDATE {} SET record = %s WHERE id = %s").format(
+        _table(store, "workers")), [Jsonb(value), worker_id(process)])
+    assert cur.rowcount == 1, f"no record of {process}"
+
+
 def _pg_wipe(store: Store) -> None:
     admin().execute(sql.SQL("DROP SCHEMA {} CASCADE").format(
         sql.Identifier(_pg(store).schema)))
@@ -181,4 +191,5 @@ def _pg_restart(store: Store) -> None:
 
 BACKEND = Backend(open=_pg_open, reopen=_pg_reopen, corrupt_run=_pg_corrupt_run,
                   corrupt_entry_field=_pg_corrupt_entry_field, wipe=_pg_wipe,
-                  restart=_pg_restart)
+                  restart=_pg_restart,
+                  corrupt_worker_record=_pg_corrupt_worker_record)

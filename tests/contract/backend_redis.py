@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from beat_claims.stores.base import Store
+from beat_claims.stores.base import Store, WorkerProcess
 from beat_claims.stores.redis import RedisStore
 
 from ..conftest import RedisServer
@@ -56,6 +56,11 @@ def _redis_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -
     s.client.hset(s.entry_keys(entry)[0], field, raw)
 
 
+def _redis_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) -> None:
+    s = _redis(store)
+    s.client.set(s.worker_key(process), raw, keepttl=True)
+
+
 def _redis_wipe(store: Store) -> None:
     _redis(store).client.flushall()
 
@@ -74,4 +79,5 @@ def _redis_restart(store: Store) -> None:
 
 BACKEND = Backend(open=_redis_open, reopen=_redis_reopen, corrupt_run=_redis_corrupt_run,
                   corrupt_entry_field=_redis_corrupt_entry_field, wipe=_redis_wipe,
-                  restart=_redis_restart)
+                  restart=_redis_restart,
+                  corrupt_worker_record=_redis_corrupt_worker_record)

@@ -27,7 +27,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from beat_claims.stores.base import Store
+from beat_claims.stores.base import Store, WorkerProcess
 from beat_claims.stores.redis import BUCKETS, RedisStore
 
 from ..conftest import free_port
@@ -420,6 +420,11 @@ def _cluster_corrupt_entry_field(store: Store, entry: str, field: str, raw: str)
     _clusters[s].raw().hset(s.entry_keys(entry)[0], field, raw)
 
 
+def _cluster_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) -> None:
+    s = _store(store)
+    _clusters[s].raw().set(s.worker_key(process), raw, keepttl=True)
+
+
 def _cluster_wipe(store: Store) -> None:
     _clusters[_store(store)].flushall()
 
@@ -433,4 +438,5 @@ def _cluster_restart(store: Store) -> None:
 BACKEND = Backend(open=_cluster_open, reopen=_cluster_reopen,
                   corrupt_run=_cluster_corrupt_run,
                   corrupt_entry_field=_cluster_corrupt_entry_field, wipe=_cluster_wipe,
-                  restart=_cluster_restart)
+                  restart=_cluster_restart,
+                  corrupt_worker_record=_cluster_corrupt_worker_record)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from beat_claims.stores.base import Store
+from beat_claims.stores.base import Store, WorkerProcess, worker_id
 from beat_claims.stores.sqlite import SQLiteStore
 
 from .backend import Backend
@@ -68,6 +68,14 @@ def _sqlite_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) 
         db.execute(f"UPDATE {s.tables.entries} SET {field} = ? WHERE name = ?", (raw, entry))
 
 
+def _sqlite_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) -> None:
+    s = _sqlite(store)
+    with _raw(s) as db:
+        cur = db.execute(f'UPDATE "{s.tables.base}_workers" SET record = ? WHERE id = ?',
+                         (raw, worker_id(process)))
+        assert cur.rowcount == 1, f"no record of {process}"
+
+
 def _remove(path: str) -> None:
     for name in (path, path + "-wal", path + "-shm"):
         with contextlib.suppress(FileNotFoundError):
@@ -99,4 +107,5 @@ def _sqlite_restart(store: Store) -> None:
 
 BACKEND = Backend(open=_sqlite_open, reopen=_sqlite_reopen, corrupt_run=_sqlite_corrupt_run,
                   corrupt_entry_field=_sqlite_corrupt_entry_field, wipe=_sqlite_wipe,
-                  restart=_sqlite_restart)
+                  restart=_sqlite_restart,
+                  corrupt_worker_record=_sqlite_corrupt_worker_record)

@@ -204,6 +204,8 @@ def exercise(store: RedisStore) -> None:
     register(store, "removed")
     store.forget(["removed", ODD_NAMES[0]])
     store.leave(A)
+    store.worker_heartbeat(process(1), 10)
+    store.worker_liveness([process(1), process(2)])
 
 
 def test_every_key_a_script_touches_is_declared_and_in_one_hash_slot(

@@ -191,7 +191,8 @@ def test_the_schema_is_created_on_first_use_and_carries_its_version(db_path: str
     SQLiteStore.from_url(f"sqlite:///{db_path}", "app").close()
     tables = {name for (name,) in raw(db_path, "SELECT name FROM sqlite_master"
                                                " WHERE type = 'table'")}
-    assert tables == {f"app_{t}" for t in ("meta", "entries", "runs", "owners", "tasks")}
+    assert tables == {f"app_{t}" for t in ("meta", "entries", "runs", "owners", "tasks",
+                                                     "workers")}
     assert raw(db_path, "SELECT value FROM app_meta WHERE key = 'version'") == [
         (str(SCHEMA_VERSION),)]
     assert raw(db_path, "PRAGMA journal_mode") == [("wal",)]

@@ -84,12 +84,27 @@ def _stall_publish(**kwargs: Any) -> None:
             time.sleep(0.1)
 
 
+@signals.task_received.connect
+def _received(request: Any = None, **kwargs: Any) -> None:
+    """``BC_NOTE_RECEIVED=1``: each message a worker receives is noted ("received", before
+    it is fenced or run), so that a test can tell when a redelivery arrived."""
+    if os.environ.get("BC_NOTE_RECEIVED") != "1" or request is None:
+        return
+    meta = (getattr(request, "request_dict", None) or {}).get("beat_claims") or {}
+    _store.rpush("executions", json.dumps({
+        "what": "received", "entry": meta.get("entry"), "due": meta.get("due"),
+        "token": meta.get("token"), "task_id": request.id, "pid": os.getpid(),
+        "hostname": request.hostname, "at": time.time(),
+    }))
+
+
 def _note(task: Any, what: str, **extra: Any) -> None:
     meta = getattr(task.request, "beat_claims", None) or {}
     _store.rpush("executions", json.dumps({
         "what": what, "entry": meta.get("entry"), "due": meta.get("due"),
         "token": meta.get("token"), "task_id": task.request.id, "pid": os.getpid(),
-        "retries": task.request.retries, "at": time.time(), **extra,
+        "retries": task.request.retries, "hostname": task.request.hostname,
+        "at": time.time(), **extra,
     }))
 
 
@@ -121,6 +136,17 @@ def slow(self: Any, seconds: float = 5.0) -> str:
         time.sleep(0.05)
     _note(self, "end")
     return "slept"
+
+
+@app.task(bind=True, name="proj.spin")
+def spin(self: Any, seconds: float = 5.0) -> str:
+    """Busy for ``seconds`` without I/O or sleep: under gevent it never yields to the hub."""
+    _note(self, "run")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pass
+    _note(self, "end")
+    return "spun"
 
 
 @app.task(bind=True, name="proj.alternating")
