@@ -311,6 +311,27 @@ def test_the_admin_pages_show_no_argument(finished: Finished, client: Any) -> No
     assert not leaks, leaks
 
 
+@pytest.mark.django_db
+def test_a_database_row_whose_arguments_cannot_be_read_is_named_not_quoted(
+        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """django-celery-beat's row with an argument kombu's JSON refuses (an unknown
+    ``__type__``: kombu's error quotes the whole object): the line that leaves the row out
+    names it and where its JSON failed, never the value."""
+    import logging
+
+    from .test_django_beat import every, row, scheduler
+
+    row("bad-type", interval=every(2), args=json.dumps([{"__type__": "x", "__value__": CARD}]))
+    row("bad-json", interval=every(2), kwargs=f'{{"password": "{PASSWORD}"')
+    with caplog.at_level(logging.WARNING, logger="celery.beat.claims"):
+        s = scheduler(server)
+    s.close()
+    text = caplog.text
+    assert "'bad-type' is not scheduled: args, kwargs or headers are not JSON (ValueError)" in text
+    assert "'bad-json' is not scheduled: args, kwargs or headers are not JSON (Expecting" in text
+    assert not found(text), text
+
+
 # -- with beat_claims_exception_messages ----------------------------------------------------
 def test_with_exception_messages_on_the_message_is_kept_argument_values_masked(
         tmp_path: Path) -> None:
