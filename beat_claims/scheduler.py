@@ -126,10 +126,11 @@ class Scheduler(BaseScheduler):
         self.sender = Sender(self.store, self.owner, self.settings, self.policies,
                              self.holdings, self.knowledge, self.liveness, self.clock,
                              lambda claim, task_id: self._publish_claim(claim, task_id),
-                             self.metrics, self.claimer.skips, logger)
+                             self.metrics, self.claimer.skips, logger, self._arguments)
         self.sweeper = Sweeper(self.store, self.owner, self.settings, self, self.holdings,
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
-        self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
+        self.recovery = Recovery(app, self.store, self.settings, self.clock, logger,
+                                 self._arguments)
         # Retried at least every heartbeat interval: the beat's liveness depends on it.
         self.store_outage = Outage("store", self.store.description, logger,
                                    "nothing is sent unclaimed until it returns",
@@ -149,6 +150,8 @@ class Scheduler(BaseScheduler):
         self._closed = False
         self._closing = False
         self._in_tick = False
+        #: The entry last published, with its arguments as evaluated for that publish.
+        self._evaluated: tuple[str, Any, Any] | None = None
         super().__init__(app, *args, **kwargs)
         self.max_interval: float = min(float(self.max_interval), interval)
         if _built_by_celery_beat() and not kwargs.get("lazy"):
@@ -517,6 +520,19 @@ class Scheduler(BaseScheduler):
             logger.exception("beat-claims: on_sent(%r) failed", claim.entry)
         return result
 
+    def _arguments(self, name: str) -> tuple[Any, Any] | None:
+        """The entry's (args, kwargs), for masking them in exception messages: as
+        scheduled, and as last evaluated for a publish (a lazy argument's value); None for
+        an entry this beat does not have."""
+        entry = self.schedule.get(name)
+        if entry is None:
+            return None
+        evaluated = self._evaluated
+        if evaluated is None or evaluated[0] != name:
+            return entry.args, entry.kwargs
+        values = [evaluated[1], list((evaluated[2] or {}).values())]
+        return [entry.args, *values], entry.kwargs
+
     def _publish(self, entry: ScheduleEntry, claim: Claim, task_id: str) -> Any:
         if logger.isEnabledFor(logging.INFO):
             logger.info("Scheduler: Sending due task %s (%s) due %s token %d", entry.name,
@@ -533,6 +549,7 @@ class Scheduler(BaseScheduler):
         options["task_id"] = task_id
         args = _evaluate_entry_args(entry.args)
         kwargs = _evaluate_entry_kwargs(entry.kwargs)
+        self._evaluated = (entry.name, args, kwargs)  # should the publish fail
         task = self.app.tasks.get(entry.task)
         if task is not None:
             result = task.apply_async(args, kwargs, producer=self.producer, **options)

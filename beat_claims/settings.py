@@ -37,7 +37,7 @@ SETTINGS = ("url", "key_prefix", "sentinel_master", "heartbeat_interval", "recla
             "run_timeout", "history_limit", "publish_retries", "result_backend_recovery",
             "recovery_batch", "metrics_port", "entry_claims", "worker_timeout", "jitter",
             "worker_unprotected", "backfill_limit", "health_grace", "claim_ahead",
-            "worker_heartbeat_interval")
+            "worker_heartbeat_interval", "exception_messages")
 
 E = TypeVar("E", bound=Enum)
 
@@ -87,6 +87,9 @@ class Settings:
     metrics_port: int | None = None
     backfill_limit: int = DEFAULT_BACKFILL_LIMIT
     health_grace: float | None = None
+    #: Keep exception messages in run records (argument values masked): off by default,
+    #: as a message may quote the task's arguments (``beat_claims.exception_text``).
+    exception_messages: bool = False
     policy: Policy = Policy()
 
     @property
@@ -168,6 +171,8 @@ class Settings:
                                                   DEFAULT_BACKFILL_LIMIT)),
             health_grace=_optional_seconds("beat_claims_health_grace",
                                            conf.get("beat_claims_health_grace")),
+            exception_messages=_flag("beat_claims_exception_messages",
+                                     conf.get("beat_claims_exception_messages", False)),
             policy=policy,
         )
 

@@ -9,7 +9,9 @@ when a worker or pool process starts: every tracer, built whenever and in whiche
 process (fork, spawn, threads), sees them.
 
 Outcome handlers are idempotent: a final state is never overwritten, a superseded token's
-outcome is ignored, and nothing here moves an entry's checkpoint. A delivery that ends
+outcome is ignored, and nothing here moves an entry's checkpoint. Of an exception, a
+record keeps what :func:`beat_claims.exception_text.recorded_exception` keeps (its type;
+its message only by opt-in, the task's argument values masked). A delivery that ends
 without an outcome (``Reject``, a task that ``replace``\\ s itself, the user's ``Ignore``)
 gets the record that says what became of it.
 
@@ -42,6 +44,7 @@ from celery.utils.log import get_logger
 from celery.utils.objects import mro_lookup
 
 from .enums import RunState
+from .exception_text import ExceptionText, recorded_exception
 from .runs import HEADER, iso, process_identity, process_is_gone, to_ms
 from .settings import ConfigurationError, Settings
 from .stores import StoreConfigurationError, open_store
@@ -51,7 +54,6 @@ from .worker_liveness import ProcessHeartbeat, StarterVerdict, judge_starter, tt
 logger = get_logger("celery.worker.claims")
 
 _MARK = "_beat_claims_fenced"
-_MESSAGE_LIMIT = 500
 #: While the store is down, a process asks it again (in the background) after PROBE_FIRST,
 #: then at twice the last wait, up to PROBE_EVERY: most outages a worker meets are blips (a
 #: connection cut, a failover), and each second it takes for unfenced after the store is
@@ -496,7 +498,7 @@ def _hand_to_replacement(task: Task, sig: Any) -> None:
 
 
 def _after(sender: Any = None, task_id: str | None = None, task: Any = None,
-           retval: Any = None, state: str | None = None, **kwargs: Any) -> None:
+           retval: Any = None, state: str | None = None, **signal: Any) -> None:
     """``task_postrun``: a delivery that ended without an outcome signal."""
     task = task or sender
     request = getattr(task, "request", None)
@@ -510,25 +512,32 @@ def _after(sender: Any = None, task_id: str | None = None, task: Any = None,
     if parsed is None or store is None:
         return
     entry, due, token, _ = parsed
+    args, kwargs = signal.get("args"), signal.get("kwargs")
     try:
         if state == states.REJECTED and isinstance(retval, Reject):
             if retval.requeue:  # the broker delivers it again: that delivery runs it
                 store.requeue(Delivery(entry, due, token, _process(request)))
             else:
+                text = _exception(retval, args, kwargs)
                 store.finish([Outcome(entry, due, token, RunState.CANCELLED,
-                                      exc_type="Reject", exc_message=_text(retval))])
+                                      exc_type=text.type, exc_message=text.message)])
         elif state == states.IGNORED and isinstance(retval, Ignore) and \
                 str(retval) != _REPLACED:
             # The task asked Celery to record nothing; it did run, without an error.
-            store.finish([Outcome(entry, due, token, RunState.DONE, exc_type="Ignore",
-                                  exc_message=_text(retval),
+            text = _exception(retval, args, kwargs)
+            store.finish([Outcome(entry, due, token, RunState.DONE, exc_type=text.type,
+                                  exc_message=text.message,
                                   worker=getattr(request, "hostname", "") or "")])
     except StoreError as exc:
         _context.failed(f"recording what became of {entry} due {iso(due)}", exc)
 
 
-def _text(exc: Any) -> str:
-    return str(exc)[:_MESSAGE_LIMIT]
+def _exception(exc: Any, args: Any, kwargs: Any) -> ExceptionText:
+    """What the run record keeps of ``exc`` (see :mod:`beat_claims.exception_text`)."""
+    settings = _context.settings
+    if settings is None:  # (never with a store: it is read with the settings)
+        return ExceptionText(type(exc).__name__)
+    return recorded_exception(exc, args, kwargs, settings)
 
 
 # -- outcomes ---------------------------------------------------------------------------
@@ -550,16 +559,19 @@ def _resolve(task: Any, task_id: str | None) -> tuple[str, int, int | None] | No
 
 
 def _record(where: tuple[str, int, int | None] | None, state: RunState, exc: Any = None,
-            worker: str = "", unstarted_only: bool = False) -> None:
+            worker: str = "", unstarted_only: bool = False, args: Any = None,
+            kwargs: Any = None) -> None:
+    """Record ``state`` for the run at ``where``; of ``exc``, what the task's arguments
+    (``args``, ``kwargs``; both None: unknown) let the record keep."""
     store = _context.get()
     if where is None or store is None:
         return
     entry, due, token = where
+    text = _exception(exc, args, kwargs) if exc is not None else ExceptionText("")
     try:
-        store.finish([Outcome(entry, due, token, state,
-                              exc_type=type(exc).__name__ if exc is not None else "",
-                              exc_message=_text(exc) if exc is not None else "",
-                              worker=worker, unstarted_only=unstarted_only)])
+        store.finish([Outcome(entry, due, token, state, exc_type=text.type,
+                              exc_message=text.message, worker=worker,
+                              unstarted_only=unstarted_only)])
     except StoreError as exc2:
         _context.failed(f"recording {state.value} of {entry} due {iso(due)}", exc2)
 
@@ -578,15 +590,15 @@ def _on_success(sender: Any = None, **kwargs: Any) -> None:
 
 
 def _on_failure(sender: Any = None, task_id: str | None = None, exception: Any = None,
-                **kwargs: Any) -> None:
+                args: Any = None, kwargs: Any = None, **signal: Any) -> None:
     if _refused_here(getattr(sender, "request", None)):
         return
-    _record(_resolve(sender, task_id), RunState.FAILED, exception)
+    _record(_resolve(sender, task_id), RunState.FAILED, exception, args=args, kwargs=kwargs)
 
 
 def _on_internal_error(sender: Any = None, task_id: str | None = None, exception: Any = None,
-                       **kwargs: Any) -> None:
-    _record(_resolve(sender, task_id), RunState.FAILED, exception)
+                       args: Any = None, kwargs: Any = None, **signal: Any) -> None:
+    _record(_resolve(sender, task_id), RunState.FAILED, exception, args=args, kwargs=kwargs)
 
 
 def _on_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
@@ -606,10 +618,25 @@ def _on_revoked(sender: Any = None, request: Any = None, terminated: bool = Fals
             worker=getattr(request, "hostname", "") or "", unstarted_only=not terminated)
 
 
-def _on_rejected(message: Any = None, exc: Any = None, **kwargs: Any) -> None:
+def _on_rejected(message: Any = None, exc: Any = None, **signal: Any) -> None:
     """A message the worker could not handle at all (an unknown task): its run did not
     start here."""
     headers = getattr(message, "headers", None) or {}
     task_id = headers.get("id")
     where = parse_header(headers.get(HEADER)) or _resolve(None, task_id)
-    _record(where, RunState.CANCELLED, exc, unstarted_only=True)
+    args, kwargs = _arguments_of(message) if exc is not None else (None, None)
+    _record(where, RunState.CANCELLED, exc, unstarted_only=True, args=args, kwargs=kwargs)
+
+
+def _arguments_of(message: Any) -> tuple[Any, Any]:
+    """The task's (args, kwargs) in a message the worker could not handle; (None, None)
+    when its body cannot be read (then no exception message is kept)."""
+    try:
+        body = message.decode()  # (only content types the worker accepts)
+    except Exception:
+        return None, None
+    if isinstance(body, (list, tuple)) and len(body) >= 2:  # protocol 2
+        return body[0], body[1]
+    if isinstance(body, dict) and ("args" in body or "kwargs" in body):  # protocol 1
+        return body.get("args"), body.get("kwargs")
+    return None, None

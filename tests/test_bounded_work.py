@@ -260,6 +260,30 @@ def test_a_timeout_raised_for_one_task_is_that_tasks_problem_not_a_broker_outage
     s.close()
 
 
+def test_a_publish_error_without_a_message_is_counted_too(server: RedisServer) -> None:
+    """The store counts a failed publish by its error text: an exception without a message
+    (or whose message is not kept, beat_claims_exception_messages being off) is recorded
+    by its type, so the run is failed after its retries instead of being tried for ever."""
+    app = make_app(server, {"bad": {"task": "t.silent", "schedule": timedelta(seconds=1)}},
+                   beat_claims_publish_retries=1, beat_claims_catch_up="all")
+
+    class Silent(app.Task):
+        def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+            raise TimeoutError()
+
+    @app.task(name="t.silent", base=Silent)
+    def silent_task() -> None:
+        return None
+
+    s = make(app)
+    [failed, *_] = wait_for(
+        lambda: [r for r in s.store.history("bad") if r.state is RunState.FAILED], 15,
+        "a run of 'bad' recorded failed", interval=0.05, between=s.tick)
+    assert (failed.reason, failed.exc_type, failed.attempts) == (
+        Reason.PUBLISH_ERROR, "TimeoutError", 2)
+    s.close()
+
+
 def test_a_slow_result_backend_lookup_does_not_stall_the_loop(
         server: RedisServer, broker: RedisServer) -> None:
     """Result-backend recovery against a backend whose every reply takes 1 s (overloaded,

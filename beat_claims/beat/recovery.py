@@ -14,14 +14,17 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as WaitedTooLong
+from typing import Any
 
 from celery import Celery
 from celery.backends.base import DisabledBackend
 from celery.backends.rpc import RPCBackend
 
 from ..enums import RunState
+from ..exception_text import EntryArguments, ExceptionText, recorded_exception
 from ..runs import iso
 from ..settings import Settings
 from ..stores.base import OpenRun, Outcome, Store
@@ -37,8 +40,9 @@ EVERY_INTERVALS = 10
 
 class Recovery:
     def __init__(self, app: Celery, store: Store, settings: Settings, clock: StoreClock,
-                 logger: logging.Logger) -> None:
+                 logger: logging.Logger, arguments: EntryArguments = lambda entry: None) -> None:
         self.app = app
+        self.arguments = arguments
         self.store = store
         self.settings = settings
         self.clock = clock
@@ -117,20 +121,47 @@ class Recovery:
                     result = self.app.AsyncResult(run.task_id)
                     outcome = BACKEND_STATES.get(result.state)
                     exc = result.result if outcome is RunState.FAILED else None
+                    text = (self._text(run.entry, result, exc) if exc is not None
+                            else None)
                 except Exception as exc2:
-                    self.logger.debug("beat-claims: result backend lookup failed: %r", exc2)
+                    # (A result the backend cannot decode may quote the task's arguments.)
+                    self.logger.debug("beat-claims: result backend lookup failed: %s",
+                                      self._text(run.entry, None, exc2))
                     return
                 if outcome is not None:
                     found.append((run, Outcome(
                         run.entry, run.due, run.token, outcome,
-                        exc_type=type(exc).__name__ if exc is not None else "",
-                        exc_message=str(exc)[:500] if exc is not None else "")))
+                        exc_type=text.type if text is not None else "",
+                        exc_message=text.message if text is not None else "")))
             looked[0] += 1
+
+    def _text(self, entry: str, result: Any, exc: Any) -> ExceptionText:
+        """What the record keeps of ``exc``: the values masked are the entry's arguments
+        as this beat schedules it, and those the backend kept with the result
+        (``result_extended``); with neither known, no message."""
+        known = [part for part in (self.arguments(entry), _stored_arguments(result))
+                 if part is not None]
+        if not known:
+            return recorded_exception(exc, None, None, self.settings)
+        values = [[args, list(kwargs.values()) if isinstance(kwargs, Mapping) else kwargs]
+                  for args, kwargs in known]
+        return recorded_exception(exc, values, {}, self.settings)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _stored_arguments(result: Any) -> tuple[Any, Any] | None:
+    """The (args, kwargs) a result backend kept with the result (``result_extended``)."""
+    if result is None:
+        return None
+    try:
+        args, kwargs = result.args, result.kwargs
+    except Exception:  # an older or a custom backend
+        return None
+    return None if args is None and kwargs is None else (args, kwargs)
 
 
 def _close_thread_connections() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..catch_up import plan_held
 from ..enums import Overlap, Reason, RunState
+from ..exception_text import EntryArguments, frames, recorded_exception
 from ..metrics import Metrics
 from ..runs import Owner, iso, manual_task_id_for, task_id_for
 from ..settings import Policy, Settings
@@ -61,8 +62,10 @@ class Sender:
     def __init__(self, store: Store, owner: Owner, settings: Settings,
                  policies: dict[str, Policy], holdings: Holdings, knowledge: Knowledge,
                  liveness: Liveness, clock: StoreClock, publish: Publish, metrics: Metrics,
-                 skips: SkipLog, logger: logging.Logger) -> None:
+                 skips: SkipLog, logger: logging.Logger,
+                 arguments: EntryArguments = lambda entry: None) -> None:
         self.skips = skips
+        self.arguments = arguments
         self.store = store
         self.owner = owner
         self.settings = settings
@@ -234,19 +237,27 @@ class Sender:
             self.holdings.drop(claim.ref)
 
     def _publish_failed(self, claim: Claim, exc: Exception) -> None:
-        """This message cannot be published: try again later, a bounded number of times."""
+        """This message cannot be published: try again later, a bounded number of times.
+
+        A serializer's error may quote an argument's value: the record and the log line
+        keep what :func:`recorded_exception` keeps, and the traceback only its frames."""
         limit = self.settings.publish_retries + 1  # the first try and its retries
+        known = self.arguments(claim.entry)
+        args, kwargs = known if known is not None else (None, None)
+        text = recorded_exception(exc, args, kwargs, self.settings)
+        # The store counts a failed publish by its error text, never empty: the message
+        # kept, else the type (an exception without a message is counted too).
         [state] = self.store.release(
-            self.owner, [Release(claim, f"{exc}"[:500], type(exc).__name__)], limit)
+            self.owner, [Release(claim, text.message or text.type, text.type)], limit)
         self.metrics.count("publish_failed")
         if state is RunState.FAILED:
             self.logger.error("beat-claims: publishing %s due %s failed %d times; recorded"
-                              " failed (publish_error): %r", claim.entry, iso(claim.due),
-                              limit, exc, exc_info=True)
+                              " failed (publish_error): %s\n%s", claim.entry, iso(claim.due),
+                              limit, text, frames(exc))
         else:
             self.logger.error("beat-claims: publishing %s due %s failed (attempt %d of %d);"
-                              " it is due again: %r", claim.entry, iso(claim.due),
-                              claim.attempts + 1, limit, exc, exc_info=True)
+                              " it is due again: %s\n%s", claim.entry, iso(claim.due),
+                              claim.attempts + 1, limit, text, frames(exc))
 
     def flush_marks(self) -> None:
         """Store the sent marks still owed. Until they are stored this beat does not treat

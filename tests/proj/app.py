@@ -5,6 +5,9 @@ Configured from the environment so each test can shape the schedule:
 name -> {"every": seconds} or {"cron": "minute spec"}, optional "task", "claims"),
 ``BC_HEARTBEAT`` and ``BC_RECLAIM_AFTER``. Every task records each execution in the
 Redis list ``executions`` so the tests can count them.
+
+An entry may also give ``kwargs``, a ``queue``, and ``unencodable``: a value appended to
+its args inside an object the serializer cannot encode, whose error quotes the value.
 """
 
 from __future__ import annotations
@@ -53,11 +56,27 @@ def _schedule() -> dict[str, Any]:
         sched: Any = (timedelta(seconds=item["every"]) if "every" in item
                       else crontab(minute=item["cron"]))
         entry: dict[str, Any] = {"task": "proj." + item.get("task", "record"), "schedule": sched,
-                                 "args": item.get("args", [])}
+                                 "args": item.get("args", []),
+                                 "kwargs": item.get("kwargs", {})}
+        if "unencodable" in item:
+            entry["args"] = [*entry["args"], Unencodable(item["unencodable"])]
+        if "queue" in item:
+            entry["options"] = {"queue": item["queue"]}
         if "claims" in item:
             entry["claims"] = item["claims"]
         out[name] = entry
     return out
+
+
+class Unencodable:
+    """An argument the JSON serializer cannot encode: its encoder's error quotes its value
+    (as a custom type's own encoder may)."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __json__(self) -> Any:
+        raise ValueError(f"cannot encode {self.value}")
 
 
 app.conf.beat_schedule = _schedule()
@@ -200,3 +219,62 @@ def replaced(self: Any) -> None:
     """Replaces itself with proj.record (which keeps the task id)."""
     _note(self, "run")
     raise self.replace(record.si())
+
+
+# -- tasks whose exceptions quote their arguments (tests/test_secrets_stay_in_the_task.py) --
+@app.task(bind=True, name="proj.secret_fail")
+def secret_fail(self: Any, *args: Any, **kwargs: Any) -> None:
+    _note(self, "run")
+    raise ValueError(f"bad card {args} {kwargs}")
+
+
+@app.task(bind=True, name="proj.secret_retry", max_retries=1, default_retry_delay=0.1)
+def secret_retry(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Gives up after one retry: Celery's MaxRetriesExceededError prints the arguments."""
+    _note(self, "run")
+    raise self.retry(countdown=0.1)
+
+
+@app.task(bind=True, name="proj.secret_reject")
+def secret_reject(self: Any, *args: Any, **kwargs: Any) -> None:
+    from celery.exceptions import Reject
+
+    _note(self, "run")
+    raise Reject(f"refusing {args} {kwargs}", requeue=False)
+
+
+@app.task(bind=True, name="proj.secret_ignore")
+def secret_ignore(self: Any, *args: Any, **kwargs: Any) -> None:
+    from celery.exceptions import Ignore
+
+    _note(self, "run")
+    raise Ignore(f"nothing to record for {args} {kwargs}")
+
+
+@app.task(bind=True, name="proj.secret_soft_limit", soft_time_limit=0.5)
+def secret_soft_limit(self: Any, *args: Any, **kwargs: Any) -> None:
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    _note(self, "run")
+    try:
+        while True:
+            time.sleep(0.05)
+    except SoftTimeLimitExceeded:
+        raise SoftTimeLimitExceeded(f"too slow charging {args} {kwargs}") from None
+
+
+@app.task(bind=True, name="proj.secret_hard_limit", time_limit=1)
+def secret_hard_limit(self: Any, *args: Any, **kwargs: Any) -> None:
+    _note(self, "run")
+    while True:
+        time.sleep(0.05)
+
+
+@app.task(bind=True, name="proj.secret_slow")
+def secret_slow(self: Any, *args: Any, **kwargs: Any) -> str:
+    """Runs 6 s (long enough to be revoked while it runs)."""
+    _note(self, "run")
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    return "slept"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from json import JSONDecodeError
 from typing import Any
 
 from celery import Celery
@@ -128,7 +129,7 @@ def entry_from_row(row: Any, app: Celery, claims: dict[str, Any] | None = None
         kwargs = loads(row.kwargs or "{}")
         headers = loads(row.headers or "{}")
     except ValueError as exc:
-        raise ValueError(f"args, kwargs or headers are not JSON: {exc}") from None
+        raise ValueError(f"args, kwargs or headers are not JSON ({_where(exc)})") from None
     if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(
             headers, dict):
         raise ValueError("args must be a JSON list, kwargs and headers JSON objects")
@@ -160,6 +161,15 @@ def entry_from_row(row: Any, app: Celery, claims: dict[str, Any] | None = None
         clocked=clocked,
     )
     return entry, bounds
+
+
+def _where(exc: ValueError) -> str:
+    """Where the row's JSON could not be read, never what it holds: a decoder's error may
+    quote a value (kombu's for an unknown ``__type__`` quotes the whole object), and this
+    text is logged."""
+    if isinstance(exc, JSONDecodeError):  # (the standard library's messages quote nothing)
+        return f"{exc.msg}: line {exc.lineno} column {exc.colno}"
+    return type(exc).__name__
 
 
 def already_ran(row: Any, bounds: RowBounds, sched: Any) -> bool:
