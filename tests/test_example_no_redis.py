@@ -47,6 +47,14 @@ START_DEADLINE = 150.0
 STOP_DEADLINE = 120.0
 
 
+def default_sigint() -> None:
+    """In run.sh's process, before bash starts: Ctrl-C (SIGINT) back to its default. A test
+    run started in the background by a shell without job control (``nohup ... &``, some CI
+    runners) ignores SIGINT, its children inherit that, and bash cannot trap a signal that
+    was ignored when it started: run.sh would sleep through the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Example:
     """``run.sh`` running in the background, its output in a file."""
 
@@ -78,7 +86,8 @@ class Example:
         self.started = time.monotonic()
         with self.out.open("wb") as out:
             self.proc = subprocess.Popen(["bash", str(RUN_SH)], env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=default_sigint)
 
     def output(self) -> str:
         return self.out.read_text(errors="replace")
