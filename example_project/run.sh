@@ -3,7 +3,8 @@
 # (runserver) that shows what they claimed and sent; then show what ran.
 #
 #   ./run.sh                      # venv in .venv; Redis if one answers, else SQLite (below)
-#   REDIS_URL=redis://host:6379/3 ./run.sh
+#   REDIS_URL=redis://host:6379/3 ./run.sh   # the broker; the store is database 1 there
+#   CLAIMS_URL=redis://host:6379/5 ./run.sh  # the store somewhere else
 #   BC_STORE=sqlite ./run.sh      # no Redis even if one answers (BC_STORE=redis: Redis or fail)
 #   BC_NO_VENV=1 ./run.sh         # use the current python instead of .venv
 #   RUN_SECONDS=60 ./run.sh       # run longer than the default 20 s
@@ -16,10 +17,12 @@
 #
 # Which store and broker (BC_STORE unset or "auto"): Redis at REDIS_URL when it answers;
 # else a throwaway redis-server on port 6399 (no persistence) when one runs there or the
-# binary is installed; else nothing but Python: the beat-claims store is the SQLite file
-# $EXAMPLE_DATA/claims.db and the broker is kombu's filesystem transport, one file a
-# message in $EXAMPLE_DATA/broker/ (exampleproj/settings.py). Task results go to the
-# project's SQLite database (django-celery-results) in both modes.
+# binary is installed. With Redis, the broker's queue is in REDIS_URL's database (0 by
+# default) and the beat-claims store in database 1 of the same server, its keys under
+# "example-claims" (CLAIMS_URL puts it elsewhere; exampleproj/settings.py). Else nothing
+# but Python: the beat-claims store is the SQLite file $EXAMPLE_DATA/claims.db and the
+# broker is kombu's filesystem transport, one file a message in $EXAMPLE_DATA/broker/.
+# Task results go to the project's SQLite database (django-celery-results) in both modes.
 #
 # Why kombu's filesystem transport rather than its SQLAlchemy one (sqla+sqlite://): it needs
 # no package beyond kombu; publishing takes no lock shared with the other processes (a beat
@@ -171,7 +174,8 @@ case "$BC_STORE" in
 esac
 export BC_STORE
 if [ "$BC_STORE" = redis ]; then
-    log "Redis: $REDIS_URL (broker and beat-claims store)"
+    log "Redis: broker $REDIS_URL, beat-claims store $("$PY" -c \
+        'from exampleproj.settings import CELERY_BEAT_CLAIMS_URL as u; print(u)')"
 else
     export EXAMPLE_DATA="${EXAMPLE_DATA:-$HERE/.data}"
     mkdir -p "$EXAMPLE_DATA"

@@ -28,7 +28,7 @@ class RedisServer:
     def __init__(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            pytest.fail("redis-server not found: .ci/run installs it"
+            pytest.fail("redis-server not found: scripts/test installs it"
                         " (apt-get install redis-server)")
         self.binary = binary
         self.port = free_port()

@@ -374,7 +374,7 @@ class Admin:
 def chromium() -> webdriver.Chrome:
     for binary in (CHROMIUM, CHROMEDRIVER):
         if not os.access(binary, os.X_OK):
-            pytest.fail(f"{binary} not found: .ci/run installs it"
+            pytest.fail(f"{binary} not found: scripts/test installs it"
                         " (apt-get install chromium chromium-driver)")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM

@@ -59,9 +59,20 @@ def test_worker_start_adds_fencing_to_the_projects_tasks(server: RedisServer,
         " type(t).before_start.__module__)"), tmp_path) == ["True", "beat_claims.worker"]
 
 
+def test_the_example_store_has_a_database_of_its_own(server: RedisServer,
+                                                    tmp_path: Any) -> None:
+    """The broker's queue is in REDIS_URL's database, the store in database 1 of the same
+    server (the README's Quick start): neither shares a database with the other."""
+    assert shell(server, (
+        "from exampleproj.celery import app; from beat_claims.settings import Settings;"
+        "print(app.conf.broker_url, Settings.from_app(app).url)"), tmp_path) == [
+        server.url, f"redis://127.0.0.1:{server.port}/1"]
+    assert server.url.endswith("/0")
+
+
 def test_status_and_history_commands_match_the_store(server: RedisServer,
                                                     tmp_path: Any) -> None:
-    store = RedisStore.from_url(server.url, "example-claims")
+    store = RedisStore.from_url(f"redis://127.0.0.1:{server.port}/1", "example-claims")
     store.register([EntrySeed("heartbeat", "every 5s")])
     doc = json.loads(manage(server, "beat_claims", "status", "--json", tmp=tmp_path))
     names = {e["name"] for e in doc["entries"]}

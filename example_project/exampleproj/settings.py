@@ -2,8 +2,9 @@
 
 Two modes, chosen by ``BC_STORE`` (``run.sh`` sets it):
 
-- ``redis`` (the default): the broker and the beat-claims store are the Redis at
-  ``REDIS_URL``;
+- ``redis`` (the default): the broker is the Redis at ``REDIS_URL`` (database 0 of
+  127.0.0.1:6379 by default) and the beat-claims store is database 1 of the same server
+  (``CLAIMS_URL``: a Redis of its own), its keys under ``example-claims``;
 - ``sqlite``: nothing but Python. The store is the SQLite file ``claims.db`` and the broker
   is kombu's filesystem transport (one file a message), both under ``EXAMPLE_DATA``
   (default ``example_project/.data``). One host only.
@@ -15,6 +16,7 @@ Task results go to this project's database (django-celery-results) in both. The 
 
 import os
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from celery.schedules import crontab
 
@@ -72,6 +74,19 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 
 # -- Celery (read by exampleproj/celery.py with namespace="CELERY") -------------------------
+#: The database of the broker's Redis that holds the beat-claims store (CLAIMS_URL: elsewhere).
+CLAIMS_DB = 1
+
+
+def in_database(url: str, db: int) -> str:
+    """The Redis URL ``url`` with database ``db`` (a unix socket's ``?db=`` too)."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"]
+    if parts.scheme == "unix":
+        return f"unix://{parts.netloc}{parts.path}?{urlencode([*query, ('db', str(db))])}"
+    return urlunsplit(parts._replace(path=f"/{db}", query=urlencode(query)))
+
+
 STORE = os.environ.get("BC_STORE", "redis")
 if STORE == "sqlite":
     DATA_DIR = Path(os.environ.get("EXAMPLE_DATA", BASE_DIR / ".data")).resolve()
@@ -90,8 +105,11 @@ if STORE == "sqlite":
     }
     CELERY_BEAT_CLAIMS_URL = f"sqlite:///{DATA_DIR / 'claims.db'}"
 elif STORE == "redis":
-    # The store defaults to the broker's Redis.
     CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    # The store in a database of its own: the broker's queue (and anything else in
+    # REDIS_URL's database) never shares one with it, a FLUSHDB there never wipes it.
+    CELERY_BEAT_CLAIMS_URL = os.environ.get("CLAIMS_URL") or in_database(
+        CELERY_BROKER_URL, CLAIMS_DB)
 else:
     raise ValueError(f"BC_STORE={STORE!r}: must be 'redis' or 'sqlite'")
 CELERY_RESULT_BACKEND = "django-db"
