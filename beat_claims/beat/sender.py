@@ -253,6 +253,7 @@ class Sender:
         those runs as its own forgotten claims (which would send them again)."""
         if self.holdings.unmarked:
             self.store.record_sent(self.owner, self.holdings.unmarked)
+            self.knowledge.marked_sent(self.holdings.unmarked)
             self.holdings.unmarked.clear()
 
     def release(self, claims: list[Claim]) -> int:
