@@ -98,7 +98,7 @@ def test_a_stale_plan_writes_nothing_and_returns_the_store_state(store: Store) -
 def test_no_token_is_handed_out_at_or_below_the_token_floor(store: Store) -> None:
     state = register(store, "e")["e"]
     a = state.anchor
-    floor = above_clock(store)  # (a floor below the clock's tokens: test_tokens.py)
+    floor = above_clock(store)  # (a floor below the clock's: test_tokens_from_the_clock.py)
     result = claim(store, A, state, a + 1000, a + 2000, token_floor=floor)
     assert [c.token for c in result.claims] == [floor + 1, floor + 2]
     assert result.state is not None and result.state.token == floor + 2
