@@ -4,8 +4,9 @@ lost of the beat's writes is how the beat finds out. ``lost`` names the writes t
 longer holds (no such entry, a counter below the write's token, a run at the instant with a
 lower token, a sent mark whose run is still claimed, being sent or due with that token);
 a run taken over with a higher token, in a later state, or trimmed from the history holds
-them; a record that cannot be read is not judged. ``last_beat`` is the instant of the
-heartbeat before (None on a new store)."""
+them, and so does a run with no token (an operator's backfill replaced what the instant
+held: the counter judges); a record that cannot be read is not judged. ``last_beat`` is
+the instant of the heartbeat before (None on a new store)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,52 @@ def test_a_run_trimmed_from_the_history_is_judged_by_the_entry_s_counter(
     # Its counter put back below the run's token: the store lost it.
     backend.corrupt_entry_field(store, "e", "token", str(first.token - 1))
     assert beat(store, claimed(first), marked(first)).lost == (claimed(first), marked(first))
+
+
+def test_an_instant_an_operator_backfilled_since_holds_the_writes_before_it(
+        store: Store) -> None:
+    """A backfill replaces a run that ended without running by a manual run due now, with
+    no token until a beat claims it: that record says nothing of the tokens of its instant
+    before it, so the counter judges (found in review: a revoked run backfilled at once
+    made its beat take the store for an older copy, and start a new epoch)."""
+    c = send(store, A, one_claim(store, A))
+    assert store.finish([Outcome("e", c.due, c.token, RunState.CANCELLED)]) == [True]
+    result = store.backfill("e", [c.due], "alice@ops")
+    assert result is not None and result.created == (c.due,)
+    assert (run(store, c).state, run(store, c).token) == (RunState.DUE, 0)
+    assert beat(store, claimed(c), marked(c)).lost == ()
+    # Once a beat claims the backfilled run, its claim is held, and the first one too.
+    [again] = take(store, B)
+    assert again.due == c.due and again.token > c.token
+    assert beat(store, claimed(c), marked(c), claimed(again)).lost == ()
+
+
+@pytest.mark.history_limit(2)
+def test_an_instant_backfilled_after_its_run_was_trimmed_holds_the_writes_before_it(
+        store: Store) -> None:
+    first = send(store, A, one_claim(store, A, 1000))
+    assert store.finish([Outcome("e", first.due, first.token, RunState.CANCELLED)]) == [True]
+    for c in claims(store, A, 2000, 3000):  # (final: the backfill has room beside them)
+        send(store, A, c)
+        assert store.finish([Outcome("e", c.due, c.token, RunState.CANCELLED)]) == [True]
+    assert first.due not in runs(store)
+    result = store.backfill("e", [first.due], "alice@ops")
+    assert result is not None and result.created == (first.due,)
+    assert beat(store, claimed(first), marked(first)).lost == ()
+
+
+def test_a_backfilled_run_put_back_to_before_its_claim_has_lost_it(
+        store: Store, backend: Backend) -> None:
+    """The other way round: a copy older than the claim of a backfilled run has the run due
+    with no token, and the counter below the claim's."""
+    c = send(store, A, one_claim(store, A))
+    assert store.finish([Outcome("e", c.due, c.token, RunState.CANCELLED)]) == [True]
+    assert store.backfill("e", [c.due], "alice@ops") is not None
+    older = run(store, c)
+    [again] = take(store, B)
+    put_back(store, backend, older)
+    backend.corrupt_entry_field(store, "e", "token", str(c.token))
+    assert store.heartbeat(B, TTL, written=[claimed(again)]).lost == (claimed(again),)
 
 
 # -- lost ---------------------------------------------------------------------------------
