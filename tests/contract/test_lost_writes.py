@@ -254,4 +254,4 @@ def test_a_store_restored_from_a_copy_answers_the_copy_s_last_beat(
             return None
 
     hb = poll(answer, 10, "the store to answer after the restart")
-    assert hb.last_beat == copied.now
+    assert hb is not None and hb.last_beat == copied.now
