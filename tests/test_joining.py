@@ -18,6 +18,7 @@ import pytest
 
 from beat_claims.beat.liveness import JOIN_INTERVALS
 from beat_claims.scheduler import Scheduler
+from beat_claims.stores.base import Reclaim
 
 from .conftest import RedisServer
 from .inprocess import make, make_app, messages, occurrences_sent, run_for
@@ -168,6 +169,38 @@ def test_a_sent_mark_the_store_lost_is_noticed_and_the_run_is_not_sent_again(
     finally:
         a.close()
     nothing_twice(server)
+
+
+def test_a_sent_mark_the_store_refused_is_not_taken_for_one_it_lost(
+        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Another beat takes the run back (due again, with the same token) while this one
+    publishes it: the store refuses its sent mark. That mark was never the store's to
+    lose: the next heartbeat must not take the store for an older copy (a new epoch for
+    the whole fleet, every beat registering again what it knows)."""
+    app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1)}})
+    a = make(app)
+    real = a._publish
+    taken_back: list[Any] = []
+
+    def publish(entry: Any, claim: Any, task_id: str) -> Any:
+        if not taken_back:  # as a beat that took this one for dead would
+            taken_back.extend(a.store.reclaim([Reclaim(claim.entry, claim.due, claim.token)],
+                                              "another-beat"))
+        return real(entry, claim, task_id)
+
+    a._publish = publish  # type: ignore[method-assign]
+    try:
+        wait_for(lambda: taken_back, 10, "a publish", interval=0.02, between=a.tick)
+        assert taken_back == [True]
+        epoch = a.liveness.epoch
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="celery.beat.claims"):
+            a.liveness.lapse()
+            a.tick()  # its heartbeat first: the run is still due, with its token
+        assert a.liveness.epoch == epoch, caplog.text
+        assert "no longer holds" not in caplog.text, caplog.text
+    finally:
+        a.close()
 
 
 def put_back(server: RedisServer, copy: dict[bytes, Any], s: Scheduler,
