@@ -123,7 +123,7 @@ class Knowledge:
             self.newest_claim = Written(last.entry, last.due, last.token)
 
     def marked_sent(self, claims: list[Claim]) -> None:
-        """The store took the sent marks of ``claims``."""
+        """The store took the sent marks of ``claims`` (every one of them)."""
         if claims:
             last = claims[-1]
             self.newest_sent = Written(last.entry, last.due, last.token, sent=True)

@@ -502,8 +502,9 @@ class Store(abc.ABC):
         longer holds: no such entry, an entry whose token counter is below the write's
         token, a run at the instant with a lower token, or (for a sent mark) the same token
         still claimed, being sent or due. A run with a higher token, or in any later state,
-        holds it (and one trimmed from the history is judged by the counter alone); an
-        entry or run whose record cannot be read is not judged.
+        holds it (one trimmed from the history is judged by the counter alone, and so is a
+        run with no token: never claimed, a backfill or a request put it there over what
+        the instant held); an entry or run whose record cannot be read is not judged.
         Read just after the heartbeat is written (in the same atomic step where the
         backend can)."""
 

@@ -1421,6 +1421,7 @@ BEGIN
     CONTINUE WHEN NOT FOUND;  -- (trimmed from the history: the counter judged it)
     CONTINUE WHEN NOT v_run.readable;
     v_token := coalesce({s}.int_of(v_run.record -> 'token'), 0);
+    CONTINUE WHEN v_token = 0;  -- (never claimed: a backfill's or a request's run)
     IF v_token < (v_item ->> 't')::bigint OR (v_token = (v_item ->> 't')::bigint
         AND (v_item ->> 's')::boolean
         AND v_run.record ->> 'state' IN ({CLAIMED}, {SENDING}, {DUE}, {WAITING})) THEN

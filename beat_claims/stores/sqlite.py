@@ -1006,6 +1006,8 @@ class SQLiteStore(Store):
         if run is None or run is False:
             return None if run is False else True  # (trimmed: the counter judged it)
         token = int(run.get("token") or 0)
+        if token == 0:
+            return True  # never claimed (a backfill's or a request's run): the counter judged
         if token < item.token:
             return False
         return not (token == item.token and item.sent
