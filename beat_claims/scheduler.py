@@ -120,7 +120,8 @@ class Scheduler(BaseScheduler):
         self.knowledge = Knowledge()
         self.holdings = Holdings()
         interval = self.settings.heartbeat_interval
-        self.liveness = Liveness(self.store, self.owner, interval, self.clock)
+        self.liveness = Liveness(self.store, self.owner, interval, self.clock,
+                                 written=self.knowledge.written)
         self.claimer = Claimer(self.store, self.owner, self.settings, self, self.knowledge,
                                self.holdings, self.metrics, logger)
         self.sender = Sender(self.store, self.owner, self.settings, self.policies,
@@ -146,6 +147,7 @@ class Scheduler(BaseScheduler):
         self._last_sweep = float("-inf")
         self._ready = False
         self._settle_logged = False
+        self._join_logged = False
         self._registered_once = False
         self._closed = False
         self._closing = False
@@ -318,6 +320,13 @@ class Scheduler(BaseScheduler):
                             " over or wiped): claiming starts in %.1fs, once every live beat"
                             " could register what it knows", settling)
             return min(settling, self.max_interval)
+        if not self.liveness.join.joined:
+            if not self._join_logged:
+                self._join_logged = True
+                logger.info("beat-claims: joining: claiming starts once every live beat has"
+                            " heartbeated since this one started (each checks the store"
+                            " still holds what it wrote)")
+            return max(0.05, min(self.liveness.joining_for(), self.max_interval))
         if not self._ready:
             self.claimer.sync(self.schedule)
             self._ready = True

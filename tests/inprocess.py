@@ -44,13 +44,46 @@ def make(app: Celery, settle: bool = True) -> Scheduler:
     return s
 
 
-def settled(*schedulers: Scheduler, timeout: float = 15) -> None:
+def joined(app: Celery, *running: Scheduler) -> Scheduler:
+    """A scheduler that joins ``running`` ones on the same store, ticked until it claims.
+
+    A beat that joins claims nothing until every beat alive in the store has heartbeated
+    since its first heartbeat, then heartbeats once more (beat/liveness.py, Joining). The
+    running ones heartbeat at once (as each would within its interval), and then the new
+    one: it joins within JOIN_CONFIRM whatever the interval, and none of the running ones
+    lapses meanwhile (made one after the other without this, the new one waits until the
+    others' heartbeats lapse, and takes them for dead)."""
+    s = Scheduler(app=app)
+    settled(s, running=running)
+    return s
+
+
+def beats(*apps: Celery) -> list[Scheduler]:
+    """One scheduler per app, on one store, made one after another as a fleet's beats
+    start: each joins the ones made before it (:func:`joined`)."""
+    made: list[Scheduler] = []
+    for app in apps:
+        made.append(joined(app, *made))
+    return made
+
+
+def settled(*schedulers: Scheduler, timeout: float = 15,
+            running: tuple[Scheduler, ...] = ()) -> None:
+    """Tick each scheduler until the store has settled and it claims; the ``running`` ones
+    are made to heartbeat whenever one waits to join (see :func:`joined`)."""
     deadline = time.monotonic() + timeout
     for s in schedulers:
         while not (s._ready and s.liveness.settling_for() == 0):
             if time.monotonic() > deadline:
                 raise AssertionError("the store did not settle")
-            time.sleep(min(0.05, max(0.0, s.tick())))
+            wait = s.tick()
+            waited = [o for o in running if o.owner.id in s.liveness.join.waiting_for]
+            for other in waited:
+                other.liveness.lapse()
+                other.tick()
+            if waited:
+                s.liveness.lapse()
+            time.sleep(min(0.05, max(0.0, wait)))
 
 
 def run_for(seconds: float, *schedulers: Scheduler) -> None:

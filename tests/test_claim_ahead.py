@@ -20,7 +20,7 @@ from beat_claims.runs import RunState, iso
 from beat_claims.scheduler import Scheduler
 
 from .conftest import RedisServer
-from .inprocess import make, make_app, occurrences_sent, run_for
+from .inprocess import beats, make, make_app, occurrences_sent, run_for
 from .processes import wait_for
 
 ENTRIES = 2 * CLAIM_CHUNK + 50  # three chunks
@@ -163,7 +163,7 @@ def test_a_broker_outage_in_the_middle_of_a_burst_sends_what_was_claimed_ahead_o
 def test_a_conflict_costs_one_store_call_not_a_second_with_nothing_to_write(
         server: RedisServer) -> None:
     app = burst_app(server, every=5)  # b ticks well before the next instant
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     calls = spy_claims(b)
     due = next_burst(a)
     wait_for(lambda: b.clock.now() >= due, 5, "the burst's instant", 0.02)
@@ -199,7 +199,7 @@ def test_auto_claims_ahead_only_with_two_cores_more_than_the_beats_of_this_host(
     chunk; on four, ahead. A lone beat claims ahead from three cores."""
     monkeypatch.setattr("beat_claims.scheduler.usable_cores", lambda: cores)
     app = burst_app(server, beat_claims_claim_ahead="auto")
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     run_for(0.6, a, b)  # each has seen the other's heartbeat
     assert a.liveness.beats_here() == b.liveness.beats_here() == 2
     calls_a, calls_b = spy_claims(a), spy_claims(b)

@@ -20,7 +20,7 @@ from beat_claims.runs import RunState, iso
 from beat_claims.scheduler import Scheduler
 
 from .conftest import RedisServer
-from .inprocess import make, occurrences_sent
+from .inprocess import joined, make, occurrences_sent
 from .processes import wait_for
 from .test_claim_ahead import ENTRIES, break_publish, burst_app, next_burst, no_duplicates
 
@@ -55,7 +55,7 @@ def test_a_broker_outage_gives_back_what_was_claimed_ahead_for_a_healthy_beat(
     assert held_by(a, due, a.owner.id) == 0, (
         f"{held_by(a, due, a.owner.id)} runs stay claimed by a beat whose broker is down")
     # ... so that a beat whose broker works sends the whole burst now.
-    b = make(burst_app(server))
+    b = joined(burst_app(server), a)
 
     def both() -> None:
         a.tick()

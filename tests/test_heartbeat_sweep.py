@@ -16,7 +16,7 @@ from beat_claims.runs import iso
 from beat_claims.scheduler import Scheduler
 
 from .conftest import RedisServer
-from .inprocess import make, make_app, occurrences_sent, run_for
+from .inprocess import beats, make, make_app, occurrences_sent, run_for
 from .processes import wait_for
 
 
@@ -57,7 +57,7 @@ def test_a_claim_of_an_owner_gone_since_the_last_heartbeat_is_taken_back_at_once
     query with the heartbeat that finds B gone, built while B was alive: the answer lacks
     B's claim, so the sweep asks again and takes the claim back in this very tick."""
     app = make_app(server, beat_claims_reclaim_after=60)
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     b.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     held = wait_for(lambda: [r for r in b.store.history("every-1s")
                              if r.state is RunState.CLAIMED and r.owner == b.owner.id],

@@ -42,7 +42,7 @@ from .conftest import RedisServer
 from .contract.backend_redis_cluster import ClusterServers, cluster
 from .contract.helpers import plan
 from .faults import Proxy, proxy
-from .inprocess import make, make_app, occurrences_sent, run_for
+from .inprocess import beats, make, make_app, occurrences_sent, run_for
 from .processes import wait_for
 
 ENTRY = "review-every-half-second"
@@ -126,7 +126,7 @@ def test_a_claim_of_an_owner_that_joined_since_the_last_heartbeat_is_not_taken_b
     app = make_app(server, beat_claims_reclaim_after=60)
     a = make(app)
     run_for(0.6, a)
-    b = make(app)  # joins after A's last heartbeat
+    b = make(app)  # joins after A's last heartbeat (once it lapsed: A does not tick)
     b.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     held = wait_for(lambda: [r for r in b.store.history("every-1s")
                              if r.state is RunState.CLAIMED and r.owner == b.owner.id],
@@ -156,7 +156,7 @@ def test_a_lost_reply_to_the_heartbeat_carrying_the_sweep(server: RedisServer,
                                                            lossy: Proxy) -> None:
     app_b = make_app(server, beat_claims_reclaim_after=60)
     app_a = make_app(server, beat_claims_reclaim_after=60, beat_claims_url=lossy.url())
-    a, b = make(app_a), make(app_b)
+    a, b = beats(app_a, app_b)
     b.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     held = wait_for(lambda: [r for r in b.store.history("every-1s")
                              if r.state is RunState.CLAIMED and r.owner == b.owner.id],

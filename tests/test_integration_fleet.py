@@ -165,7 +165,8 @@ def test_worker_with_embedded_beat_releases_unsent_claims_on_shutdown(
         embedded = f.worker("-B", "-s", str(tmp_path / "unused-schedule"),
                             BC_BLOCK_PUBLISH="1")  # blocks inside its first publish
         f.wait_log(embedded, "Sending due task", 30)
-        claimed = {(r.entry, r.due) for name in schedule for r in store.history(name)}
+        claimed = {(r.entry, r.due): r.token for name in schedule
+                   for r in store.history(name)}
         assert len(claimed) == 4
         f.stop(embedded, signal.SIGTERM, timeout=30)
         assert "released 3 unsent claim(s)" in f.log(embedded)
@@ -183,7 +184,7 @@ def test_worker_with_embedded_beat_releases_unsent_claims_on_shutdown(
         # The store agrees: each released run was taken again (a fresh token) and is done
         # (the outcome is recorded just after the task's body wrote its execution).
         def again() -> list[tuple[str, str, bool]]:
-            return sorted((r.entry, r.state.value, r.token > 1) for e, d in claimed
-                          for r in store.history(e) if r.due == d)
+            return sorted((r.entry, r.state.value, r.token > claimed[(e, d)])
+                          for e, d in claimed for r in store.history(e) if r.due == d)
         want = sorted((e, "done", True) for e, _ in claimed)
         wait_for(lambda: again() == want, 10, "the released runs to be done")

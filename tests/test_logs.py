@@ -15,7 +15,7 @@ import pytest
 from beat_claims.enums import Reason, RunState
 
 from .conftest import RedisServer
-from .inprocess import make, make_app, run_for
+from .inprocess import beats, make, make_app, run_for
 
 
 def skip_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -56,7 +56,7 @@ def test_a_beat_waking_from_a_pause_logs_nothing_another_beat_did(
     app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}},
                    beat_claims_heartbeat_interval=0.3, beat_claims_reclaim_after=0.6,
                    beat_claims_catch_up_grace=0.2)
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     real_send = a.sender.send
     a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(0.8, a)

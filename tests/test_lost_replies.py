@@ -24,7 +24,7 @@ from beat_claims.stores.redis import RedisStore, function_name
 
 from .conftest import RedisServer
 from .faults import Proxy, proxy
-from .inprocess import make, make_app, messages, occurrences_sent, run_for
+from .inprocess import beats, joined, make, make_app, messages, occurrences_sent, run_for
 from .processes import wait_for
 
 ENTRY = "e"
@@ -167,7 +167,7 @@ def test_a_lost_reply_to_a_release(server: RedisServer, lossy: Proxy, overlap: s
     """A stopping beat's release executes but its reply is lost; another beat sends what
     was released."""
     a = make(app_for(server, lossy.url(), overlap))
-    b = make(app_for(server, server.url, overlap))
+    b = joined(app_for(server, server.url, overlap), a)
     a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.0, a, b)
     # However slow the machine, the stopping beat holds something to release.
@@ -187,7 +187,7 @@ def test_a_lost_reply_to_a_release(server: RedisServer, lossy: Proxy, overlap: s
 def test_a_lost_reply_to_a_take_over(server: RedisServer, lossy: Proxy, overlap: str) -> None:
     """A beat dies holding claims; the beat that takes them back loses the reply."""
     a = make(app_for(server, server.url, overlap))
-    b = make(app_for(server, lossy.url(), overlap))
+    b = joined(app_for(server, lossy.url(), overlap), a)
     a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.0, a)
     held = set(a.holdings.held)
@@ -215,7 +215,7 @@ def test_a_beat_killed_between_two_writes(server: RedisServer, where: str) -> No
     messages in order runs the occurrence once."""
     app = make_app(server, {ENTRY: {"task": "t.noop", "schedule": timedelta(seconds=1),
                                     "claims": {"catch_up": "all"}}})
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     real = a._publish
     victim: list[Any] = []
 

@@ -16,7 +16,7 @@ from beat_claims.runs import Run, iso
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
-from .inprocess import make, make_app, messages, run_for
+from .inprocess import beats, make_app, messages, run_for
 from .processes import duplicates, executions, fleet, wait_for
 
 pytestmark = pytest.mark.integration
@@ -149,7 +149,7 @@ def test_a_jitter_longer_than_half_reclaim_after_holds_no_claim_that_long(
     app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=0.5),
                                   "claims": {"jitter": jitter,
                                              "reclaim_after": reclaim_after}}})
-    one, two = make(app), make(app)
+    one, two = beats(app, app)
     try:
         run_for(12, one, two)
         history = one.store.history("e")

@@ -29,7 +29,7 @@ from beat_claims.stores.base import Check, ClaimPlan, Delivery, EntrySeed, Worke
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
-from .inprocess import make, make_app
+from .inprocess import beats, make_app
 
 HOUR = 3600
 
@@ -115,7 +115,7 @@ def test_a_live_beat_on_the_same_host_stays_alive_after_a_wall_clock_step(
     """Beats on one host judge each other's process: a step of the wall clock must not
     make a live peer look gone (its claims would be taken back)."""
     app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1)}})
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     a.liveness.beat()
     b.liveness.beat()
     a.liveness.beat()

@@ -19,7 +19,7 @@ from beat_claims.enums import RunState
 from beat_claims.scheduler import Scheduler
 
 from .conftest import RedisServer, seed_settled_epoch
-from .inprocess import make, make_app, occurrences_sent
+from .inprocess import beats, make, make_app, occurrences_sent
 from .processes import wait_for
 
 N = 3_000
@@ -52,7 +52,7 @@ def test_a_large_schedule_due_at_once_is_sent_once_by_two_beats(server: RedisSer
     # claimed later than it would be recorded skipped for catch-up, as they should be)
     app = make_app(server, entries, beat_claims_heartbeat_interval=2,
                    beat_claims_catch_up_grace=30)
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     broker = server.client(db=1)
     worst: list[float] = []  # of the ticks that sent 100 messages or more: CPU s a message
 

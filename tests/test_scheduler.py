@@ -20,7 +20,7 @@ from beat_claims.settings import ConfigurationError
 from beat_claims.stores.base import ClaimPlan, Reclaim
 
 from .conftest import RedisServer
-from .inprocess import make, make_app, messages, occurrences_sent, run_for
+from .inprocess import beats, make, make_app, messages, occurrences_sent, run_for
 from .processes import wait_for
 
 
@@ -56,7 +56,7 @@ def test_two_schedulers_send_each_occurrence_once(server: RedisServer) -> None:
         "a": {"task": "t.noop", "schedule": timedelta(seconds=1)},
         "b": {"task": "t.noop", "schedule": timedelta(seconds=0.5)},
     })
-    one, two = make(app), make(app)
+    one, two = beats(app, app)
     run_for(4, one, two)
     sent = occurrences_sent(server)
     assert len(sent) >= 8
@@ -105,7 +105,7 @@ def test_close_releases_unsent_claims_idempotently_even_when_reentered(
 
 def test_released_runs_are_sent_by_another_beat_at_its_next_sweep(server: RedisServer) -> None:
     app = make_app(server, beat_claims_heartbeat_interval=1.5)
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     run_for(0.3, b)  # b is up and has looked at the store once
     a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.6, a)
@@ -125,7 +125,7 @@ def test_a_claim_that_waits_past_reclaim_after_is_not_sent_by_its_stale_owner(
     """Hard case 2: A claims, is delayed past reclaim_after; B takes over and sends;
     A resumes and its check before publish refuses."""
     app = make_app(server, beat_claims_reclaim_after=1.0, beat_claims_heartbeat_interval=0.3)
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     stalled: list[Any] = []
     real_send = a.sender.send
     a.sender.send = lambda claims, schedule: stalled.extend(claims)  # type: ignore[method-assign]
@@ -147,7 +147,7 @@ def test_abandoned_claim_is_reclaimed_by_a_long_lived_beat_without_restart(
         server: RedisServer) -> None:
     """Hard case 5: B saw A's live claim earlier; once it is abandoned B takes it over."""
     app = make_app(server, beat_claims_reclaim_after=2.0, beat_claims_heartbeat_interval=0.3)
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.2, a)
     claimed = [r.due for r in a.store.history("every-1s") if r.state.held]
@@ -334,7 +334,7 @@ def test_a_claim_whose_reply_was_lost_is_taken_back_by_its_own_beat(
 def test_a_claim_whose_reply_was_lost_is_found_by_another_beat_when_its_beat_dies(
         server: RedisServer) -> None:
     app = make_app(server, beat_claims_heartbeat_interval=0.3)
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     orphan_due = _claim_behind_the_beats_back(a, "every-1s")
     a.store.leave(a.owner)  # a dies before its next sweep: nobody remembers the claim
     a._closed = True
@@ -349,7 +349,7 @@ def test_a_taken_over_claim_survives_the_death_of_the_beat_that_took_it(
     """The beat that takes a claim back and claims it anew holds it in the store's records:
     if that beat dies too, a third one finds it."""
     app = make_app(server, beat_claims_heartbeat_interval=0.3)
-    a, b, c = make(app), make(app), make(app)
+    a, b, c = beats(app, app, app)
     for s in (a, b):
         s.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]
     run_for(1.3, a)

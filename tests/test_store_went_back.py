@@ -27,7 +27,7 @@ from beat_claims.stores.base import Check, CheckResult, Claim, Delivery, Outcome
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer, SnapshotServer, seed_settled_epoch
-from .inprocess import make, make_app, messages, occurrences_sent, run_for
+from .inprocess import beats, make, make_app, messages, occurrences_sent, run_for
 from .processes import duplicates, executions, fleet, wait_for
 
 
@@ -168,7 +168,7 @@ def _restored_before_any_heartbeat(store_server: SnapshotServer, broker: RedisSe
     app = make_app(store_server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=2)}},
                    broker=broker, beat_claims_heartbeat_interval=30,
                    beat_claims_catch_up_grace=grace)
-    a, b = make(app), make(app)
+    a, b = beats(app, app)
     wait_for(lambda: a.claimer.states["e"].checkpoint and b.claimer.states["e"].checkpoint,
              10, "both beats to see a checkpoint", interval=0.05,
              between=lambda: (a.tick(), b.tick()))

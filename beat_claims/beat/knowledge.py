@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..enums import RunState
 from ..runs import Run
-from ..stores.base import Claim, EntryRecord, EntrySeed, EntryState, Pause
+from ..stores.base import Claim, EntryRecord, EntrySeed, EntryState, Pause, Written
 
 #: After the store may have lost writes, new tokens start this far above the highest one
 #: seen: a beat that has since died may have handed out tokens nobody alive saw.
@@ -45,6 +45,11 @@ class Knowledge:
         #: last checked: the store may hold a later pause. Checked first.
         self.pauses_stale: set[str] = set()
         self._pause_turn = 0
+        #: The newest claim this beat made and the newest sent mark the store took from
+        #: it: at each heartbeat the store is asked whether it still holds them (one put
+        #: back from an older copy, whatever way, has lost them, whatever its epoch says).
+        self.newest_claim: Written | None = None
+        self.newest_sent: Written | None = None
 
     def learn(self, name: str, state: EntryState) -> str | None:
         """Take in the store's state of an entry. Returns what went back, if anything did
@@ -113,6 +118,19 @@ class Knowledge:
             known = self.entries.get(claim.entry)
             if known is not None and claim.token > known.token:
                 known.token = claim.token
+        if claims:
+            last = claims[-1]
+            self.newest_claim = Written(last.entry, last.due, last.token)
+
+    def marked_sent(self, claims: list[Claim]) -> None:
+        """The store took the sent marks of ``claims`` (every one of them)."""
+        if claims:
+            last = claims[-1]
+            self.newest_sent = Written(last.entry, last.due, last.token, sent=True)
+
+    def written(self) -> list[Written]:
+        """What the store must still hold of this beat's writes (see newest_claim)."""
+        return [w for w in (self.newest_claim, self.newest_sent) if w is not None]
 
     def sent(self, claim: Claim, task_id: str, at: int) -> None:
         # If it has to be registered again, it is marked so: the store lost its outcome,
@@ -123,11 +141,17 @@ class Knowledge:
 
     def forget(self, name: str) -> None:
         self.entries.pop(name, None)
+        if self.newest_claim is not None and self.newest_claim.entry == name:
+            self.newest_claim = None
+        if self.newest_sent is not None and self.newest_sent.entry == name:
+            self.newest_sent = None
 
     def seeds(self, descriptions: dict[str, str], held: list[Claim]) -> list[EntrySeed]:
         """What to register again after the store's epoch changed: every entry this beat
         has, with what it knows; the claims it held come back as due runs (nobody sent
-        them), the runs it sent lately as sent (their messages may still be queued)."""
+        them), the runs it sent lately as sent (their messages may still be queued). The
+        newest writes are forgotten: what is registered again replaces them."""
+        self.newest_claim = self.newest_sent = None
         runs: dict[str, list[Run]] = {}
         for claim in held:
             runs.setdefault(claim.entry, []).append(

@@ -8,15 +8,25 @@ keeps it from sending them when it wakes).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 
-from ..runs import Owner, process_is_gone
-from ..stores.base import LiveQuery, LiveRuns, OwnerStatus, Store
+from ..runs import Owner, iso, process_is_gone
+from ..stores.base import Heartbeat, LiveQuery, LiveRuns, OwnerStatus, Store, Written
 from .clock import StoreClock
 
 #: How far the store's clock may be from this beat's reckoning of it at a heartbeat for the
 #: answer of a sweep asked with that heartbeat to be used (half a round trip either way
 #: of error in each reading, and some drift).
 CLOCK_STEP_MS = 250
+#: A beat that joins when the store has seen no heartbeat for longer than a TTL (a fleet
+#: that was stopped, or an older copy of the store put back under running beats) claims
+#: nothing for this many heartbeat intervals: every running beat has heartbeated by then,
+#: and found out whether the store lost what it wrote.
+JOIN_INTERVALS = 1.5
+#: Once every beat it waited for has heartbeated, a joining beat heartbeats once more this
+#: long after (at most half an interval) before it claims: a beat that found at its
+#: heartbeat that the store lost its writes starts a new epoch in its very next call.
+JOIN_CONFIRM = 0.5
 
 
 class StoreWentBack(Exception):
@@ -25,12 +35,16 @@ class StoreWentBack(Exception):
 
 
 class Liveness:
-    def __init__(self, store: Store, owner: Owner, interval: float, clock: StoreClock) -> None:
+    def __init__(self, store: Store, owner: Owner, interval: float, clock: StoreClock,
+                 written: Callable[[], Sequence[Written]] = tuple) -> None:
         self.store = store
         self.owner = owner
         self.interval = interval
         self.ttl = 3 * interval
         self.clock = clock
+        #: This beat's newest writes, asked after at every heartbeat (Knowledge.written).
+        self.written = written
+        self.join = Joining(owner.id, interval, self.ttl)
         self.last = float("-inf")  # monotonic instant of the last heartbeat
         self.epoch: str | None = None
         self.store_id = ""  # stamped on messages: workers compare it with their store's
@@ -40,7 +54,7 @@ class Liveness:
         self.swept: tuple[LiveQuery, LiveRuns] | None = None
 
     def due(self) -> bool:
-        return time.monotonic() - self.last >= self.interval
+        return time.monotonic() - self.last >= self.interval or self.join.beat_due()
 
     def beat(self, resync: bool = False, settling: bool = False,
              sweep: LiveQuery | None = None) -> bool:
@@ -51,7 +65,7 @@ class Liveness:
         reckoned = self.clock.now()  # what the sweep's cutoffs were reckoned from
         asked = time.monotonic()
         hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
-                                  sweep=sweep)
+                                  sweep=sweep, written=self.written())
         answered = time.monotonic()
         # This beat's reckoning of the store's clock at the instant the store read it (the
         # middle of the round trip, as the clock takes it).
@@ -68,6 +82,14 @@ class Liveness:
         in_step = abs(hb.now - expected) <= CLOCK_STEP_MS
         if sweep is not None and hb.live is not None and not changed and in_step:
             self.swept = (sweep, hb.live)
+        if hb.lost and not (resync or settling):
+            lost = hb.lost[0]
+            raise StoreWentBack(
+                f"the store no longer holds what this beat wrote ({lost.entry} due"
+                f" {iso(lost.due)}: its {'sent mark' if lost.sent else 'claim'}, token"
+                f" {lost.token}): it was put back from an older copy")
+        if not self.join.joined:
+            self.join.step(hb, answered, self._alive)
         return changed and not resync
 
     def take_swept(self) -> LiveRuns | None:
@@ -103,7 +125,18 @@ class Liveness:
         """Owners believed alive: their heartbeat has not lapsed, and on this host their
         process is still there."""
         return frozenset(o.owner.id for o in self.owners
-                         if o.owner.id == self.owner.id or (o.alive and not _gone(o.owner)))
+                         if o.owner.id == self.owner.id or self._alive(o))
+
+    @staticmethod
+    def _alive(status: OwnerStatus) -> bool:
+        return status.alive and not _gone(status.owner)
+
+    def joining_for(self) -> float:
+        """Seconds until this beat may claim its first occurrence (0 once it may)."""
+        if self.join.joined:
+            return 0.0
+        return max(0.0, min(self.join.next_beat(), self.last + self.interval)
+                   - time.monotonic())
 
     def beats_here(self) -> int:
         """Live beats on this host, this one included (they share its cores)."""
@@ -118,3 +151,60 @@ class Liveness:
 
 def _gone(owner: Owner) -> bool:
     return process_is_gone(owner.host, owner.pid, owner.process) is True
+
+
+class Joining:
+    """Whether a beat that just started may claim yet.
+
+    A store put back from an older copy keeps its epoch and identity; the beats that were
+    running find it out at their next heartbeat (the store no longer holds what they
+    wrote) and start a new epoch, in which everyone registers again what it knows. A beat
+    that starts meanwhile knows nothing: it waits until every beat the store shows alive
+    has heartbeated since its own first heartbeat (or lapsed), and, when the store shows
+    no heartbeat for longer than a TTL (its copy may be older than that), for
+    :data:`JOIN_INTERVALS` heartbeat intervals; then it heartbeats once more, and claims
+    if that heartbeat shows no new epoch. On a new store, or one whose last heartbeat is
+    recent with no other beat alive (a beat restarted), it joins at its first heartbeat.
+    """
+
+    def __init__(self, owner_id: str, interval: float, ttl: float) -> None:
+        self.owner_id = owner_id
+        self.interval = interval
+        self.ttl = ttl
+        self.joined = False
+        self.began: float | None = None  # monotonic: the first heartbeat
+        self.waiting_for: dict[str, int] = {}  # live beats at the first one: their expiry
+        self.until = 0.0  # monotonic: not joined before
+        self.confirm_at: float | None = None
+
+    def step(self, hb: Heartbeat, answered: float,
+             alive: Callable[[OwnerStatus], bool]) -> None:
+        statuses = {o.owner.id: o for o in hb.owners if o.owner.id != self.owner_id}
+        if self.began is None:
+            self.began = answered
+            self.waiting_for = {i: o.expires_at for i, o in statuses.items() if alive(o)}
+            stale = hb.last_beat is not None and hb.now - hb.last_beat > self.ttl * 1000
+            self.until = answered + (JOIN_INTERVALS * self.interval if stale else 0.0)
+            if not self.waiting_for and not stale:
+                self.joined = True
+            return
+        for owner_id, expiry in list(self.waiting_for.items()):
+            status = statuses.get(owner_id)
+            if status is None or not alive(status) or status.expires_at > expiry:
+                del self.waiting_for[owner_id]  # it heartbeated since, or it is gone
+        if self.waiting_for or answered < self.until:
+            return
+        if self.confirm_at is None:
+            self.confirm_at = answered + min(JOIN_CONFIRM, self.interval / 2)
+        elif answered >= self.confirm_at:
+            self.joined = True
+
+    def next_beat(self) -> float:
+        """When the next heartbeat helps this beat join (monotonic)."""
+        if self.confirm_at is not None:
+            return self.confirm_at
+        return self.until if self.until > (self.began or 0.0) else float("inf")
+
+    def beat_due(self) -> bool:
+        return not self.joined and self.began is not None and \
+            time.monotonic() >= self.next_beat()

@@ -263,7 +263,11 @@ class Sender:
         """Store the sent marks still owed. Until they are stored this beat does not treat
         those runs as its own forgotten claims (which would send them again)."""
         if self.holdings.unmarked:
-            self.store.record_sent(self.owner, self.holdings.unmarked)
+            marked = self.store.record_sent(self.owner, self.holdings.unmarked)
+            # A mark the store refused (the run taken back meanwhile) was never its to
+            # lose; which one it refused is not said: the newest mark stays the last known.
+            if marked == len(self.holdings.unmarked):
+                self.knowledge.marked_sent(self.holdings.unmarked)
             self.holdings.unmarked.clear()
 
     def release(self, claims: list[Claim]) -> int:

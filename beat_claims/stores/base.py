@@ -16,7 +16,9 @@ What the contract promises, and every backend's contract suite checks
 * **Replies can be lost.** Every method may have been executed and still raise in the
   client. Each is safe to call again (claims are found again by :meth:`live_runs`; a check,
   a sent mark, a release, a reclaim and an outcome repeated with the same token do no harm).
-* **Nothing goes back.** A checkpoint and a token counter only move forward; a final state
+* **Nothing goes back.** A checkpoint and a token counter only move forward, and a token is
+  never below the store's clock times :data:`TOKENS_PER_MS` (so not even a store restored
+  from an older copy hands one out twice); a final state
   is never rewritten (``lost`` only by a late start of the same token, or by the late
   outcome of a delivery that started it); a claim never overwrites a run already recorded
   at its instant.
@@ -37,6 +39,15 @@ from typing import Any
 
 from ..enums import Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run
+
+#: Every token a claim hands out is at least the store's clock (UTC ms) times this. A store
+#: put back from an older copy (any way: a file copied back, SQLite's backup API, a dump
+#: loaded again, an older RDB, keys restored) still hands out tokens above every token it
+#: handed out before, without remembering them: as long as its clock has not gone back
+#: further than the copy's age. Ten a millisecond: room for as many claims of one entry
+#: before its counter runs ahead of the clock, and a token stays under 10^14 (Redis's Lua
+#: writes 14 significant digits of a number in JSON) until the year 2286.
+TOKENS_PER_MS = 10
 
 
 class StoreError(Exception):
@@ -423,6 +434,20 @@ class BackfillResult:
 
 # -- liveness -----------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Written:
+    """The newest write a beat made about a run: its claim (``sent`` False), or the mark
+    that it was handed to the broker (``sent`` True). At each heartbeat the beat asks the
+    store whether it still holds it: a store put back from an older copy, whatever way
+    (a file copied back, SQLite's backup API, a dump loaded again, an older RDB, keys
+    restored one by one), has lost it, whatever its epoch and identity say."""
+
+    entry: str
+    due: int
+    token: int
+    sent: bool = False
+
+
+@dataclass(frozen=True)
 class OwnerStatus:
     owner: Owner
     alive: bool
@@ -449,6 +474,13 @@ class Heartbeat:
     """With a ``sweep`` query, where the backend answers it in the same round trip: its
     answer, read from the records just after the heartbeat was written (as
     :meth:`Store.live_runs` would). None otherwise."""
+    lost: tuple[Written, ...] = ()
+    """The items of the heartbeat's ``written`` the store no longer holds: it went back
+    (see :meth:`Store.heartbeat`)."""
+    last_beat: int | None = None
+    """When the store last saw a heartbeat of any beat before this one (store clock, UTC
+    ms; None: never). Kept with the epoch, never forgotten: a store restored from a copy
+    shows the copy's."""
 
 
 # -- worker processes' liveness -----------------------------------------------------------
@@ -541,7 +573,8 @@ class Store(abc.ABC):
     # beats: liveness and entries
     @abc.abstractmethod
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
-                  settling: bool = False, sweep: LiveQuery | None = None) -> Heartbeat:
+                  settling: bool = False, sweep: LiveQuery | None = None,
+                  written: Sequence[Written] = ()) -> Heartbeat:
         """Renew ``owner``'s liveness for ``ttl`` seconds and read the store's clock, epoch
         and owners. With ``resync`` the caller found the store went back: start a new epoch
         and settle for ``ttl`` (no claiming meanwhile). With ``settling`` the caller is
@@ -549,7 +582,17 @@ class Store(abc.ABC):
         more. With ``sweep``, a backend that can answer that :meth:`live_runs` query in the
         same round trip does (``live``: an idle beat's heartbeat and sweep are one round
         trip); one that cannot leaves ``live`` None, and the caller asks apart. Whatever
-        fails the sweep's part never fails the heartbeat."""
+        fails the sweep's part never fails the heartbeat.
+
+        ``written``: the newest writes the caller made; ``lost`` answers those the store no
+        longer holds: no such entry, an entry whose token counter is below the write's
+        token, a run at the instant with a lower token, or (for a sent mark) the same token
+        still claimed, being sent or due. A run with a higher token, or in any later state,
+        holds it (one trimmed from the history is judged by the counter alone, and so is a
+        run with no token: never claimed, a backfill or a request put it there over what
+        the instant held); an entry or run whose record cannot be read is not judged.
+        Read just after the heartbeat is written (in the same atomic step where the
+        backend can)."""
 
     @abc.abstractmethod
     def leave(self, owner: Owner) -> None:
@@ -564,9 +607,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
         """Claim occurrences (compare-and-set on each entry's checkpoint, a fresh token
-        each) and record the planned skips; take the entry's due runs. With a plan's
-        ``send``, the new occurrences may be checked before publish in the same atomic step
-        (:class:`SendAtOnce`). One result per plan, in order."""
+        each: above the entry's last token, the plan's floor and the store's clock times
+        :data:`TOKENS_PER_MS`) and record the planned skips; take the entry's due runs.
+        With a plan's ``send``, the new occurrences may be checked before publish in the
+        same atomic step (:class:`SendAtOnce`). One result per plan, in order."""
 
     @abc.abstractmethod
     def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
@@ -736,7 +780,7 @@ __all__ = [
     "EntryState", "Heartbeat", "HeldRun", "LiveQuery", "LiveRuns", "OpenRun", "Outcome",
     "OwnerStatus", "Pause", "Reclaim", "Release", "RunRef", "SendAtOnce", "StartDecision",
     "Store",
-    "StoreConfigurationError", "StoreError", "WorkerProcess", "in_last_pause",
+    "StoreConfigurationError", "StoreError", "WorkerProcess", "Written", "in_last_pause",
 ]
 __all__ += ["WORKER_RECORDS_KEPT", "WorkerLiveness", "WorkerLivenessRead",
             "read_worker_record", "worker_id",

@@ -80,6 +80,7 @@ from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from ..urls import raise_redacted, redact_text, redact_url
 from .base import (
+    TOKENS_PER_MS,
     BackfillRefused,
     BackfillResult,
     Check,
@@ -111,6 +112,7 @@ from .base import (
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
+    Written,
     read_worker_record,
     worker_id,
     worker_ttl_ms,
@@ -152,9 +154,15 @@ DROP FUNCTION IF EXISTS {s}.resume(text, text);
     # 5: register() also puts a later-token sent run over an earlier send no worker started
     # (two backfills of one instant, restored from an older copy): functions only.
     4: "SELECT 1;",
-    # 6: the liveness of worker processes (the workers table, worker_heartbeat()): created
-    # by the DDL installed after the migrations.
-    5: "SELECT 1;",
+    # 6: the liveness of worker processes (the workers table, worker_heartbeat(): created
+    # by the DDL installed after the migrations); the last heartbeat's instant (beat_at),
+    # and heartbeat() looks for the caller's newest writes (another signature: dropped,
+    # then installed); claim() hands out no token below the clock.
+    5: """
+ALTER TABLE {s}.epoch ADD COLUMN IF NOT EXISTS beat_at bigint;
+DROP FUNCTION IF EXISTS {s}.heartbeat(text, jsonb, bigint, boolean, text, bigint, boolean,
+                                      text);
+""",
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
 #: casts, EXECUTE FUNCTION triggers; tested on 15).
@@ -203,7 +211,7 @@ def _sql_names(schema: str) -> dict[str, str]:
     """What the SQL below is formatted with: the schema, and the names of states, reasons
     and replies generated from the enums (never written a second time in SQL)."""
     names = {"s": f'"{schema}"', "WEEK_MS": str(WEEK_MS),
-             "ANCHOR_SHARED_MS": str(ANCHOR_SHARED_MS)}
+             "ANCHOR_SHARED_MS": str(ANCHOR_SHARED_MS), "TOKENS_PER_MS": str(TOKENS_PER_MS)}
     names.update({state.name: f"'{state.value}'" for state in RunState})
     names.update({f"R_{reason.name}": f"'{reason.value}'" for reason in Reason})
     names.update({f"C_{status.name}": f"'{status.value}'" for status in ClaimStatus})
@@ -268,7 +276,8 @@ CREATE TABLE IF NOT EXISTS {s}.epoch (
   id text NOT NULL,
   settle_until bigint,
   since bigint NOT NULL,
-  server text NOT NULL);
+  server text NOT NULL,
+  beat_at bigint);
 CREATE TABLE IF NOT EXISTS {s}.anchoring (
   one boolean PRIMARY KEY DEFAULT true CHECK (one),
   instant bigint NOT NULL,
@@ -638,7 +647,9 @@ BEGIN
       CONTINUE;
     END IF;
     v_now := {s}.now_ms();
-    v_floor := coalesce((v_plan ->> 'f')::bigint, 0);
+    -- (a token is never below the clock: a store put back from an older copy hands none
+    -- out twice)
+    v_floor := greatest(coalesce((v_plan ->> 'f')::bigint, 0), v_now * {TOKENS_PER_MS} - 1);
     v_token := v_token0;
     v_cp := v_checkpoint;
     v_claimed := '[]';
@@ -1340,10 +1351,12 @@ END $$;
 -- when the server holding the data is another one, or on a resync, and then no beat claims
 -- until settle_until; a caller still registering what it knows (p_settling) keeps a
 -- settling store so for p_ttl more. Owners lapsed long ago are forgotten. The store's id is
--- made by the first heartbeat.
+-- made by the first heartbeat. The last heartbeat's instant is kept (beat_at, answered as
+-- it was before this one), and the caller's newest writes (p_written: e, d, t, s) are
+-- looked for as kept.lua does: 'lost' lists those the store no longer holds, by position.
 CREATE OR REPLACE FUNCTION {s}.heartbeat(p_owner text, p_info jsonb, p_ttl bigint,
                                          p_resync boolean, p_new text, p_forget bigint,
-                                         p_settling boolean, p_store text)
+                                         p_settling boolean, p_store text, p_written jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   v_now bigint;
@@ -1352,6 +1365,13 @@ DECLARE
   v_new boolean;
   v_until bigint;
   v_store text;
+  v_last bigint;
+  v_lost jsonb := '[]';
+  v_item jsonb;
+  v_n bigint;
+  v_entry record;
+  v_run record;
+  v_token bigint;
 BEGIN
   -- Its commit need not wait for the WAL flush: a heartbeat a crash loses makes its owner
   -- look dead sooner (its claims are taken back; fencing stops it), and a restart or a
@@ -1398,8 +1418,30 @@ BEGIN
     INSERT INTO {s}.ident (one, id) VALUES (true, p_store) ON CONFLICT (one) DO NOTHING;
     SELECT i.id INTO v_store FROM {s}.ident i;
   END IF;
+  SELECT ep.beat_at INTO v_last FROM {s}.epoch ep;
+  UPDATE {s}.epoch SET beat_at = greatest(coalesce(v_last, v_now), v_now);
+  FOR v_item, v_n IN SELECT x.value, x.n - 1 FROM jsonb_array_elements(p_written)
+      WITH ORDINALITY x (value, n) LOOP
+    SELECT e.id, e.token INTO v_entry FROM {s}.entries e WHERE e.name = v_item ->> 'e';
+    IF NOT FOUND OR v_entry.token < (v_item ->> 't')::bigint THEN
+      v_lost := v_lost || to_jsonb(v_n);
+      CONTINUE;
+    END IF;
+    SELECT r.record, r.readable INTO v_run FROM {s}.runs r
+      WHERE r.entry_id = v_entry.id AND r.due = (v_item ->> 'd')::bigint;
+    CONTINUE WHEN NOT FOUND;  -- (trimmed from the history: the counter judged it)
+    CONTINUE WHEN NOT v_run.readable;
+    v_token := coalesce({s}.int_of(v_run.record -> 'token'), 0);
+    CONTINUE WHEN v_token = 0;  -- (never claimed: a backfill's or a request's run)
+    IF v_token < (v_item ->> 't')::bigint OR (v_token = (v_item ->> 't')::bigint
+        AND (v_item ->> 's')::boolean
+        AND v_run.record ->> 'state' IN ({CLAIMED}, {SENDING}, {DUE}, {WAITING})) THEN
+      v_lost := v_lost || to_jsonb(v_n);
+    END IF;
+  END LOOP;
   RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id,
     'settle', v_epoch.settle_until, 'server', v_server, 'store', v_store,
+    'last_beat', v_last, 'lost', v_lost,
     'owners', (SELECT coalesce(jsonb_agg(jsonb_build_array(o.id, o.info, o.expires_at)),
                                '[]') FROM {s}.owners o));
 END $$;
@@ -1827,13 +1869,16 @@ class PostgresStore(Store):
 
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
-                  settling: bool = False, sweep: LiveQuery | None = None) -> Heartbeat:
+                  settling: bool = False, sweep: LiveQuery | None = None,
+                  written: Sequence[Written] = ()) -> Heartbeat:
         # (``sweep``: a second call here, so the sweep asks apart: ``live`` stays None)
         try:
             [(reply,)] = self._execute(
-                f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s, %s)",
+                f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [owner.id, Jsonb(owner.as_dict()), max(1, round(ttl * 1000)), resync,
-                 uuid.uuid4().hex, FORGET_OWNERS_MS, settling, uuid.uuid4().hex],
+                 uuid.uuid4().hex, FORGET_OWNERS_MS, settling, uuid.uuid4().hex,
+                 Jsonb([{"e": w.entry, "d": w.due, "t": w.token, "s": w.sent}
+                        for w in written])],
                 heartbeat=True)
         except psycopg.Error as exc:
             raise StoreError(f"the server answered with an error: {exc}") from exc
@@ -1842,7 +1887,9 @@ class PostgresStore(Store):
         now = int(reply["now"])
         return Heartbeat(now=now, epoch=str(reply["epoch"]), store_id=str(reply["store"]),
                          settle_until=_maybe_int(reply.get("settle")),
-                         owners=tuple(_owner_statuses(reply["owners"], now)))
+                         owners=tuple(_owner_statuses(reply["owners"], now)),
+                         lost=tuple(written[int(i)] for i in reply.get("lost") or ()),
+                         last_beat=_maybe_int(reply.get("last_beat")))
 
     def leave(self, owner: Owner) -> None:
         try:

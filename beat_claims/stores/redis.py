@@ -70,6 +70,7 @@ from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from ..urls import raise_redacted, redact_url
 from .base import (
+    TOKENS_PER_MS,
     BackfillRefused,
     BackfillResult,
     Check,
@@ -101,6 +102,7 @@ from .base import (
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
+    Written,
     read_worker_record,
     worker_id,
     worker_ttl_ms,
@@ -142,7 +144,8 @@ _OUTAGE_CODES = ("NOREPLICAS", "BUSY", "MISCONF", "READONLY", "LOADING", "MASTER
 
 SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "open",
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
-           "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat")
+           "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat",
+           "kept")
 
 
 def _lua_names() -> str:
@@ -164,6 +167,7 @@ def _lua_names() -> str:
         table("CHECK", (v.value for v in CheckVerdict)),
         table("START", (v.value for v in StartVerdict)),
         f"local LOST_KEEP_MS = {WEEK_MS}",
+        f"local TOKENS_PER_MS = {TOKENS_PER_MS}",
     ])
 
 
@@ -658,12 +662,15 @@ class RedisStore(Store):
 
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
-                  settling: bool = False, sweep: LiveQuery | None = None) -> Heartbeat:
+                  settling: bool = False, sweep: LiveQuery | None = None,
+                  written: Sequence[Written] = ()) -> Heartbeat:
         def build(pipe: Pipeline) -> None:
             self._script(pipe, "heartbeat", self._heartbeat_keys, owner.id,
                          self._owner_json(owner), max(1, round(ttl * 1000)),
                          "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS,
                          "1" if settling else "0", uuid.uuid4().hex, *servers, raw=True)
+            if self.single_node:  # read just after the heartbeat, in the same round trip
+                self._kept_build(pipe, written)
             if combined is not None:  # run after the heartbeat's script, in the same trip
                 self._live_build(pipe, combined)
 
@@ -683,13 +690,37 @@ class RedisStore(Store):
             self._heartbeating.on = False
         reply = replies[0]
         _raise_if_error(reply)
-        now, epoch_id, settle, owners, alive, server, store_id = self._json_reply(reply, 7)
+        now, epoch_id, settle, owners, alive, server, store_id, last_beat = \
+            self._json_reply(reply, 8)
         self._server = str(server) or None
         self._servers = frozenset(self._server.split(",")) if self._server else frozenset()
+        if self.single_node:
+            kept, replies = replies[1:1 + len(written)], replies[1 + len(written):]
+        else:  # (one slot per script on a cluster: asked after the heartbeat, apart)
+            kept = []
+            if written:
+                try:
+                    kept = self._round_trip(lambda pipe: self._kept_build(pipe, written))
+                except StoreError:  # judged at the next heartbeat; the heartbeat stands
+                    kept = []
+            replies = replies[1:]
         return Heartbeat(now=int(now), epoch=str(epoch_id), store_id=str(store_id),
                          settle_until=int(settle) if settle else None,
                          owners=tuple(_owner_statuses(owners, alive, int(now))),
-                         live=self._sweep_reply(replies[1:], combined))
+                         live=self._sweep_reply(replies, combined),
+                         lost=self._lost(written, kept),
+                         last_beat=int(last_beat) if last_beat else None)
+
+    def _kept_build(self, pipe: Pipeline, written: Sequence[Written]) -> None:
+        for item in written:
+            self._entry_script(pipe, "kept", item.entry, item.due, item.token,
+                               "1" if item.sent else "0")
+
+    @staticmethod
+    def _lost(written: Sequence[Written], replies: Sequence[Any]) -> tuple[Written, ...]:
+        """The writes the store no longer holds (kept.lua answered '0'); an error or a
+        record that cannot be read judges nothing."""
+        return tuple(item for item, reply in zip(written, replies) if reply == "0")
 
     def _sweep_reply(self, replies: list[Any], sweep: LiveQuery | None) -> LiveRuns | None:
         """The sweep's answer that came with a heartbeat; None if the sweep's part failed

@@ -76,6 +76,7 @@ from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from ..urls import redact_url
 from .base import (
+    TOKENS_PER_MS,
     BackfillRefused,
     BackfillResult,
     Check,
@@ -107,6 +108,7 @@ from .base import (
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
+    Written,
     in_last_pause,
     read_worker_record,
     worker_id,
@@ -976,19 +978,26 @@ class SQLiteStore(Store):
 
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
-                  settling: bool = False, sweep: LiveQuery | None = None) -> Heartbeat:
+                  settling: bool = False, sweep: LiveQuery | None = None,
+                  written: Sequence[Written] = ()) -> Heartbeat:
         # (``sweep``: a second call here, so the sweep asks apart: ``live`` stays None)
         ttl_ms = max(1, round(ttl * 1000))
 
-        def work(db: sqlite3.Connection
-                 ) -> tuple[int, str, int | None, list[Any], tuple[int, int] | None, str]:
+        def work(db: sqlite3.Connection) -> tuple[
+                int, str, int | None, list[Any], tuple[int, int] | None, str, int | None,
+                tuple[Written, ...]]:
             """heartbeat.lua: the owner is alive for ttl more; the epoch changes when the
             file has none, is another file, or on a resync, and then no beat claims until
-            every beat known alive has had its heartbeat to notice (settle_until)."""
+            every beat known alive has had its heartbeat to notice (settle_until). The
+            last heartbeat's instant is kept (beat_at), and the caller's newest writes
+            are looked for (kept.lua)."""
             q, now = self._sql, _now()
             db.execute(q["owner_put"], (owner.id, json.dumps(owner.as_dict()), now + ttl_ms))
             meta = {key: (row[0] if (row := db.execute(q["meta_get"], (key,)).fetchone())
-                          else None) for key in ("epoch", "settle_until", "epoch_file")}
+                          else None) for key in ("epoch", "settle_until", "epoch_file",
+                                                 "beat_at")}
+            last_beat = _maybe_int(meta["beat_at"])
+            db.execute(q["meta_set"], ("beat_at", str(max(now, last_beat or now))))
             epoch, settle = meta["epoch"], _maybe_int(meta["settle_until"])
             file = f"{self._db_file[0]}:{self._db_file[1]}" if self._db_file else ""
             if not epoch or meta["epoch_file"] != file or resync:
@@ -1010,16 +1019,36 @@ class SQLiteStore(Store):
                 settle = now + ttl_ms
                 db.execute(q["meta_set"], ("settle_until", str(settle)))
             db.execute(q["owners_forget"], (now - FORGET_OWNERS_MS,))
+            lost = tuple(item for item in written if self._kept(db, item) is False)
             return (now, str(epoch), settle, db.execute(q["owners_all"]).fetchall(),
-                    self._db_file, self._store_id(db))
+                    self._db_file, self._store_id(db), last_beat, lost)
 
-        now, epoch, settle, rows, file_read, store_id = self._transaction(work,
-                                                                          heartbeat=True)
+        now, epoch, settle, rows, file_read, store_id, last_beat, lost = self._transaction(
+            work, heartbeat=True)
         self._heartbeat_file = file_read
         owners = _owner_statuses(rows, now)
         self._warn_foreign_hosts(owners)
         return Heartbeat(now=now, epoch=epoch, settle_until=settle, owners=tuple(owners),
-                         store_id=store_id)
+                         store_id=store_id, lost=lost, last_beat=last_beat)
+
+    def _kept(self, db: sqlite3.Connection, item: Written) -> bool | None:
+        """kept.lua: whether the store still holds the caller's write (None: a record that
+        cannot be read, not judged)."""
+        e, bad = self._get_entry(db, item.entry)
+        if bad:
+            return None
+        if e is None or e["anchor"] is None or (e["token"] or 0) < item.token:
+            return False
+        run = self._get_run(db, item.entry, item.due)
+        if run is None or run is False:
+            return None if run is False else True  # (trimmed: the counter judged it)
+        token = int(run.get("token") or 0)
+        if token == 0:
+            return True  # never claimed (a backfill's or a request's run): the counter judged
+        if token < item.token:
+            return False
+        return not (token == item.token and item.sent
+                    and run["state"] in (_CLAIMED, _SENDING, _DUE, _WAITING))
 
     def _store_id(self, db: sqlite3.Connection) -> str:
         """The store's id (made with the tables; again if someone deleted it)."""
@@ -1170,7 +1199,9 @@ class SQLiteStore(Store):
         paused = self._pause_of(db, name)
         anchor, checkpoint = e["anchor"], e["checkpoint"]
         start_token = e["token"] or 0
-        floor = plan.token_floor
+        # (a token is never below the clock: a store put back from an older copy hands
+        # none out twice)
+        floor = max(plan.token_floor, now * TOKENS_PER_MS - 1)
         claimed: list[Claim] = []
         skipped: list[tuple[int, Reason]] = []
         existing: list[int] = []

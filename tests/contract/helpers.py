@@ -9,6 +9,7 @@ from typing import TypeVar
 from beat_claims.enums import Overlap, Reason, RunState, StartVerdict
 from beat_claims.runs import Owner, Run
 from beat_claims.stores.base import (
+    TOKENS_PER_MS,
     Check,
     CheckResult,
     CheckVerdict,
@@ -44,6 +45,29 @@ CLOCK = Owner(id="contract-clock", host="contract-host", pid=999, started_at=1.0
 def now(store: Store) -> int:
     """The store's clock (ms)."""
     return store.heartbeat(CLOCK, 60).now
+
+
+def clock_tokens(store: Store) -> int:
+    """The lowest token a claim made from now on may hand out: the store's clock times
+    TOKENS_PER_MS (tokens come from the clock, so that a store put back from an older copy
+    hands none out twice)."""
+    return now(store) * TOKENS_PER_MS
+
+
+#: How far above the clock's tokens :func:`above_clock` is: 100 s of the clock.
+ABOVE_CLOCK = 1_000_000
+
+
+def above_clock(store: Store) -> int:
+    """A token (a floor, a counter) above every token the clock gives for the next 100 s:
+    claims counting on from it hand out exactly it + 1, + 2, ..., whatever the clock."""
+    return tokens_above(now(store))
+
+
+def tokens_above(instant: int) -> int:
+    """:func:`above_clock` from a reading of the store's clock taken otherwise (an anchor:
+    where a heartbeat would change what the test sees)."""
+    return instant * TOKENS_PER_MS + ABOVE_CLOCK
 
 
 def poll(predicate: Callable[[], T], timeout: float, what: str) -> T:

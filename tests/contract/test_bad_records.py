@@ -27,6 +27,7 @@ from .conftest import Backend
 from .helpers import (
     A,
     C,
+    above_clock,
     check,
     claim,
     claims,
@@ -176,21 +177,23 @@ def test_a_token_counter_stored_as_a_whole_float_is_read_as_its_number(
     out no token reads it, and so do the other plans of the same call (found in review: the
     reply of the whole batch could not be read). One that hands out a token gets one above
     it, or, where the store cannot count on from such a value (Redis' HINCRBY), reports the
-    entry corrupt alone; registering it again (the beat's repair) makes it claimable."""
+    entry corrupt alone; registering it again (the beat's repair) makes it claimable. (The
+    number is above the clock's tokens, which would hide a counter read as less.)"""
     states = register(store, "e", "f")
-    backend.corrupt_entry_field(store, "e", "token", "5.0")
+    n = above_clock(store)
+    backend.corrupt_entry_field(store, "e", "token", f"{n}.0")
     results = store.claim(A, [plan(None), plan(states["f"], states["f"].anchor + 1000,
                                                entry="f")])
     assert [r.status for r in results] == [ClaimStatus.OK, ClaimStatus.OK]
-    assert results[0].state is not None and results[0].state.token == 5
+    assert results[0].state is not None and results[0].state.token == n
     assert len(results[1].claims) == 1
     state = results[0].state
     first = claim(store, A, state, state.anchor + 1000)
     if first.status is ClaimStatus.CORRUPT:
         state = store.register([EntrySeed("e", "every 1s (e)", state.anchor,
-                                          state.checkpoint, 5 + TOKEN_GAP)])["e"]
+                                          state.checkpoint, n + TOKEN_GAP)])["e"]
         first = claim(store, A, state, state.anchor + 1000)
-    assert first.status is ClaimStatus.OK and first.claims[0].token > 5
+    assert first.status is ClaimStatus.OK and first.claims[0].token > n
 
 
 @pytest.mark.parametrize("raw", ["inf", "1e400"])
@@ -202,18 +205,23 @@ def test_a_token_counter_that_is_no_whole_number_makes_only_its_entry_corrupt(
                                                entry="f")])
     assert results[0].status is ClaimStatus.CORRUPT  # reported, so that the beat repairs it
     assert results[1].status is ClaimStatus.OK and len(results[1].claims) == 1
+    # (the repair's counter above the clock's tokens: a claim counts on from it)
+    repaired = above_clock(store)
     state = store.register([EntrySeed("e", "every 1s (e)", states["e"].anchor, None,
-                                      TOKEN_GAP)])["e"]
+                                      repaired)])["e"]
     c = claim(store, A, state, state.anchor + 1000)
-    assert c.status is ClaimStatus.OK and c.claims[0].token > TOKEN_GAP
+    assert c.status is ClaimStatus.OK and c.claims[0].token > repaired
 
 
-@pytest.mark.parametrize("raw", ["5.0", "5e0"])
+@pytest.mark.parametrize("written", [lambda n: f"{n}.0", lambda n: f"{n // 1000}e3"],
+                         ids=["5.0", "5e0"])
 def test_a_token_counter_written_otherwise_counts_on_without_a_repair(
-        store: Store, backend: Backend, raw: str) -> None:
+        store: Store, backend: Backend, written: Callable[[int], str]) -> None:
     """A whole number written otherwise is counted on from (found in review: Redis' HINCRBY
-    refused it, and a beat that knew nothing of the entry could not repair it)."""
+    refused it, and a beat that knew nothing of the entry could not repair it). (The number
+    is above the clock's tokens, which would hide a counter read as less.)"""
     state = register(store, "e")["e"]
-    backend.corrupt_entry_field(store, "e", "token", raw)
+    n = above_clock(store) // 1000 * 1000
+    backend.corrupt_entry_field(store, "e", "token", written(n))
     result = claim(store, A, state, state.anchor + 1000)
-    assert result.status is ClaimStatus.OK and result.claims[0].token == 6
+    assert result.status is ClaimStatus.OK and result.claims[0].token == n + 1

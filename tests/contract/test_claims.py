@@ -25,8 +25,10 @@ from .helpers import (
     A,
     B,
     C,
+    above_clock,
     claim,
     claims,
+    clock_tokens,
     delivery,
     now,
     one_claim,
@@ -52,18 +54,24 @@ def done(store: Store, c: Claim) -> None:
 def test_claims_get_fresh_increasing_tokens_and_move_the_checkpoint(store: Store) -> None:
     state = register(store, "e")["e"]
     a = state.anchor
+    lowest = clock_tokens(store)
     first = claim(store, A, state, a + 1000, a + 2000)
     assert first.status is ClaimStatus.OK
-    assert [(c.entry, c.due, c.token) for c in first.claims] == [("e", a + 1000, 1),
-                                                                 ("e", a + 2000, 2)]
-    assert first.state == EntryState(a, a + 2000, 2)
+    # From the clock, then one up within the call.
+    t = first.claims[0].token
+    assert t >= lowest, (t, lowest)
+    assert [(c.entry, c.due, c.token) for c in first.claims] == [("e", a + 1000, t),
+                                                                 ("e", a + 2000, t + 1)]
+    assert first.state == EntryState(a, a + 2000, t + 1)
+    lowest = clock_tokens(store)
     second = claim(store, B, first.state, a + 3000)
-    assert [(c.due, c.token) for c in second.claims] == [(a + 3000, 3)]
-    assert second.state == EntryState(a, a + 3000, 3)
+    [(due, t3)] = [(c.due, c.token) for c in second.claims]
+    assert due == a + 3000 and t3 > t + 1 and t3 >= lowest, (t, t3, lowest)
+    assert second.state == EntryState(a, a + 3000, t3)
     found = runs(store)
     assert {d: (r.state, r.token, r.owner) for d, r in found.items()} == {
-        a + 1000: (RunState.CLAIMED, 1, A.id), a + 2000: (RunState.CLAIMED, 2, A.id),
-        a + 3000: (RunState.CLAIMED, 3, B.id)}
+        a + 1000: (RunState.CLAIMED, t, A.id), a + 2000: (RunState.CLAIMED, t + 1, A.id),
+        a + 3000: (RunState.CLAIMED, t3, B.id)}
     assert [r.due for r in store.history("e")] == [a + 3000, a + 2000, a + 1000]  # newest first
     assert [r.due for r in store.history("e", limit=2)] == [a + 3000, a + 2000]
     assert store.history("e", limit=0) == []
@@ -72,16 +80,16 @@ def test_claims_get_fresh_increasing_tokens_and_move_the_checkpoint(store: Store
 def test_a_stale_plan_writes_nothing_and_returns_the_store_state(store: Store) -> None:
     state = register(store, "e")["e"]
     a = state.anchor
-    claim(store, A, state, a + 1000)
+    [c] = claim(store, A, state, a + 1000).claims
     before = runs(store)
     stale = claim(store, B, state, a + 2000, skip=((a + 1500, Reason.CATCH_UP),))
     assert stale.status is ClaimStatus.CONFLICT
-    assert stale.state == EntryState(a, a + 1000, 1)
+    assert stale.state == EntryState(a, a + 1000, c.token)
     assert (stale.claims, stale.skipped, stale.taken, stale.existing) == ((), (), (), ())
     assert runs(store) == before
-    assert store.entries(["e"])[0].token == 1
+    assert store.entries(["e"])[0].token == c.token
     # A plan from another anchor is stale too.
-    other = claim(store, B, EntryState(a - 1, a + 1000, 1), a + 2000)
+    other = claim(store, B, EntryState(a - 1, a + 1000, c.token), a + 2000)
     assert other.status is ClaimStatus.CONFLICT and other.state == stale.state
     # With the store's state, the plan goes through.
     assert [c.due for c in claim(store, B, stale.state, a + 2000).claims] == [a + 2000]
@@ -90,14 +98,15 @@ def test_a_stale_plan_writes_nothing_and_returns_the_store_state(store: Store) -
 def test_no_token_is_handed_out_at_or_below_the_token_floor(store: Store) -> None:
     state = register(store, "e")["e"]
     a = state.anchor
-    result = claim(store, A, state, a + 1000, a + 2000, token_floor=50)
-    assert [c.token for c in result.claims] == [51, 52]
-    assert result.state is not None and result.state.token == 52
+    floor = above_clock(store)  # (a floor below the clock's: test_tokens_from_the_clock.py)
+    result = claim(store, A, state, a + 1000, a + 2000, token_floor=floor)
+    assert [c.token for c in result.claims] == [floor + 1, floor + 2]
+    assert result.state is not None and result.state.token == floor + 2
     # The counter was raised: a later claim without a floor continues above it.
-    assert [c.token for c in claim(store, A, result.state, a + 3000).claims] == [53]
+    assert [c.token for c in claim(store, A, result.state, a + 3000).claims] == [floor + 3]
     # A floor below the counter changes nothing.
-    later = claim(store, A, EntryState(a, a + 3000, 53), a + 4000, token_floor=2)
-    assert [c.token for c in later.claims] == [54]
+    later = claim(store, A, EntryState(a, a + 3000, floor + 3), a + 4000, token_floor=2)
+    assert [c.token for c in later.claims] == [floor + 4]
 
 
 def test_the_checkpoint_only_moves_forward(store: Store) -> None:
@@ -115,13 +124,14 @@ def test_the_checkpoint_only_moves_forward(store: Store) -> None:
 def test_planned_skips_are_recorded_with_their_reason(store: Store) -> None:
     state = register(store, "e")["e"]
     a = state.anchor
+    floor = above_clock(store)
     result = claim(store, A, state, a + 4000, skip=(
         (a + 1000, Reason.CATCH_UP_WINDOW), (a + 2000, Reason.CATCH_UP),
-        (a + 3000, Reason.MAX_CATCH_UP)))
+        (a + 3000, Reason.MAX_CATCH_UP)), token_floor=floor)
     assert result.skipped == ((a + 1000, Reason.CATCH_UP_WINDOW), (a + 2000, Reason.CATCH_UP),
                               (a + 3000, Reason.MAX_CATCH_UP))
     assert [c.due for c in result.claims] == [a + 4000]
-    assert [c.token for c in result.claims] == [1]  # skips take no token
+    assert [c.token for c in result.claims] == [floor + 1]  # skips take no token
     found = runs(store)
     assert {d: (r.state, r.reason) for d, r in found.items()} == {
         a + 1000: (RunState.SKIPPED, Reason.CATCH_UP_WINDOW),
@@ -138,6 +148,7 @@ def test_planned_skips_are_recorded_with_their_reason(store: Store) -> None:
 def test_take_due_claims_released_reclaimed_and_requested_runs_as_taken(
         store: Store) -> None:
     released, failed_once, being_sent = claims(store, A, 1000, 2000, 3000)
+    before = max(released.token, failed_once.token, being_sent.token)
     assert store.release(A, [Release(released)]) == [RunState.DUE]
     assert store.release(A, [Release(failed_once, "broker down", "OSError")],
                          max_attempts=3) == [RunState.DUE]
@@ -145,6 +156,7 @@ def test_take_due_claims_released_reclaimed_and_requested_runs_as_taken(
     assert store.reclaim([Reclaim("e", being_sent.due, being_sent.token)], B.id) == [True]
     requested = store.request_run("e", "operator:alice")
     assert requested is not None
+    lowest = clock_tokens(store)
     result = claim(store, B, None)
     assert result.status is ClaimStatus.OK and result.claims == ()
     taken = {c.due: c for c in result.taken}
@@ -154,9 +166,13 @@ def test_take_due_claims_released_reclaimed_and_requested_runs_as_taken(
     assert (taken[failed_once.due].attempts, taken[failed_once.due].maybe_sent) == (1, False)
     assert taken[being_sent.due].maybe_sent is True
     assert taken[requested].manual is True
-    # Fresh tokens, each above every token handed out before.
-    assert sorted(c.token for c in taken.values()) == [4, 5, 6, 7]
-    assert result.state is not None and result.state.token == 7
+    # Fresh tokens, each above every token handed out before (and the clock's), one up
+    # from the first within the call.
+    tokens = sorted(c.token for c in taken.values())
+    first = tokens[0]
+    assert first > before and first >= lowest, (tokens, before, lowest)
+    assert tokens == [first, first + 1, first + 2, first + 3]
+    assert result.state is not None and result.state.token == first + 3
     for c in taken.values():
         r = run(store, c)
         assert (r.state, r.owner, r.token) == (RunState.CLAIMED, B.id, c.token)
@@ -271,6 +287,7 @@ def test_concurrent_claims_of_one_occurrence_from_many_processes_exactly_one_win
         store: Store, backend: Backend) -> None:
     state = register(store, "e")["e"]
     due = state.anchor + 1000
+    lowest = clock_tokens(store)
     ctx = multiprocessing.get_context("fork")
     n = 12
     barrier, out = ctx.Barrier(n), ctx.Queue()
@@ -286,22 +303,26 @@ def test_concurrent_claims_of_one_occurrence_from_many_processes_exactly_one_win
             p.join(10)
     assert [p.exitcode for p in procs] == [0] * n
     wins = [(who, tokens) for who, _, tokens in answers if tokens]
-    assert len(wins) == 1 and wins[0][1] == [1], answers
+    assert len(wins) == 1 and len(wins[0][1]) == 1, answers
+    [token] = wins[0][1]
+    assert token >= lowest, (answers, lowest)
     assert {status for _, status, _ in answers} <= {"ok", "conflict"}
     [r] = store.history("e")
-    assert (r.due, r.token, r.state, r.owner) == (due, 1, RunState.CLAIMED, wins[0][0])
-    assert store.entries(["e"])[0].token == 1
+    assert (r.due, r.token, r.state, r.owner) == (due, token, RunState.CLAIMED, wins[0][0])
+    assert store.entries(["e"])[0].token == token  # no other token was handed out
 
 
 def test_one_call_answers_each_plan_in_order(store: Store) -> None:
     states = register(store, "e", "f", "g")
     a = states["e"].anchor
     claim(store, A, states["f"], a + 1000, entry="f")
-    results = store.claim(B, [plan(states["g"], a + 1000, entry="g"),
+    floor = above_clock(store)  # (each entry counts on from it: its own counter)
+    results = store.claim(B, [plan(states["g"], a + 1000, entry="g", token_floor=floor),
                               plan(states["f"], a + 2000, entry="f"),  # stale
                               plan(None, entry="unknown"),
-                              plan(states["e"], a + 1000, entry="e")])
+                              plan(states["e"], a + 1000, entry="e", token_floor=floor)])
     assert [(r.entry, r.status) for r in results] == [
         ("g", ClaimStatus.OK), ("f", ClaimStatus.CONFLICT), ("unknown", ClaimStatus.MISSING),
         ("e", ClaimStatus.OK)]
-    assert [[c.token for c in r.claims] for r in results] == [[1], [], [], [1]]
+    assert [[c.token for c in r.claims] for r in results] == [
+        [floor + 1], [], [], [floor + 1]]

@@ -11,6 +11,7 @@ from .conftest import Backend
 from .helpers import (
     A,
     B,
+    above_clock,
     after,
     claim,
     delivery,
@@ -21,6 +22,7 @@ from .helpers import (
     register,
     runs,
     send,
+    tokens_above,
 )
 
 
@@ -73,31 +75,34 @@ def test_a_token_floor_only_raises_the_token_and_later_tokens_are_above_it(
         store: Store) -> None:
     state = register(store, "e")["e"]
     a = state.anchor
-    claim(store, A, state, a + 1000, a + 2000)
-    assert store.register([EntrySeed("e", token=1)])["e"].token == 2
-    raised = store.register([EntrySeed("e", token=40)])["e"]
-    assert raised.token == 40
+    _, second = claim(store, A, state, a + 1000, a + 2000).claims
+    assert store.register([EntrySeed("e", token=1)])["e"].token == second.token
+    floor = above_clock(store)  # (a counter below the clock's tokens would not show)
+    raised = store.register([EntrySeed("e", token=floor)])["e"]
+    assert raised.token == floor
     result = claim(store, A, raised, a + 3000)
-    assert [c.token for c in result.claims] == [41]
-    assert store.register([EntrySeed("e", token=7)])["e"].token == 41
+    assert [c.token for c in result.claims] == [floor + 1]
+    assert store.register([EntrySeed("e", token=second.token)])["e"].token == floor + 1
 
 
 def test_known_runs_are_restored_only_where_the_store_has_no_record(store: Store) -> None:
     held = one_claim(store, A, 1000)
     a = held.due - 1000
+    t = above_clock(store)  # what the beat knew: tokens above the store's
     known = (
         Run("e", held.due, RunState.DONE, token=held.token, finished_at=a),  # has a record
-        Run("e", a + 2000, RunState.SENT, token=7, owner=A.id, task_id="t2", sent_at=a),
-        Run("e", a + 3000, RunState.DUE, token=8),
-        Run("e", a + 500, RunState.FAILED, token=3, finished_at=a, exc_type="Boom"),
+        Run("e", a + 2000, RunState.SENT, token=t + 7, owner=A.id, task_id="t2", sent_at=a),
+        Run("e", a + 3000, RunState.DUE, token=t + 8),
+        Run("e", a + 500, RunState.FAILED, token=t + 3, finished_at=a, exc_type="Boom"),
     )
-    state = store.register([EntrySeed("e", checkpoint=a + 3000, token=8, runs=known)])["e"]
-    assert (state.checkpoint, state.token) == (a + 3000, 8)
+    state = store.register([EntrySeed("e", checkpoint=a + 3000, token=t + 8,
+                                      runs=known)])["e"]
+    assert (state.checkpoint, state.token) == (a + 3000, t + 8)
     found = runs(store)
     assert found[held.due].state is RunState.CLAIMED  # not overwritten
     assert found[held.due].token == held.token
     assert (found[a + 2000].state, found[a + 2000].token, found[a + 2000].task_id) == (
-        RunState.SENT, 7, "t2")
+        RunState.SENT, t + 7, "t2")
     assert found[a + 500].state is RunState.FAILED and found[a + 500].exc_type == "Boom"
     # Restored runs are found from the records, as any other: the sent one is open, the
     # due one is due again, the claim is still held.
@@ -107,7 +112,7 @@ def test_known_runs_are_restored_only_where_the_store_has_no_record(store: Store
     assert [(r.entry, r.due) for r in live.due] == [("e", a + 3000)]
     assert [(h.due, h.token) for h in live.held] == [(held.due, held.token)]
     # Registering the same knowledge again changes nothing.
-    assert store.register([EntrySeed("e", checkpoint=a + 3000, token=8, runs=known)])[
+    assert store.register([EntrySeed("e", checkpoint=a + 3000, token=t + 8, runs=known)])[
         "e"] == state
     assert runs(store) == found
 
@@ -120,33 +125,34 @@ def test_an_unreadable_entry_field_is_repaired_and_the_other_seeds_answer(
     backend.corrupt_entry_field(store, "bad-token", "token", "not a number")
     backend.corrupt_entry_field(store, "bad-checkpoint", "checkpoint", "12.5x")
     backend.corrupt_entry_field(store, "bad-anchor", "anchor", "{}")
+    floor = above_clock(store)  # (a counter below the clock's tokens would not show)
     repaired = store.register([
-        EntrySeed("bad-token", token=5),
+        EntrySeed("bad-token", token=floor),
         EntrySeed("bad-checkpoint", checkpoint=anchor + 1000),
         EntrySeed("bad-anchor", anchor=anchor),
         EntrySeed("fine"),
         EntrySeed("new"),
     ])
     assert set(repaired) == {"bad-token", "bad-checkpoint", "bad-anchor", "fine", "new"}
-    assert repaired["bad-token"].token == 5
+    assert repaired["bad-token"].token == floor
     assert repaired["bad-checkpoint"].checkpoint == anchor + 1000
     assert repaired["bad-anchor"].anchor == anchor
     assert repaired["fine"] == states["fine"]
     # Repaired for good: claims work again, with tokens above the floor.
     result = claim(store, A, repaired["bad-token"], anchor + 1000, entry="bad-token")
-    assert [c.token for c in result.claims] == [6]
-    assert {r.name: r.token for r in store.entries(["bad-token"])} == {"bad-token": 6}
+    assert [c.token for c in result.claims] == [floor + 1]
+    assert {r.name: r.token for r in store.entries(["bad-token"])} == {"bad-token": floor + 1}
 
 
 def test_entries_reads_what_register_and_claim_wrote(store: Store) -> None:
     assert store.entries() == []
     store.register([EntrySeed("e", "every 5s"), EntrySeed("f", "crontab(*)")])
     state = store.register([EntrySeed("e")])["e"]
-    claim(store, A, state, state.anchor + 5000)
+    [c] = claim(store, A, state, state.anchor + 5000).claims
     records = {r.name: r for r in store.entries()}
     assert set(records) == {"e", "f"}
     assert (records["e"].anchor, records["e"].checkpoint, records["e"].token) == (
-        state.anchor, state.anchor + 5000, 1)
+        state.anchor, state.anchor + 5000, c.token)
     assert records["f"].checkpoint is None and records["f"].token == 0
     assert records["f"].description == "crontab(*)"
     assert [r.name for r in store.entries()] == ["e", "f"]
@@ -159,7 +165,9 @@ def test_after_a_wipe_what_the_beats_know_is_seeded_back(store: Store,
                                                          backend: Backend) -> None:
     state = register(store, "e")["e"]
     a = state.anchor
-    result = claim(store, A, state, a + 1000, a + 2000)
+    # (tokens above the clock's: the seeded counter, not the clock, must keep them unique;
+    # the anchor is the clock's reading, as no heartbeat is seen before the wipe)
+    result = claim(store, A, state, a + 1000, a + 2000, token_floor=tokens_above(a))
     first, second = result.claims
     send(store, A, first)
     assert result.state is not None

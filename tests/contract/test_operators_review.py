@@ -33,6 +33,7 @@ from .backend import Backend
 from .helpers import (
     A,
     B,
+    above_clock,
     after,
     check,
     claim,
@@ -179,14 +180,17 @@ def test_a_backfilled_run_gets_a_token_above_every_token_of_its_instant(
         store: Store) -> None:
     state = entry(store)
     due = state.anchor - 5000
-    # Registered again after a wipe by a beat that knows the run it sent (token 50), but
-    # not the entry's counter (it had forgotten the entry: its anchor moved).
-    known = Run("e", due, RunState.SENT, token=50, task_id="t-50", extra={"reseeded": True})
-    assert store.register([EntrySeed("e", "every 1s", runs=(known,))])["e"].token >= 50
-    assert store.finish([Outcome("e", due, 50, RunState.CANCELLED)]) == [True]
+    # Registered again after a wipe by a beat that knows the run it sent (a token above the
+    # clock's, which would hide a counter left below it), but not the entry's counter (it
+    # had forgotten the entry: its anchor moved).
+    sent = above_clock(store)
+    known = Run("e", due, RunState.SENT, token=sent, task_id="t-50",
+                extra={"reseeded": True})
+    assert store.register([EntrySeed("e", "every 1s", runs=(known,))])["e"].token >= sent
+    assert store.finish([Outcome("e", due, sent, RunState.CANCELLED)]) == [True]
     assert store.backfill("e", [due], "alice@ops") is not None
     [again] = take(store, A)
-    assert again.due == due and again.token > 50
+    assert again.due == due and again.token > sent
 
 
 @pytest.mark.history_limit(4)

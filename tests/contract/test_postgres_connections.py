@@ -20,7 +20,7 @@ from beat_claims.stores.postgres import PostgresStore
 from ..faults import proxy
 from ..processes import wait_for
 from .backend_postgres import BACKEND, PORT, address, admin, fresh_store
-from .helpers import A, claim, delivery, now, process, query, register
+from .helpers import A, above_clock, claim, delivery, now, process, query, register
 
 TTL = 10.0
 
@@ -63,9 +63,11 @@ def _entry_locked(store: PostgresStore, name: str) -> psycopg.Connection[Any]:
 def test_a_connection_killed_in_the_middle_of_a_call_is_an_outage_and_the_next_reconnects(
         pg: PostgresStore) -> None:
     state = register(pg, "e")["e"]
+    floor = above_clock(pg)  # (tokens that count on from it show a counter that moved)
     other = _entry_locked(pg, "e")
     try:
-        thread, outcome = _in_thread(lambda: claim(pg, A, state, state.anchor + 1000))
+        thread, outcome = _in_thread(lambda: claim(pg, A, state, state.anchor + 1000,
+                                                   token_floor=floor))
         pid = wait_for(lambda: _backend_waiting_on_a_lock(pg), 10, "the claim to wait")
         admin().execute("SELECT pg_terminate_backend(%s)", [pid])
         thread.join(10)
@@ -75,9 +77,9 @@ def test_a_connection_killed_in_the_middle_of_a_call_is_an_outage_and_the_next_r
     assert isinstance(outcome.get("error"), StoreError), outcome
     # Its transaction died with the connection: nothing was written, and the next call
     # (a new connection) claims as if it had never been made.
-    result = claim(pg, A, state, state.anchor + 1000)
-    assert result.status is ClaimStatus.OK and [c.token for c in result.claims] == [1]
-    assert [r.token for r in pg.history("e")] == [1]
+    result = claim(pg, A, state, state.anchor + 1000, token_floor=floor)
+    assert result.status is ClaimStatus.OK and [c.token for c in result.claims] == [floor + 1]
+    assert [r.token for r in pg.history("e")] == [floor + 1]
 
 
 def test_a_statement_waiting_past_the_timeout_is_an_outage_and_writes_nothing(
@@ -144,6 +146,7 @@ def test_a_worker_store_goes_on_after_the_schema_was_dropped(pg: PostgresStore) 
 def test_threads_share_one_store(pg: PostgresStore) -> None:
     names = [f"e{i}" for i in range(8)]
     states = register(pg, *names)
+    floor = above_clock(pg)  # (each entry's counter counts on from it: every claim shows)
     errors: list[BaseException] = []
 
     def work(name: str) -> None:
@@ -151,7 +154,8 @@ def test_threads_share_one_store(pg: PostgresStore) -> None:
             for i in range(20):
                 pg.heartbeat(A, TTL)
                 state = register(pg, name)[name]
-                result = claim(pg, A, state, state.anchor + 1000 * (i + 1), entry=name)
+                result = claim(pg, A, state, state.anchor + 1000 * (i + 1), entry=name,
+                               token_floor=floor)
                 assert result.status is ClaimStatus.OK, result
         except BaseException as exc:
             errors.append(exc)
@@ -162,7 +166,7 @@ def test_threads_share_one_store(pg: PostgresStore) -> None:
     for t in threads:
         t.join(60)
     assert errors == []
-    assert {r.name: r.token for r in pg.entries()} == {name: 20 for name in states}
+    assert {r.name: r.token for r in pg.entries()} == {name: floor + 20 for name in states}
 
 
 def test_a_server_that_never_answers_is_an_outage_within_the_timeout(
@@ -188,6 +192,7 @@ def test_a_server_that_never_answers_is_an_outage_within_the_timeout(
 def test_a_claim_whose_reply_was_lost_is_found_again_and_not_claimed_twice(
         pg: PostgresStore) -> None:
     state = register(pg, "e")["e"]
+    floor = above_clock(pg)  # (a second token would show above floor + 1)
     with proxy(int(PORT)) as p:
         url = address(pg).replace(f":{PORT}/", f":{p.port}/")
         store = PostgresStore.from_url(url, pg.prefix)
@@ -195,15 +200,15 @@ def test_a_claim_whose_reply_was_lost_is_found_again_and_not_claimed_twice(
             store.entries()  # connected (and the layout checked) before the fault
             p.drop_reply_to(f'"{pg.schema}".claim(')
             with pytest.raises(StoreError):
-                claim(store, A, state, state.anchor + 1000)
+                claim(store, A, state, state.anchor + 1000, token_floor=floor)
             assert p.pending() == 0
             # The server acted: the claim is in the records, and asking again with the same
             # plan hands out no second token.
-            again = claim(store, A, state, state.anchor + 1000)
+            again = claim(store, A, state, state.anchor + 1000, token_floor=floor)
             assert again.status is ClaimStatus.CONFLICT and again.state is not None
-            assert again.state.token == 1
+            assert again.state.token == floor + 1
             [held] = store.live_runs(query(A, live=(A,), mine_before=now(store) + 1)).held
-            assert (held.entry, held.token, held.owner) == ("e", 1, A.id)
+            assert (held.entry, held.token, held.owner) == ("e", floor + 1, A.id)
         finally:
             store.close()
 

@@ -55,7 +55,20 @@ from ..faults import Proxy, proxy
 from ..inprocess import make, make_app, occurrences_sent, run_for
 from ..processes import wait_for
 from .backend_redis_cluster import ClusterServers, NodeServer, bucket_masters, cluster, other_master
-from .helpers import A, B, claim, delivery, now, plan, process, query, register, run, send
+from .helpers import (
+    A,
+    B,
+    above_clock,
+    claim,
+    delivery,
+    now,
+    plan,
+    process,
+    query,
+    register,
+    run,
+    send,
+)
 from .test_redis_layout import exercise
 
 
@@ -248,13 +261,15 @@ def test_a_reply_lost_after_a_master_ran_the_batch_is_an_outage_and_nothing_runs
         states = register(store, *names)
         where = master_of(store, cluster_servers)
         assert 0 < sum(1 for n in names if where[n] == node.port) < len(names)
+        floor = above_clock(store)  # (a claim made twice would show as floor + 2)
         calls = {n.port: script_calls(n) for n in cluster_servers.nodes}
         if fault == "connection cut":
             p.drop_reply_to(function_name("claim"))
         else:
             p.delay = 1.5
         with pytest.raises(StoreError):
-            store.claim(A, [plan(s, s.anchor + 1000, entry=n) for n, s in states.items()])
+            store.claim(A, [plan(s, s.anchor + 1000, entry=n, token_floor=floor)
+                            for n, s in states.items()])
         p.delay = 0
         for n in cluster_servers.nodes:
             mine = sum(1 for name in names if where[name] == n.port)
@@ -262,7 +277,8 @@ def test_a_reply_lost_after_a_master_ran_the_batch_is_an_outage_and_nothing_runs
         # Every claim was made once, and is found from the records.
         cutoff = now(store) + 1
         held = store.live_runs(query(A, live=(A,), mine_before=cutoff)).held
-        assert sorted((h.entry, h.token) for h in held) == sorted((n, 1) for n in names)
+        assert sorted((h.entry, h.token) for h in held) == sorted((n, floor + 1)
+                                                                  for n in names)
     finally:
         store.close()
 
@@ -279,7 +295,9 @@ def test_a_bucket_resharded_to_another_master_is_followed_and_nothing_runs_twice
     [name] = names_on(store, cluster_servers, source)
     slot = key_slot(store._tag(name)[0].encode())
     state = register(store, name)[name]
-    first = claim(store, A, state, state.anchor + 1000, entry=name)
+    # (the counter above the clock's tokens: the second claim counts on from it, there)
+    first = claim(store, A, state, state.anchor + 1000, entry=name,
+                  token_floor=above_clock(store))
     send(store, A, first.claims[0])
     try:
         cluster_servers.move_slot(slot, target, finish=False)  # open, its keys on target

@@ -36,6 +36,7 @@ from beat_claims.stores.base import (
     Outcome,
     Reclaim,
     Release,
+    Written,
 )
 from beat_claims.stores.redis import (
     BUCKETS,
@@ -194,6 +195,9 @@ def exercise(store: RedisStore) -> None:
               skip=((state.anchor + 8000, Reason.CATCH_UP),))  # trims the history
         store.claim(A, [ClaimPlan(name, state, (state.anchor + 10_000,))])  # a conflict
         store.record_sent(B, [again])
+        # The heartbeat asks whether the store still holds a beat's newest writes (kept).
+        store.heartbeat(A, 10, written=[Written(name, c3.due, c3.token),
+                                        Written(name, again.due, again.token, sent=True)])
         store.history(name)
         store.lookup_task(f"task-{name}")
     store.claim(A, [ClaimPlan("never-registered", None)])

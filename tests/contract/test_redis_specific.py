@@ -16,7 +16,7 @@ from beat_claims.stores.redis import RedisStore, _NotRun, library_name
 
 from ..conftest import RedisServer, own_redis
 from ..inprocess import make, make_app, occurrences_sent, run_for
-from .helpers import A, plan, query, register, send
+from .helpers import A, above_clock, plan, query, register, send
 
 #: Servers that take no functions, each as redis-server's options: an ACL without
 #: FUNCTION and FCALL; FCALL not a command at all (as before Redis 7.0); an ACL that runs
@@ -99,21 +99,24 @@ def test_a_server_out_of_memory_is_an_outage_for_a_claim_and_the_claim_never_ran
         server: RedisServer) -> None:
     """Refused before it started (a function may write): sent again by EVALSHA, which
     fails at its first write; nothing was written, and the claim made afterwards is the
-    first (token 1)."""
+    first (the floor's next token)."""
     store = RedisStore.from_url(server.url, "bc-redis")
     client = server.client()
     try:
         states = register(store, "e")
+        floor = above_clock(store)  # (a token the refused call took would show)
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", "1")
         try:
             with pytest.raises(StoreError, match=r"OutOfMemory|OOM"):
-                store.claim(A, [plan(states["e"], states["e"].anchor + 1000, entry="e")])
+                store.claim(A, [plan(states["e"], states["e"].anchor + 1000, entry="e",
+                                     token_floor=floor)])
         finally:
             client.config_set("maxmemory", "0")
-        [result] = store.claim(A, [plan(states["e"], states["e"].anchor + 1000, entry="e")])
+        [result] = store.claim(A, [plan(states["e"], states["e"].anchor + 1000, entry="e",
+                                        token_floor=floor)])
         assert result.status is ClaimStatus.OK
-        assert [c.token for c in result.claims] == [1]
+        assert [c.token for c in result.claims] == [floor + 1]
         assert store._functions  # (a refusal to write says nothing of functions)
     finally:
         client.config_set("maxmemory", "0")

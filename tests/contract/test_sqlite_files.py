@@ -40,6 +40,7 @@ from beat_claims.stores.sqlite import SCHEMA_VERSION, SQLiteStore
 from .helpers import (
     A,
     B,
+    above_clock,
     claim,
     claims,
     delivery,
@@ -412,16 +413,17 @@ def test_an_item_that_fails_is_rolled_back_alone_and_the_others_are_written(
     """Items of one call share a transaction (one commit per chunk), each in a savepoint:
     an instant SQLite cannot store fails its own plan only."""
     states = register(store, "e", "f", "g")
+    floor = above_clock(store)  # (each written entry counts on from it)
     results = store.claim(A, [
-        ClaimPlan("e", states["e"], (states["e"].anchor + 1000,)),
-        ClaimPlan("f", states["f"], (states["f"].anchor + 1000, 2 ** 70)),
-        ClaimPlan("g", states["g"], (states["g"].anchor + 1000,))])
+        ClaimPlan("e", states["e"], (states["e"].anchor + 1000,), token_floor=floor),
+        ClaimPlan("f", states["f"], (states["f"].anchor + 1000, 2 ** 70), token_floor=floor),
+        ClaimPlan("g", states["g"], (states["g"].anchor + 1000,), token_floor=floor)])
     assert [r.status for r in results] == [ClaimStatus.OK, ClaimStatus.CORRUPT,
                                            ClaimStatus.OK]
     assert "OverflowError" in results[1].detail
     assert runs(store, "f") == {} and store.entries(["f"])[0].token == 0
-    assert [r.token for r in store.history("e")] == [1]
-    assert [r.token for r in store.history("g")] == [1]
+    assert [r.token for r in store.history("e")] == [floor + 1]
+    assert [r.token for r in store.history("g")] == [floor + 1]
 
 
 # -- epochs: the file reopened, replaced, deleted ------------------------------------------

@@ -19,7 +19,7 @@ from beat_claims.enums import RunState, StartVerdict
 from beat_claims.stores.base import Check, CheckVerdict, Claim, ClaimPlan, ClaimStatus
 from beat_claims.stores.sqlite import SQLiteStore
 
-from .helpers import A, delivery, owner, process, register, runs, send
+from .helpers import A, above_clock, delivery, owner, process, register, runs, send
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,13 +40,13 @@ def _fork() -> Any:
     return multiprocessing.get_context("fork")
 
 
-def _race_one_occurrence(url: str, state: Any, due: int, barrier: Any, out: Any, n: int
-                         ) -> None:
+def _race_one_occurrence(url: str, state: Any, due: int, floor: int, barrier: Any, out: Any,
+                         n: int) -> None:
     """A beat of its own: opens the file, claims the occurrence, and sends it if it won."""
     mine = SQLiteStore.from_url(url)
     who = owner(20 + n)
     barrier.wait(10)
-    [result] = mine.claim(who, [ClaimPlan("e", state, (due,))])
+    [result] = mine.claim(who, [ClaimPlan("e", state, (due,), token_floor=floor)])
     tokens = [c.token for c in result.claims]
     verdicts = [a.verdict.value for a in mine.check(who, [Check(c, f"t{n}")
                                                           for c in result.claims])]
@@ -58,10 +58,11 @@ def test_many_processes_claim_one_occurrence_and_exactly_one_sends_it(
         store: SQLiteStore, url: str) -> None:
     state = register(store, "e")["e"]
     due = state.anchor + 1000
+    floor = above_clock(store)  # (a second token would show as floor + 2)
     ctx, n = _fork(), 8
     barrier, out = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_race_one_occurrence,
-                         args=(url, state, due, barrier, out, i)) for i in range(n)]
+                         args=(url, state, due, floor, barrier, out, i)) for i in range(n)]
     for p in procs:
         p.start()
     try:
@@ -72,13 +73,15 @@ def test_many_processes_claim_one_occurrence_and_exactly_one_sends_it(
     assert [p.exitcode for p in procs] == [0] * n
     winners = [a for a in answers if a[2]]
     assert len(winners) == 1, answers
-    assert winners[0][2:] == ([1], ["send"], 1)
+    assert winners[0][2:] == ([floor + 1], ["send"], 1)
     assert {a[1] for a in answers if not a[2]} == {"conflict"}
     [r] = store.history("e")
-    assert (r.due, r.token, r.state, r.owner) == (due, 1, RunState.SENT, winners[0][0])
+    assert (r.due, r.token, r.state, r.owner) == (due, floor + 1, RunState.SENT,
+                                                  winners[0][0])
 
 
-def _claim_rounds(url: str, rounds: int, barrier: Any, out: Any, n: int) -> None:
+def _claim_rounds(url: str, rounds: int, floor: int, barrier: Any, out: Any, n: int
+                  ) -> None:
     """A beat that claims the entry's next occurrence ``rounds`` times, retrying with the
     store's state whenever another beat moved the checkpoint first."""
     mine = SQLiteStore.from_url(url)
@@ -91,7 +94,7 @@ def _claim_rounds(url: str, rounds: int, barrier: Any, out: Any, n: int) -> None
             if state is None:
                 state = register(mine, "e")["e"]
             due = (state.checkpoint or state.anchor) + 1000
-            [result] = mine.claim(who, [ClaimPlan("e", state, (due,))])
+            [result] = mine.claim(who, [ClaimPlan("e", state, (due,), token_floor=floor)])
             state = result.state
             if result.status is ClaimStatus.OK and result.claims:
                 won += [(c.due, c.token) for c in result.claims]
@@ -104,9 +107,11 @@ def test_claims_racing_from_many_processes_hand_out_each_token_and_occurrence_on
     """The checkpoint's compare-and-set and the token counter under contention: no claim
     is lost, no token or occurrence is handed out twice."""
     register(store, "e")
+    # (every claim counts on from the same floor: the counter alone makes the tokens)
+    floor = above_clock(store)
     ctx, n, rounds = _fork(), 4, 15
     barrier, out = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_claim_rounds, args=(url, rounds, barrier, out, i))
+    procs = [ctx.Process(target=_claim_rounds, args=(url, rounds, floor, barrier, out, i))
              for i in range(n)]
     for p in procs:
         p.start()
@@ -117,11 +122,11 @@ def test_claims_racing_from_many_processes_hand_out_each_token_and_occurrence_on
             p.join(10)
     assert [p.exitcode for p in procs] == [0] * n
     assert len(won) == n * rounds
-    assert sorted(token for _, token in won) == list(range(1, n * rounds + 1))
+    assert sorted(token for _, token in won) == list(range(floor + 1, floor + n * rounds + 1))
     assert len({due for due, _ in won}) == n * rounds
     recorded = runs(store)
     assert {(d, r.token) for d, r in recorded.items()} == set(won)
-    assert store.entries(["e"])[0].token == n * rounds
+    assert store.entries(["e"])[0].token == floor + n * rounds
 
 
 def _run(code: str, url: str) -> str:

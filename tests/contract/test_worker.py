@@ -247,7 +247,7 @@ def test_outcomes_never_touch_the_checkpoint(store: Store) -> None:
     assert finish(store, old, RunState.DONE)  # the older run's outcome comes last
     state = register(store, "e")["e"]
     assert state.checkpoint == new.due
-    assert state == EntryState(state.anchor, new.due, 2)
+    assert state == EntryState(state.anchor, new.due, new.token)
 
 
 def test_lost_applies_only_to_a_run_not_active_since_inactive_since(store: Store) -> None:

@@ -23,8 +23,9 @@ local e, bad = get_entry(K)
 if not e then return CLAIM.corrupt .. ';' .. bad end
 if not e.anchor then return CLAIM.missing end
 local cp_text = e.checkpoint and fmt(e.checkpoint) or ''
-local floor = tonumber(ARGV[5])
 local now = now_ms()
+-- (a token is never below the clock: a store put back from an older copy hands none out twice)
+local floor = math.max(tonumber(ARGV[5]), now * TOKENS_PER_MS - 1)
 local pause = e.pause
 -- The entry's token counter as this call leaves it (each next_token() is its new value).
 local token_text = e.token_text or '0'

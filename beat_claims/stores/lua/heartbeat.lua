@@ -5,7 +5,9 @@
 -- heartbeat to see it starts the new epoch; then no beat claims until every live beat has
 -- had one ttl to register what it knows (settle_until). Owners whose heartbeat lapsed long
 -- ago are forgotten (their claims are found from the runs' own records, not from here).
--- The store's id (kept until it is wiped) is made here too, the first time.
+-- The store's id (kept until it is wiped) is made here too, the first time. The epoch hash
+-- keeps the instant of the last heartbeat of any beat (beat_at), answered as it was before
+-- this one: a store put back from an older copy answers the copy's.
 -- KEYS: owners hash, alive zset, epoch hash, store id. ARGV: owner id, owner JSON, ttl ms, resync
 -- ('1'/'0'), a new epoch id, forget after ms, settling ('1': the caller is still
 -- registering what it knows; a store that is settling stays so for ttl more), a new store id,
@@ -14,7 +16,8 @@
 -- epoch); on one server, the script reads its run id itself.
 -- Returns, as one JSON string (one value for the client to read, not a dozen):
 -- [now, epoch id, settle until or '', owners (flat id, JSON), alive (flat id, expiry), the
--- server's run id (the masters' on a cluster), the store's id].
+-- server's run id (the masters' on a cluster), the store's id, the last heartbeat before
+-- this one or ''].
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
 -- A key of the wrong kind here would stop every beat: it is replaced (the owners come
@@ -25,8 +28,10 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 local server = ARGV[9] or string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
-local epoch = redis.call('HMGET', KEYS[3], 'id', 'settle_until', 'server')
+local epoch = redis.call('HMGET', KEYS[3], 'id', 'settle_until', 'server', 'beat_at')
 local id, settle = epoch[1], tonumber(epoch[2])
+local last_beat = tonumber(epoch[4] or '')
+redis.call('HSET', KEYS[3], 'beat_at', fmt(math.max(now, last_beat or now)))
 if not id or epoch[3] ~= server or ARGV[4] == '1' then
   id = ARGV[5]
   -- Long enough for every beat the store knows alive to notice: until the latest of their
@@ -55,4 +60,5 @@ if not store_id then
 end
 return cjson.encode({fmt(now), id, settle and fmt(settle) or '',
                      redis.call('HGETALL', KEYS[1]),
-                     redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), server, store_id})
+                     redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), server, store_id,
+                     last_beat and fmt(last_beat) or ''})

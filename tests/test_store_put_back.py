@@ -1,0 +1,201 @@
+"""A store put back from an older copy, whatever the way, while beats run.
+
+The ways keep what the store's epoch was made from: SQLite's backup API keeps the file (and
+its inode), a PostgreSQL dump loaded again keeps the server and its identity, Redis
+reloaded from an older RDB in place (``DEBUG RELOAD``) keeps its run id, keys restored one
+by one (``RESTORE``) keep everything else. Two beats run across the restore, a third starts
+just after it, a worker runs what they send: no occurrence is sent twice or runs twice, and
+no token is handed out for two occurrences (a token is never below the store's clock, and
+the running beats find at their next heartbeat that the store no longer holds what they
+wrote; the third claims nothing before they have).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+import subprocess
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from .conftest import RedisServer, own_redis
+from .processes import Fleet, duplicates, executions, fleet, wait_for
+from .test_integration_fleet import PG_HOST, PG_PORT, PG_USER, claims_url
+
+pytestmark = pytest.mark.integration
+
+#: Long enough between two occurrences that the running beats do not claim one (and find
+#: the store went back from its answer) before the third beat is up and claiming.
+PERIOD = 8
+SCHEDULE = {f"e{i}": {"every": PERIOD} for i in range(3)}
+#: Every table of the PostgreSQL store's schema (of the default key prefix) emptied.
+TRUNCATE = ("DO $$BEGIN EXECUTE (SELECT 'TRUNCATE ' || string_agg(format('%I.%I', schemaname,"
+            " tablename), ', ') || ' CASCADE' FROM pg_tables WHERE schemaname ="
+            " 'beat_claims'); END$$")
+#: A send as the beats log it: entry, due instant, token.
+SENT = re.compile(r"Sending due task (\S+) \(\S+\) due (\S+) token (\d+)")
+
+
+class Copy:
+    """How a store is copied, and put back from the copy."""
+
+    def __init__(self, take: Callable[[], None], put_back: Callable[[], None]) -> None:
+        self.take, self.put_back = take, put_back
+
+
+def sends(f: Fleet) -> list[tuple[str, str, int]]:
+    """(entry, due, token) of every message the beats of ``f`` published."""
+    return [(m[1], m[2], int(m[3])) for proc in f.procs if "beat" in " ".join(
+        map(str, proc.args)) for m in SENT.finditer(f.log(proc))]
+
+
+def put_back_under_running_beats(url: str, copy: Callable[[str], Copy], broker: RedisServer,
+                                 tmp_path: Path) -> None:
+    """A copy taken just after one round of occurrences ran, put back just after the next
+    round ran; a third beat starts at once: the round the copy lost is not sent again."""
+    ledger = broker.client(db=2)
+
+    def rounds() -> int:
+        return len({row["due"] for row in executions(ledger)})
+
+    with fleet(url, broker.broker_url(), tmp_path, SCHEDULE,
+               BC_EXEC_URL=f"redis://127.0.0.1:{broker.port}/2") as f:
+        f.worker(concurrency=2)
+        beats = [f.beat(), f.beat()]
+        wait_for(lambda: rounds() >= 1 and len(executions(ledger)) >= len(SCHEDULE), 40,
+                 "a round of runs before the copy")
+        way = copy(url)
+        way.take()
+        copied = rounds()
+        wait_for(lambda: rounds() > copied and len(executions(ledger)) >= 2 * len(SCHEDULE),
+                 3 * PERIOD, "a round of runs the copy does not hold")
+        way.put_back()
+        f.beat()  # a third beat: it knows nothing of what the copy lost
+        restored = rounds()
+        wait_for(lambda: rounds() > restored, 4 * PERIOD, "a round after the copy was put back")
+        rows = executions(ledger)
+        published = sends(f)
+        found_out = ["the store may have lost writes" in f.log(beat) for beat in beats]
+    assert duplicates(rows) == {}, rows
+    twice = {k: n for k, n in Counter((e, d) for e, d, _ in published).items() if n > 1}
+    assert twice == {}, published
+    dues_of: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for entry, due, token in published:
+        dues_of[(entry, token)].add(due)
+    assert {k: v for k, v in dues_of.items() if len(v) > 1} == {}, published
+    assert found_out == [True, True]  # (the running beats registered again what they knew)
+
+
+# -- SQLite -------------------------------------------------------------------------------
+def sqlite_backup_api(url: str) -> Copy:
+    """``sqlite3 claims.db ".backup copy.db"``, later ``".restore copy.db"``: SQLite's
+    backup API, the usual way to copy and restore a database in use (the file and its
+    inode stay)."""
+    live = Path(url.removeprefix("sqlite:///"))
+    saved = live.with_name("copy.db")
+
+    def backup(source: Path, target: Path) -> None:
+        src, dst = sqlite3.connect(source), sqlite3.connect(target, timeout=30)
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+
+    return Copy(lambda: backup(live, saved), lambda: backup(saved, live))
+
+
+def test_sqlite_restored_by_the_backup_api(broker: RedisServer, tmp_path: Path) -> None:
+    with claims_url("sqlite", broker, tmp_path) as url:
+        put_back_under_running_beats(url, sqlite_backup_api, broker, tmp_path)
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+def _psql(dbname: str, *args: str) -> None:
+    subprocess.run(["psql", "-h", PG_HOST, "-p", PG_PORT, "-U", PG_USER, "-d", dbname,
+                    "-v", "ON_ERROR_STOP=1", "-q", *args], check=True, capture_output=True,
+                   timeout=60)
+
+
+def _pg_dump(dbname: str, out: Path, *args: str) -> None:
+    subprocess.run(["pg_dump", "-h", PG_HOST, "-p", PG_PORT, "-U", PG_USER, "-d", dbname,
+                    "--schema=beat_claims", "-f", str(out), *args], check=True,
+                   capture_output=True, timeout=60)
+
+
+def postgres_data_only(url: str) -> Copy:
+    """``pg_dump --data-only`` of the store's schema, later its tables emptied and the dump
+    loaded again, in one transaction: the server, its identity and the schema stay."""
+    dbname = url.rsplit("/", 1)[1]
+    out = Path(f"/tmp/bc-{dbname}-data.sql")
+    return Copy(lambda: _pg_dump(dbname, out, "--data-only"),
+                lambda: _psql(dbname, "--single-transaction", "-c", TRUNCATE, "-f", str(out)))
+
+
+def postgres_schema_and_data(url: str) -> Copy:
+    """``pg_dump --clean`` of the store's schema (its tables, functions and data), later
+    loaded again in one transaction: the server and its identity stay."""
+    dbname = url.rsplit("/", 1)[1]
+    out = Path(f"/tmp/bc-{dbname}-all.sql")
+    return Copy(lambda: _pg_dump(dbname, out, "--clean", "--if-exists"),
+                lambda: _psql(dbname, "--single-transaction", "-f", str(out)))
+
+
+@pytest.mark.parametrize("way", [postgres_data_only, postgres_schema_and_data],
+                         ids=["data-only", "schema-and-data"])
+def test_postgres_restored_from_a_dump(way: Callable[[str], Copy], broker: RedisServer,
+                                       tmp_path: Path) -> None:
+    with claims_url("postgres", broker, tmp_path) as url:
+        put_back_under_running_beats(url, way, broker, tmp_path)
+
+
+# -- Redis --------------------------------------------------------------------------------
+def redis_debug_reload(server: RedisServer) -> Callable[[str], Copy]:
+    """``SAVE`` and a copy of the RDB, later that copy put in place and ``DEBUG RELOAD
+    NOSAVE``: the same server process (its run id) holds the older data."""
+    rdb = Path(server.dir) / "dump.rdb"
+    saved = Path(server.dir) / "older.rdb"
+
+    def take() -> None:
+        server.client().save()
+        shutil.copy(rdb, saved)
+
+    def put_back() -> None:
+        shutil.copy(saved, rdb)
+        server.client().execute_command("DEBUG", "RELOAD", "NOSAVE")
+
+    return lambda url: Copy(take, put_back)
+
+
+def redis_restore_keys(server: RedisServer) -> Callable[[str], Copy]:
+    """``DUMP`` of every key, later ``RESTORE ... REPLACE`` of each (in one transaction):
+    keys written since and not in the copy stay as they are."""
+    dumped: dict[bytes, tuple[int, bytes]] = {}
+
+    def take() -> None:
+        client = redis.Redis(port=server.port)  # (bytes: a dump is not text)
+        for key in client.scan_iter(count=1000):
+            value, ttl = client.dump(key), client.pttl(key)
+            if value is not None:
+                dumped[key] = (max(0, ttl), value)
+
+    def put_back() -> None:
+        pipe = redis.Redis(port=server.port).pipeline(transaction=True)
+        for key, (ttl, value) in dumped.items():
+            pipe.execute_command("RESTORE", key, ttl, value, "REPLACE")
+        pipe.execute()
+
+    return lambda url: Copy(take, put_back)
+
+
+@pytest.mark.parametrize("way", [redis_debug_reload, redis_restore_keys],
+                         ids=["debug-reload", "restore-keys"])
+def test_redis_put_back_in_place(way: Callable[[RedisServer], Callable[[str], Copy]],
+                                 broker: RedisServer, tmp_path: Path) -> None:
+    with own_redis(["--enable-debug-command", "yes"]) as store:
+        put_back_under_running_beats(store.url, way(store), broker, tmp_path)
