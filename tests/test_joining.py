@@ -77,6 +77,26 @@ def test_a_beat_claims_nothing_until_the_running_one_has_heartbeated_since_it_st
         b.close()
 
 
+def test_a_beat_that_joins_beside_a_silent_one_waits_at_most_join_intervals(
+        server: RedisServer) -> None:
+    """A replacement for a killed beat (its heartbeat not lapsed yet) does not wait for
+    it to lapse: a beat silent for JOIN_INTERVALS intervals finds nothing out in time."""
+    app = make_app(server, beat_claims_heartbeat_interval=2)  # a TTL of 6 s
+    a = make(app)  # then never ticked again: killed
+    b = Scheduler(app=app)
+    calls = claim_calls(b)
+    try:
+        b.tick()
+        began = b.liveness.join.began
+        assert began is not None and a.owner.id in b.liveness.join.waiting_for
+        wait_for(lambda: calls, 10, "b to claim", interval=0.02, between=b.tick)
+        waited = calls[0] - began
+        assert JOIN_INTERVALS * 2 <= waited < 3 * 2, waited  # before a's heartbeat lapsed
+        assert a.owner.id in {o.owner.id for o in b.liveness.owners if o.alive}
+    finally:
+        b.close()
+
+
 def test_a_beat_that_joins_a_store_silent_for_longer_than_a_ttl_waits(
         server: RedisServer) -> None:
     """No beat alive, and the store's last heartbeat older than a TTL: a fleet that was

@@ -18,10 +18,11 @@ from .clock import StoreClock
 #: answer of a sweep asked with that heartbeat to be used (half a round trip either way
 #: of error in each reading, and some drift).
 CLOCK_STEP_MS = 250
-#: A beat that joins when the store has seen no heartbeat for longer than a TTL (a fleet
-#: that was stopped, or an older copy of the store put back under running beats) claims
-#: nothing for this many heartbeat intervals: every running beat has heartbeated by then,
-#: and found out whether the store lost what it wrote.
+#: A beat that joins waits at most this many heartbeat intervals for the beats the store
+#: shows alive to heartbeat, and, when the store has seen no heartbeat for longer than a TTL
+#: (a fleet that was stopped, or an older copy of the store put back under running beats),
+#: this long in any case: every running beat has heartbeated by then, and found out
+#: whether the store lost what it wrote.
 JOIN_INTERVALS = 1.5
 #: Once every beat it waited for has heartbeated, a joining beat heartbeats once more this
 #: long after (at most half an interval) before it claims: a beat that found at its
@@ -160,11 +161,14 @@ class Joining:
     running find it out at their next heartbeat (the store no longer holds what they
     wrote) and start a new epoch, in which everyone registers again what it knows. A beat
     that starts meanwhile knows nothing: it waits until every beat the store shows alive
-    has heartbeated since its own first heartbeat (or lapsed), and, when the store shows
-    no heartbeat for longer than a TTL (its copy may be older than that), for
-    :data:`JOIN_INTERVALS` heartbeat intervals; then it heartbeats once more, and claims
-    if that heartbeat shows no new epoch. On a new store, or one whose last heartbeat is
-    recent with no other beat alive (a beat restarted), it joins at its first heartbeat.
+    has heartbeated since its own first heartbeat (or lapsed), for :data:`JOIN_INTERVALS`
+    heartbeat intervals at most (a beat that has not heartbeated by then is dead or
+    stalled, and would find nothing out in time: a replacement for a killed beat does not
+    wait for its heartbeat to lapse), and, when the store shows no heartbeat for longer
+    than a TTL (its copy may be older than that), for those intervals in any case; then it
+    heartbeats once more, and claims if that heartbeat shows no new epoch. On a new store,
+    or one whose last heartbeat is recent with no other beat alive (a beat restarted), it
+    joins at its first heartbeat.
     """
 
     def __init__(self, owner_id: str, interval: float, ttl: float) -> None:
@@ -188,6 +192,8 @@ class Joining:
             if not self.waiting_for and not stale:
                 self.joined = True
             return
+        if answered >= self.began + JOIN_INTERVALS * self.interval:
+            self.waiting_for.clear()  # those still silent are dead or stalled
         for owner_id, expiry in list(self.waiting_for.items()):
             status = statuses.get(owner_id)
             if status is None or not alive(status) or status.expires_at > expiry:
@@ -203,7 +209,10 @@ class Joining:
         """When the next heartbeat helps this beat join (monotonic)."""
         if self.confirm_at is not None:
             return self.confirm_at
-        return self.until if self.until > (self.began or 0.0) else float("inf")
+        began = self.began or 0.0
+        if self.until > began:
+            return self.until
+        return began + JOIN_INTERVALS * self.interval if self.waiting_for else float("inf")
 
     def beat_due(self) -> bool:
         return not self.joined and self.began is not None and \

@@ -560,14 +560,18 @@ BEGIN
             AND coalesce({s}.int_of(r.record -> 'token'), 0)
                 < coalesce({s}.int_of(v_run -> 'token'), 0);
         -- Where the store has a record, it is kept, unless an older copy of the store
-        -- still holds it claimed (or due again) and the caller sent it since.
+        -- still holds it claimed (or due again) and the caller sent it since (not over a run
+        -- never claimed that the caller did not send as an operator's: a backfill or a
+        -- request made since).
         INSERT INTO {s}.runs AS r (entry_id, due, record)
           VALUES (v_entry.id, (v_run ->> 'due')::bigint, v_run)
           ON CONFLICT (entry_id, due) DO UPDATE SET record = excluded.record
             WHERE excluded.record ->> 'state' = {SENT} AND r.readable
               AND r.record ->> 'state' NOT IN {FINAL} AND r.record ->> 'state' NOT IN {OPEN}
               AND coalesce({s}.int_of(r.record -> 'token'), 0)
-                  <= coalesce({s}.int_of(excluded.record -> 'token'), 0);
+                  <= coalesce({s}.int_of(excluded.record -> 'token'), 0)
+              AND (coalesce({s}.int_of(r.record -> 'token'), 0) > 0
+                   OR coalesce(excluded.record -> 'manual' <> 'false'::jsonb, false));
       END LOOP;
       PERFORM {s}.trim(v_entry.id, p_limit, {s}.now_ms());
     END IF;

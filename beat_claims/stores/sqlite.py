@@ -1147,9 +1147,12 @@ class SQLiteStore(Store):
                     self._insert_run(db, seed.name, record)
                 elif stored and known.state is RunState.SENT and (
                         stored["state"] not in _FINAL and stored["state"] not in _OPEN
-                        and int(stored.get("token") or 0) <= known.token):
+                        and int(stored.get("token") or 0) <= known.token
+                        and (int(stored.get("token") or 0) > 0 or known.manual)):
                     # An older copy of the store still holds it claimed (or due again), and
-                    # the caller sent it since: what the caller knows is newer.
+                    # the caller sent it since: what the caller knows is newer. (Not over a
+                    # run never claimed that the caller did not send as an operator's: a
+                    # backfill or a request made since.)
                     self._put_run(db, seed.name, record)
                 elif stored and known.state is RunState.SENT and (
                         _ended_unrun(stored) or _sent_unstarted(stored)) and (

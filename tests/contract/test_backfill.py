@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from beat_claims.enums import Overlap, Reason, RunState
-from beat_claims.stores.base import CheckVerdict, ClaimStatus, Outcome, Reclaim, Store
+from beat_claims.runs import Run
+from beat_claims.stores.base import (
+    CheckVerdict,
+    ClaimStatus,
+    EntrySeed,
+    Outcome,
+    Reclaim,
+    Store,
+)
 
 from .helpers import A, B, check, claim, claims, entry, process, run, runs, send, started, take
 
@@ -72,6 +80,32 @@ def test_a_run_that_ended_without_running_is_run_again(store: Store, ending: str
     # The old token cannot start it; the new one can.
     assert check(store, A, c).verdict is CheckVerdict.REFUSED
     assert check(store, B, again).verdict is CheckVerdict.SEND
+
+
+def test_a_backfill_made_since_is_not_undone_when_a_beat_registers_what_it_sent(
+        store: Store) -> None:
+    """After a new epoch a beat registers the runs it sent lately; one whose instant an
+    operator has backfilled since (its run ended without running) stays the backfill's,
+    and is sent; the record of a run the beat sent as an operator's request is taken."""
+    c, d = claims(store, A, 1000, 2000)
+    for sent in (c, d):
+        send(store, A, sent)
+        assert store.finish([Outcome("e", sent.due, sent.token, RunState.CANCELLED)]) == [True]
+    store.backfill("e", [c.due], "alice@ops")
+    known = Run("e", c.due, RunState.SENT, token=c.token, owner=A.id, sent_at=c.due)
+    store.register([EntrySeed("e", runs=(known,))])
+    backfilled = run(store, c)
+    assert (backfilled.state, backfilled.manual, backfilled.requested_by) == (
+        RunState.DUE, True, "alice@ops")
+    [again] = take(store, B)
+    assert (again.due, again.manual) == (c.due, True)
+    # A backfilled run the beat claimed and sent as such, in a copy put back to before its
+    # claim: what the beat knows is newer.
+    store.backfill("e", [d.due], "alice@ops")
+    sent_since = Run("e", d.due, RunState.SENT, token=d.token + 5, owner=A.id,
+                     sent_at=d.due, manual=True)
+    store.register([EntrySeed("e", runs=(sent_since,))])
+    assert (run(store, d).state, run(store, d).token) == (RunState.SENT, d.token + 5)
 
 
 def test_asking_twice_sends_each_instant_once(store: Store) -> None:

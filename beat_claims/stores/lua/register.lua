@@ -61,9 +61,11 @@ if #known > 0 then
       put_run(K, run, nil)
       redis.call('ZADD', K.history, run.due, due)
     elseif stored and run.state == STATE.sent and not FINAL[stored.state]
-        and not OPEN[stored.state] and (stored.token or 0) <= (run.token or 0) then
+        and not OPEN[stored.state] and (stored.token or 0) <= (run.token or 0)
+        and ((stored.token or 0) > 0 or run.manual) then
       -- An older copy of the store still holds it claimed (or due again), and the caller
-      -- sent it since: what the caller knows is newer.
+      -- sent it since: what the caller knows is newer. (Not over a run never claimed that
+      -- the caller did not send as an operator's: a backfill or a request made since.)
       put_run(K, run, stored)
     elseif stored and run.state == STATE.sent and (stored.token or 0) < (run.token or 0)
         and (stored.state == STATE.skipped or stored.state == STATE.cancelled
