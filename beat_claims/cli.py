@@ -300,14 +300,29 @@ def release(ctx: click.Context, entry: str, due: int, by: str | None, as_json: b
 
 
 # -- probes -------------------------------------------------------------------------------
+def _which_beat(value: str | None) -> tuple[str | None, int | None]:
+    """``--beat``'s value: "" (any beat of this host), ``PID`` (of this host) or
+    ``HOST:PID``, as (host, pid); None for the whole fleet."""
+    if not value:
+        return None, None
+    host, sep, pid = value.rpartition(":")
+    if not pid.isdigit() or int(pid) <= 0 or (sep and not host):
+        raise click.BadParameter(f"{value!r}: a beat is PID or HOST:PID (as in `claims"
+                                 " status`), or nothing for any beat of this host",
+                                 param_hint="--beat")
+    return host or None, int(pid)
+
+
 @claims.command(cls=CeleryCommand)
 @click.option("--grace", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="SECONDS", help="How late an occurrence may be before its entry is"
-              " overdue (default: beat_claims_health_grace, else three heartbeat intervals"
-              " + 30 s).")
-@click.option("--beat", "beat_only", is_flag=True,
+              metavar="SECONDS", help="How late an occurrence, or a run due again, may be"
+              " before its entry is overdue (default: beat_claims_health_grace, else three"
+              " heartbeat intervals + 30 s).")
+@click.option("--beat", "beat", is_flag=False, flag_value="", default=None,
+              metavar="[PID|HOST:PID]",
               help="Only check that a beat of this host is alive (a container's liveness"
-                   " probe).")
+                   " probe); with PID, the beat of this host with that pid; with HOST:PID,"
+                   " that beat (as `claims status` names it).")
 @click.option("--max-entries", type=click.IntRange(min=1), default=fleet_health.MAX_ENTRIES,
               show_default=True, help="Entries examined for overdue occurrences (the first"
               " by name).")
@@ -315,13 +330,14 @@ def release(ctx: click.Context, entry: str, due: int, by: str | None, as_json: b
               show_default=True, help="Seconds to wait for each answer of the store.")
 @json_option
 @click.pass_context
-def health(ctx: click.Context, grace: float | None, beat_only: bool, max_entries: int,
+def health(ctx: click.Context, grace: float | None, beat: str | None, max_entries: int,
            timeout: float, as_json: bool) -> None:
     """Exit 0 when the fleet is healthy, else 1 saying which checks failed: the store
     answers, a beat is alive, no claim is held longer than its reclaim_after, no entry
     that is not paused is overdue (its next occurrence, or a run due again, later than
     the grace). Reads only."""
     app = _app(ctx)
+    host, pid = _which_beat(beat)
 
     def check() -> fleet_health.Report:
         settings = Settings.from_app(app)
@@ -330,8 +346,8 @@ def health(ctx: click.Context, grace: float | None, beat_only: bool, max_entries
         except StoreError as exc:
             return fleet_health.Report([fleet_health.Finding("store", False,
                                                              f"unreachable: {exc}")])
-        if beat_only:
-            return fleet_health.beat(store)
+        if beat is not None:
+            return fleet_health.beat(store, host, pid)
         schedules = _schedules(app)
         return fleet_health.fleet(
             store, schedules, operations.policies(app, settings, list(schedules)),

@@ -21,9 +21,10 @@ Per entry (label ``entry``):
   due and started - due of the newest scheduled (not manual) run that was sent, started;
 * ``beat_claims_entry_paused``: 1 while an operator has paused it.
 
-For the fleet: ``beat_claims_fleet_up`` (the last read succeeded), ``..._beats_alive``,
-``..._beats_registered``, ``..._stale_claims`` (held longer than their ``reclaim_after``),
-``..._entries``, ``..._entries_not_exported``, ``..._read_seconds``.
+For the fleet: ``beat_claims_fleet_up`` (the last read succeeded), ``..._beats_alive``
+(:func:`beat_claims.beat.liveness.owner_alive`), ``..._beats_registered``,
+``..._stale_claims`` (held longer than their ``reclaim_after``), ``..._entries``,
+``..._entries_not_exported``, ``..._read_seconds``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import health
+from .beat.liveness import owner_alive
 from .enums import FINAL_STATES, RunState
 from .runs import Run
 from .settings import ConfigurationError, Policy
@@ -117,7 +119,7 @@ def read(store: Store, policies: Callable[[list[str]], dict[str, Policy]], defau
     except StoreError as exc:
         return Snapshot(False, time.monotonic() - started, str(exc))
     return Snapshot(True, time.monotonic() - started, "", entries,
-                    max(0, len(records) - len(shown)), sum(1 for o in owners if o.alive),
+                    max(0, len(records) - len(shown)), sum(1 for o in owners if owner_alive(o)),
                     len(owners), len(held.stale))
 
 

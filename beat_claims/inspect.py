@@ -13,6 +13,7 @@ from celery import Celery
 from celery.beat import ScheduleEntry
 
 from . import occurrences
+from .beat.liveness import owner_alive
 from .enums import RunState
 from .runs import Owner, Run, iso
 from .settings import Settings
@@ -50,7 +51,7 @@ def status(app: Celery, store: Store | None = None,
     store = store or open_store(app)
     schedules = beat_schedules(app) if schedules is None else schedules
     owners = store.owners()
-    alive = {o.owner.id: o.alive for o in owners}
+    alive = {o.owner.id: owner_alive(o) for o in owners}
     known = {record.name: record for record in store.entries()}
     missing = sorted(set(schedules) - set(known))
     known.update({record.name: record for record in store.entries(missing)})
@@ -91,7 +92,7 @@ def status(app: Celery, store: Store | None = None,
         })
     return {
         "generated_at": iso(store.now()),
-        "owners": [owner_doc(o.owner, o.alive, o.expires_at) for o in owners],
+        "owners": [owner_doc(o.owner, alive[o.owner.id], o.expires_at) for o in owners],
         "entries": entries,
     }
 

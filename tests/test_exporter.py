@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +20,8 @@ import pytest
 
 from beat_claims import exporter
 from beat_claims.enums import RunState
-from beat_claims.runs import Owner
+from beat_claims.runs import Owner, process_identity
+from beat_claims.settings import Policy
 from beat_claims.stores.base import (
     Check,
     ClaimPlan,
@@ -222,3 +224,19 @@ def test_the_readme_shows_the_alert_this_test_file_checks() -> None:
     block = re.search(r"```promql\n(.*?)```", readme, re.S)
     assert block is not None, "README.md has no promql block"
     assert block.group(1).split() == exporter.ALERT_EXAMPLE.split()
+
+
+def test_a_beat_whose_process_is_gone_on_this_host_is_not_counted_alive(
+        target: Target) -> None:
+    # Its heartbeat has two minutes to run; its process (on this host) is gone.
+    t = target
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    identity = process_identity(proc.pid)
+    proc.kill()
+    proc.wait()
+    gone = Owner("d" * 16, socket.gethostname(), proc.pid, time.time(), identity or "")
+    t.store.heartbeat(gone, 120)
+    t.store.heartbeat(STUCK, 120)
+    assert all(o.alive for o in t.store.owners())
+    snap = exporter.read(t.store, lambda names: {}, Policy())
+    assert (snap.beats_alive, snap.beats_registered) == (1, 2)

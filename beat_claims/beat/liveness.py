@@ -103,7 +103,7 @@ class Liveness:
         """Owners believed alive: their heartbeat has not lapsed, and on this host their
         process is still there."""
         return frozenset(o.owner.id for o in self.owners
-                         if o.owner.id == self.owner.id or (o.alive and not _gone(o.owner)))
+                         if o.owner.id == self.owner.id or owner_alive(o))
 
     def beats_here(self) -> int:
         """Live beats on this host, this one included (they share its cores)."""
@@ -116,5 +116,10 @@ class Liveness:
         return sorted(self.live_ids())
 
 
-def _gone(owner: Owner) -> bool:
-    return process_is_gone(owner.host, owner.pid, owner.process) is True
+def owner_alive(status: OwnerStatus) -> bool:
+    """Whether a beat is alive: its heartbeat has not lapsed, and on this host its process
+    is still there (a beat killed here is known dead at once, not when its heartbeat
+    lapses). The one judgement of liveness: the beats', ``claims status``'s, ``claims
+    health``'s and the exporter's."""
+    owner = status.owner
+    return status.alive and process_is_gone(owner.host, owner.pid, owner.process) is not True
