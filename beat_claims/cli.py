@@ -20,6 +20,7 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from . import exporter as fleet_exporter
 from . import health as fleet_health
 from . import inspect, operations
+from . import unstarted as fleet_unstarted
 from .runs import iso
 from .settings import ConfigurationError, Settings
 from .stores.base import StoreConfigurationError, StoreError
@@ -119,8 +120,12 @@ def status_table(doc: dict[str, Any]) -> str:
     alive = [o for o in owners if o["alive"]]
     lines = [f"beats alive: {len(alive)} of {len(owners)} registered"
              + (": " + ", ".join(f"{o['beat']} ({o['id'][:8]})" for o in alive)
-                if alive else ""),
-             f"{'ENTRY':30} {'NEXT DUE':26} {'LAST':10} {'LAST DUE':26} CLAIMS  COUNTS"]
+                if alive else "")]
+    after = doc.get("unstarted_after")
+    waiting = [e["name"] for e in doc["entries"] if e.get("unstarted")]
+    if waiting and after is not None:
+        lines.append(f"WARNING: {fleet_unstarted.summary(waiting, after)}")
+    lines.append(f"{'ENTRY':30} {'NEXT DUE':26} {'LAST':10} {'LAST DUE':26} CLAIMS  COUNTS")
     for e in doc["entries"]:
         last = e["last_run"] or {}
         counts = " ".join(f"{k}={v}" for k, v in e["counts"].items() if v)
@@ -129,6 +134,10 @@ def status_table(doc: dict[str, Any]) -> str:
         if paused:
             counts = (f"PAUSED since {paused['at']} by {paused['by']}"
                       + (f" ({paused['note']})" if paused["note"] else "") + f"; {counts}")
+        waits = e.get("unstarted")
+        if waits:
+            counts = (f"NOT STARTED: {waits['runs']} run(s) sent, the oldest"
+                      f" {waits['seconds']:g} s ago; {counts}")
         lines.append(f"{name[:30]:30} {e['next_due'] or '-':26}"
                      f" {last.get('state', '-'):10} {last.get('due') or '-':26}"
                      f" {len(e['claims']):6}  {counts}")
@@ -335,7 +344,8 @@ def health(ctx: click.Context, grace: float | None, beat: str | None, max_entrie
     """Exit 0 when the fleet is healthy, else 1 saying which checks failed: the store
     answers, a beat is alive, no claim is held longer than its reclaim_after, no entry
     that is not paused is overdue (its next occurrence, or a run due again, later than
-    the grace). Reads only."""
+    the grace), no run is sent and not started for longer than
+    beat_claims_unstarted_after. Reads only."""
     app = _app(ctx)
     host, pid = _which_beat(beat)
 
@@ -351,7 +361,8 @@ def health(ctx: click.Context, grace: float | None, beat: str | None, max_entrie
         schedules = _schedules(app)
         return fleet_health.fleet(
             store, schedules, operations.policies(app, settings, list(schedules)),
-            settings.policy, settings.overdue_after if grace is None else grace, max_entries)
+            settings.policy, settings.overdue_after if grace is None else grace, max_entries,
+            settings.unstarted_after)
 
     report = _run(ctx, check)
     _print(as_json, report.as_dict(), report.text())
@@ -372,7 +383,8 @@ def health(ctx: click.Context, grace: float | None, beat: str | None, max_entrie
 def exporter(ctx: click.Context, port: int, addr: str, cache_seconds: float,
              max_entries: int, history: int) -> None:
     """Serve Prometheus metrics of the whole fleet on /metrics, read from the store: per
-    entry its last outcome, runs by state, lateness and pause; live beats; stale claims."""
+    entry its last outcome, runs by state, lateness, pause and runs sent and not started;
+    live beats; stale claims."""
     app = _app(ctx)
 
     def start() -> tuple[Any, Settings]:
@@ -385,7 +397,7 @@ def exporter(ctx: click.Context, port: int, addr: str, cache_seconds: float,
     def read() -> fleet_exporter.Snapshot:
         return fleet_exporter.read(
             store, lambda names: operations.policies(app, settings, names), settings.policy,
-            max_entries, history)
+            max_entries, history, settings.unstarted_after)
 
     collector = fleet_exporter.FleetCollector(read, cache_seconds)
 

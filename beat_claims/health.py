@@ -1,6 +1,6 @@
 """``celery claims health``: is the fleet sending what is due? For probes and monitors.
 
-Four checks, each read from the store alone (nothing is written):
+Five checks, each read from the store alone (nothing is written):
 
 * **store**: the store answers (its clock is read; every other check compares with it);
 * **beats**: at least one beat is alive (its heartbeat has not lapsed and, on this host,
@@ -10,15 +10,17 @@ Four checks, each read from the store alone (nothing is written):
 * **overdue**: no entry of the app's schedule that is not paused has its next occurrence
   after the store's checkpoint more than the grace in the past, and no run due again
   (released, taken back, requested, backfilled) of any entry, in this app's schedule or
-  not, has waited longer than the grace for a beat to claim it.
+  not, has waited longer than the grace for a beat to claim it;
+* **unstarted**: no run has been ``sent`` without a worker starting it for longer than
+  ``beat_claims_unstarted_after`` (:mod:`beat_claims.unstarted`).
 
 ``--beat`` checks the store and that a beat of this host (``socket.gethostname()``) is
 alive: a liveness probe for a beat's container; ``--beat PID`` (or ``HOST:PID``) that
 beat.
 
 The work is bounded: at most ``max_entries`` entries of the schedule are examined (the
-first by name; the report says how many were not), live claims and runs due again are read
-up to :data:`LIVE_LIMIT`, and the history of at most :data:`DUE_ENTRIES`
+first by name; the report says how many were not), live claims, runs due again and open
+runs are read up to :data:`LIVE_LIMIT`, and the history of at most :data:`DUE_ENTRIES`
 entries with runs due again is read to learn how long they have waited.
 """
 
@@ -30,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import occurrences
+from . import occurrences, unstarted
 from .beat.liveness import owner_alive
 from .enums import RunState
 from .inspect import owner_doc
@@ -66,6 +68,7 @@ class Report:
     checks: list[Finding]
     now: int | None = None
     grace: float | None = None
+    unstarted_after: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -77,6 +80,7 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "now": iso(self.now), "grace_seconds": self.grace,
+                "unstarted_after_seconds": self.unstarted_after,
                 "failed": [c.name for c in self.failed],
                 "checks": [c.as_dict() for c in self.checks]}
 
@@ -247,13 +251,29 @@ def _waiting_too_long(store: Store, now: int, cutoff: int, due: Sequence[RunRef]
     return items
 
 
+def unstarted_check(store: Store, now: int, after: float | None) -> Finding:
+    """Runs sent that no worker started within ``after`` seconds, by entry."""
+    if after is None:
+        return Finding("unstarted", True, "not checked (beat_claims_unstarted_after is None)")
+    found = unstarted.read(store, now, after, LIVE_LIMIT)
+    partial = "" if found.complete else f" (the oldest {LIVE_LIMIT} open runs read)"
+    if found.entries:
+        return Finding("unstarted", False, f"{len(found.entries)} entr(ies) with "
+                       f"{unstarted.summary([u.entry for u in found.entries], after, SHOWN)}"
+                       f"{partial}",
+                       [u.as_dict(now) for u in found.entries])
+    return Finding("unstarted", True, f"no run sent and not started for more than {after:g} s"
+                   f"{partial}")
+
+
 # -- the probes ---------------------------------------------------------------------------
 def fleet(store: Store, schedules: Mapping[str, Any], policies: Mapping[str, Policy],
-          default: Policy, grace: float, max_entries: int = MAX_ENTRIES) -> Report:
+          default: Policy, grace: float, max_entries: int = MAX_ENTRIES,
+          unstarted_after: float | None = None) -> Report:
     """Every check. Once the store does not answer, the others are not made."""
     found, now = store_check(store)
     if now is None:
-        return Report([found], None, grace)
+        return Report([found], None, grace, unstarted_after)
     checks = [found]
     try:
         owners = store.owners()
@@ -262,9 +282,10 @@ def fleet(store: Store, schedules: Mapping[str, Any], policies: Mapping[str, Pol
         checks.append(claims_check(held, now, policies, default, owners))
         checks.append(overdue_check(store, now, schedules, grace, held.due, policies,
                                     max_entries))
+        checks.append(unstarted_check(store, now, unstarted_after))
     except StoreError as exc:
         checks.append(Finding("store", False, f"stopped answering during the checks: {exc}"))
-    return Report(checks, now, grace)
+    return Report(checks, now, grace, unstarted_after)
 
 
 def beat(store: Store, host: str | None = None, pid: int | None = None) -> Report:
@@ -281,4 +302,5 @@ def beat(store: Store, host: str | None = None, pid: int | None = None) -> Repor
 
 
 __all__ = ["DUE_ENTRIES", "LIVE_LIMIT", "MAX_ENTRIES", "Finding", "Live", "Report", "beat",
-           "beats_check", "claims_check", "fleet", "live", "overdue_check", "store_check"]
+           "beats_check", "claims_check", "fleet", "live", "overdue_check", "store_check",
+           "unstarted_check"]
