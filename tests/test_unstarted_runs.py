@@ -39,8 +39,9 @@ from .test_cli import Ran, cli
 
 #: Every second, overlap skip: one run that never reports holds back every later one.
 SCHEDULE = {"skipper": {"every": 1, "claims": {"overlap": "skip"}}}
-#: Runs sent and not started for 2 s are reported (the default is 300 s).
-CONF = {"beat_claims_unstarted_after": 2}
+#: Runs sent and not started for 3 s are reported (the default is 300 s): a worker with
+#: the hooks starts each in milliseconds, even on a loaded machine.
+CONF = {"beat_claims_unstarted_after": 3}
 WARNING = re.compile(r"WARNING/\w+\] beat-claims: .*sent and not started.*\bskipper\b")
 
 
@@ -87,12 +88,12 @@ def test_a_worker_without_install_is_warned_by_the_beat_and_flagged_by_status_an
             "the worker without the hooks ran a message"
 
         status = doc_of(run(server, "status", "-j"), 0)
-        assert status["unstarted_after"] == 2.0
+        assert status["unstarted_after"] == 3.0
         [entry] = [e for e in status["entries"] if e["name"] == "skipper"]
-        assert entry["unstarted"]["runs"] >= 1 and entry["unstarted"]["seconds"] > 2, entry
+        assert entry["unstarted"]["runs"] >= 1 and entry["unstarted"]["seconds"] > 3, entry
         table = run(server, "status")
         assert table.code == 0, table
-        assert "runs sent and not started for more than 2 s: skipper" in table.out, table.out
+        assert "runs sent and not started for more than 3 s: skipper" in table.out, table.out
         assert "beat_claims.install(app)" in table.out
         [line] = [x for x in table.out.splitlines() if x.startswith("skipper ")]
         assert "NOT STARTED: " in line and "run(s) sent, the oldest" in line, line
@@ -104,7 +105,7 @@ def test_a_worker_without_install_is_warned_by_the_beat_and_flagged_by_status_an
         assert "beat_claims.install(app)" in check["detail"]
         text = run(server, "health")
         assert text.code == 1 and "FAIL  unstarted: 1 entr(ies) with runs sent and not" \
-            " started for more than 2 s: skipper" in text.out, text
+            " started for more than 3 s: skipper" in text.out, text
 
         # Once per entry (each beat): the passes of the next seconds (one a second here)
         # find the same entry, and say nothing more.
