@@ -20,6 +20,7 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from . import exporter as fleet_exporter
 from . import health as fleet_health
 from . import inspect, operations
+from . import unstarted as fleet_unstarted
 from .runs import iso
 from .settings import ConfigurationError, Settings
 from .stores.base import StoreConfigurationError, StoreError
@@ -119,8 +120,12 @@ def status_table(doc: dict[str, Any]) -> str:
     alive = [o for o in owners if o["alive"]]
     lines = [f"beats alive: {len(alive)} of {len(owners)} registered"
              + (": " + ", ".join(f"{o['beat']} ({o['id'][:8]})" for o in alive)
-                if alive else ""),
-             f"{'ENTRY':30} {'NEXT DUE':26} {'LAST':10} {'LAST DUE':26} CLAIMS  COUNTS"]
+                if alive else "")]
+    after = doc.get("unstarted_after")
+    waiting = [e["name"] for e in doc["entries"] if e.get("unstarted")]
+    if waiting and after is not None:
+        lines.append(f"WARNING: {fleet_unstarted.summary(waiting, after)}")
+    lines.append(f"{'ENTRY':30} {'NEXT DUE':26} {'LAST':10} {'LAST DUE':26} CLAIMS  COUNTS")
     for e in doc["entries"]:
         last = e["last_run"] or {}
         counts = " ".join(f"{k}={v}" for k, v in e["counts"].items() if v)
@@ -129,6 +134,10 @@ def status_table(doc: dict[str, Any]) -> str:
         if paused:
             counts = (f"PAUSED since {paused['at']} by {paused['by']}"
                       + (f" ({paused['note']})" if paused["note"] else "") + f"; {counts}")
+        waits = e.get("unstarted")
+        if waits:
+            counts = (f"NOT STARTED: {waits['runs']} run(s) sent, the oldest"
+                      f" {waits['seconds']:g} s ago; {counts}")
         lines.append(f"{name[:30]:30} {e['next_due'] or '-':26}"
                      f" {last.get('state', '-'):10} {last.get('due') or '-':26}"
                      f" {len(e['claims']):6}  {counts}")
@@ -300,14 +309,29 @@ def release(ctx: click.Context, entry: str, due: int, by: str | None, as_json: b
 
 
 # -- probes -------------------------------------------------------------------------------
+def _which_beat(value: str | None) -> tuple[str | None, int | None]:
+    """``--beat``'s value: "" (any beat of this host), ``PID`` (of this host) or
+    ``HOST:PID``, as (host, pid); None for the whole fleet."""
+    if not value:
+        return None, None
+    host, sep, pid = value.rpartition(":")
+    if not pid.isdigit() or int(pid) <= 0 or (sep and not host):
+        raise click.BadParameter(f"{value!r}: a beat is PID or HOST:PID (as in `claims"
+                                 " status`), or nothing for any beat of this host",
+                                 param_hint="--beat")
+    return host or None, int(pid)
+
+
 @claims.command(cls=CeleryCommand)
 @click.option("--grace", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="SECONDS", help="How late an occurrence may be before its entry is"
-              " overdue (default: beat_claims_health_grace, else three heartbeat intervals"
-              " + 30 s).")
-@click.option("--beat", "beat_only", is_flag=True,
+              metavar="SECONDS", help="How late an occurrence, or a run due again, may be"
+              " before its entry is overdue (default: beat_claims_health_grace, else three"
+              " heartbeat intervals + 30 s).")
+@click.option("--beat", "beat", is_flag=False, flag_value="", default=None,
+              metavar="[PID|HOST:PID]",
               help="Only check that a beat of this host is alive (a container's liveness"
-                   " probe).")
+                   " probe); with PID, the beat of this host with that pid; with HOST:PID,"
+                   " that beat (as `claims status` names it).")
 @click.option("--max-entries", type=click.IntRange(min=1), default=fleet_health.MAX_ENTRIES,
               show_default=True, help="Entries examined for overdue occurrences (the first"
               " by name).")
@@ -315,13 +339,15 @@ def release(ctx: click.Context, entry: str, due: int, by: str | None, as_json: b
               show_default=True, help="Seconds to wait for each answer of the store.")
 @json_option
 @click.pass_context
-def health(ctx: click.Context, grace: float | None, beat_only: bool, max_entries: int,
+def health(ctx: click.Context, grace: float | None, beat: str | None, max_entries: int,
            timeout: float, as_json: bool) -> None:
     """Exit 0 when the fleet is healthy, else 1 saying which checks failed: the store
     answers, a beat is alive, no claim is held longer than its reclaim_after, no entry
     that is not paused is overdue (its next occurrence, or a run due again, later than
-    the grace). Reads only."""
+    the grace), no run is sent and not started for longer than
+    beat_claims_unstarted_after. Reads only."""
     app = _app(ctx)
+    host, pid = _which_beat(beat)
 
     def check() -> fleet_health.Report:
         settings = Settings.from_app(app)
@@ -330,12 +356,13 @@ def health(ctx: click.Context, grace: float | None, beat_only: bool, max_entries
         except StoreError as exc:
             return fleet_health.Report([fleet_health.Finding("store", False,
                                                              f"unreachable: {exc}")])
-        if beat_only:
-            return fleet_health.beat(store)
+        if beat is not None:
+            return fleet_health.beat(store, host, pid)
         schedules = _schedules(app)
         return fleet_health.fleet(
             store, schedules, operations.policies(app, settings, list(schedules)),
-            settings.policy, settings.overdue_after if grace is None else grace, max_entries)
+            settings.policy, settings.overdue_after if grace is None else grace, max_entries,
+            settings.unstarted_after)
 
     report = _run(ctx, check)
     _print(as_json, report.as_dict(), report.text())
@@ -356,7 +383,8 @@ def health(ctx: click.Context, grace: float | None, beat_only: bool, max_entries
 def exporter(ctx: click.Context, port: int, addr: str, cache_seconds: float,
              max_entries: int, history: int) -> None:
     """Serve Prometheus metrics of the whole fleet on /metrics, read from the store: per
-    entry its last outcome, runs by state, lateness and pause; live beats; stale claims."""
+    entry its last outcome, runs by state, lateness, pause and runs sent and not started;
+    live beats; stale claims."""
     app = _app(ctx)
 
     def start() -> tuple[Any, Settings]:
@@ -369,7 +397,7 @@ def exporter(ctx: click.Context, port: int, addr: str, cache_seconds: float,
     def read() -> fleet_exporter.Snapshot:
         return fleet_exporter.read(
             store, lambda names: operations.policies(app, settings, names), settings.policy,
-            max_entries, history)
+            max_entries, history, settings.unstarted_after)
 
     collector = fleet_exporter.FleetCollector(read, cache_seconds)
 

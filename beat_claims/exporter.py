@@ -7,8 +7,9 @@ share it (so several Prometheus servers, or a scrape retried, cost one read).
 
 The work of one read is bounded: at most ``max_entries`` entries (the first by name; the
 rest are counted in ``beat_claims_fleet_entries_not_exported``), at most ``history`` runs
-of each (the newest), and one read of live claims (up to ``health.LIVE_LIMIT``). That is
-one round trip for the entries, one per entry for its runs, two or three for the rest.
+of each (the newest), one read of live claims (up to ``health.LIVE_LIMIT``) and one of
+open runs (up to ``unstarted.LIMIT``). That is one round trip for the entries, one per
+entry for its runs, three or four for the rest.
 
 Per entry (label ``entry``):
 
@@ -19,10 +20,13 @@ Per entry (label ``entry``):
   the newest run that ended in it finished (``state="done"``: the last success);
 * ``beat_claims_entry_send_lateness_seconds`` and ``..._start_lateness_seconds``: sent -
   due and started - due of the newest scheduled (not manual) run that was sent, started;
-* ``beat_claims_entry_paused``: 1 while an operator has paused it.
+* ``beat_claims_entry_paused``: 1 while an operator has paused it;
+* ``beat_claims_entry_unstarted_runs``: its runs sent and not started by any worker for
+  longer than ``beat_claims_unstarted_after`` (:mod:`beat_claims.unstarted`).
 
-For the fleet: ``beat_claims_fleet_up`` (the last read succeeded), ``..._beats_alive``,
-``..._beats_registered``, ``..._stale_claims`` (held longer than their ``reclaim_after``),
+For the fleet: ``beat_claims_fleet_up`` (the last read succeeded), ``..._beats_alive``
+(:func:`beat_claims.beat.liveness.owner_alive`), ``..._beats_registered``,
+``..._stale_claims`` (held longer than their ``reclaim_after``), ``..._unstarted_runs``,
 ``..._entries``, ``..._entries_not_exported``, ``..._read_seconds``.
 """
 
@@ -35,10 +39,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import health
+from . import health, unstarted
+from .beat.liveness import owner_alive
 from .enums import FINAL_STATES, RunState
 from .runs import Run
-from .settings import ConfigurationError, Policy
+from .settings import DEFAULT_UNSTARTED_AFTER, ConfigurationError, Policy
 from .stores.base import Store, StoreError
 
 #: Scrapes within this many seconds of a read share it.
@@ -67,6 +72,7 @@ class EntryStats:
     last_finished: dict[RunState, float] = field(default_factory=dict)
     send_lateness: float | None = None
     start_lateness: float | None = None
+    unstarted: int = 0  # runs sent and not started for longer than unstarted_after
 
 
 @dataclass
@@ -81,6 +87,7 @@ class Snapshot:
     beats_alive: int = 0
     beats_registered: int = 0
     stale_claims: int = 0
+    unstarted: int | None = None  # None: not looked for (unstarted_after is None)
 
 
 def entry_stats(name: str, paused: bool, runs: Iterable[Run]) -> EntryStats:
@@ -103,7 +110,8 @@ def entry_stats(name: str, paused: bool, runs: Iterable[Run]) -> EntryStats:
 
 
 def read(store: Store, policies: Callable[[list[str]], dict[str, Policy]], default: Policy,
-         max_entries: int = MAX_ENTRIES, history: int = HISTORY) -> Snapshot:
+         max_entries: int = MAX_ENTRIES, history: int = HISTORY,
+         unstarted_after: float | None = DEFAULT_UNSTARTED_AFTER) -> Snapshot:
     """One bounded read of the store (see the module docstring)."""
     started = time.monotonic()
     try:
@@ -114,11 +122,18 @@ def read(store: Store, policies: Callable[[list[str]], dict[str, Policy]], defau
         owners = store.owners()
         now = store.now()
         held = health.live(store, now, policies([r.name for r in shown]), default)
+        waiting = (unstarted.read(store, now, unstarted_after).entries
+                   if unstarted_after is not None else None)
     except StoreError as exc:
         return Snapshot(False, time.monotonic() - started, str(exc))
+    if waiting is not None:
+        counts = {u.entry: u.runs for u in waiting}
+        for e in entries:
+            e.unstarted = counts.get(e.name, 0)
     return Snapshot(True, time.monotonic() - started, "", entries,
-                    max(0, len(records) - len(shown)), sum(1 for o in owners if o.alive),
-                    len(owners), len(held.stale))
+                    max(0, len(records) - len(shown)), sum(1 for o in owners if owner_alive(o)),
+                    len(owners), len(held.stale),
+                    None if waiting is None else sum(u.runs for u in waiting))
 
 
 class FleetCollector:
@@ -167,6 +182,9 @@ class FleetCollector:
                  ("fleet_entries", "Entries exported", len(snap.entries)),
                  ("fleet_entries_not_exported", "Entries left out (--max-entries)",
                   snap.not_exported)]
+        if snap.unstarted is not None:
+            fleet.append(("fleet_unstarted_runs", "Runs sent and not started by any worker"
+                          " for longer than beat_claims_unstarted_after", snap.unstarted))
         for name, doc, value in fleet:
             g = gauge(name, doc)
             g.add_metric([], value)
@@ -182,6 +200,8 @@ class FleetCollector:
                      " that was sent", ["entry"])
         start = gauge("entry_start_lateness_seconds", "Started - due of the newest"
                       " scheduled run that started", ["entry"])
+        waiting = gauge("entry_unstarted_runs", "Runs sent and not started by any worker for"
+                        " longer than beat_claims_unstarted_after", ["entry"])
         for e in snap.entries:
             paused.add_metric([e.name], 1 if e.paused else 0)
             for state, n in e.runs.items():
@@ -194,7 +214,11 @@ class FleetCollector:
                 send.add_metric([e.name], e.send_lateness)
             if e.start_lateness is not None:
                 start.add_metric([e.name], e.start_lateness)
+            if snap.unstarted is not None:
+                waiting.add_metric([e.name], e.unstarted)
         yield from (paused, runs, outcome, finished, send, start)
+        if snap.unstarted is not None:
+            yield waiting
 
 
 def serve(collector: FleetCollector, port: int, addr: str = "0.0.0.0",

@@ -1,22 +1,27 @@
 """``celery claims health``: is the fleet sending what is due? For probes and monitors.
 
-Four checks, each read from the store alone (nothing is written):
+Five checks, each read from the store alone (nothing is written):
 
 * **store**: the store answers (its clock is read; every other check compares with it);
-* **beats**: at least one beat is alive (its heartbeat has not lapsed);
+* **beats**: at least one beat is alive (its heartbeat has not lapsed and, on this host,
+  its process is still there: :func:`beat_claims.beat.liveness.owner_alive`);
 * **claims**: no claim is held longer than its entry's ``reclaim_after`` (a beat that
   claimed and neither sent nor gave it back, and that no sweep took it from);
 * **overdue**: no entry of the app's schedule that is not paused has its next occurrence
   after the store's checkpoint more than the grace in the past, and no run due again
-  (released, taken back, requested, backfilled) has waited longer than the grace.
+  (released, taken back, requested, backfilled) of any entry, in this app's schedule or
+  not, has waited longer than the grace for a beat to claim it;
+* **unstarted**: no run has been ``sent`` without a worker starting it for longer than
+  ``beat_claims_unstarted_after`` (:mod:`beat_claims.unstarted`).
 
 ``--beat`` checks the store and that a beat of this host (``socket.gethostname()``) is
-alive: a liveness probe for a beat's container.
+alive: a liveness probe for a beat's container; ``--beat PID`` (or ``HOST:PID``) that
+beat.
 
 The work is bounded: at most ``max_entries`` entries of the schedule are examined (the
-first by name; the report says how many were not), live claims and runs due again are read
-up to :data:`LIVE_LIMIT`, and the history of at most :data:`DUE_ENTRIES` entries with runs
-due again is read to learn how long they have waited.
+first by name; the report says how many were not), live claims, runs due again and open
+runs are read up to :data:`LIVE_LIMIT`, and the history of at most :data:`DUE_ENTRIES`
+entries with runs due again is read to learn how long they have waited.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import occurrences
+from . import occurrences, unstarted
+from .beat.liveness import owner_alive
 from .enums import RunState
 from .inspect import owner_doc
 from .runs import iso
@@ -62,6 +68,7 @@ class Report:
     checks: list[Finding]
     now: int | None = None
     grace: float | None = None
+    unstarted_after: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -73,6 +80,7 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "now": iso(self.now), "grace_seconds": self.grace,
+                "unstarted_after_seconds": self.unstarted_after,
                 "failed": [c.name for c in self.failed],
                 "checks": [c.as_dict() for c in self.checks]}
 
@@ -105,20 +113,25 @@ def store_check(store: Store) -> tuple[Finding, int | None]:
     return Finding("store", True, f"answered in {took:.0f} ms, clock {iso(now)}"), now
 
 
-def beats_check(owners: Sequence[OwnerStatus], host: str | None = None) -> Finding:
-    """At least one beat alive (of ``host``, when given)."""
+def beats_check(owners: Sequence[OwnerStatus], host: str | None = None,
+                pid: int | None = None) -> Finding:
+    """At least one beat alive (of ``host``, when given; with ``pid`` too, that beat)."""
     name = "beat" if host is not None else "beats"
-    mine = [o for o in owners if host is None or o.owner.host == host]
-    alive = [o for o in mine if o.alive]
-    where = f" on host {host!r}" if host is not None else ""
-    items = [owner_doc(o.owner, o.alive, o.expires_at) for o in (alive if alive else mine)]
+    mine = [o for o in owners if (host is None or o.owner.host == host)
+            and (pid is None or o.owner.pid == pid)]
+    alive = [o for o in mine if owner_alive(o)]
+    where = (f" with pid {pid} on host {host!r}" if pid is not None else
+             f" on host {host!r}" if host is not None else "")
+    shown = alive if alive else mine
+    items = [owner_doc(o.owner, owner_alive(o), o.expires_at) for o in shown]
     if alive:
         return Finding(name, True, f"{len(alive)} alive{where} of {len(owners)} registered:"
                        f" {', '.join(f'{o.owner.host}:{o.owner.pid}' for o in alive)}", items)
+    gone = [o for o in mine if o.alive]  # heartbeat not lapsed, process gone on this host
     lapsed = max((o.expires_at for o in mine), default=None)
-    return Finding(name, False, f"no beat alive{where} ({len(mine)} registered"
-                   + (f", the last heartbeat lapsed at {iso(lapsed)})" if lapsed else ")"),
-                   items)
+    why = (f", {len(gone)} whose process is gone on this host" if gone else
+           f", the last heartbeat lapsed at {iso(lapsed)}" if lapsed else "")
+    return Finding(name, False, f"no beat alive{where} ({len(mine)} registered{why})", items)
 
 
 @dataclass(frozen=True)
@@ -161,9 +174,9 @@ def claims_check(found: Live, now: int, policies: Mapping[str, Policy], default:
 def overdue_check(store: Store, now: int, schedules: Mapping[str, Any], grace: float,
                   due: Sequence[RunRef], policies: Mapping[str, Policy] | None = None,
                   max_entries: int = MAX_ENTRIES) -> Finding:
-    """Entries whose next occurrence, or a run due again, is later than ``grace``. An
-    entry with a ``jitter`` is sent at due + its offset (the same on every beat): it is
-    late only after that."""
+    """Entries of the schedule whose next occurrence is later than ``grace``, and runs due
+    again (of any entry) that no beat claimed within ``grace``. An entry with a ``jitter``
+    is sent at due + its offset (the same on every beat): it is late only after that."""
     policies = policies or {}
     cutoff = now - int(grace * 1000)
     names = sorted(schedules)
@@ -190,8 +203,11 @@ def overdue_check(store: Store, now: int, schedules: Mapping[str, Any], grace: f
                     if policy is not None and policy.jitter else 0)
         if at < cutoff:
             items.append({"entry": name, "kind": "not claimed", "due": iso(nxt),
-                          "late_seconds": round((now - at) / 1000, 1)})
-    items.extend(_waiting_too_long(store, now, cutoff, set(examined), due))
+                          "late_seconds": round((now - at) / 1000, 1), "in_schedule": True})
+    untaken = _waiting_too_long(store, now, cutoff, due)
+    for item in untaken:
+        item["in_schedule"] = item["entry"] in schedules
+    items.extend(untaken)
     notes = []
     if len(names) > len(examined):
         notes.append(f"{len(names) - len(examined)} of {len(names)} entries not examined"
@@ -199,6 +215,11 @@ def overdue_check(store: Store, now: int, schedules: Mapping[str, Any], grace: f
     if unregistered:
         notes.append(f"{len(unregistered)} not registered by any beat yet: "
                      + ", ".join(unregistered[:5]) + (" ..." if len(unregistered) > 5 else ""))
+    elsewhere = sorted({i["entry"] for i in untaken if not i["in_schedule"]})
+    if elsewhere:
+        notes.append(f"runs due again of {len(elsewhere)} entr(ies) not in this app's"
+                     f" schedule: only a beat whose schedule has them claims them:"
+                     f" {', '.join(elsewhere[:5])}" + (" ..." if len(elsewhere) > 5 else ""))
     note = f" ({'; '.join(notes)})" if notes else ""
     if items:
         entries = sorted({i["entry"] for i in items})
@@ -208,15 +229,15 @@ def overdue_check(store: Store, now: int, schedules: Mapping[str, Any], grace: f
                    f" than {grace:g} s{note}")
 
 
-def _waiting_too_long(store: Store, now: int, cutoff: int, names: set[str],
-                      due: Sequence[RunRef]) -> list[dict[str, Any]]:
-    """Runs due again for longer than the grace, of entries examined: how long each has
-    waited is in its record (released, requested or backfilled at), read from the history
-    of at most DUE_ENTRIES entries, those with the oldest due runs first."""
+def _waiting_too_long(store: Store, now: int, cutoff: int, due: Sequence[RunRef]
+                      ) -> list[dict[str, Any]]:
+    """Runs due again for longer than the grace, of any entry the store has (a run nobody
+    claims is late whatever schedule this probe was given): how long each has waited is
+    in its record (released, requested or backfilled at), read from the history of at
+    most DUE_ENTRIES entries, those with the oldest due runs first."""
     oldest: dict[str, int] = {}
     for ref in due:
-        if ref.entry in names:
-            oldest[ref.entry] = min(ref.due, oldest.get(ref.entry, ref.due))
+        oldest[ref.entry] = min(ref.due, oldest.get(ref.entry, ref.due))
     items = []
     for entry in sorted(oldest, key=lambda e: oldest[e])[:DUE_ENTRIES]:
         for run in store.history(entry):
@@ -230,13 +251,29 @@ def _waiting_too_long(store: Store, now: int, cutoff: int, names: set[str],
     return items
 
 
+def unstarted_check(store: Store, now: int, after: float | None) -> Finding:
+    """Runs sent that no worker started within ``after`` seconds, by entry."""
+    if after is None:
+        return Finding("unstarted", True, "not checked (beat_claims_unstarted_after is None)")
+    found = unstarted.read(store, now, after, LIVE_LIMIT)
+    partial = "" if found.complete else f" (the oldest {LIVE_LIMIT} open runs read)"
+    if found.entries:
+        return Finding("unstarted", False, f"{len(found.entries)} entr(ies) with "
+                       f"{unstarted.summary([u.entry for u in found.entries], after, SHOWN)}"
+                       f"{partial}",
+                       [u.as_dict(now) for u in found.entries])
+    return Finding("unstarted", True, f"no run sent and not started for more than {after:g} s"
+                   f"{partial}")
+
+
 # -- the probes ---------------------------------------------------------------------------
 def fleet(store: Store, schedules: Mapping[str, Any], policies: Mapping[str, Policy],
-          default: Policy, grace: float, max_entries: int = MAX_ENTRIES) -> Report:
+          default: Policy, grace: float, max_entries: int = MAX_ENTRIES,
+          unstarted_after: float | None = None) -> Report:
     """Every check. Once the store does not answer, the others are not made."""
     found, now = store_check(store)
     if now is None:
-        return Report([found], None, grace)
+        return Report([found], None, grace, unstarted_after)
     checks = [found]
     try:
         owners = store.owners()
@@ -245,21 +282,25 @@ def fleet(store: Store, schedules: Mapping[str, Any], policies: Mapping[str, Pol
         checks.append(claims_check(held, now, policies, default, owners))
         checks.append(overdue_check(store, now, schedules, grace, held.due, policies,
                                     max_entries))
+        checks.append(unstarted_check(store, now, unstarted_after))
     except StoreError as exc:
         checks.append(Finding("store", False, f"stopped answering during the checks: {exc}"))
-    return Report(checks, now, grace)
+    return Report(checks, now, grace, unstarted_after)
 
 
-def beat(store: Store, host: str | None = None) -> Report:
-    """The store answers and a beat of ``host`` (default: this host) is alive."""
+def beat(store: Store, host: str | None = None, pid: int | None = None) -> Report:
+    """The store answers and a beat of ``host`` (default: this host) is alive; with
+    ``pid``, the beat of that host with that pid."""
     found, now = store_check(store)
     if now is None:
         return Report([found])
     try:
-        return Report([found, beats_check(store.owners(), host or socket.gethostname())], now)
+        return Report([found, beats_check(store.owners(), host or socket.gethostname(), pid)],
+                      now)
     except StoreError as exc:
         return Report([found, Finding("store", False, f"stopped answering: {exc}")], now)
 
 
 __all__ = ["DUE_ENTRIES", "LIVE_LIMIT", "MAX_ENTRIES", "Finding", "Live", "Report", "beat",
-           "beats_check", "claims_check", "fleet", "live", "overdue_check", "store_check"]
+           "beats_check", "claims_check", "fleet", "live", "overdue_check", "store_check",
+           "unstarted_check"]

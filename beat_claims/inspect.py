@@ -12,7 +12,8 @@ from typing import Any
 from celery import Celery
 from celery.beat import ScheduleEntry
 
-from . import occurrences
+from . import occurrences, unstarted
+from .beat.liveness import owner_alive
 from .enums import RunState
 from .runs import Owner, Run, iso
 from .settings import Settings
@@ -46,11 +47,18 @@ def status(app: Celery, store: Store | None = None,
 
     ``schedules`` (entry name -> Celery schedule) gives the next occurrences; by default
     they are read from ``beat_schedule``. A database schedule source passes its own.
+    Each entry's ``unstarted``: its runs sent and not started for longer than
+    ``beat_claims_unstarted_after`` (null when none).
     """
+    unstarted_after = Settings.from_app(app).unstarted_after
     store = store or open_store(app)
     schedules = beat_schedules(app) if schedules is None else schedules
+    now = store.now()
     owners = store.owners()
-    alive = {o.owner.id: o.alive for o in owners}
+    alive = {o.owner.id: owner_alive(o) for o in owners}
+    waiting = (unstarted.read(store, now, unstarted_after) if unstarted_after is not None
+               else None)
+    by_entry = {u.entry: u for u in waiting.entries} if waiting is not None else {}
     known = {record.name: record for record in store.entries()}
     missing = sorted(set(schedules) - set(known))
     known.update({record.name: record for record in store.entries(missing)})
@@ -88,10 +96,12 @@ def status(app: Celery, store: Store | None = None,
                        for r in claims],
             "counts": counts,
             "paused": _pause_doc(info),
+            "unstarted": (by_entry[name].as_dict(now) if name in by_entry else None),
         })
     return {
-        "generated_at": iso(store.now()),
-        "owners": [owner_doc(o.owner, o.alive, o.expires_at) for o in owners],
+        "generated_at": iso(now),
+        "owners": [owner_doc(o.owner, alive[o.owner.id], o.expires_at) for o in owners],
+        "unstarted_after": unstarted_after,
         "entries": entries,
     }
 

@@ -173,16 +173,42 @@ class Scheduler(BaseScheduler):
         super().setup_schedule()
         self._refuse_bad_names()
         self._read_policies()
-        for name, policy in self.policies.items():
-            if policy.overlap is not Overlap.ALLOW and policy.run_timeout is None:
-                logger.warning("beat-claims: entry %r has overlap=%s and run_timeout=None:"
-                               " a run whose outcome is never reported would hold back every"
-                               " later occurrence. Set claims['run_timeout'].", name,
-                               policy.overlap)
+        self._warn_unbounded_overlap()
         if self.settings.metrics_port is not None:
             self.metrics.start(self.settings.metrics_port)
         logger.info("beat-claims: owner %s, %d entries, store %s", self.owner,
                     len(self.schedule), self.info)
+
+    def _warn_unbounded_overlap(self) -> None:
+        """An entry that waits for its previous run (overlap skip or buffer_one) waits for
+        a run whose outcome never comes until its run_timeout: warn when that is never,
+        or the default day nobody chose (workers without the hooks are the usual cause).
+        One line for each of the two, naming the entries."""
+        never: list[str] = []
+        default: list[str] = []
+        for name, policy in sorted(self.policies.items()):
+            if policy.overlap is Overlap.ALLOW:
+                continue
+            claims = getattr(self.schedule.get(name), "claims", None) or {}
+            if policy.run_timeout is None:
+                never.append(name)
+            elif "run_timeout" not in claims and not self.settings.run_timeout_set:
+                default.append(name)
+        for names, held in (
+                (never, "run_timeout=None: every later occurrence is held back for ever"),
+                (default, f"the default run_timeout ({self.settings.policy.run_timeout:g} s,"
+                          " a day, which nobody chose): every later occurrence is held back"
+                          " that long")):
+            if names:
+                shown = ", ".join(repr(n) for n in names[:10]) + (
+                    f" and {len(names) - 10} more" if len(names) > 10 else "")
+                logger.warning(
+                    "beat-claims: entr(ies) %s with overlap skip or buffer_one and %s by a"
+                    " run whose outcome is never reported (workers without"
+                    " beat_claims.install(app), or on another store or key prefix; a worker"
+                    " killed without a result backend). Set claims['run_timeout'] (or"
+                    " beat_claims_run_timeout) to the longest the task may take.",
+                    shown, held)
 
     def merge_inplace(self, b: dict[str, Any]) -> None:
         """Celery's, with an entry that cannot be built (``schedule: float("inf")``) named
@@ -459,6 +485,7 @@ class Scheduler(BaseScheduler):
             self._resync_seeds = self.knowledge.seeds(descriptions, held)
             self.holdings.clear()
             self.claimer.reset()
+            self.sweeper.store_went_back()
             self._ready = False
             logger.warning("beat-claims: the store may have lost writes (%s): registering"
                            " again what this beat knows of its %d entries (%d claim(s) held,"

@@ -26,6 +26,11 @@ MAX_SECONDS = 10 * 366 * 24 * 3600.0
 #: A run with no outcome this long after it was sent or started is presumed lost, unless
 #: the entry's ``run_timeout`` says otherwise (None: never).
 DEFAULT_RUN_TIMEOUT = 24 * 3600.0
+#: A run ``sent`` and not started by any worker this long is reported (a warning of the
+#: beats, ``claims status``, ``claims health``), unless ``beat_claims_unstarted_after``
+#: says otherwise (None: never). Well under the default run_timeout, above a queue's usual
+#: wait.
+DEFAULT_UNSTARTED_AFTER = 300.0
 #: How many runs one backfill request may create, unless ``beat_claims_backfill_limit``
 #: says otherwise.
 DEFAULT_BACKFILL_LIMIT = 1000
@@ -37,7 +42,7 @@ SETTINGS = ("url", "key_prefix", "sentinel_master", "heartbeat_interval", "recla
             "run_timeout", "history_limit", "publish_retries", "result_backend_recovery",
             "recovery_batch", "metrics_port", "entry_claims", "worker_timeout", "jitter",
             "worker_unprotected", "backfill_limit", "health_grace", "claim_ahead",
-            "worker_heartbeat_interval", "exception_messages")
+            "worker_heartbeat_interval", "exception_messages", "unstarted_after")
 
 E = TypeVar("E", bound=Enum)
 
@@ -90,6 +95,12 @@ class Settings:
     #: Keep exception messages in run records (argument values masked): off by default,
     #: as a message may quote the task's arguments (``beat_claims.exception_text``).
     exception_messages: bool = False
+    #: Seconds a run may stay ``sent`` without a worker starting it before it is reported
+    #: (None: never).
+    unstarted_after: float | None = DEFAULT_UNSTARTED_AFTER
+    #: Whether ``beat_claims_run_timeout`` was set (else the default's day applies, which
+    #: nobody chose: see the start-up warning about overlap policies).
+    run_timeout_set: bool = False
     policy: Policy = Policy()
 
     @property
@@ -173,6 +184,10 @@ class Settings:
                                            conf.get("beat_claims_health_grace")),
             exception_messages=_flag("beat_claims_exception_messages",
                                      conf.get("beat_claims_exception_messages", False)),
+            unstarted_after=_optional_seconds("beat_claims_unstarted_after",
+                                              conf.get("beat_claims_unstarted_after",
+                                                       DEFAULT_UNSTARTED_AFTER)),
+            run_timeout_set="beat_claims_run_timeout" in conf,
             policy=policy,
         )
 

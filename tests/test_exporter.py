@@ -3,9 +3,11 @@ from a real ``celery`` process; scrapes within the cache share one read."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +21,8 @@ import pytest
 
 from beat_claims import exporter
 from beat_claims.enums import RunState
-from beat_claims.runs import Owner
+from beat_claims.runs import Owner, process_identity
+from beat_claims.settings import Policy
 from beat_claims.stores.base import (
     Check,
     ClaimPlan,
@@ -68,19 +71,24 @@ def get(series: Series, name: str, **labels: str) -> float | None:
     return series.get((f"beat_claims_{name}", frozenset(labels.items())))
 
 
-def run_to_the_end(t: Target, who: Owner, entry: str, outcome: RunState) -> None:
-    """A beat claims, checks and sends the entry's next occurrence; a worker starts it and
-    records ``outcome``."""
+def send_unstarted(t: Target, who: Owner, entry: str) -> tuple[int, int]:
+    """A beat claims, checks and sends the entry's next occurrence (due, token)."""
     [found] = t.store.entries([entry])
     assert found.anchor is not None
     due = (found.checkpoint or found.anchor) + 1000
-    state = t.state(entry)
-    [result] = t.store.claim(who, [ClaimPlan(entry, state, (due,))])
+    [result] = t.store.claim(who, [ClaimPlan(entry, t.state(entry), (due,))])
     [claim] = result.claims
     t.store.check(who, [Check(claim, f"task-{entry}-{due}")])
     assert t.store.record_sent(who, [claim]) == 1
-    assert t.store.start(Delivery(entry, due, claim.token, WORKER)).ok
-    assert t.store.finish([Outcome(entry, due, claim.token, outcome)]) == [True]
+    return due, claim.token
+
+
+def run_to_the_end(t: Target, who: Owner, entry: str, outcome: RunState) -> None:
+    """A beat sends the entry's next occurrence; a worker starts it and records
+    ``outcome``."""
+    due, token = send_unstarted(t, who, entry)
+    assert t.store.start(Delivery(entry, due, token, WORKER)).ok
+    assert t.store.finish([Outcome(entry, due, token, outcome)]) == [True]
 
 
 def selectors(expr: str) -> list[tuple[str, dict[str, str]]]:
@@ -125,23 +133,29 @@ def test_the_fleet_as_scraped_over_http(target: Target, serve: Serve) -> None:
     t = target
     t.store.heartbeat(STUCK, 120)
     t.store.register([EntrySeed(name, "every 1s") for name in (
-        "nightly-billing", "reports", "stuck", "never-ran")])
+        "nightly-billing", "reports", "stuck", "never-ran", "not-started")])
     run_to_the_end(t, STUCK, "nightly-billing", RunState.FAILED)
     run_to_the_end(t, STUCK, "nightly-billing", RunState.DONE)
     run_to_the_end(t, STUCK, "reports", RunState.FAILED)
     t.store.pause("reports", "ops", "quarter end")
     t.store.request_run("nightly-billing", "ops")  # manual: not the schedule's lateness
     hold_a_claim(t, "stuck")
+    send_unstarted(t, STUCK, "not-started")  # no worker ever starts it
     port = free_port()
-    proc = serve(t, port, "--cache", "0.5", BC_RECLAIM_AFTER="1")
+    proc = serve(t, port, "--cache", "0.5", BC_RECLAIM_AFTER="1", BC_CONF=json.dumps(
+        {"beat_claims_url": t.url, "beat_claims_unstarted_after": 1}))
     wait_for(lambda: proc.poll() is not None or answering(port), 30, "the exporter")
     assert proc.poll() is None, proc.communicate()
-    # The claim of "stuck" becomes older than reclaim_after (1 s) a second after it was made.
-    m = wait_for(lambda: (s := scrape(port)) and get(s, "fleet_stale_claims") == 1 and s, 15,
-                 "the stale claim to be counted")
+    # The claim of "stuck" becomes older than reclaim_after (1 s) a second after it was made;
+    # the run of "not-started" is sent and not started for more than 1 s then too.
+    m = wait_for(lambda: (s := scrape(port)) and get(s, "fleet_stale_claims") == 1
+                 and get(s, "fleet_unstarted_runs") == 1 and s, 15,
+                 "the stale claim and the run sent and not started to be counted")
     assert get(m, "fleet_up") == 1
     assert (get(m, "fleet_beats_alive"), get(m, "fleet_beats_registered")) == (1, 1)
-    assert (get(m, "fleet_entries"), get(m, "fleet_entries_not_exported")) == (4, 0)
+    assert (get(m, "fleet_entries"), get(m, "fleet_entries_not_exported")) == (5, 0)
+    assert get(m, "entry_unstarted_runs", entry="not-started") == 1
+    assert get(m, "entry_unstarted_runs", entry="nightly-billing") == 0
 
     runs = {r.due: r for r in t.store.history("nightly-billing")}
     done = next(r for r in runs.values() if r.state is RunState.DONE)
@@ -222,3 +236,19 @@ def test_the_readme_shows_the_alert_this_test_file_checks() -> None:
     block = re.search(r"```promql\n(.*?)```", readme, re.S)
     assert block is not None, "README.md has no promql block"
     assert block.group(1).split() == exporter.ALERT_EXAMPLE.split()
+
+
+def test_a_beat_whose_process_is_gone_on_this_host_is_not_counted_alive(
+        target: Target) -> None:
+    # Its heartbeat has two minutes to run; its process (on this host) is gone.
+    t = target
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    identity = process_identity(proc.pid)
+    proc.kill()
+    proc.wait()
+    gone = Owner("d" * 16, socket.gethostname(), proc.pid, time.time(), identity or "")
+    t.store.heartbeat(gone, 120)
+    t.store.heartbeat(STUCK, 120)
+    assert all(o.alive for o in t.store.owners())
+    snap = exporter.read(t.store, lambda names: {}, Policy())
+    assert (snap.beats_alive, snap.beats_registered) == (1, 2)

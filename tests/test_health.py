@@ -4,7 +4,12 @@ failed check and why. Real ``celery`` processes, a real beat, real stores."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -55,7 +60,8 @@ def test_a_live_beat_is_healthy_and_a_stopped_one_fails_the_probes(
                  "the beat to send tick")
         doc = report(t.cli("health", "-j", schedule=SCHEDULE), 0)
         assert doc["ok"] is True and doc["failed"] == []
-        assert [c["name"] for c in doc["checks"]] == ["store", "beats", "claims", "overdue"]
+        assert [c["name"] for c in doc["checks"]] == ["store", "beats", "claims", "overdue",
+                                                   "unstarted"]
         assert doc["grace_seconds"] == 33.0  # three heartbeats of 1 s, and 30 s
         probe = t.cli("health", "--beat", schedule=SCHEDULE)
         assert probe.code == 0 and "ok    beat: 1 alive on host" in probe.out, probe
@@ -122,3 +128,78 @@ def test_an_entry_with_a_jitter_is_late_only_after_its_offset(target: Target) ->
     offset = occurrences.jitter_offset("spread", anchor + 1000, 3600)
     jittered = health.overdue_check(t.store, now, schedules, 1.0, [], spread)
     assert jittered.ok is (anchor + 1000 + offset >= now - 1000), (offset, jittered)
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+def test_a_run_due_again_that_no_beat_takes_is_overdue_whatever_schedule_the_probe_has(
+        target: Target) -> None:
+    # A run requested of an entry no beat of this app schedules (another app's, or one
+    # removed from the schedule): nobody claims it, and the probe says so after the grace.
+    t = target
+    t.store.register([EntrySeed("elsewhere", "every 60s")])
+    due = t.store.request_run("elsewhere", "ops")
+    assert due is not None
+    wait_for(lambda: t.store.now() > due + 1500, 10, "the requested run to wait 1.5 s")
+    for probed in (SCHEDULE, {"unrelated": {"every": 60}}):
+        doc = report(t.cli("health", "--grace", "1", "-j", schedule=probed), 1)
+        assert doc["failed"] == ["beats", "overdue"], doc
+        [late] = items(doc, "overdue")
+        assert (late["entry"], late["kind"], late["in_schedule"]) == (
+            "elsewhere", "due again", False), late
+        assert late["late_seconds"] >= 1.5, late
+    # Within the grace it is not late.
+    doc = report(t.cli("health", "--grace", "600", "-j", schedule=SCHEDULE), 1)
+    assert doc["failed"] == ["beats"], doc
+
+
+@pytest.mark.parametrize("target", ["redis"], indirect=True)
+def test_a_beat_killed_on_this_host_is_dead_at_once_for_its_own_probe_status_and_health(
+        target: Target, tmp_path: Path) -> None:
+    # Two beats on this host with a 10 s heartbeat (their records lapse 30 s after the last
+    # one): one is killed with SIGKILL and says nothing; its pid is gone on this host.
+    t = target
+    with t.fleet(tmp_path, SCHEDULE, BC_HEARTBEAT="10") as f:
+        one, two = f.beat(), f.beat()
+        wait_for(lambda: {o.owner.pid for o in t.store.owners() if o.alive}
+                 >= {one.pid, two.pid}, 40, "both beats to heartbeat")
+        assert report(t.cli("health", "--beat", str(one.pid), "-j", schedule=SCHEDULE),
+                      0)["failed"] == []
+        os.kill(one.pid, signal.SIGKILL)
+        one.wait(5)
+        killed_at = time.monotonic()
+        [record] = [o for o in t.store.owners() if o.owner.pid == one.pid]
+        assert record.alive  # its heartbeat has not lapsed: only its pid says it is gone
+
+        calls = {"its": ("health", "--beat", str(one.pid), "-j"),
+                 "other's": ("health", "--beat", str(two.pid), "-j"),
+                 "by name": ("health", "--beat", f"{socket.gethostname()}:{one.pid}", "-j"),
+                 "this host's": ("health", "--beat", "-j"),
+                 "fleet": ("health", "-j"),
+                 "status": ("status", "-j")}
+        with ThreadPoolExecutor(len(calls)) as pool:
+            done = dict(zip(calls, pool.map(lambda args: t.cli(*args, schedule=SCHEDULE),
+                                            calls.values())))
+        took = time.monotonic() - killed_at
+        assert t.store.now() < record.expires_at, "the probes ran before the heartbeat lapsed"
+
+        its = report(done["its"], 1)
+        assert its["failed"] == ["beat"], its
+        [beat_check] = [c for c in its["checks"] if c["name"] == "beat"]
+        assert str(one.pid) in beat_check["detail"], beat_check
+        assert [i["alive"] for i in beat_check["items"]] == [False], beat_check
+        assert report(done["by name"], 1)["failed"] == ["beat"]
+        assert report(done["other's"], 0)["failed"] == []
+        assert report(done["this host's"], 0)["failed"] == []  # the other beat is alive
+        fleet_doc = json.loads(done["fleet"].out)
+        [beats] = [c for c in fleet_doc["checks"] if c["name"] == "beats"]
+        assert beats["ok"] and beats["detail"].startswith("1 alive of 2 registered"), beats
+        status = report(done["status"], 0)
+        assert {o["pid"]: o["alive"] for o in status["owners"]} == {
+            one.pid: False, two.pid: True}, status["owners"]
+        print(f"six probes, in parallel, answered {took:.1f} s after the kill")
+
+        # A pid no beat of this host has: not alive either.
+        unknown = report(t.cli("health", "--beat", "999999999", "-j", schedule=SCHEDULE), 1)
+        assert unknown["failed"] == ["beat"], unknown
+        bad = t.cli("health", "--beat", "web-1:", schedule=SCHEDULE)
+        assert bad.code == 2 and "--beat" in bad.err and "HOST:PID" in bad.err, bad

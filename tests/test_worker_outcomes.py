@@ -197,9 +197,20 @@ def test_outcomes_recovered_from_the_result_backend_when_workers_lack_the_hooks(
         ok = first_final(store, "ok", 40)
         boom = first_final(store, "boom", 40)
         f.wait_log(beat, "from the result backend", 10)
+        # ... and the beat says, once per entry, that the workers run them unfenced.
+        f.wait_log(beat, "no worker recorded their start in the store", 20)
+        said = len(f.log(beat))
+        wait_for(lambda: "from the result backend" in f.log(beat)[said:], 40,
+                 "a later pass to recover more outcomes")
+        warned = [line for line in f.log(beat).splitlines() if "WARNING" in line
+                  and "no worker recorded their start" in line]
     assert ok.state is RunState.DONE
     assert boom.state is RunState.FAILED and boom.exc_type == "ValueError"
     assert ok.started_at is None  # no worker hook ran: the backend told us
+    named = [name for line in warned for name in ("ok", "boom") if f" {name}" in
+             line.split(" ran (")[0]]
+    assert sorted(named) == ["boom", "ok"], warned
+    assert "beat_claims.install(app)" in warned[0]
 
 
 def test_run_without_outcome_past_run_timeout_is_lost(server: RedisServer,

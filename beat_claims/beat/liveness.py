@@ -90,7 +90,7 @@ class Liveness:
                 f" {iso(lost.due)}: its {'sent mark' if lost.sent else 'claim'}, token"
                 f" {lost.token}): it was put back from an older copy")
         if not self.join.joined:
-            self.join.step(hb, answered, self._alive)
+            self.join.step(hb, answered, owner_alive)
         return changed and not resync
 
     def take_swept(self) -> LiveRuns | None:
@@ -126,11 +126,7 @@ class Liveness:
         """Owners believed alive: their heartbeat has not lapsed, and on this host their
         process is still there."""
         return frozenset(o.owner.id for o in self.owners
-                         if o.owner.id == self.owner.id or self._alive(o))
-
-    @staticmethod
-    def _alive(status: OwnerStatus) -> bool:
-        return status.alive and not _gone(status.owner)
+                         if o.owner.id == self.owner.id or owner_alive(o))
 
     def joining_for(self) -> float:
         """Seconds until this beat may claim its first occurrence (0 once it may)."""
@@ -150,8 +146,13 @@ class Liveness:
         return sorted(self.live_ids())
 
 
-def _gone(owner: Owner) -> bool:
-    return process_is_gone(owner.host, owner.pid, owner.process) is True
+def owner_alive(status: OwnerStatus) -> bool:
+    """Whether a beat is alive: its heartbeat has not lapsed, and on this host its process
+    is still there (a beat killed here is known dead at once, not when its heartbeat
+    lapses). The one judgement of liveness: the beats', ``claims status``'s, ``claims
+    health``'s and the exporter's."""
+    owner = status.owner
+    return status.alive and process_is_gone(owner.host, owner.pid, owner.process) is not True
 
 
 class Joining:

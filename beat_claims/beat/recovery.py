@@ -4,7 +4,9 @@ Workers without beat-claims' hooks (or whose outcome could not be recorded) stil
 to the result backend; runs still sent or started are looked up there, a bounded number
 per pass. The lookups run in a thread of their own and the beat waits for them at most
 half a heartbeat interval: a backend that answers slowly, or not at all, never holds up
-the beat's loop (a pass is skipped while the last one's lookup is still waiting).
+the beat's loop (a pass is skipped while the last one's lookup is still waiting). An
+outcome found there for a run no worker recorded the start of says the workers ran it
+unfenced: each such entry is named in a warning, once (each beat).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..exception_text import EntryArguments, ExceptionText, recorded_exception
 from ..runs import iso
 from ..settings import Settings
 from ..stores.base import OpenRun, Outcome, Store
+from ..unstarted import Said
 from .clock import StoreClock
 from .sweeper import next_cursor
 
@@ -52,6 +55,7 @@ class Recovery:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
         self._slow_logged = False
+        self._unfenced_said = Said()
 
     @property
     def enabled(self) -> bool:
@@ -94,13 +98,37 @@ class Recovery:
                 self.logger.warning("beat-claims: the result backend answers slowly: %d of"
                                     " %d lookups in %.1fs; the rest at the next passes",
                                     looked[0], len(runs), self.settings.heartbeat_interval / 2)
-        outcomes = [outcome for _, outcome in list(found)]
-        if not outcomes:
+        pairs = list(found)
+        if not pairs:
             return
-        for done, recorded in zip(outcomes, self.store.finish(outcomes)):
+        never_started = set()
+        for (run, done), recorded in zip(pairs, self.store.finish([o for _, o in pairs])):
             if recorded:
                 self.logger.info("beat-claims: %s due %s: %s (from the result backend)",
                                  done.entry, iso(done.due), done.state.value)
+                if run.state is RunState.SENT:
+                    never_started.add((run.entry, run.due))
+        self._warn_unfenced(never_started)
+
+    def _warn_unfenced(self, runs: set[tuple[str, int]]) -> None:
+        """Name the entries whose runs ran (the result backend has their outcome) while no
+        worker recorded their start in the store: the workers run them unfenced. Judged
+        from the store's record once the outcome is in it (a start recorded meanwhile is
+        seen there), only for entries not named yet."""
+        confirmed = [entry for entry in self._unfenced_said.unsaid(e for e, _ in runs)
+                     if any(r.started_at is None and (entry, r.due) in runs
+                            for r in self.store.history(entry))]
+        if not confirmed:
+            return
+        self._unfenced_said.said(confirmed)
+        self.logger.warning("beat-claims: runs of %s ran (their outcome is in the result"
+                            " backend) but no worker recorded their start in the store: the"
+                            " workers run them unfenced, a second delivery would run too"
+                            " (likely causes: workers without beat_claims.install(app);"
+                            " workers on another store or key prefix than the beats, or"
+                            " that could not reach it)", ", ".join(confirmed[:10])
+                            + (f" and {len(confirmed) - 10} more" if len(confirmed) > 10
+                               else ""))
 
     def _look_up(self, runs: list[OpenRun], found: list[tuple[OpenRun, Outcome]],
                  looked: list[int], stop: threading.Event) -> None:

@@ -1,5 +1,6 @@
-"""Taking back claims nobody will send, picking up runs that are due again, and presuming
-lost the runs whose outcome never came.
+"""Taking back claims nobody will send, picking up runs that are due again, presuming
+lost the runs whose outcome never came, and saying which entries have runs no worker
+starts.
 
 Everything here is found from the store's own records (:meth:`Store.live_runs`,
 :meth:`Store.open_runs`), read at every sweep: a claim is taken back whoever forgot it —
@@ -19,6 +20,7 @@ from ..metrics import Metrics
 from ..runs import Owner, iso
 from ..settings import Policy, Settings
 from ..stores.base import LiveQuery, OpenRun, Outcome, Reclaim, RunRef, Store
+from ..unstarted import Said, summary, unstarted
 from .claimer import Claimer, EntrySource
 from .clock import StoreClock
 from .holdings import Holdings
@@ -55,6 +57,11 @@ class Sweeper:
         self.logger = logger
         self._lost_cursor: int | None = None
         self._lost_last = float("-inf")
+        #: Open runs whose last activity is up to this instant were looked at for being
+        #: sent and not started (None: none yet; the first look starts from the oldest).
+        self._unstarted_seen: int | None = None
+        self._unstarted_last = float("-inf")
+        self._unstarted_said = Said()
 
     @property
     def policies(self) -> dict[str, Policy]:
@@ -117,6 +124,7 @@ class Sweeper:
         if mine and pick_up:
             self.claimer.take_due(mine)
         self._presume_lost(now)
+        self._look_for_unstarted(now)
 
     def _presume_lost(self, now: int) -> None:
         """Runs sent or started with no outcome within their entry's ``run_timeout``
@@ -151,3 +159,43 @@ class Sweeper:
                 self.logger.warning("beat-claims: %s due %s: no outcome within run_timeout="
                                     "%ss: recorded lost", outcome.entry, iso(outcome.due),
                                     self._policy(outcome.entry).run_timeout)
+
+    def store_went_back(self) -> None:
+        """The store may hold runs again with instants this beat's looks have passed (a
+        restore, the runs beats register again): the next look starts from the oldest."""
+        self._unstarted_seen = None
+
+    def _look_for_unstarted(self, now: int) -> None:
+        """Name, in one warning, the entries with a run that is still ``sent`` (no worker
+        started it) ``unstarted_after`` seconds after it was sent: each entry once (again
+        after a day if it still has such runs: :class:`Said`), by each beat.
+
+        Each look reads only the open runs that aged past the bound since the last one
+        (the first look, every open run older than it), so its cost follows the rate of
+        runs, not how many are open; a run is judged once, as it ages past the bound.
+        Looked for every tenth of the bound, but not more often than every heartbeat
+        interval nor less often than every ten."""
+        after = self.settings.unstarted_after
+        if after is None:
+            return
+        interval = self.settings.heartbeat_interval
+        if time.monotonic() - self._unstarted_last < max(interval,
+                                                          min(10 * interval, after / 10)):
+            return
+        self._unstarted_last = time.monotonic()
+        cutoff = now - int(after * 1000)
+        if self._unstarted_seen is not None and self._unstarted_seen >= cutoff:
+            return  # the store's clock went back: nothing aged past the bound since
+        runs = self.store.open_runs(before=cutoff, after=self._unstarted_seen,
+                                    limit=LOST_BATCH)
+        # After a full page, the next look goes on from it; else from this cutoff (runs at
+        # the cutoff itself were not in this answer).
+        self._unstarted_seen = (next_cursor(runs, LOST_BATCH) if len(runs) >= LOST_BATCH
+                                else cutoff - 1)
+        new = self._unstarted_said.unsaid(u.entry for u in unstarted(runs, cutoff))
+        if not new:
+            return
+        self._unstarted_said.said(new)
+        self.logger.warning("beat-claims: %s; `celery claims status` and `claims health` list"
+                            " them (beat_claims_unstarted_after=%ss)",
+                            summary(new, after), f"{after:g}")
