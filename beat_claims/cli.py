@@ -1,9 +1,9 @@
 """``celery -A APP claims ...``: see what every beat claimed, sent and recorded, and act on
 it: pause, resume, trigger, backfill, release, prune; a health probe and a fleet exporter.
 
-Every command first loads the app as ``celery beat`` does (:func:`load_app`): in a Django
-project that sets Django up, so the commands read the schedule the beats run
-(django-celery-beat's rows included) and the settings they read.
+A command that reads the schedule first loads the app as ``celery beat`` does
+(:func:`load_app`): in a Django project that sets Django up, so it reads the schedule the
+beats run, django-celery-beat's rows included.
 
 A user's mistake (no ``-A``, a setting, a store that does not answer, an entry the store
 does not know, a request that cannot be done) is one line on stderr and exit code 1; a
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -106,7 +107,10 @@ def claims(ctx: click.Context) -> None:
     """Inspect beat-claims (entries, claims, outcomes, history), act on entries (pause,
     resume, trigger, backfill, release, prune), probe the fleet's health, export its
     metrics."""
-    load_app(_app(ctx))
+
+
+#: The apps this process loaded as a beat does (once each: Django's checks run there).
+_loaded: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def load_app(app: Any) -> None:
@@ -114,15 +118,19 @@ def load_app(app: Any) -> None:
     ``loader.import_default_modules()`` (what ``celery beat`` runs at start, through
     ``loader.init_worker()``, and ``celery shell`` too). In a Django project, Celery's
     Django fixup sets Django up there (``django.setup()``, and Django's checks), so that
-    django-celery-beat's rows, the Django app's settings and beat-claims' own
-    DatabaseScheduler read as the beats read them. A project that cannot be loaded is one
-    line and exit code 1, as the beat would fail."""
+    django-celery-beat's rows and beat-claims' own DatabaseScheduler read as the beats read
+    them. Once per app; only where the schedule is read (a liveness probe does not pay
+    for it). A project that cannot be loaded is one line and exit code 1, as the beat
+    would fail."""
+    if app in _loaded:
+        return
     try:
         app.loader.import_default_modules()
     except Exception as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         _fail(f"cannot load the app {app.main or ''} as a beat does: {type(exc).__name__}: "
               + "; ".join(lines)[:500])
+    _loaded.add(app)
 
 
 @claims.command(cls=CeleryCommand)
@@ -240,6 +248,7 @@ def _schedules(app: Any, strict: bool = False) -> dict[str, Any]:
     """Every entry this app schedules: beat_schedule, and django-celery-beat's rows when
     the Django app and its database scheduler are in use. With ``strict``, rows that
     cannot be read are an error (OperationError), not beat_schedule alone."""
+    load_app(app)
     try:
         from .contrib.django.status import schedules
     except Exception:

@@ -94,6 +94,15 @@ def registrants(store: RedisStore, name: str) -> set[str] | None:
     return {r.owner for r in found[0].registrants}
 
 
+def started(fleet: Site) -> Any:
+    """A beat of the site, once it claims: its first registration done. (A stop signal
+    that lands in the garbage collection it runs then, in an object's finalizer, is lost:
+    Celery's handler raises SystemExit there, and Python ignores it.)"""
+    beat = fleet.beat()
+    fleet.wait_log(beat, "registered; claiming", 60)
+    return beat
+
+
 def registered(store: RedisStore, *names: str) -> bool:
     """Every one of ``names`` is registered in the store (anchored, and its registrants
     noted in the same round trip)."""
@@ -104,7 +113,7 @@ def test_status_health_backfill_and_trigger_see_the_rows_the_beats_run(
         env: dict[str, str], fleet: Site, store: RedisStore) -> None:
     row("every-2s", interval=every(2))
     row("yearly", crontab=nightly())
-    beat = fleet.beat()
+    beat = started(fleet)
     wait_for(lambda: registered(store, "every-2s", "yearly")
              and any(r.sent_at for r in store.history("every-2s")), 60,
              "the beat to register the rows and send every-2s")
@@ -149,7 +158,7 @@ def test_prune_keeps_what_a_live_beat_registered_or_an_enabled_row_holds(
         server: RedisServer) -> None:
     row("yearly", crontab=nightly())
     weekly = row("to-disable", crontab=nightly())
-    beat = fleet.beat()
+    beat = started(fleet)
     wait_for(lambda: registered(store, "yearly", "to-disable"), 60,
              "the beat to register the rows")
     anchors = {e.name: e.anchor for e in store.entries(["yearly", "to-disable"])}
@@ -200,7 +209,7 @@ def test_trigger_of_an_entry_no_live_beat_schedules_is_refused_and_records_nothi
         env: dict[str, str], fleet: Site, store: RedisStore) -> None:
     row("yearly", crontab=nightly())
     later = row("disabled-later", crontab=nightly())
-    beat = fleet.beat()
+    beat = started(fleet)
     wait_for(lambda: registered(store, "yearly", "disabled-later"), 60,
              "the beat to register the rows")
     fleet.stop(beat)  # the only beat that schedules them
@@ -209,7 +218,7 @@ def test_trigger_of_an_entry_no_live_beat_schedules_is_refused_and_records_nothi
     assert "nothing was recorded" in line, line
     assert store.history("yearly") == []
     # A row disabled while a beat runs: that beat withdraws it, and nobody else has it.
-    beat = fleet.beat()
+    beat = started(fleet)
     wait_for(lambda: bool(registrants(store, "yearly")
                           & {o.owner.id for o in store.owners() if o.alive}), 60,
              "a new beat to register the rows")
