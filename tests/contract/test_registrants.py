@@ -79,6 +79,14 @@ def test_an_entry_a_live_beat_registered_is_not_forgotten(store: Store) -> None:
     assert "e" not in {found.name for found in store.entries()}
 
 
+def test_forget_twice_after_a_lost_reply_answers_what_it_did(store: Store) -> None:
+    registered(store, A, "kept", "gone")
+    store.unregister(A, ["gone"])
+    assert store.forget(["kept", "gone"]) == ["gone"]
+    assert store.forget(["kept", "gone"]) == []  # removed the first time: nothing more
+    assert registrants(store, "kept") == {A.id}
+
+
 def test_a_beat_that_no_longer_schedules_an_entry_withdraws_it(store: Store) -> None:
     registered(store, A, "e", "f")
     store.unregister(A, ["e", "never-seen"])
