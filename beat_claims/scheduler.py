@@ -395,9 +395,10 @@ class Scheduler(BaseScheduler):
         """This beat's heartbeat lapsed (a stall, an outage): another beat's registration
         may have dropped it from the registrants of its entries, as a dead beat. It
         registers them again, so that an operator's prune and run now see that it schedules
-        them (nothing else changes: the store merges what it knows)."""
-        if self.liveness.lapsed and self.claimer.states:
-            self.claimer.register(sorted(self.claimer.states))
+        them (nothing else changes: the store merges what it knows, as at any
+        registration)."""
+        if self.liveness.lapsed:
+            self.claimer.register_again()
         self.liveness.lapsed = False
 
     def _claim_ahead(self) -> bool:

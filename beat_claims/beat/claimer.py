@@ -197,6 +197,15 @@ class Claimer:
         for name in sorted(wanted & set(self.states)):
             self.push(name)
 
+    def register_again(self) -> None:
+        """Be recorded again as the registrant of the entries this beat schedules (after
+        its heartbeat lapsed, another beat's registration may have dropped it). What this
+        beat knows is merged in as at any registration; its view of the entries is left as
+        it is (a claim compares it with the store's anyway)."""
+        names = sorted(n for n in self.states if n in self.source.schedule)
+        if names:
+            self.store.register([self._seed(name) for name in names], self.owner)
+
     def _withdraw(self, gone: set[str]) -> None:
         """This beat no longer registers ``gone``: an operator's prune may remove them, and
         a run now is refused when no live beat schedules them. Before they are forgotten
