@@ -1,5 +1,9 @@
 """``celery -A APP claims ...``: see what every beat claimed, sent and recorded, and act on
-it: pause, resume, trigger, backfill, release; a health probe and a fleet exporter.
+it: pause, resume, trigger, backfill, release, prune; a health probe and a fleet exporter.
+
+A command that reads the schedule first loads the app as ``celery beat`` does
+(:func:`load_app`): in a Django project that sets Django up, so it reads the schedule the
+beats run, django-celery-beat's rows included.
 
 A user's mistake (no ``-A``, a setting, a store that does not answer, an entry the store
 does not know, a request that cannot be done) is one line on stderr and exit code 1; a
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -101,7 +106,32 @@ def _print(as_json: bool, doc: dict[str, Any], text: str) -> None:
 @handle_preload_options
 def claims(ctx: click.Context) -> None:
     """Inspect beat-claims (entries, claims, outcomes, history), act on entries (pause,
-    resume, trigger, backfill, release), probe the fleet's health, export its metrics."""
+    resume, trigger, backfill, release, prune), probe the fleet's health, export its
+    metrics."""
+
+
+#: The apps this process loaded as a beat does (once each: Django's checks run there).
+_loaded: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def load_app(app: Any) -> None:
+    """Load the app as a beat does before it reads its schedule: Celery's
+    ``loader.import_default_modules()`` (what ``celery beat`` runs at start, through
+    ``loader.init_worker()``, and ``celery shell`` too). In a Django project, Celery's
+    Django fixup sets Django up there (``django.setup()``, and Django's checks), so that
+    django-celery-beat's rows and beat-claims' own DatabaseScheduler read as the beats read
+    them. Once per app; only where the schedule is read (a liveness probe does not pay
+    for it). A project that cannot be loaded is one line and exit code 1, as the beat
+    would fail."""
+    if app in _loaded:
+        return
+    try:
+        app.loader.import_default_modules()
+    except Exception as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        _fail(f"cannot load the app {app.main or ''} as a beat does: {type(exc).__name__}: "
+              + "; ".join(lines)[:500])
+    _loaded.add(app)
 
 
 @claims.command(cls=CeleryCommand)
@@ -110,7 +140,7 @@ def claims(ctx: click.Context) -> None:
 def status(ctx: click.Context, as_json: bool) -> None:
     """Every entry: next run, last outcome, current claims, counts by state; and the
     beats. Times are ISO 8601 UTC."""
-    doc = _run(ctx, lambda: inspect.status(_app(ctx)))
+    doc = _run(ctx, lambda: inspect.status(_app(ctx), schedules=_schedules(_app(ctx))))
     click.echo(json.dumps(doc, indent=2) if as_json else status_table(doc))
 
 
@@ -173,44 +203,89 @@ def history_table(doc: dict[str, Any]) -> str:
 @claims.command(cls=CeleryCommand)
 @click.option("--older-than", "days", type=click.FloatRange(min=0),
               default=DEFAULT_PRUNE_DAYS, show_default=True,
-              help="Only entries that have not run for this many days.")
-@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+              help="Only entries that have not been active for this many days.")
+@click.option("--yes", is_flag=True, help="Remove them. Without it, prune only lists what"
+              " it would remove, and why.")
+@click.option("--dry-run", is_flag=True, help="List only (what prune does without --yes).")
 @json_option
 @click.pass_context
-def prune(ctx: click.Context, days: float, dry_run: bool, as_json: bool) -> None:
-    """Remove from the store the entries this app no longer schedules (with their runs
-    and task ids). An entry with a run claimed, being sent, sent or started is kept."""
+def prune(ctx: click.Context, days: float, yes: bool, dry_run: bool, as_json: bool) -> None:
+    """List the entries of the store that may go, and why, and with --yes remove them (with
+    their runs and task ids): entries in no schedule of this app (nor held by an enabled
+    django-celery-beat row), that no live beat registered, with no run claimed, being
+    sent, sent or started, and not active for --older-than days."""
+    if yes and dry_run:
+        raise click.UsageError("--dry-run lists only; --yes removes: give one of them")
     app = _app(ctx)
-    result = _run(ctx, lambda: inspect.prune(app, days * 86400, dry_run,
-                                             schedules=_schedules(app)))
-    doc = {"dry_run": dry_run, "removed": result.removed, "kept_live": result.kept_live,
-           "kept_recent": result.kept_recent}
+
+    def act() -> operations.Prune:
+        scheduled = set(_schedules(app, strict=True)) | _enabled_rows()
+        return operations.prune(inspect.open_store(app), scheduled, days * 86400, yes)
+
+    result = _run(ctx, act)
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(result.as_dict(dry_run=not yes), indent=2))
         return
-    verb = "would remove" if dry_run else "removed"
-    click.echo(f"{verb} {len(result.removed)} entr(ies)"
-               + (": " + ", ".join(result.removed) if result.removed else ""))
+    click.echo(prune_text(result, yes, days))
+
+
+def prune_text(result: operations.Prune, removed: bool, days: float) -> str:
+    """What a prune did, or would do, for people."""
+    lines = []
+    if removed:
+        lines.append(f"removed {len(result.removed)} entr(ies)"
+                     + (": " + ", ".join(result.removed) if result.removed else ""))
+    else:
+        lines.append(f"would remove {len(result.removable)} entr(ies)"
+                     + (" (run it again with --yes to remove them):" if result.removable
+                        else ""))
+        lines += [f"  {r.entry}: {r.why(result.now)}" for r in result.removable]
+    if result.kept_registered:
+        lines.append(f"kept {len(result.kept_registered)} a live beat registered: "
+                     + ", ".join(f"{e} ({', '.join(b)})" for e, b in result.kept_registered))
     if result.kept_live:
-        click.echo(f"kept {len(result.kept_live)} with a live run: "
-                   + ", ".join(result.kept_live))
+        lines.append(f"kept {len(result.kept_live)} with a live run: "
+                     + ", ".join(result.kept_live))
     if result.kept_recent:
-        click.echo(f"kept {len(result.kept_recent)} that ran within {days:g} day(s): "
-                   + ", ".join(result.kept_recent))
+        lines.append(f"kept {len(result.kept_recent)} active within {days:g} day(s): "
+                     + ", ".join(result.kept_recent))
+    lines.append(f"kept {result.kept_scheduled} in this app's schedule")
+    return "\n".join(lines)
 
 
-def _schedules(app: Any) -> dict[str, Any]:
+def _schedules(app: Any, strict: bool = False) -> dict[str, Any]:
     """Every entry this app schedules: beat_schedule, and django-celery-beat's rows when
-    the Django app and its database scheduler are in use."""
+    the Django app and its database scheduler are in use. With ``strict``, rows that
+    cannot be read are an error (OperationError), not beat_schedule alone."""
+    load_app(app)
     try:
         from .contrib.django.status import schedules
     except Exception:
         return inspect.beat_schedules(app)
     try:
         found = schedules(app)
-    except Exception:
+    except Exception as exc:
+        if strict:
+            raise operations.OperationError(
+                f"the schedule's rows cannot be read ({type(exc).__name__}: {exc}):"
+                " nothing was removed") from exc
         found = None
     return found if found is not None else inspect.beat_schedules(app)
+
+
+def _enabled_rows() -> set[str]:
+    """The names of django-celery-beat's enabled rows, whichever scheduler the app names
+    (a beat may be given -S on its command line): they hold their entries."""
+    try:
+        from .contrib.django.status import enabled_rows
+    except Exception:
+        return set()
+    try:
+        return enabled_rows()
+    except Exception as exc:
+        raise operations.OperationError(
+            f"django-celery-beat's rows cannot be read ({type(exc).__name__}: {exc}):"
+            " nothing was removed") from exc
 
 
 # -- write actions ------------------------------------------------------------------------
@@ -243,19 +318,23 @@ def resume(ctx: click.Context, entry: str, by: str | None, as_json: bool) -> Non
 @entry_action()
 def trigger(ctx: click.Context, entry: str, by: str | None, as_json: bool) -> None:
     """Run ENTRY now: a run due now is recorded, and a beat claims and sends it like any
-    other occurrence. Scheduled occurrences neither move nor are skipped."""
+    other occurrence. Scheduled occurrences neither move nor are skipped. Refused (exit
+    code 1, nothing recorded) when no live beat schedules ENTRY."""
     app = _app(ctx)
     who = _run(ctx, lambda: operations.who(by))
-    due = _run(ctx, lambda: operations.trigger(inspect.open_store(app), entry, who))
-    in_schedule = entry in _schedules(app)
-    doc = {"entry": entry, "due": iso(due), "due_ms": due, "by": who,
-           "in_schedule": in_schedule}
+    done = _run(ctx, lambda: operations.trigger(inspect.open_store(app), entry, who))
+    doc = {"entry": entry, "due": iso(done.due), "due_ms": done.due, "by": who,
+           "in_schedule": entry in _schedules(app),
+           "beats": None if done.beats is None else list(done.beats)}
     heartbeat = _run(ctx, lambda: Settings.from_app(app).heartbeat_interval)
-    _print(as_json, doc, f"triggered a run of {entry} due {iso(due)} (by {who}): a beat"
-           f" claims and sends it within about {heartbeat:g} s")
-    if not in_schedule and not as_json:
-        click.echo(f"beat-claims: warning: {entry} is not in this app's schedule: only a beat"
-                   " that has it sends the run", err=True)
+    _print(as_json, doc, f"triggered a run of {entry} due {iso(done.due)} (by {who}): a beat"
+           f" claims and sends it within about {heartbeat:g} s"
+           + (f" (live beats that schedule it: {', '.join(done.beats)})" if done.beats
+              else ""))
+    if done.beats is None and not as_json:
+        click.echo(f"beat-claims: warning: which beats schedule {entry} is not recorded"
+                   " (registered by a beat-claims older than 0.2): only a beat that has it"
+                   " sends the run", err=True)
 
 
 @entry_action(

@@ -6,7 +6,6 @@ documents are a documented interface (README, "Inspecting runs").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -135,32 +134,3 @@ def history(app: Celery, entry: str, limit: int | None = None,
         raise UnknownEntry(f"no entry {entry!r} in the store"
                            + (f" (its entries: {shown})" if known else " (it has none)"))
     return {"entry": entry, "runs": [r.as_dict() for r in runs]}
-
-
-@dataclass(frozen=True)
-class Prune:
-    """What ``claims prune`` removes (or would): entries of the store that are in no
-    schedule of this app and have not run for ``older_than`` seconds."""
-
-    removed: list[str]
-    kept_live: list[str]  # a run still claimed, being sent, sent or started
-    kept_recent: list[str]  # ran within the grace
-
-
-def prune(app: Celery, older_than: float, dry_run: bool, store: Store | None = None,
-          schedules: dict[str, Any] | None = None) -> Prune:
-    store = store or open_store(app)
-    schedules = beat_schedules(app) if schedules is None else schedules
-    cutoff = store.now() - int(older_than * 1000)  # the store's clock, not this host's
-    removable: list[str] = []
-    recent: list[str] = []
-    for record in store.entries():
-        if record.name in schedules:
-            continue
-        runs = store.history(record.name, 1)
-        last = max([r.finished_at or r.sent_at or r.due for r in runs], default=0)
-        (recent if last > cutoff else removable).append(record.name)
-    if dry_run:
-        return Prune(removable, [], recent)
-    removed = store.forget(removable)
-    return Prune(removed, sorted(set(removable) - set(removed)), recent)

@@ -1,4 +1,4 @@
-"""What operators do to a fleet: pause, resume, trigger, backfill, release.
+"""What operators do to a fleet: pause, resume, trigger, backfill, release, prune.
 
 Shared by ``celery claims`` and the Django admin: each function takes a store (and, for a
 backfill, the entry's Celery schedule) and raises :class:`OperationError` or
@@ -15,7 +15,7 @@ import getpass
 import os
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -25,7 +25,15 @@ from .enums import RunState
 from .inspect import UnknownEntry
 from .runs import iso
 from .settings import ConfigurationError, Policy, Settings
-from .stores.base import BackfillRefused, BackfillResult, EntryRecord, Reclaim, Store
+from .stores.base import (
+    BackfillRefused,
+    BackfillResult,
+    EntryRecord,
+    OwnerStatus,
+    Reclaim,
+    Registrant,
+    Store,
+)
 
 #: Held runs an operator can release (give back to be claimed again).
 RELEASABLE = (RunState.CLAIMED, RunState.SENDING)
@@ -119,14 +127,64 @@ def resume(store: Store, entry: str, by: str) -> tuple[EntryRecord, bool]:
     return done, done.resumed_at is not None and done.resumed_at >= before
 
 
-def trigger(store: Store, entry: str, by: str, request_id: str | None = None) -> int:
-    """Record a run of ``entry`` due now, for a beat to claim and send; its due instant.
+@dataclass(frozen=True)
+class Triggered:
+    """A run now as recorded: its due instant, and the live beats that schedule the entry
+    (``host:pid``; None when the store does not know who registered it)."""
+
+    entry: str
+    due: int
+    beats: tuple[str, ...] | None
+
+
+def trigger(store: Store, entry: str, by: str, request_id: str | None = None) -> Triggered:
+    """Record a run of ``entry`` due now, for a beat to claim and send. Refused, before
+    anything is recorded, when no live beat schedules the entry (nobody would send it).
     One request id per request: asked again after a lost reply, nothing more is
     recorded."""
+    beats = senders(store, record(store, entry))
     due = store.request_run(entry, by, request_id or uuid.uuid4().hex)
     if due is None:
         raise unknown_entry(store, entry)
-    return due
+    return Triggered(entry, due, beats)
+
+
+def senders(store: Store, found: EntryRecord) -> tuple[str, ...] | None:
+    """The live beats that registered the entry (they schedule it: one of them claims and
+    sends a run of it), as ``host:pid``; None when the store does not know who registered
+    it (registered by an older beat-claims). :class:`OperationError` when none is alive."""
+    if found.registrants is None:
+        return None
+    owners = {o.owner.id: o for o in store.owners()}
+    live = tuple(beat_name(owners, r) for r in found.registrants
+                 if (o := owners.get(r.owner)) is not None and o.alive)
+    if not live:
+        raise OperationError(
+            f"no live beat schedules {found.name} ({registered_by(owners, found.registrants)}):"
+            " nobody would send a run of it, so nothing was recorded. Start a beat whose"
+            f" schedule has {found.name} (or enable its row), then trigger it again")
+    return live
+
+
+def beat_name(owners: Mapping[str, OwnerStatus], registrant: Registrant) -> str:
+    """A beat as operators see it: ``host:pid``, or the start of its id when the store
+    forgot it (its heartbeat lapsed long ago)."""
+    found = owners.get(registrant.owner)
+    return (f"{found.owner.host}:{found.owner.pid}" if found is not None
+            else f"beat {registrant.owner[:8]}")
+
+
+def registered_by(owners: Mapping[str, OwnerStatus],
+                  registrants: Sequence[Registrant] | None) -> str:
+    """Who registered an entry, and whether each is alive, in words."""
+    if registrants is None:
+        return "registered by a beat-claims older than 0.2, which did not record who"
+    if not registrants:
+        return "every beat that registered it no longer schedules it"
+    return "registered by " + ", ".join(
+        beat_name(owners, r) + (" (alive)" if (o := owners.get(r.owner)) is not None
+                                and o.alive else " (stopped)")
+        for r in registrants)
 
 
 @dataclass(frozen=True)
@@ -282,8 +340,100 @@ def policies(app: Any, settings: Settings, names: Sequence[str]) -> dict[str, Po
     return out
 
 
+# -- prune --------------------------------------------------------------------------------
+#: Runs that keep their entry from a prune: they may still be sent, or report.
+LIVE_STATES = frozenset({RunState.CLAIMED, RunState.SENDING, RunState.SENT,
+                         RunState.STARTED})
+
+
+@dataclass(frozen=True)
+class Removable:
+    """An entry a prune removes (or would), and why it may: no schedule of this app has it,
+    no live beat registered it, it has no live run and has not been active since the
+    cutoff."""
+
+    entry: str
+    last_active: int | None  # its newest run's end, send or due instant (None: no run)
+    registered_by: str  # who registered it, in words
+
+    def why(self, now: int) -> str:
+        active = ("no run in its history" if self.last_active is None else
+                  f"last active {iso(self.last_active)}"
+                  f" ({max(0, now - self.last_active) / 86_400_000:.1f} days ago)")
+        return f"not in this app's schedule; {self.registered_by}; {active}"
+
+
+@dataclass(frozen=True)
+class Prune:
+    """What a prune found: the entries it removes (or would), and those it keeps and why."""
+
+    now: int  # the store's clock when it looked
+    removable: tuple[Removable, ...]
+    removed: tuple[str, ...]  # removed (only when asked to remove)
+    kept_scheduled: int  # in this app's schedule (or an enabled row holds them)
+    kept_registered: tuple[tuple[str, tuple[str, ...]], ...]  # (entry, the live beats)
+    kept_live: tuple[str, ...]  # a run claimed, being sent, sent or started
+    kept_recent: tuple[str, ...]  # active since the cutoff
+
+    def as_dict(self, dry_run: bool) -> dict[str, Any]:
+        return {
+            "dry_run": dry_run,
+            "removable": [{"entry": r.entry, "last_active": iso(r.last_active),
+                           "why": r.why(self.now)} for r in self.removable],
+            "removed": list(self.removed),
+            "kept_scheduled": self.kept_scheduled,
+            "kept_registered": [{"entry": e, "beats": list(b)}
+                                for e, b in self.kept_registered],
+            "kept_live": list(self.kept_live),
+            "kept_recent": list(self.kept_recent),
+        }
+
+
+def prune(store: Store, scheduled: Collection[str], older_than: float, remove: bool
+          ) -> Prune:
+    """The entries of the store that may go: not in ``scheduled`` (what this app's beats
+    schedule, and what enabled rows hold), registered by no live beat, without a live run,
+    and not active for ``older_than`` seconds (the store's clock). With ``remove`` they
+    are removed: the store judges each again, atomically (``Store.forget``), and keeps one
+    that has a live run or a live registrant by then (``kept_live``)."""
+    now = store.now()
+    cutoff = now - int(older_than * 1000)
+    owners = {o.owner.id: o for o in store.owners()}
+    removable: list[Removable] = []
+    registered: list[tuple[str, tuple[str, ...]]] = []
+    live: list[str] = []
+    recent: list[str] = []
+    kept_scheduled = 0
+    for found in store.entries():
+        if found.name in scheduled:
+            kept_scheduled += 1
+            continue
+        beats = tuple(beat_name(owners, r) for r in found.registrants or ()
+                      if (o := owners.get(r.owner)) is not None and o.alive)
+        if beats:
+            registered.append((found.name, beats))
+            continue
+        runs = store.history(found.name)
+        if any(r.state in LIVE_STATES for r in runs):
+            live.append(found.name)
+            continue
+        last = max((r.finished_at or r.sent_at or r.due for r in runs), default=None)
+        if last is not None and last > cutoff:
+            recent.append(found.name)
+            continue
+        removable.append(Removable(found.name, last,
+                                   registered_by(owners, found.registrants)))
+    removed: tuple[str, ...] = ()
+    if remove and removable:
+        removed = tuple(store.forget([r.entry for r in removable]))
+        live += sorted({r.entry for r in removable} - set(removed))
+    return Prune(now, tuple(removable), removed, kept_scheduled, tuple(registered),
+                 tuple(live), tuple(recent))
+
+
 __all__ = [
-    "RELEASABLE", "Backfill", "OperationError", "Released", "UnknownEntry", "backfill",
-    "backfill_dues", "check_range", "entry_doc", "parse_instant", "pause", "policies", "record",
-    "release", "resume", "trigger", "unknown_entry", "who",
+    "LIVE_STATES", "RELEASABLE", "Backfill", "OperationError", "Prune", "Released",
+    "Removable", "Triggered", "UnknownEntry", "backfill", "backfill_dues", "beat_name",
+    "check_range", "entry_doc", "parse_instant", "pause", "policies", "prune", "record",
+    "registered_by", "release", "resume", "senders", "trigger", "unknown_entry", "who",
 ]

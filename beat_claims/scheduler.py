@@ -338,6 +338,7 @@ class Scheduler(BaseScheduler):
                 raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
                                     " wipe)")
             self.metrics.heartbeat()
+            self._register_again_after_a_lapse()
         settling = self.liveness.settling_for()
         if settling > 0:
             if not self._settle_logged:
@@ -427,6 +428,16 @@ class Scheduler(BaseScheduler):
         if self.sender.up_since is None:  # claiming and sending from here on
             self.sender.up_since = began
         return self._sleep_for()
+
+    def _register_again_after_a_lapse(self) -> None:
+        """This beat's heartbeat lapsed (a stall, an outage): another beat's registration
+        may have dropped it from the registrants of its entries, as a dead beat. It
+        registers them again, so that an operator's prune and run now see that it schedules
+        them (nothing else changes: the store merges what it knows, as at any
+        registration)."""
+        if self.liveness.lapsed:
+            self.claimer.register_again()
+        self.liveness.lapsed = False
 
     def _claim_ahead(self) -> bool:
         """Claiming the next chunk in a thread hides the store's time only when a core is

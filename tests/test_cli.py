@@ -112,15 +112,23 @@ def test_an_unreachable_store_is_one_line(tmp_path: Any) -> None:
     assert "store unreachable" in line and "Connection refused" in line
 
 
-def test_prune_removes_entries_no_schedule_has(server: RedisServer, store: RedisStore) -> None:
-    recent = json.loads(cli(server, "prune", "--dry-run", "-j").out)
-    assert recent == {"dry_run": True, "removed": [], "kept_live": [],
+def test_prune_lists_entries_no_schedule_has_and_removes_them_only_with_yes(
+        server: RedisServer, store: RedisStore) -> None:
+    recent = json.loads(cli(server, "prune", "-j").out)
+    assert recent == {"dry_run": True, "removable": [], "removed": [], "kept_scheduled": 2,
+                      "kept_registered": [], "kept_live": [],
                       "kept_recent": ["gone"]}  # it ran a moment ago
-    dry = json.loads(cli(server, "prune", "--older-than", "0", "--dry-run", "-j").out)
-    assert dry["removed"] == ["gone"]
-    assert {e.name for e in store.entries()} == {"ok", "boom", "gone"}
-    ran = cli(server, "prune", "--older-than", "0")
-    assert ran.code == 0 and "removed 1 entr(ies): gone" in ran.out
+    for listing in (("prune", "--older-than", "0"), ("prune", "--older-than", "0",
+                                                     "--dry-run")):
+        ran = cli(server, *listing)
+        assert ran.code == 0 and "would remove 1 entr(ies)" in ran.out, ran
+        assert "gone: not in this app's schedule" in ran.out and "--yes" in ran.out, ran
+        assert {e.name for e in store.entries()} == {"ok", "boom", "gone"}
+    [removable] = json.loads(cli(server, "prune", "--older-than", "0", "-j").out)["removable"]
+    assert removable["entry"] == "gone" and removable["last_active"].endswith("Z")
+    assert "older than 0.2" in removable["why"]  # registered before registrants were kept
+    ran = cli(server, "prune", "--older-than", "0", "--yes")
+    assert ran.code == 0 and "removed 1 entr(ies): gone" in ran.out, ran
     assert {e.name for e in store.entries()} == {"ok", "boom"}
     assert store.history("gone") == []
 

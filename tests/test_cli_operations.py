@@ -52,10 +52,11 @@ class Target:
             **env: str) -> Ran:
         return cli(self.server, *args, schedule=schedule, **self.conf(**(conf or {})), **env)
 
-    def fleet(self, tmp_path: Path, schedule: dict[str, Any], **env: str
+    def fleet(self, tmp_path: Path, schedule: dict[str, Any],
+              conf: dict[str, Any] | None = None, **env: str
               ) -> AbstractContextManager[Fleet]:
         return fleet(self.server.url, self.server.broker_url(), tmp_path, schedule,
-                     **self.conf(), **env)
+                     **self.conf(**(conf or {})), **env)
 
     def runs(self, entry: str) -> dict[int, Run]:
         return {r.due: r for r in self.store.history(entry)}
@@ -224,6 +225,47 @@ def test_requests_that_cannot_be_done_are_one_line(target: Target) -> None:
         operations.backfill(t.store, "gone", None, anchor, anchor + 1000, "x", 10)  # past
     with pytest.raises(operations.UnknownEntry):
         operations.release(t.store, "nosuch", anchor, "x")
+
+
+def test_a_backfill_never_runs_again_what_the_trimmed_history_forgot(
+        target: Target, tmp_path: Path) -> None:
+    """A beat and a worker ran tick every 0.2 s for a while, with a history of 5 runs: the
+    first occurrences that ran are no longer in the store. A backfill from the entry's
+    anchor is refused, naming the horizon and the setting, and records nothing (it used to
+    run them again, with new tokens); one after the horizon keeps every run, as they all
+    ran."""
+    t = target
+    conf = {"beat_claims_history_limit": 5}
+    every = {"tick": {"every": 0.2}}
+    seed_settled_epoch(t.server)
+    ran: set[int] = set()
+
+    def ran_many() -> bool:
+        ran.update(r.due for r in t.runs("tick").values() if r.state is RunState.DONE)
+        return len(ran) >= 20
+
+    with t.fleet(tmp_path, every, conf=conf) as f:
+        f.worker()
+        beat = f.beat()
+        wait_for(ran_many, 60, "tick to run 20 times")
+        f.stop(beat)
+        wait_for(lambda: all(r.state.final for r in t.runs("tick").values()), 30,
+                 "the worker to finish what the beat sent")
+    first = min(ran)
+    assert first not in t.runs("tick")  # trimmed: the store no longer holds it
+    before = t.runs("tick")
+    # Three occurrences that ran (within what one backfill may create, beside no live run).
+    assert {first, first + 200, first + 400} <= ran
+    refused = one_line(t.cli("backfill", "tick", "--from", iso(first) or "",
+                             "--to", iso(first + 600) or "", schedule=every, conf=conf))
+    assert "beat_claims_history_limit=5" in refused, refused
+    assert "nothing was recorded" in refused, refused
+    [horizon] = [e.history_horizon for e in t.store.entries(["tick"])]
+    assert horizon is not None and horizon >= first and iso(horizon) in refused, refused
+    assert t.runs("tick") == before  # nothing was created
+    kept = as_json(t.cli("backfill", "tick", "--from", iso(horizon + 1) or "",
+                         "--to", iso(max(ran) + 1) or "", "-j", schedule=every, conf=conf))
+    assert kept["created"] == [] and kept["kept"], kept  # what it holds ran: kept
 
 
 def test_a_write_action_on_an_unreachable_store_is_one_line() -> None:

@@ -254,6 +254,21 @@ def test_run_now_of_an_unknown_entry_is_refused(client: Client, store: RedisStor
     assert not LogEntry.objects.exists()
 
 
+def test_run_now_of_an_entry_no_live_beat_schedules_is_refused(
+        client: Client, store: RedisStore, app: Celery) -> None:
+    """The only beat that registered it stopped: nobody would send the run."""
+    store.heartbeat(GHOST, 60)
+    store.register([EntrySeed("orphan", "every 1h")], GHOST)
+    store.leave(GHOST)
+    login(client, "trigger_run")
+    response = client.post(url("trigger", "orphan"), follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    assert any("no live beat schedules orphan" in m and "gone-host:4242 (stopped)" in m
+               and "nothing was recorded" in m for m in shown), shown
+    assert store.history("orphan") == []
+    assert not LogEntry.objects.exists()
+
+
 def test_an_unreachable_store_is_shown_not_a_server_error(client: Client) -> None:
     from .conftest import free_port
 

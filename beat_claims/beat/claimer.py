@@ -152,7 +152,7 @@ class Claimer:
         be read: its token floor leaves a gap, tokens nobody alive saw may exist."""
         if seeds is None:
             seeds = [self._seed(name, repair) for name in names]
-        states = self.store.register(seeds)
+        states = self.store.register(seeds, self.owner)
         known_before = {seed.name for seed in seeds if seed.name in self.states}
         for seed in seeds:
             state = states.get(seed.name)
@@ -184,8 +184,10 @@ class Claimer:
 
     def sync(self, names: Iterable[str]) -> None:
         """The schedule is now ``names``: register the entries not registered yet, forget
-        the ones gone, and rebuild the heap (bounds may have changed too)."""
+        the ones gone (withdrawn in the store first: this beat no longer schedules them),
+        and rebuild the heap (bounds may have changed too)."""
         wanted = set(names)
+        self._withdraw(set(self.states) - wanted)
         for gone in set(self.states) - wanted:
             del self.states[gone]
         new = sorted(wanted - set(self.states))
@@ -194,6 +196,22 @@ class Claimer:
         self.heap = []
         for name in sorted(wanted & set(self.states)):
             self.push(name)
+
+    def register_again(self) -> None:
+        """Be recorded again as the registrant of the entries this beat schedules (after
+        its heartbeat lapsed, another beat's registration may have dropped it). What this
+        beat knows is merged in as at any registration; its view of the entries is left as
+        it is (a claim compares it with the store's anyway)."""
+        names = sorted(n for n in self.states if n in self.source.schedule)
+        if names:
+            self.store.register([self._seed(name) for name in names], self.owner)
+
+    def _withdraw(self, gone: set[str]) -> None:
+        """This beat no longer registers ``gone``: an operator's prune may remove them, and
+        a run now is refused when no live beat schedules them. Before they are forgotten
+        here: if the store does not answer, the next sync asks again."""
+        if gone:
+            self.store.unregister(self.owner, sorted(gone))
 
     def _seed(self, name: str, repair: bool = False) -> EntrySeed:
         known = self.knowledge.entries.get(name)

@@ -47,6 +47,10 @@ class Liveness:
         self.written = written
         self.join = Joining(owner.id, interval, self.ttl)
         self.last = float("-inf")  # monotonic instant of the last heartbeat
+        #: When the last heartbeat that the store answered was asked (monotonic; lapse()
+        #: leaves it), and whether the one before it was asked more than a TTL earlier.
+        self.renewed = float("-inf")
+        self.lapsed = False
         self.epoch: str | None = None
         self.store_id = ""  # stamped on messages: workers compare it with their store's
         self.settle_until: int | None = None
@@ -68,6 +72,7 @@ class Liveness:
         hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
                                   sweep=sweep, written=self.written())
         answered = time.monotonic()
+        self._renewed(asked)
         # This beat's reckoning of the store's clock at the instant the store read it (the
         # middle of the round trip, as the clock takes it).
         expected = reckoned + int((answered - asked) * 500)
@@ -92,6 +97,14 @@ class Liveness:
         if not self.join.joined:
             self.join.step(hb, answered, owner_alive)
         return changed and not resync
+
+    def _renewed(self, asked: float) -> None:
+        """A heartbeat asked at ``asked`` was answered. More than a TTL after the last one:
+        this beat may have looked dead meanwhile (another beat's registration then drops it
+        from the registrants of the entries it schedules: it registers them again)."""
+        if self.renewed > float("-inf") and asked - self.renewed > self.ttl:
+            self.lapsed = True
+        self.renewed = asked
 
     def take_swept(self) -> LiveRuns | None:
         """The answer to the sweep query sent with this tick's heartbeat, once, while it

@@ -38,7 +38,7 @@ from enum import Enum
 from typing import Any
 
 from ..enums import Overlap, Reason, RunState, StartVerdict
-from ..runs import Owner, Run
+from ..runs import Owner, Run, iso
 
 #: Every token a claim hands out is at least the store's clock (UTC ms) times this. A store
 #: put back from an older copy (any way: a file copied back, SQLite's backup API, a dump
@@ -76,6 +76,35 @@ class BackfillRefused(ValueError):
             f" beat_claims_history_limit")
 
 
+class BackfillForgotten(BackfillRefused):
+    """A backfill reaching instants the store holds no run of at or before the entry's
+    history horizon (the newest instant whose run was trimmed out of its history): whether
+    they ran is no longer known, so a run created there could run an occurrence a second
+    time. Refused before anything is recorded; ``horizon`` None when the store's record of
+    it cannot be read."""
+
+    def __init__(self, entry: str, horizon: int | None, instants: int, limit: int) -> None:
+        # (BackfillRefused's own message is about the size of a backfill: not called)
+        ValueError.__init__(self, _forgotten_message(entry, horizon, instants, limit))
+        self.entry, self.created, self.live, self.limit = entry, instants, 0, limit
+        self.horizon = horizon
+
+
+def _forgotten_message(entry: str, horizon: int | None, instants: int, limit: int) -> str:
+    many = f"{instants} occurrence{'s' if instants != 1 else ''}"
+    if horizon is None:
+        return (f"a backfill of {entry} reaches {many} without a run in its history, whose"
+                f" horizon (the newest instant trimmed out of it) cannot be read: whether"
+                f" they ran cannot be known, so nothing was recorded"
+                f" (beat_claims_history_limit={limit})")
+    return (f"a backfill of {entry} reaches {many} at or before {iso(horizon)}, the newest"
+            f" instant whose run was trimmed out of its history (beat_claims_history_limit="
+            f"{limit} keeps the newest {limit} runs of an entry), and the history holds no"
+            f" run of them: whether they ran is not known, so nothing was recorded. Backfill"
+            f" from after {iso(horizon)} (raise beat_claims_history_limit to keep more of"
+            f" the history from now on)")
+
+
 # -- entries ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EntryState:
@@ -110,6 +139,14 @@ class EntrySeed:
 
 
 @dataclass(frozen=True)
+class Registrant:
+    """A beat that registered an entry (it schedules it), and when (store clock, UTC ms)."""
+
+    owner: str  # the beat's owner id
+    at: int
+
+
+@dataclass(frozen=True)
 class Pause:
     """An operator's pause of an entry: who, why, since when (store clock, UTC ms; 0 when
     the stored instant cannot be read: the entry is paused all the same)."""
@@ -130,6 +167,13 @@ class EntryRecord:
     checked after the resume (a beat that fell behind, jitter, an outage). Only the last
     pause is kept; a pause in force skips every scheduled occurrence, whenever due. (All
     instants are the store's clock, UTC ms.)
+
+    ``registrants``: the beats that registered the entry and have not withdrawn it (see
+    :meth:`Store.register`), those whose heartbeat had lapsed at the last registration
+    left out; None when not known (registered before the store kept them, or a record that
+    cannot be read). ``history_horizon``: the newest instant whose run was trimmed out of
+    the entry's history (what ran at or before it is no longer known: see
+    :meth:`Store.backfill`); None when nothing was trimmed (or its record cannot be read).
     """
 
     name: str
@@ -141,12 +185,29 @@ class EntryRecord:
     resumed_by: str | None = None  # the last resume: who, and when (UTC ms)
     resumed_at: int | None = None
     last_paused_at: int | None = None  # when the pause the last resume ended began (UTC ms)
+    registrants: tuple[Registrant, ...] | None = None
+    history_horizon: int | None = None
 
     def paused_for(self, due: int) -> bool:
         """Whether a scheduled occurrence due at ``due`` is skipped for a pause: the entry
         is paused, or ``due`` falls in its last pause ``[last_paused_at, resumed_at)``."""
         return self.paused is not None or in_last_pause(due, self.last_paused_at,
                                                         self.resumed_at)
+
+
+def registrants_from_json(raw: Any) -> tuple[Registrant, ...] | None:
+    """An entry's registrants as a backend stores them (a JSON object, as text or decoded:
+    owner id -> when), oldest first; None when there are none recorded or they cannot be
+    read."""
+    try:
+        found = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    except ValueError:
+        return None
+    if not isinstance(found, dict) or not all(
+            isinstance(at, (int, float)) and not isinstance(at, bool) for at in found.values()):
+        return None
+    return tuple(sorted((Registrant(str(owner), int(at)) for owner, at in found.items()),
+                        key=lambda r: (r.at, r.owner)))
 
 
 def in_last_pause(due: int, last_paused_at: int | None, resumed_at: int | None) -> bool:
@@ -599,9 +660,19 @@ class Store(abc.ABC):
         """``owner`` stopped: it is known gone at once (its claims are taken back)."""
 
     @abc.abstractmethod
-    def register(self, seeds: Sequence[EntrySeed]) -> dict[str, EntryState]:
+    def register(self, seeds: Sequence[EntrySeed], owner: Owner | None = None
+                 ) -> dict[str, EntryState]:
         """Anchor new entries (the first beat wins), merge in what the seeds know, and
-        return every seed's state."""
+        return every seed's state. With ``owner`` (a beat that schedules them), it becomes
+        one of each entry's registrants, and the registrants whose heartbeat has lapsed are
+        dropped (so the list stays bounded by the live beats): what :meth:`forget` and an
+        operator's run now go by. A registrant that registered after the caller read which
+        beats are alive is kept."""
+
+    @abc.abstractmethod
+    def unregister(self, owner: Owner, entries: Sequence[str]) -> None:
+        """``owner`` no longer schedules these entries (a row disabled or deleted while it
+        runs): it is no longer one of their registrants. Asking again does no harm."""
 
     # beats: the life of a claim
     @abc.abstractmethod
@@ -719,13 +790,27 @@ class Store(abc.ABC):
         names ``beat_claims_history_limit`` and ``beat_claims_backfill_limit``. Otherwise
         the runs it creates could push runs already sent out of the history (trimmed,
         their deliveries refused). (Beyond a backfill, a full history of unfinished runs is
-        trimmed as :meth:`claim` documents.)"""
+        trimmed as :meth:`claim` documents.)
+
+        Bounded by what the store still knows: every trim of the entry's history (in the
+        same atomic step) raises its horizon to the newest instant it removed a run of
+        (``EntryRecord.history_horizon``). A backfill with an instant at or before the
+        horizon that has no run recorded is refused before anything is recorded:
+        :class:`BackfillForgotten` (a :class:`BackfillRefused`), naming the horizon and
+        ``beat_claims_history_limit``. Whether the occurrence ran there is not known: a run
+        created there could run it a second time. An instant the store still has a record
+        of is known (that record is its latest run), whatever the horizon. A horizon that
+        cannot be read counts as one after every such instant (the next trim writes it
+        again, at the store's clock then)."""
 
     @abc.abstractmethod
     def forget(self, entries: Sequence[str]) -> list[str]:
         """Remove entries that no schedule has any more, with every record of theirs (an
-        operator's prune). An entry with a run claimed, being sent, sent or started is
-        kept. Returns the names removed."""
+        operator's prune). Judged atomically per entry: an entry with a run claimed, being
+        sent, sent or started is kept, and so is one that a beat whose heartbeat has not
+        lapsed registered (see :meth:`register`; a registrant recorded after the call read
+        which beats are alive counts as alive), or whose registrants cannot be read.
+        Returns the names removed."""
 
     # reads
     @abc.abstractmethod
@@ -775,12 +860,12 @@ class Store(abc.ABC):
 
 
 __all__ = [
-    "BackfillRefused", "BackfillResult", "Check", "CheckResult", "CheckVerdict", "Claim",
-    "ClaimPlan", "ClaimResult", "ClaimStatus", "Delivery", "EntryRecord", "EntrySeed",
-    "EntryState", "Heartbeat", "HeldRun", "LiveQuery", "LiveRuns", "OpenRun", "Outcome",
-    "OwnerStatus", "Pause", "Reclaim", "Release", "RunRef", "SendAtOnce", "StartDecision",
-    "Store",
-    "StoreConfigurationError", "StoreError", "WorkerProcess", "Written", "in_last_pause",
+    "BackfillForgotten", "BackfillRefused", "BackfillResult", "Check", "CheckResult",
+    "CheckVerdict", "Claim", "ClaimPlan", "ClaimResult", "ClaimStatus", "Delivery",
+    "EntryRecord", "EntrySeed", "EntryState", "Heartbeat", "HeldRun", "LiveQuery", "LiveRuns",
+    "OpenRun", "Outcome", "OwnerStatus", "Pause", "Reclaim", "Registrant", "Release",
+    "RunRef", "SendAtOnce", "StartDecision", "Store", "StoreConfigurationError", "StoreError",
+    "WorkerProcess", "Written", "in_last_pause", "registrants_from_json",
 ]
 __all__ += ["WORKER_RECORDS_KEPT", "WorkerLiveness", "WorkerLivenessRead",
             "read_worker_record", "worker_id",

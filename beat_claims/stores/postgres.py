@@ -11,7 +11,10 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
 ``owners``     beats: id -> info (host, pid, start time), heartbeat expiry (database clock, ms)
 ``entries``    entries: id, name, description, anchor, checkpoint, token, and an operator's
                pause (paused_at, paused_by, paused_note; resumed_by, resumed_at: the last
-               resume, last_paused_at: when the pause it ended began) (typed columns)
+               resume, last_paused_at: when the pause it ended began) (typed columns); the
+               beats that registered it (``registrants``, jsonb: owner id -> when; NULL:
+               none recorded) and its history horizon (``horizon``: the newest instant
+               whose run a trim removed; NULL: none)
 ``runs``       runs: (entry id, due) -> ``record`` (jsonb: the same record the Redis store
                keeps), ``in_history``, ``lost_at`` (left the history presumed lost: kept a
                week for a late delivery), and index columns computed from the record by a
@@ -24,7 +27,8 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
                process identity, renewed_at, expires_at), expires_at (removed
                ``worker_records_kept`` after it lapsed, by the heartbeats)
 functions      one per transition (register, claim, check, sent, release, reclaim, start,
-               requeue, finish, request, backfill, pause, resume, forget, heartbeat) and
+               requeue, finish, request, backfill, pause, resume, forget, heartbeat,
+               register_as: register and note the registrant, unregister) and
                their helpers (trim, anchor_instant, busy: what the overlap policies wait
                for, paused_for: whether a pause skips an instant, index_run: the trigger
                that computes a run's index columns)
@@ -81,6 +85,7 @@ from ..runs import Owner, Run, iso
 from ..urls import raise_redacted, redact_text, redact_url
 from .base import (
     TOKENS_PER_MS,
+    BackfillForgotten,
     BackfillRefused,
     BackfillResult,
     Check,
@@ -114,6 +119,7 @@ from .base import (
     WorkerProcess,
     Written,
     read_worker_record,
+    registrants_from_json,
     worker_id,
     worker_ttl_ms,
     written_worker_record,
@@ -157,11 +163,16 @@ DROP FUNCTION IF EXISTS {s}.resume(text, text);
     # 6: the liveness of worker processes (the workers table, worker_heartbeat(): created
     # by the DDL installed after the migrations); the last heartbeat's instant (beat_at),
     # and heartbeat() looks for the caller's newest writes (another signature: dropped,
-    # then installed); claim() hands out no token below the clock.
+    # then installed); claim() hands out no token below the clock; the beats that
+    # registered an entry (registrants: forget keeps an entry a live beat registered) and
+    # its history horizon (trim raises it; backfill refuses instants at or before it):
+    # NULL in every existing row (none recorded).
     5: """
 ALTER TABLE {s}.epoch ADD COLUMN IF NOT EXISTS beat_at bigint;
 DROP FUNCTION IF EXISTS {s}.heartbeat(text, jsonb, bigint, boolean, text, bigint, boolean,
                                       text);
+ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS registrants jsonb,
+  ADD COLUMN IF NOT EXISTS horizon bigint;
 """,
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
@@ -298,7 +309,9 @@ CREATE TABLE IF NOT EXISTS {s}.entries (
   paused_note text,
   resumed_by text,
   resumed_at bigint,
-  last_paused_at bigint);
+  last_paused_at bigint,
+  registrants jsonb,
+  horizon bigint);
 CREATE TABLE IF NOT EXISTS {s}.runs (
   entry_id bigint NOT NULL REFERENCES {s}.entries (id),
   due bigint NOT NULL,
@@ -439,6 +452,27 @@ LANGUAGE sql STABLE AS $$
     AND NOT (r.live_state = {SENT} AND coalesce(r.record -> 'reseeded' <> 'false', false)))
 $$;
 
+-- A trim removed runs up to p_gone (NULL: none): the entry's history horizon moves up to
+-- it, never back (the prelude's raise_horizon). Called with the entry's row locked.
+CREATE OR REPLACE FUNCTION {s}.raise_horizon(p_entry bigint, p_gone bigint)
+RETURNS void LANGUAGE sql AS $$
+  UPDATE {s}.entries SET horizon = p_gone
+    WHERE id = p_entry AND p_gone IS NOT NULL AND (horizon IS NULL OR horizon < p_gone)
+$$;
+
+-- Whether a beat whose heartbeat has not lapsed is among p_registrants (the prelude's
+-- registered_alive); NULL (none recorded) is not; one that is not a JSON object of
+-- numbers cannot be read, and counts as one (nothing is removed that cannot be seen).
+CREATE OR REPLACE FUNCTION {s}.registered_alive(p_registrants jsonb) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+  SELECT CASE WHEN p_registrants IS NULL THEN false
+    WHEN jsonb_typeof(p_registrants) <> 'object' THEN true
+    WHEN EXISTS (SELECT 1 FROM jsonb_each(p_registrants) r
+                 WHERE jsonb_typeof(r.value) <> 'number') THEN true
+    ELSE EXISTS (SELECT 1 FROM jsonb_object_keys(p_registrants) k
+                 JOIN {s}.owners o ON o.id = k WHERE o.expires_at > {s}.now_ms()) END
+$$;
+
 -- Keep the entry's history to p_limit runs (the prelude's trim): the oldest final or
 -- unreadable runs go first, wherever they are; a lost run leaves the history for the lost
 -- set (kept a week, at most p_limit); only when there are not enough of those is the
@@ -455,6 +489,7 @@ DECLARE
   v_rec jsonb;
   v_expired integer;
   v_lost integer;
+  v_gone bigint;  -- the newest instant whose run leaves the store: the horizon
 BEGIN
   IF p_count IS NULL THEN
     SELECT count(*) INTO p_count FROM {s}.runs WHERE entry_id = p_entry AND in_history;
@@ -467,6 +502,7 @@ BEGIN
       IF NOT v_row.ok THEN
         DELETE FROM {s}.runs WHERE entry_id = p_entry AND due = v_row.due;
         v_excess := v_excess - 1;
+        v_gone := greatest(v_gone, v_row.due);
       ELSIF v_row.record ->> 'state' = {LOST} THEN
         UPDATE {s}.runs SET in_history = false,
             lost_at = coalesce({s}.int_of(v_row.record -> 'finished_at'), p_now)
@@ -476,6 +512,7 @@ BEGIN
       ELSIF v_row.record ->> 'state' IN {FINAL} THEN
         DELETE FROM {s}.runs WHERE entry_id = p_entry AND due = v_row.due;
         v_excess := v_excess - 1;
+        v_gone := greatest(v_gone, v_row.due);
       ELSIF v_row.record ->> 'state' = {SENT} AND NOT v_row.record ? 'started_at' THEN
         v_unstarted := array_append(v_unstarted, v_row.record);
       END IF;
@@ -489,6 +526,7 @@ BEGIN
     END LOOP;
   END IF;
   IF NOT p_lost THEN
+    PERFORM {s}.raise_horizon(p_entry, v_gone);
     RETURN;
   END IF;
   SELECT count(*) FILTER (WHERE lost_at < p_now - {WEEK_MS}), count(*)
@@ -499,11 +537,13 @@ BEGIN
         LIMIT v_expired + greatest(v_lost - v_expired - p_limit, 0) LOOP
       IF NOT v_row.ok OR v_row.record ->> 'state' = {LOST} THEN
         DELETE FROM {s}.runs WHERE entry_id = p_entry AND due = v_row.due;
+        v_gone := greatest(v_gone, v_row.due);
       ELSE
         UPDATE {s}.runs SET lost_at = NULL WHERE entry_id = p_entry AND due = v_row.due;
       END IF;
     END LOOP;
   END IF;
+  PERFORM {s}.raise_horizon(p_entry, v_gone);
 END $$;
 
 -- register.lua, for a batch of seeds [{{e, desc, a, c, t, runs}}]: new entries anchored at
@@ -1207,7 +1247,9 @@ END $$;
 -- and sends it. Instants whose run ran, runs or is on its way are kept (reported with their
 -- state), a run presumed lost that a worker started among them; a record that cannot be
 -- read is left for an operator. The checkpoint is not touched. NULL for an unknown entry;
--- {{refused: runs it would create, live: unfinished runs}} when the history cannot hold them.
+-- {{refused: runs it would create, live: unfinished runs}} when the history cannot hold them;
+-- {{forgotten: instants without a record at or before the history's horizon, horizon}} when
+-- it has any.
 CREATE OR REPLACE FUNCTION {s}.backfill(p_entry text, p_dues bigint[], p_by text,
                                         p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -1222,10 +1264,19 @@ DECLARE
   v_kept jsonb := '[]';
   v_new bigint;
   v_live bigint;
+  v_horizon bigint;
 BEGIN
-  SELECT e.id INTO v_entry FROM {s}.entries e WHERE e.name = p_entry FOR NO KEY UPDATE;
+  SELECT e.id, e.horizon INTO v_entry, v_horizon FROM {s}.entries e WHERE e.name = p_entry
+    FOR NO KEY UPDATE;
   IF NOT FOUND THEN
     RETURN NULL;
+  END IF;
+  -- Refused when an instant without a run recorded is at or before the history's horizon:
+  -- whether it ran there is not known (a record is its latest run).
+  SELECT count(DISTINCT d) INTO v_new FROM unnest(p_dues) d WHERE d <= v_horizon
+    AND NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.entry_id = v_entry AND r.due = d);
+  IF v_new > 0 THEN
+    RETURN jsonb_build_object('forgotten', v_new, 'horizon', v_horizon);
   END IF;
   -- Refused, before anything is written, when the history cannot hold the runs it would
   -- create beside the entry's unfinished ones (they could push runs sent out of it).
@@ -1334,17 +1385,18 @@ BEGIN
 END $$;
 
 -- forget.lua, for a batch of names: entries no schedule has any more go, with every record
--- of their runs, unless a run of theirs is claimed, being sent, sent or started. Returns
--- the names removed.
+-- of their runs, unless a run of theirs is claimed, being sent, sent or started, or a live
+-- beat registered them. Returns the names removed.
 CREATE OR REPLACE FUNCTION {s}.forget(p_names text[])
 RETURNS SETOF text LANGUAGE plpgsql AS $$
 DECLARE
   v_entry record;
 BEGIN
-  FOR v_entry IN SELECT e.id, e.name FROM {s}.entries e WHERE e.name = ANY(p_names)
-      ORDER BY e.name FOR UPDATE LOOP
+  FOR v_entry IN SELECT e.id, e.name, e.registrants FROM {s}.entries e
+      WHERE e.name = ANY(p_names) ORDER BY e.name FOR UPDATE LOOP
     CONTINUE WHEN EXISTS (SELECT 1 FROM {s}.runs r WHERE r.entry_id = v_entry.id
                           AND r.live_state IN ({CLAIMED}, {SENDING}, {SENT}, {STARTED}));
+    CONTINUE WHEN {s}.registered_alive(v_entry.registrants);
     DELETE FROM {s}.runs WHERE entry_id = v_entry.id;
     DELETE FROM {s}.entries WHERE id = v_entry.id;
     RETURN NEXT v_entry.name;
@@ -1449,6 +1501,35 @@ BEGIN
     'owners', (SELECT coalesce(jsonb_agg(jsonb_build_array(o.id, o.info, o.expires_at)),
                                '[]') FROM {s}.owners o));
 END $$;
+-- register() by a beat that schedules the entries (registrant.lua): p_owner becomes one of
+-- each entry's registrants, at the database's clock; those whose heartbeat has lapsed are
+-- dropped (the list stays bounded by the live beats); a value that cannot be read is
+-- replaced. Answers what register() answers.
+CREATE OR REPLACE FUNCTION {s}.register_as(p_owner text, p_seeds jsonb, p_limit integer)
+RETURNS TABLE (o_name text, o_anchor bigint, o_checkpoint bigint, o_token bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+  FOR o_name, o_anchor, o_checkpoint, o_token IN
+      SELECT * FROM {s}.register(p_seeds, p_limit) LOOP
+    UPDATE {s}.entries e SET registrants = jsonb_build_object(p_owner, {s}.now_ms())
+        || coalesce((SELECT jsonb_object_agg(r.key, r.value)
+                     FROM jsonb_each(CASE WHEN jsonb_typeof(e.registrants) = 'object'
+                                          THEN e.registrants END) r
+                     JOIN {s}.owners o ON o.id = r.key
+                     WHERE o.expires_at > {s}.now_ms() AND r.key <> p_owner
+                       AND jsonb_typeof(r.value) = 'number'), '{{}}')
+      WHERE e.name = o_name;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+
+-- unregister.lua, for a batch of names: p_owner no longer schedules these entries.
+CREATE OR REPLACE FUNCTION {s}.unregister(p_owner text, p_names text[])
+RETURNS void LANGUAGE sql AS $$
+  UPDATE {s}.entries e SET registrants = e.registrants - p_owner
+    WHERE e.name = ANY(p_names) AND jsonb_typeof(e.registrants) = 'object'
+      AND e.registrants ? p_owner
+$$;
 """
 
 
@@ -1902,11 +1983,15 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise StoreError(f"the server answered with an error: {exc}") from exc
 
-    def register(self, seeds: Sequence[EntrySeed]) -> dict[str, EntryState]:
+    def register(self, seeds: Sequence[EntrySeed], owner: Owner | None = None
+                 ) -> dict[str, EntryState]:
         def call(chunk: list[EntrySeed]) -> list[Any]:
+            args = [Jsonb([_seed(seed) for seed in chunk]), self.history_limit]
+            if owner is not None:
+                return list(self._execute(f"SELECT * FROM {self._s}.register_as(%s, %s, %s)",
+                                          [owner.id, *args]))
             rows = self._execute(
-                f"SELECT * FROM {self._s}.register(%s, %s)",
-                [Jsonb([_seed(seed) for seed in chunk]), self.history_limit])
+                f"SELECT * FROM {self._s}.register(%s, %s)", args)
             return list(rows)
 
         out: dict[str, EntryState] = {}
@@ -1915,6 +2000,15 @@ class PostgresStore(Store):
                 name, anchor, checkpoint, token = row
                 out[name] = EntryState(int(anchor), _maybe_int(checkpoint), int(token))
         return out
+
+    def unregister(self, owner: Owner, entries: Sequence[str]) -> None:
+        names = sorted(set(entries))
+        for start in range(0, len(names), CHUNK):
+            try:
+                self._execute(f"SELECT {self._s}.unregister(%s, %s::text[])",
+                              [owner.id, names[start:start + CHUNK]])
+            except psycopg.Error as exc:
+                raise StoreError(f"the server answered with an error: {exc}") from exc
 
     # -- beats: the life of a claim ----------------------------------------------------
     def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
@@ -2080,6 +2174,9 @@ class PostgresStore(Store):
         if "refused" in reply:
             raise BackfillRefused(entry, int(reply["refused"]), int(reply["live"]),
                                   self.history_limit)
+        if "forgotten" in reply:
+            raise BackfillForgotten(entry, _maybe_int(reply["horizon"]),
+                                    int(reply["forgotten"]), self.history_limit)
         return BackfillResult(entry, tuple(int(d) for d in reply["created"]),
                               tuple((int(d), RunState(state)) for d, state in reply["kept"]))
 
@@ -2112,7 +2209,8 @@ class PostgresStore(Store):
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
         sql = (f"SELECT name, description, anchor, checkpoint, token, paused_at, paused_by,"
-               f" paused_note, resumed_by, resumed_at, last_paused_at FROM {self._s}.entries")
+               f" paused_note, resumed_by, resumed_at, last_paused_at, registrants, horizon"
+               f" FROM {self._s}.entries")
         try:
             if names is None:
                 rows = self._execute(sql)
@@ -2250,14 +2348,18 @@ def _maybe_int(value: Any) -> int | None:
 
 def _entry_record(row: Sequence[Any]) -> EntryRecord:
     """An entry from its row: name, description, anchor, checkpoint, token, paused_at,
-    paused_by, paused_note, resumed_by, resumed_at, last_paused_at."""
+    paused_by, paused_note, resumed_by, resumed_at, last_paused_at, and (from entries(),
+    not from pause() and resume()) registrants and horizon."""
     (name, description, anchor, checkpoint, token, paused_at, by, note, resumed_by,
-     resumed_at, last_paused_at) = row
+     resumed_at, last_paused_at, *more) = row
+    registrants, horizon = more if more else (None, None)
     paused = None if paused_at is None else Pause(str(by or ""), str(note or ""),
                                                    int(paused_at))
     return EntryRecord(name, description, _maybe_int(anchor), _maybe_int(checkpoint),
                        int(token), paused, resumed_by, _maybe_int(resumed_at),
-                       _maybe_int(last_paused_at))
+                       _maybe_int(last_paused_at),
+                       None if registrants is None else registrants_from_json(registrants),
+                       _maybe_int(horizon))
 
 
 def _parse_run(entry: str, record: Any) -> Run | None:

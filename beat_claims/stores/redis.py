@@ -8,7 +8,9 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
 ======================  ======  ===========================================================
 ``{P:NN}:e:D``          hash    the entry: name, schedule, anchor, checkpoint, token; a
                                 pause (paused_at, paused_by, paused_note) and the last
-                                resume (resumed_by, resumed_at, last_paused_at)
+                                resume (resumed_by, resumed_at, last_paused_at); the beats
+                                that registered it (registrants: JSON, owner id -> when);
+                                its history horizon (horizon: the newest instant trimmed)
 ``{P:NN}:r:D``          hash    its runs: due (ms) -> JSON record
 ``{P:NN}:h:D``          zset    its history: due -> due (``history_limit`` kept)
 ``{P:NN}:d:D``          zset    its runs due again: due -> due (what a claim takes)
@@ -71,6 +73,7 @@ from ..runs import Owner, Run, iso
 from ..urls import raise_redacted, redact_url
 from .base import (
     TOKENS_PER_MS,
+    BackfillForgotten,
     BackfillRefused,
     BackfillResult,
     Check,
@@ -104,6 +107,7 @@ from .base import (
     WorkerProcess,
     Written,
     read_worker_record,
+    registrants_from_json,
     worker_id,
     worker_ttl_ms,
     written_worker_record,
@@ -145,7 +149,7 @@ _OUTAGE_CODES = ("NOREPLICAS", "BUSY", "MISCONF", "READONLY", "LOADING", "MASTER
 SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "open",
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
            "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat",
-           "kept")
+           "kept", "beats_alive", "registrant", "unregister")
 
 
 def _lua_names() -> str:
@@ -229,7 +233,7 @@ def _sha(name: str) -> str:
 
 
 #: Scripts that only read: flagged so in the library (a server out of memory runs them).
-READ_ONLY_SCRIPTS = frozenset({"live", "open", "server"})
+READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive"})
 
 
 @cache
@@ -760,16 +764,21 @@ class RedisStore(Store):
             lambda pipe: self._script(pipe, "leave", [self._alive], owner.id))[0]
         _raise_if_error(reply)
 
-    def register(self, seeds: Sequence[EntrySeed]) -> dict[str, EntryState]:
+    def register(self, seeds: Sequence[EntrySeed], owner: Owner | None = None
+                 ) -> dict[str, EntryState]:
         if not seeds:
             return {}
         def first_build(pipe: Pipeline) -> None:
             self._script(pipe, "anchor_instant", [self._anchoring], ANCHOR_SHARED_MS)
             pipe.get(self._layout)
+            if owner is not None:
+                self._script(pipe, "beats_alive", [self._alive])
 
         first = self._round_trip(first_build)
         _raise_if_error(first[0])
         anchor_now, layout = str(first[0]), first[1]
+        noting = (self._registrant_args(owner, first[2], int(anchor_now))
+                  if owner is not None else None)
         seeds = list(seeds)
         if layout != LAYOUT:
             seeds = self._migrated(seeds)
@@ -782,8 +791,10 @@ class RedisStore(Store):
                 "" if seed.checkpoint is None else seed.checkpoint, seed.token,
                 self.history_limit, runs)
             pipe.hset(self._registry, digest(seed.name), seed.name)
+            if noting is not None:  # after the entry's script: it exists by then
+                self._entry_script(pipe, "registrant", seed.name, *noting)
 
-        replies = self._chunked(seeds, build)[::2]
+        replies = self._chunked(seeds, build)[::2 if noting is None else 3]
         out: dict[str, EntryState] = {}
         for seed, reply in zip(seeds, replies):
             if isinstance(reply, Exception):
@@ -804,6 +815,26 @@ class RedisStore(Store):
         if layout != LAYOUT:
             self._round_trip(lambda pipe: pipe.set(self._layout, LAYOUT))
         return out
+
+    def _registrant_args(self, owner: Owner, alive: Any, fallback: int
+                         ) -> tuple[str, int, str]:
+        """The registrant script's arguments for ``owner``, from beats_alive's reply (one
+        that cannot be read: the live beats are not known, and nobody is dropped)."""
+        now, live, known = self._beats_alive_reply(alive)
+        return owner.id, now or fallback, json.dumps(sorted(live)) if known else "*"
+
+    def _beats_alive_reply(self, reply: Any) -> tuple[int, list[str], bool]:
+        """beats_alive's reply: the instant, the live owner ids, whether they are known."""
+        try:
+            now, ids, known = reply
+            return int(now), [str(i) for i in ids], known == 1
+        except (TypeError, ValueError):
+            return 0, [], False
+
+    def unregister(self, owner: Owner, entries: Sequence[str]) -> None:
+        # (an entry whose record cannot be read answers an error: it stays as it is)
+        self._chunked(list(entries), lambda pipe, name: self._entry_script(
+            pipe, "unregister", name, owner.id))
 
     def _migrated(self, seeds: list[EntrySeed]) -> list[EntrySeed]:
         """Seeds for entries beat-claims 0.1 kept under its own keys: their anchor,
@@ -1106,6 +1137,9 @@ class RedisStore(Store):
             return None
         if reply[0] == -1:  # refused: the history cannot hold its runs
             raise BackfillRefused(entry, int(reply[1]), int(reply[2]), self.history_limit)
+        if reply[0] == -2:  # refused: instants at or before the history's horizon
+            raise BackfillForgotten(entry, _maybe_int(reply[2]), int(reply[1]),
+                                    self.history_limit)
         created, kept = reply
         pairs = [(int(kept[i]), RunState(kept[i + 1])) for i in range(0, len(kept), 2)
                  if kept[i + 1]]
@@ -1117,8 +1151,18 @@ class RedisStore(Store):
 
     def forget(self, entries: Sequence[str]) -> list[str]:
         names = list(entries)
+        if not names:
+            return []
+        alive = self._round_trip(lambda pipe: self._script(pipe, "beats_alive",
+                                                           [self._alive]))[0]
+        _raise_if_error(alive)
+        since, live, known = self._beats_alive_reply(alive)
+        if not known:
+            raise StoreError(f"{self._alive} cannot be read: which beats are alive is not"
+                             " known, so nothing was removed")
+        live_ids = json.dumps(sorted(live))
         replies = self._chunked(names, lambda pipe, name: self._entry_script(
-            pipe, "forget", name))
+            pipe, "forget", name, live_ids, since))
         removed = [name for name, reply in zip(names, replies) if reply == 1]
         if removed:
             self._round_trip(lambda pipe: pipe.hdel(self._registry,
@@ -1133,12 +1177,13 @@ class RedisStore(Store):
         replies = self._chunked(names, lambda pipe, name: pipe.hmget(
             self.entry_keys(name)[0], ["anchor", "checkpoint", "token", "schedule",
                                        "paused_at", "paused_by", "paused_note",
-                                       "resumed_by", "resumed_at", "last_paused_at"]))
+                                       "resumed_by", "resumed_at", "last_paused_at",
+                                       "registrants", "horizon"]))
         out = []
         for name, reply in zip(names, replies):
             if isinstance(reply, Exception):
                 continue
-            anchor, checkpoint, token, schedule, *pause = reply
+            anchor, checkpoint, token, schedule, *pause, registrants, horizon = reply
             paused_at, paused_by, note, resumed_by, resumed_at, last_paused_at = pause
             # Paused is the field being there, as claims and checks read it; an instant
             # that cannot be read is reported as 0 rather than hiding the pause.
@@ -1147,7 +1192,9 @@ class RedisStore(Store):
             out.append(EntryRecord(name, schedule or "", _maybe_int(anchor),
                                    _maybe_int(checkpoint), _maybe_int(token) or 0, paused,
                                    resumed_by, _maybe_int(resumed_at),
-                                   _maybe_int(last_paused_at)))
+                                   _maybe_int(last_paused_at),
+                                   registrants_from_json(registrants),
+                                   _maybe_int(horizon)))
         return out
 
     def history(self, entry: str, limit: int | None = None) -> list[Run]:

@@ -23,7 +23,9 @@ find every run from the records alone.
 ``P_entries``     name -> description, anchor, checkpoint, token; an operator's pause
                   (paused_by, paused_note, paused_at: NULL when not paused) and the last
                   resume (resumed_by, resumed_at, and last_paused_at: when the pause it
-                  ended began)
+                  ended began); registrants (JSON: the beats that registered it, owner id
+                  -> when; NULL: none recorded); horizon (the newest instant whose run a
+                  trim removed; NULL: none)
 ``P_runs``        (entry, due) -> record (JSON); index columns: kind (``due``,
                   ``waiting``, ``held``, ``open``; NULL once final or unreadable), since
                   (what the sweeps compare with their cutoffs), owner and token (held
@@ -47,10 +49,11 @@ later), where busy (what overlap="skip" and "buffer_one" wait for), where place 
 Schema versions: 1 (task ids kept a week), 2 (task ids go with their run; the store's id),
 3 (an entry's pause and last resume; waiting runs), 4 (when the pause the last resume
 ended began: ``last_paused_at``), 5 (``P_workers``: worker processes' liveness, id ->
-record (JSON), expires_at; removed ``worker_records_kept`` after they lapse). A file of
-an older schema is migrated when it is opened: from 1, task ids whose run is gone are
-removed; from 2, the entries table gets the pause's columns; from 3, ``last_paused_at``
-(NULL: no last pause); from 4, the workers table is made.
+record (JSON), expires_at; removed ``worker_records_kept`` after they lapse; an entry's
+registrants and history horizon). A file of an older schema is migrated when it is
+opened: from 1, task ids whose run is gone are removed; from 2, the entries table gets the
+pause's columns; from 3, ``last_paused_at`` (NULL: no last pause); from 4, the workers
+table is made, and ``registrants`` and ``horizon`` added (NULL: none recorded).
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ from ..runs import Owner, Run, iso
 from ..urls import redact_url
 from .base import (
     TOKENS_PER_MS,
+    BackfillForgotten,
     BackfillRefused,
     BackfillResult,
     Check,
@@ -111,6 +115,7 @@ from .base import (
     Written,
     in_last_pause,
     read_worker_record,
+    registrants_from_json,
     worker_id,
     worker_ttl_ms,
 )
@@ -151,6 +156,9 @@ _PAUSE_COLUMNS = (("paused_by", "TEXT"), ("paused_note", "TEXT"), ("paused_at", 
                   ("resumed_by", "TEXT"), ("resumed_at", "INTEGER"))
 #: The entries table's column of schema 4: when the pause the last resume ended began.
 _LAST_PAUSE_COLUMNS = (("last_paused_at", "INTEGER"),)
+#: The entries table's columns of schema 5: the beats that registered the entry, and its
+#: history horizon.
+_OPERATOR_COLUMNS = (("registrants", "TEXT"), ("horizon", "INTEGER"))
 _NUMBER_FIELDS = ("due", "token", "claimed_at", "sending_at", "sent_at", "started_at",
                   "finished_at", "released_at", "revived_at", "worker_pid", "retries",
                   "attempts", "reclaims", "deliveries", "waiting_at")
@@ -198,7 +206,8 @@ def _schema(t: Tables) -> list[str]:
         f"CREATE TABLE IF NOT EXISTS {t.entries} (name TEXT PRIMARY KEY,"
         " description TEXT NOT NULL DEFAULT '', anchor INTEGER, checkpoint INTEGER,"
         " token INTEGER, "
-        + ", ".join(f"{name} {kind}" for name, kind in _PAUSE_COLUMNS + _LAST_PAUSE_COLUMNS)
+        + ", ".join(f"{name} {kind}" for name, kind
+                    in _PAUSE_COLUMNS + _LAST_PAUSE_COLUMNS + _OPERATOR_COLUMNS)
         + ") WITHOUT ROWID",
         f"CREATE TABLE IF NOT EXISTS {t.runs} (entry TEXT NOT NULL, due INTEGER NOT NULL,"
         " record TEXT, kind TEXT, since INTEGER, owner TEXT, token INTEGER, busy INTEGER,"
@@ -250,9 +259,11 @@ def _migrations(t: Tables) -> dict[int, list[Migration]]:
         # schema 3 still connected name their columns: they go on (their resume keeps no
         # interval).
         3: [lambda db: _add_columns(db, t.entries, _LAST_PAUSE_COLUMNS)],
-        # The worker processes' liveness: a table of its own, made with the others.
-        # Processes of schema 4 still connected never read it (they fence as before).
-        4: [],
+        # Registrants and the history horizon: NULL in every existing row (none recorded:
+        # such an entry is judged as before, by the schedule, until a beat registers it).
+        # The worker processes' liveness has a table of its own, made with the others
+        # (processes of schema 4 still connected never read it: they fence as before).
+        4: [lambda db: _add_columns(db, t.entries, _OPERATOR_COLUMNS)],
     }
 
 
@@ -296,7 +307,8 @@ def _statements(t: Tables) -> dict[str, str]:
     due = f'{t.runs} INDEXED BY "{t.base}_runs_due"'
     busy = f'{t.runs} INDEXED BY "{t.base}_runs_busy"'
     waiting = f'{t.runs} INDEXED BY "{t.base}_runs_waiting"'
-    pause = ", ".join(name for name, _kind in _PAUSE_COLUMNS + _LAST_PAUSE_COLUMNS)
+    pause = ", ".join(name for name, _kind
+                      in _PAUSE_COLUMNS + _LAST_PAUSE_COLUMNS + _OPERATOR_COLUMNS)
     history = f'{t.runs} INDEXED BY "{t.base}_runs_history"'
     lost = f'{t.runs} INDEXED BY "{t.base}_runs_lost"'
     return {
@@ -317,6 +329,11 @@ def _statements(t: Tables) -> dict[str, str]:
         "entries_all": f"SELECT name, description, anchor, checkpoint, token, {pause}"
                        f" FROM {t.entries} ORDER BY name",
         "entry_paused": f"SELECT paused_at IS NOT NULL FROM {t.entries} WHERE name = ?",
+        "entry_registrants": f"SELECT registrants FROM {t.entries} WHERE name = ?",
+        "entry_registrants_set": f"UPDATE {t.entries} SET registrants = ? WHERE name = ?",
+        "entry_horizon": f"SELECT horizon FROM {t.entries} WHERE name = ?",
+        "entry_horizon_set": f"UPDATE {t.entries} SET horizon = ? WHERE name = ?",
+        "owners_alive": f"SELECT id FROM {t.owners} WHERE expires_at > ?",
         "entry_pause_of": f"SELECT paused_at IS NOT NULL, last_paused_at, resumed_at"
                           f" FROM {t.entries} WHERE name = ?",
         # Pausing a paused entry keeps its instant, and takes the new note and who.
@@ -940,6 +957,7 @@ class SQLiteStore(Store):
         lost (history_limit). Runs being claimed, sent or run are never dropped. Bounded:
         a look past at most 64 live runs."""
         q = self._sql
+        gone: list[int] = []  # the instants whose run leaves the store: the horizon
         excess = db.execute(q["history_count"], (entry,)).fetchone()[0] - limit
         if excess > 0:
             unstarted: list[Record] = []
@@ -949,6 +967,7 @@ class SQLiteStore(Store):
                 run = _parse(raw, due)
                 if run is False or (run["state"] in _FINAL and run["state"] != _LOST):
                     db.execute(q["run_delete"], (entry, due))
+                    gone.append(due)
                     excess -= 1
                 elif run["state"] == _LOST:
                     lost_at = _first(run, "finished_at")
@@ -963,6 +982,7 @@ class SQLiteStore(Store):
                 db.execute(q["run_place"], ("x", now, entry, int(run["due"])))
         kept = db.execute(q["lost_count"], (entry,)).fetchone()[0]
         if not kept:
+            self._raise_horizon(db, entry, gone, now)
             return
         expired = [due for (due,) in db.execute(q["lost_expired"], (entry, now - WEEK_MS))]
         over = kept - len(expired) - limit
@@ -973,8 +993,37 @@ class SQLiteStore(Store):
             kept_run = self._get_run(db, entry, due)
             if not kept_run or kept_run["state"] == _LOST:
                 db.execute(q["run_delete"], (entry, due))
+                gone.append(due)
             else:
                 db.execute(q["run_place"], (None, None, entry, due))
+        self._raise_horizon(db, entry, gone, now)
+
+    def _raise_horizon(self, db: sqlite3.Connection, entry: str, gone: list[int],
+                       now: int) -> None:
+        """The trim removed the runs at ``gone``: the entry's history horizon moves up to
+        the newest of them (never back). One that cannot be read is written again at the
+        later of that and ``now`` (no run after now was ever trimmed): a backfill is
+        refused more, never less."""
+        if not gone:
+            return
+        newest = max(int(due) for due in gone)
+        stored = self._horizon(db, entry)
+        if stored is False:
+            newest = max(newest, now)
+        elif stored is not None and stored >= newest:
+            return
+        db.execute(self._sql["entry_horizon_set"], (newest, entry))
+
+    def _horizon(self, db: sqlite3.Connection, entry: str) -> int | Literal[False] | None:
+        """The entry's history horizon; None when nothing was trimmed, False when the
+        stored value cannot be read."""
+        row = db.execute(self._sql["entry_horizon"], (entry,)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        try:
+            return _entry_int(row[0])
+        except ValueError:
+            return False
 
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
@@ -1076,7 +1125,8 @@ class SQLiteStore(Store):
         self._transaction(lambda db: db.execute(self._sql["owner_lapse"],
                                                 (_now() - 1, owner.id)))
 
-    def register(self, seeds: Sequence[EntrySeed]) -> dict[str, EntryState]:
+    def register(self, seeds: Sequence[EntrySeed], owner: Owner | None = None
+                 ) -> dict[str, EntryState]:
         seeds = list(seeds)
         if not seeds:
             return {}
@@ -1086,7 +1136,10 @@ class SQLiteStore(Store):
                  ) -> tuple[EntryState, list[str]] | None:
             if not anchoring:
                 anchoring.append(self._anchor_instant(db, now))
-            return self._register_one(db, now, seed, anchoring[0])
+            done = self._register_one(db, now, seed, anchoring[0])
+            if owner is not None:
+                self._note_registrant(db, now, seed.name, owner.id)
+            return done
 
         def failed(seed: EntrySeed, exc: Exception) -> tuple[EntryState, list[str]] | None:
             logger.error("beat-claims: entry %r cannot be registered in the store: %s",
@@ -1104,6 +1157,41 @@ class SQLiteStore(Store):
                                ",".join(repaired))
             out[seed.name] = state
         return out
+
+    def _note_registrant(self, db: sqlite3.Connection, now: int, entry: str,
+                         owner: str) -> None:
+        """registrant.lua: ``owner`` becomes one of the entry's registrants; those whose
+        heartbeat has lapsed are dropped (the list stays bounded by the live beats). A
+        field that cannot be read is replaced."""
+        alive = self._alive(db, now)
+        found = self._registrants(db, entry) or {}
+        kept = {who: at for who, at in found.items() if who in alive}
+        kept[owner] = now
+        db.execute(self._sql["entry_registrants_set"], (json.dumps(kept), entry))
+
+    def _alive(self, db: sqlite3.Connection, now: int) -> set[str]:
+        """The owners whose heartbeat has not lapsed."""
+        return {row[0] for row in db.execute(self._sql["owners_alive"], (now,))}
+
+    def _registrants(self, db: sqlite3.Connection, entry: str
+                     ) -> dict[str, int] | Literal[False] | None:
+        """The entry's registrants (owner id -> when); None when none was ever recorded,
+        False when they cannot be read."""
+        row = db.execute(self._sql["entry_registrants"], (entry,)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        found = registrants_from_json(row[0])
+        return False if found is None else {r.owner: r.at for r in found}
+
+    def unregister(self, owner: Owner, entries: Sequence[str]) -> None:
+        def step(db: sqlite3.Connection, now: int, name: str) -> None:
+            """unregister.lua: ``owner`` no longer schedules the entry."""
+            found = self._registrants(db, name)
+            if found and owner.id in found:
+                del found[owner.id]
+                db.execute(self._sql["entry_registrants_set"], (json.dumps(found), name))
+
+        self._each("unregister", list(entries), step, lambda name, exc: None)
 
     def _anchor_instant(self, db: sqlite3.Connection, now: int) -> int:
         """The instant new entries are anchored at: beats that start together (within
@@ -1673,6 +1761,9 @@ class SQLiteStore(Store):
             q = self._sql
             if db.execute(q["entry_get"], (name,)).fetchone() is None:
                 return None
+            forgotten = self._beyond_horizon(db, name, instants)
+            if forgotten is not None:
+                return forgotten
             kept: list[tuple[int, RunState]] = []
             redo: list[tuple[int, Record | None]] = []
             for due in instants:
@@ -1704,9 +1795,25 @@ class SQLiteStore(Store):
             return BackfillResult(name, tuple(created), tuple(kept))
 
         [result] = self._each("backfill", [entry], step, lambda name, exc: None)
-        if isinstance(result, BackfillRefused):
+        if isinstance(result, BackfillRefused):  # (a BackfillForgotten too)
             raise result
         return result
+
+    def _beyond_horizon(self, db: sqlite3.Connection, entry: str, instants: list[int]
+                        ) -> BackfillForgotten | None:
+        """The refusal of a backfill with instants that have no run recorded at or before
+        the entry's history horizon (or whose horizon cannot be read): whether they ran is
+        not known. None when it has none. (An instant with a record is known: that record
+        is its latest run.)"""
+        horizon = self._horizon(db, entry)
+        if horizon is None:
+            return None
+        n = sum(1 for due in instants if (horizon is False or due <= horizon)
+                and db.execute(self._sql["run_get"], (entry, due)).fetchone() is None)
+        if not n:
+            return None
+        return BackfillForgotten(entry, None if horizon is False else horizon, n,
+                                 self.history_limit)
 
     def forget(self, entries: Sequence[str]) -> list[str]:
         def step(db: sqlite3.Connection, now: int, name: str) -> bool:
@@ -1718,6 +1825,8 @@ class SQLiteStore(Store):
                 return False
             if db.execute(q["runs_live"], (name,)).fetchone() is not None:
                 return False
+            if self._registered_alive(db, now, name):
+                return False
             db.execute(q["runs_forget"], (name,))
             db.execute(q["entry_delete"], (name,))
             return True
@@ -1725,6 +1834,14 @@ class SQLiteStore(Store):
         names = list(entries)
         removed = self._each("forget", names, step, lambda name, exc: False)
         return [name for name, ok in zip(names, removed) if ok]
+
+    def _registered_alive(self, db: sqlite3.Connection, now: int, entry: str) -> bool:
+        """Whether a beat whose heartbeat has not lapsed registered the entry; also when
+        its registrants cannot be read (nothing is removed that cannot be seen)."""
+        found = self._registrants(db, entry)
+        if found is False:
+            return True
+        return found is not None and not self._alive(db, now).isdisjoint(found)
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
@@ -1795,7 +1912,7 @@ class SQLiteStore(Store):
 def _entry_record(row: Sequence[Any]) -> EntryRecord:
     """An entry as operators see it, from a row of entry_read (or entries_all)."""
     (name, description, anchor, checkpoint, token, by, note, at, resumed_by, resumed_at,
-     last_paused_at) = row
+     last_paused_at, registrants, horizon) = row
     # Paused is the column being set, as claims and checks read it; an instant that cannot
     # be read is reported as 0 rather than hiding the pause.
     return EntryRecord(
@@ -1804,7 +1921,9 @@ def _entry_record(row: Sequence[Any]) -> EntryRecord:
         paused=None if at is None else Pause(str(by or ""), str(note or ""),
                                              _maybe_int(at) or 0),
         resumed_by=None if resumed_by is None else str(resumed_by),
-        resumed_at=_maybe_int(resumed_at), last_paused_at=_maybe_int(last_paused_at))
+        resumed_at=_maybe_int(resumed_at), last_paused_at=_maybe_int(last_paused_at),
+        registrants=None if registrants is None else registrants_from_json(registrants),
+        history_horizon=_maybe_int(horizon))
 
 
 def _owner_statuses(rows: list[Any], now: int) -> list[OwnerStatus]:

@@ -144,7 +144,15 @@ def _pg_corrupt_run(store: Store, entry: str, due: int, raw: str) -> None:
 
 
 def _pg_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -> None:
-    assert field in ("anchor", "checkpoint", "token"), field
+    assert field in ("anchor", "checkpoint", "token", "registrants", "horizon"), field
+    if field == "registrants":  # a jsonb column: any JSON, not only an object of numbers
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw  # not JSON: a jsonb column can hold it only as a JSON string
+        admin().execute(sql.SQL("UPDATE {} SET registrants = %s WHERE name = %s").format(
+            _table(store, "entries")), [Jsonb(value), entry])
+        return
     if not raw.strip().lstrip("-").isdigit():
         pytest.skip(f"PostgreSQL keeps an entry's {field} in a bigint column: {raw!r} cannot"
                     " be stored there, so this corruption cannot happen")

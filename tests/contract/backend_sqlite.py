@@ -63,7 +63,7 @@ def _sqlite_corrupt_run(store: Store, entry: str, due: int, raw: str) -> None:
 
 def _sqlite_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -> None:
     s = _sqlite(store)
-    assert field in ("anchor", "checkpoint", "token"), field
+    assert field in ("anchor", "checkpoint", "token", "registrants", "horizon"), field
     with _raw(s) as db:
         db.execute(f"UPDATE {s.tables.entries} SET {field} = ? WHERE name = ?", (raw, entry))
 

@@ -17,6 +17,7 @@ import pytest
 from beat_claims.enums import RunState
 from beat_claims.runs import Run
 from beat_claims.stores.base import (
+    BackfillForgotten,
     Claim,
     Heartbeat,
     Outcome,
@@ -126,16 +127,17 @@ def test_an_instant_an_operator_backfilled_since_holds_the_writes_before_it(
 
 
 @pytest.mark.history_limit(2)
-def test_an_instant_backfilled_after_its_run_was_trimmed_holds_the_writes_before_it(
+def test_an_instant_trimmed_from_the_history_holds_the_writes_before_it(
         store: Store) -> None:
+    """(A backfill of it is refused: the store no longer knows whether it ran.)"""
     first = send(store, A, one_claim(store, A, 1000))
     assert store.finish([Outcome("e", first.due, first.token, RunState.CANCELLED)]) == [True]
-    for c in claims(store, A, 2000, 3000):  # (final: the backfill has room beside them)
+    for c in claims(store, A, 2000, 3000):
         send(store, A, c)
         assert store.finish([Outcome("e", c.due, c.token, RunState.CANCELLED)]) == [True]
     assert first.due not in runs(store)
-    result = store.backfill("e", [first.due], "alice@ops")
-    assert result is not None and result.created == (first.due,)
+    with pytest.raises(BackfillForgotten):
+        store.backfill("e", [first.due], "alice@ops")
     assert beat(store, claimed(first), marked(first)).lost == ()
 
 

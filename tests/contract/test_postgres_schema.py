@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from beat_claims.stores.base import ClaimStatus, StoreConfigurationError
+from beat_claims.stores.base import ClaimStatus, EntrySeed, StoreConfigurationError
 from beat_claims.stores.postgres import LAYOUT, PostgresStore, schema_name
 
 from .backend_postgres import HOST, PORT, address, admin, database, fresh_store
@@ -127,6 +127,35 @@ def test_a_schema_of_layout_2_is_migrated_and_keeps_the_last_pause_from_then_on(
         assert (resumed.paused, resumed.last_paused_at) == (None, paused.paused.at)
         again = store.pause("e", "carol@ops")
         assert again is not None and again.last_paused_at == paused.paused.at
+    finally:
+        store.close()
+
+
+def test_a_schema_of_layout_5_is_migrated_and_records_registrants_from_then_on(
+        pg: PostgresStore) -> None:
+    """Layout 6 keeps an entry's registrants and history horizon: NULL for the entries
+    registered before (none recorded: judged as before), recorded from then on."""
+    anchor = register(pg, "e")["e"].anchor
+    pg.close()
+    s = sql.Identifier(pg.schema)
+    # As layout 5 left it: neither column, version 5.
+    admin().execute(sql.SQL("ALTER TABLE {}.entries DROP COLUMN registrants,"
+                            " DROP COLUMN horizon").format(s))
+    admin().execute(sql.SQL("UPDATE {}.version SET version = 5").format(s))
+    store = PostgresStore.from_url(address(pg), pg.prefix)
+    try:
+        [record] = store.entries(["e"])
+        assert (record.anchor, record.registrants, record.history_horizon) == (
+            anchor, None, None)
+        [(version,)] = admin().execute(sql.SQL("SELECT version FROM {}.version").format(
+            s)).fetchall()
+        assert version == LAYOUT >= 6
+        store.heartbeat(A, 60)
+        store.register([EntrySeed("e")], A)
+        [record] = store.entries(["e"])
+        assert record.anchor == anchor and record.registrants is not None
+        assert [r.owner for r in record.registrants] == [A.id]
+        assert store.forget(["e"]) == []  # a live beat registered it
     finally:
         store.close()
 

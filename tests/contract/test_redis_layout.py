@@ -182,7 +182,8 @@ def exercise(store: RedisStore) -> None:
                               inactive_since=lost_at)])
         store.start(delivery(again, process(3)))  # revived
         store.requeue(delivery(again, process(3)))  # handed back (a Reject, a replace)
-        store.backfill(name, [c3.due, again.due], "operator:alice")  # one created, one kept
+        # One created (after the runs trimmed so far), one kept.
+        store.backfill(name, [c4.due + 500, again.due], "operator:alice")
         store.request_run(name, "operator:alice", f"request-{name}")
         store.pause(name, "operator:alice", "a note")
         with pytest.raises(BackfillRefused):  # more than the history can hold
@@ -206,6 +207,8 @@ def exercise(store: RedisStore) -> None:
     store.entries()
     store.owners()
     register(store, "removed")
+    store.register([EntrySeed(name) for name in ODD_NAMES], A)  # A is their registrant
+    store.unregister(A, ODD_NAMES[1:])
     store.forget(["removed", ODD_NAMES[0]])
     store.leave(A)
     store.worker_heartbeat(process(1), 10)

@@ -31,6 +31,7 @@ from beat_claims.stores.base import (
     ClaimPlan,
     ClaimStatus,
     Delivery,
+    EntrySeed,
     Outcome,
     StoreConfigurationError,
     StoreError,
@@ -337,6 +338,36 @@ def test_a_file_of_schema_3_is_migrated_and_keeps_the_last_pause_from_then_on(
         caplog.clear()
         SQLiteStore.from_url(url).close()
         assert not any("migrated" in r.getMessage() for r in caplog.records)
+    finally:
+        store.close()
+
+
+def test_a_file_of_schema_4_is_migrated_and_records_registrants_from_then_on(
+        db_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Schema 5 keeps an entry's registrants and history horizon: NULL for the entries
+    registered before (none recorded: judged as before), recorded from then on."""
+    url = f"sqlite:///{db_path}"
+    store = SQLiteStore.from_url(url)
+    anchor = register(store, "e")["e"].anchor
+    store.close()
+    # As schema 4 left it: neither column.
+    raw(db_path, "ALTER TABLE beat_claims_entries DROP COLUMN registrants")
+    raw(db_path, "ALTER TABLE beat_claims_entries DROP COLUMN horizon")
+    raw(db_path, "UPDATE beat_claims_meta SET value = '4' WHERE key = 'version'")
+    caplog.set_level(logging.WARNING, logger="celery.beat.claims")
+    store = SQLiteStore.from_url(url)
+    try:
+        assert any("migrated from schema version 4 to 5" in r.getMessage()
+                   for r in caplog.records)
+        [record] = store.entries(["e"])
+        assert (record.anchor, record.registrants, record.history_horizon) == (
+            anchor, None, None)
+        store.heartbeat(A, TTL)
+        store.register([EntrySeed("e")], A)
+        [record] = store.entries(["e"])
+        assert record.registrants is not None
+        assert [r.owner for r in record.registrants] == [A.id]
+        assert store.forget(["e"]) == []  # a live beat registered it
     finally:
         store.close()
 

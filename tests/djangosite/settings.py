@@ -74,3 +74,5 @@ CELERY_BEAT_CLAIMS_URL = os.environ.get("BC_REDIS_URL", UNREACHABLE)
 CELERY_BEAT_CLAIMS_HEARTBEAT_INTERVAL = 1.0
 CELERY_BEAT_MAX_LOOP_INTERVAL = 1
 BEAT_CLAIMS_CELERY_APP = "tests.djangosite.celery:app"
+if os.environ.get("BC_BEAT_SCHEDULER"):  # as the README's Django set-up names it
+    CELERY_BEAT_SCHEDULER = os.environ["BC_BEAT_SCHEDULER"]

@@ -267,17 +267,19 @@ class EntryAdmin(admin.ModelAdmin):
         name = unquote(object_id)
         by = self._by(request)
         app = project_app()
-        due = self._operate(request, name, "triggered",
-                            lambda store: operations.trigger(store, name, by))
-        if isinstance(due, HttpResponse):
-            return due
+        done = self._operate(request, name, "triggered",
+                             lambda store: operations.trigger(store, name, by))
+        if isinstance(done, HttpResponse):
+            return done
+        due = done.due
         self.log_change(request, Entry(name=name), f"Triggered a run now (due {iso(due)}).")
         logger.info("beat-claims: %s triggered a run of %s (due %s)", by, name, iso(due))
         heartbeat = Settings.from_app(app).heartbeat_interval
         messages.success(request, f"Triggered a run of {name} (due {iso(due)}): a beat claims"
                                   f" and sends it within about {heartbeat:g} s.")
-        if name not in self._schedule_names(app):
-            messages.warning(request, f"{name} is not in this site's schedule: only a beat"
+        if done.beats is None:
+            messages.warning(request, f"Which beats schedule {name} is not recorded (a beat"
+                                      " of an older beat-claims registered it): only a beat"
                                       " that has it will send the run.")
         return self._back(request, name)
 
@@ -397,6 +399,8 @@ class EntryAdmin(admin.ModelAdmin):
             return act(source.store_for())
         except inspect.UnknownEntry as exc:
             messages.error(request, f"{exc}: nothing was {what}.")
+        except operations.OperationError as exc:  # a request that cannot be done (says why)
+            messages.error(request, f"{exc}.")
         except STORE_ERRORS as exc:
             messages.error(request, self._store_error(exc))
         return self._back(request, name)
@@ -455,10 +459,6 @@ class EntryAdmin(admin.ModelAdmin):
         """Entry name -> Celery schedule, as the beats of this site compute them."""
         found = source.schedules(app)
         return found if found is not None else inspect.beat_schedules(app)
-
-    def _schedule_names(self, app: Any) -> set[str]:
-        found = source.schedules(app)
-        return set(found if found is not None else app.conf.beat_schedule or {})
 
     def _entry_row(self, entry: dict[str, Any], owners: dict[str, Any]) -> dict[str, Any]:
         last = entry["last_run"]

@@ -58,8 +58,9 @@ def schedules(app: Any) -> dict[str, Any] | None:
     """Entry name -> Celery schedule when the database scheduler is in use: its rows, and
     ``beat_schedule`` over them (as that scheduler merges them). None (read
     ``beat_schedule`` only) otherwise, or when its helper is not available."""
-    if not django_apps.is_installed("django_celery_beat") or not uses_database_scheduler(app):
-        return None
+    if not django_apps.ready or not django_apps.is_installed("django_celery_beat") \
+            or not uses_database_scheduler(app):
+        return None  # (not ready: Django is not set up, this is no Django project)
     try:
         module = importlib.import_module(DATABASE_SCHEDULER)
     except ImportError:
@@ -68,6 +69,17 @@ def schedules(app: Any) -> dict[str, Any] | None:
     if helper is None:
         return None
     return {**dict(helper()), **inspect.beat_schedules(app)}
+
+
+def enabled_rows() -> set[str]:
+    """The names of django-celery-beat's enabled rows, whichever scheduler the app names (a
+    beat may be given ``-S`` on its command line): a prune keeps their entries. Empty when
+    Django is not set up or django-celery-beat is not installed."""
+    if not django_apps.ready or not django_apps.is_installed("django_celery_beat"):
+        return set()
+    from django_celery_beat.models import PeriodicTask
+
+    return set(PeriodicTask.objects.filter(enabled=True).values_list("name", flat=True))
 
 
 def status(app: Any = None) -> dict[str, Any]:

@@ -362,6 +362,38 @@ local function next_token(K, floor)
   return token
 end
 
+-- The entry's history horizon: the newest instant whose run was trimmed out of the store
+-- (what ran at or before it is no longer known). nil when nothing was trimmed, false when
+-- the field cannot be read.
+local function horizon_of(K)
+  local raw = redis.call('HGET', K.entry, 'horizon')
+  if not raw then return nil end
+  local n = tonumber(raw)
+  if n == nil or n ~= math.floor(n) or math.abs(n) == math.huge then return false end
+  return n
+end
+
+-- A trim removed the run at ``due`` (a number): the horizon moves up to it. One that cannot
+-- be read is written again at the later of ``due`` and ``now`` (no run after now was ever
+-- trimmed): a backfill is refused more, never less.
+local function raise_horizon(K, due, now)
+  local h = horizon_of(K)
+  if h == false then
+    due = math.max(due, now)
+  elseif h ~= nil and h >= due then
+    return
+  end
+  redis.call('HSET', K.entry, 'horizon', fmt(due))
+end
+
+-- The later of ``a`` (nil: none) and the instant ``due`` (a number or its text; one that is
+-- no number is left out).
+local function newest(a, due)
+  local d = tonumber(due)
+  if d == nil or (a ~= nil and a >= d) then return a end
+  return d
+end
+
 -- Keep the history to ``limit`` runs. The oldest final runs beyond it are dropped first,
 -- wherever they are (a live run older than them does not keep them); a run presumed lost
 -- moves to the lost zset (kept a week, at most ``limit`` of them) so that a late delivery
@@ -369,6 +401,7 @@ end
 -- and never started pushed out, presumed lost (history_limit). Runs being claimed, sent or
 -- run are never dropped.
 local function trim(K, limit, now)
+  local gone = nil  -- the newest instant whose run leaves the store: the horizon
   local excess = redis.call('ZCARD', K.history) - limit
   if excess > 0 then
     local unstarted = {}
@@ -381,6 +414,7 @@ local function trim(K, limit, now)
         redis.call('HDEL', K.runs, due)
         redis.call('ZREM', K.history, due)
         excess = excess - 1
+        gone = newest(gone, due)
       elseif run.state == STATE.lost then
         redis.call('ZREM', K.history, due)
         redis.call('ZADD', K.lost, run.finished_at or now, due)
@@ -389,6 +423,7 @@ local function trim(K, limit, now)
         forget_run(K, run)
         redis.call('ZREM', K.history, due)
         excess = excess - 1
+        gone = newest(gone, run.due)
       elseif run.state == STATE.sent and not run.started_at then
         unstarted[#unstarted + 1] = run
       end
@@ -404,6 +439,7 @@ local function trim(K, limit, now)
       redis.call('ZADD', K.lost, now, fmt(run.due))
     end
   end
+  if gone then raise_horizon(K, gone, now) end
   if redis.call('EXISTS', K.lost) == 0 then return end
   local expired = redis.call('ZRANGEBYSCORE', K.lost, '-inf', '(' .. fmt(now - LOST_KEEP_MS))
   local over = redis.call('ZCARD', K.lost) - #expired - limit
@@ -412,13 +448,80 @@ local function trim(K, limit, now)
       expired[#expired + 1] = due
     end
   end
+  gone = nil
   for _, due in ipairs(expired) do
     local run = get_run(K, due)
     if not run then
       redis.call('HDEL', K.runs, due)
+      gone = newest(gone, due)
     elseif run.state == STATE.lost then
       forget_run(K, run)
+      gone = newest(gone, run.due)
     end
     redis.call('ZREM', K.lost, due)
   end
+  if gone then raise_horizon(K, gone, now) end
+end
+
+-- A set of the owner ids in ``text`` (a JSON list); nil when ``text`` is not one (not
+-- known: every owner counts as alive).
+local function id_set(text)
+  local ok, ids = pcall(cjson.decode, text)
+  if not ok or type(ids) ~= 'table' then return nil end
+  local set = {}
+  for _, id in ipairs(ids) do set[id] = true end
+  return set
+end
+
+-- The beats that registered the entry (owner id -> when, on the clock the callers read the
+-- live beats by): nil when none was ever recorded (registered before registrants were
+-- kept), false when the field cannot be read (not a JSON object of numbers).
+local function registrants_of(K)
+  local raw = redis.call('HGET', K.entry, 'registrants')
+  if not raw then return nil end
+  local ok, r = pcall(cjson.decode, raw)
+  if not ok or type(r) ~= 'table' then return false end
+  for id, at in pairs(r) do
+    if type(id) ~= 'string' or type(at) ~= 'number' then return false end
+  end
+  return r
+end
+
+-- Whether a registrant counts as alive: among the caller's ``live`` owners (a set; nil: not
+-- known, all are), or registered at or after ``since`` (when the caller read them: it may
+-- have started since).
+local function registrant_alive(live, since, id, at)
+  return live == nil or live[id] == true or at >= since
+end
+
+-- Whether a live beat registered the entry (registrant_alive; ``live_ids`` a JSON list,
+-- read at ``since``); also when its registrants cannot be read: nothing is removed that
+-- cannot be seen.
+local function registered_alive(K, live_ids, since)
+  local r = registrants_of(K)
+  if r == false then return true end
+  if r == nil then return false end
+  local live = id_set(live_ids)
+  for id, at in pairs(r) do
+    if registrant_alive(live, since, id, at) then return true end
+  end
+  return false
+end
+
+-- A backfill's refusal when any of its instants (ARGV[first] on) has no run recorded and is
+-- at or before the entry's history horizon (or the horizon cannot be read): whether it ran
+-- is not known. {-2, how many, the horizon or ''}; nil when none is. (An instant the store
+-- still has a record of is known: that record is its latest run.)
+local function beyond_horizon(K, argv, first)
+  local h = horizon_of(K)
+  if h == nil then return nil end
+  local n = 0
+  for i = first, #argv do
+    if (h == false or tonumber(argv[i]) <= h)
+        and redis.call('HEXISTS', K.runs, argv[i]) == 0 then
+      n = n + 1
+    end
+  end
+  if n == 0 then return nil end
+  return {-2, n, h and fmt(h) or ''}
 end

@@ -6,12 +6,17 @@
 -- A backfill that would create more runs than the history holds beside the entry's
 -- unfinished runs is refused, before anything is written (its runs could push runs sent
 -- out of the history).
+-- So is one with an instant that has no run recorded at or before the entry's history
+-- horizon (the newest instant a trim removed the run of): whether it ran is not known.
 -- KEYS: the entry's keys. ARGV: name, requested by, history limit, then the instants.
 -- Returns {created instants, kept (instant, state) pairs}, {-1, runs it would create,
--- unfinished runs} when refused, or {} for an unknown entry.
+-- unfinished runs} or {-2, such instants, the horizon ('': it cannot be read)} when
+-- refused, or {} for an unknown entry.
 local K = entry_keys(KEYS, ARGV[1])
 local e = get_entry(K)
 if not e or not e.anchor then return {} end
+local forgotten = beyond_horizon(K, ARGV, 4)
+if forgotten then return forgotten end
 local again = {[STATE.skipped] = true, [STATE.lost] = true, [STATE.cancelled] = true}
 local limit = tonumber(ARGV[3])
 local now = now_ms()

@@ -1,8 +1,11 @@
 -- An operator removes an entry no schedule has any more, with every record of its runs.
 -- An entry with a run claimed, being sent, sent or started is kept (it may still be sent,
--- or report). KEYS: the entry's keys. ARGV: name. Returns 1 if removed.
+-- or report), and so is one a live beat registered (registered_alive).
+-- KEYS: the entry's keys. ARGV: name, the live owner ids (a JSON list), the instant they
+-- were read. Returns 1 if removed.
 local K = entry_keys(KEYS, ARGV[1])
 if redis.call('EXISTS', K.entry) == 0 then return 0 end
+if registered_alive(K, ARGV[2], tonumber(ARGV[3])) then return 0 end
 if redis.call('ZCARD', K.busy_e) > 0 then return 0 end
 local suffix = '|' .. K.name
 for _, m in ipairs(redis.call('ZRANGE', K.held, 0, -1)) do
