@@ -358,7 +358,13 @@ class Scheduler(BaseScheduler):
             self.claimer.sync(self.schedule)
             self._ready = True
             if not self._registered_once:
-                freeze_long_lived()
+                # A stop signal's handler (Celery's raises SystemExit) run inside a
+                # finalizer of this collection would be ignored: it waits until after.
+                held = _hold_stop_signals()
+                try:
+                    freeze_long_lived()
+                finally:
+                    _deliver_held(held)
         if self._settle_logged or not self._registered_once:
             logger.info("beat-claims: %d entries registered; claiming",
                         len(self.claimer.states))

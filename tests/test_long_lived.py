@@ -72,3 +72,45 @@ def test_a_beat_ticked_in_a_thread_of_another_program_freezes_nothing() -> None:
         print(answers, gc.get_freeze_count())
     """)
     assert out == "[False] 0"
+
+
+def test_a_stop_signal_during_the_freeze_stops_the_beat(server: RedisServer) -> None:
+    """Celery's stop handler raises SystemExit; raised inside a finalizer the collection
+    runs, Python would print it and go on (the beat would ignore the signal)."""
+    out = run_python(f"""
+        import os, signal, time
+        from beat_claims.beat import long_lived
+        from tests.inprocess import make, make_app
+
+        class Server:
+            url = {server.url!r}
+            def broker_url(self): return {server.broker_url()!r}
+
+        def stop(signum, frame):
+            raise SystemExit(3)
+
+        class Finalized:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)  # lands in the finalizer
+
+        real_collect = long_lived.gc.collect
+
+        def collect(*args):
+            Finalized()
+            return real_collect(*args)
+
+        long_lived.gc = type("gc", (), dict(collect=staticmethod(collect),
+                                            freeze=staticmethod(long_lived.gc.freeze)))
+        signal.signal(signal.SIGTERM, stop)
+        s = make(make_app(Server()), settle=False)
+        deadline = time.monotonic() + 30  # (the new store settles first)
+        try:
+            while time.monotonic() < deadline and not s._registered_once:
+                time.sleep(min(s.tick(), 0.2))
+            for _ in range(3):
+                s.tick()
+            print("went on", s._registered_once)
+        except SystemExit as exc:
+            print("stopped", exc.code)
+    """)
+    assert out == "stopped 3"
