@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,3 +269,45 @@ def test_a_time_limit_of_the_workers_command_line_ends_the_judgement_first_and_r
         assert "time limit ends the wait" in f.log(second), evidence
         run = sent.record()
         assert (run.state, run.worker) == (RunState.DONE, "w1@hostA"), evidence
+
+
+#: Runs a process in a pid namespace of its own, with its own /proc: a container's view.
+OWN_PID_NAMESPACE = ("unshare", "--pid", "--fork", "--mount-proc")
+
+
+def _pid_namespaces() -> bool:
+    try:
+        return subprocess.run([*OWN_PID_NAMESPACE, "true"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_a_busy_starter_of_the_same_hostname_in_another_pid_namespace_is_alive(
+        server: RedisServer, tmp_path: Path) -> None:
+    """Two workers that report one hostname from two pid namespaces (containers with the
+    host's network, or one ``hostname:`` for every replica): the starter (pid 1 of its
+    namespace) runs a task; its redelivery reaches the other, whose pid 1 is another
+    process. The pid check of "this host" must not judge a process of another namespace
+    (before: "its pid is gone on this host", and the redelivery ran beside it)."""
+    if not _pid_namespaces():
+        pytest.skip("cannot make a pid namespace here (unshare --pid needs root or user"
+                    " namespaces)")
+    host = socket.gethostname()
+    sent = Sent(_store(server.url), "namespaces")
+    with _fleet(server, tmp_path, server.url) as f:
+        starter = f.worker("-n", f"w1@{host}", pool="solo", concurrency=1,
+                           wrap=OWN_PID_NAMESPACE)
+        f.wait_log(starter, "ready.", 60)
+        sent.publish(server, "proj.slow", [12])
+        [first] = wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
+        assert first["pid"] == 1, first  # (the starter is its namespace's first process)
+        second = _worker(f, f"w2@{host}")
+        wait_for(lambda: "refusing delivery" in f.log(second)
+                 or len(_rows(server, sent.entry)) > 1, 30,
+                 "the broker's redelivery to be judged on w2")
+        evidence = _evidence(f, sent, server)
+        assert len(_rows(server, sent.entry)) == 1, evidence
+        assert "is alive" in f.log(second), evidence
+        wait_for(lambda: sent.record().state is RunState.DONE, 40, "the run to end")
+    assert sent.record().worker == f"w1@{host}"
