@@ -245,6 +245,23 @@ def test_no_beat_claims_log_line_holds_an_argument(finished: Finished) -> None:
     assert not leaks, leaks[:3]
 
 
+def test_a_schedule_sources_failing_on_sent_is_logged_without_an_argument(
+        server: RedisServer, tmp_path: Path) -> None:
+    """A schedule source's ``on_sent`` (a database's bookkeeping after a send) fails with
+    an error that quotes the entry's arguments: beat-claims' line keeps the type and the
+    frames, as for a publish error."""
+    env = {"BC_ON_SENT_FAILS": "1", "BC_CONF": json.dumps({"worker_log_format": LOG_FORMAT})}
+    with running(Fleet(server.url, server.broker_url(), tmp_path,
+                       schedule({"failure": PATHS["failure"]}), **env)) as f:
+        beat = f.beat()
+        f.wait_log(beat, "on_sent('failure') failed", 60)
+        log = f.log(beat)
+    ours = our_log_records(log)
+    assert any("on_sent('failure') failed: ValueError" in r for r in ours), ours
+    leaks = [r for r in ours if found(r)]
+    assert not leaks, leaks[:3]
+
+
 def test_celery_claims_history_and_status_show_no_argument(finished: Finished) -> None:
     outputs = []
     for args in [("status", "-j"), ("status",),

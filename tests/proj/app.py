@@ -80,6 +80,15 @@ class Unencodable:
 
 
 app.conf.beat_schedule = _schedule()
+if os.environ.get("BC_ON_SENT_FAILS") == "1":
+    # A schedule source whose bookkeeping after a send fails, its error quoting the
+    # entry's arguments (a database's error echoing the row it could not write).
+    from beat_claims.scheduler import Scheduler
+
+    def _failing_on_sent(self: Any, entry: Any, claim: Any) -> None:
+        raise ValueError(f"cannot record {entry.name}: {entry.args} {entry.kwargs}")
+
+    Scheduler.on_sent = _failing_on_sent  # type: ignore[method-assign]
 if os.environ.get("BC_NO_INSTALL") != "1":  # a worker without the hooks
     beat_claims.install(app)
 
