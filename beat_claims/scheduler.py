@@ -130,8 +130,7 @@ class Scheduler(BaseScheduler):
                              self.metrics, self.claimer.skips, logger, self._arguments)
         self.sweeper = Sweeper(self.store, self.owner, self.settings, self, self.holdings,
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
-        self.recovery = Recovery(app, self.store, self.settings, self.clock, logger,
-                                 self._arguments)
+        self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
         # Retried at least every heartbeat interval: the beat's liveness depends on it.
         self.store_outage = Outage("store", self.store.description, logger,
                                    "nothing is sent unclaimed until it returns",

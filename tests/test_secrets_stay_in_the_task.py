@@ -358,8 +358,10 @@ def test_with_exception_messages_on_the_message_is_kept_argument_values_masked(
     paths = {name: PATHS[name] for name in ("failure", "retries", "recovered",
                                             "unpublishable")}
     with own_redis() as server:
-        done = drive("redis", server, tmp_path, {"beat_claims_exception_messages": True},
-                     paths)
+        # (the backend keeps the delivery's arguments: the beat masks the recovered
+        # outcome's message with them)
+        done = drive("redis", server, tmp_path, {"beat_claims_exception_messages": True,
+                                                 "result_extended": True}, paths)
         done.store.close()
         text = store_text(done)
     messages = {name: run.exc_message or "" for name, run in done.first.items()}
@@ -371,6 +373,25 @@ def test_with_exception_messages_on_the_message_is_kept_argument_values_masked(
     assert not found(text)
     leaks = [r for log in done.logs.values() for r in our_log_records(log) if found(r)]
     assert not leaks, leaks[:3]
+
+
+def test_an_outcome_read_from_the_result_backend_keeps_no_message_the_beat_cannot_mask(
+        tmp_path: Path) -> None:
+    """With the setting on, a run recovered from the result backend: the beat knows the
+    entry's arguments as it schedules them now, not those the delivery had (a value the
+    beat evaluates at each send, ``BeatLazyFunc``: another token each time; a database
+    row edited since). Without the arguments the backend kept (``result_extended``), no
+    message is kept."""
+    paths = {"recovered": ({"task": "secret_fail", "queue": "nohooks", "lazy_token": True},
+                           RunState.FAILED, "ValueError")}
+    with own_redis() as server:
+        done = drive("redis", server, tmp_path, {"beat_claims_exception_messages": True},
+                     paths)
+        done.store.close()
+        text = store_text(done)
+    run = done.first["recovered"]
+    assert (run.exc_type, run.exc_message or "") == ("ValueError", ""), run
+    assert not found(text), [line for line in text.splitlines() if found(line)][:5]
 
 
 # -- the one function that decides ----------------------------------------------------------

@@ -6,8 +6,9 @@ name -> {"every": seconds} or {"cron": "minute spec"}, optional "task", "claims"
 ``BC_HEARTBEAT`` and ``BC_RECLAIM_AFTER``. Every task records each execution in the
 Redis list ``executions`` so the tests can count them.
 
-An entry may also give ``kwargs``, a ``queue``, and ``unencodable``: a value appended to
-its args inside an object the serializer cannot encode, whose error quotes the value.
+An entry may also give ``kwargs``, a ``queue``, ``unencodable``: a value appended to
+its args inside an object the serializer cannot encode, whose error quotes the value, and
+``lazy_token``: a secret appended to its args that the beat evaluates at each send.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import json
 import os
 import signal
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
 import redis
 from celery import Celery, signals
+from celery.beat import BeatLazyFunc
 from celery.schedules import crontab
 
 import beat_claims
@@ -60,12 +63,20 @@ def _schedule() -> dict[str, Any]:
                                  "kwargs": item.get("kwargs", {})}
         if "unencodable" in item:
             entry["args"] = [*entry["args"], Unencodable(item["unencodable"])]
+        if item.get("lazy_token"):
+            entry["args"] = [*entry["args"], BeatLazyFunc(_fresh_token)]
         if "queue" in item:
             entry["options"] = {"queue": item["queue"]}
         if "claims" in item:
             entry["claims"] = item["claims"]
         out[name] = entry
     return out
+
+
+def _fresh_token() -> str:
+    """A secret the beat evaluates at each send (``BeatLazyFunc``), as one fetched from a
+    vault would be: another for every message."""
+    return f"token-{uuid.uuid4().hex}-SECRET"
 
 
 class Unencodable:
