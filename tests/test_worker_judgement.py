@@ -34,7 +34,7 @@ from beat_claims.worker_liveness import (
     ttl_of,
 )
 
-from .conftest import RedisServer
+from .conftest import RedisServer, own_redis
 from .contract.helpers import A, delivery, one_claim, process, send, started
 from .faults import Proxy, proxy
 
@@ -123,6 +123,38 @@ def test_a_starter_whose_record_is_missing_then_written_again_is_alive(
     threading.Timer(INTERVAL / 2, starter_beats.ensure, (store, STARTER, INTERVAL)).start()
     judgement, _ = judge(store, c)
     assert judgement.verdict is StarterVerdict.ALIVE, judgement
+
+
+def test_a_live_starter_whose_record_went_back_with_the_store_is_alive_when_renewals_are_slow(
+        starter_beats: ProcessHeartbeat) -> None:
+    """The store goes back (``DEBUG RELOAD`` of a snapshot older than the starter's TTL):
+    there the live starter's record has lapsed. The starter writes it again at its next
+    renewal, which a store far away (replies a while late) stamps more than one interval
+    after the last. A judgement that began just after the restore must not take the live
+    starter for gone for want of a renewal exactly one interval after it began."""
+    with own_redis(["--enable-debug-command", "yes"]) as server, proxy(server.port) as p:
+        p.delay = INTERVAL / 2  # each reply half an interval late (only the starter's)
+        plain = RedisStore.from_url(server.url, "bc-judgement")
+        through = RedisStore.from_url(p.url(), "bc-judgement")
+        try:
+            starter_beats.ensure(through, STARTER, INTERVAL)
+            c = started_by_starter(plain)
+            client = server.client()
+            client.save()  # the snapshot: the run started, the starter's record fresh
+            time.sleep(TTL + INTERVAL)  # (the snapshot's record has lapsed by now)
+            last = plain.worker_liveness([STARTER]).records[0]
+            deadline = time.monotonic() + 10 * INTERVAL
+            while (now := plain.worker_liveness([STARTER]).records[0]) == last:
+                assert time.monotonic() < deadline, "the starter stopped renewing"
+                time.sleep(0.002)
+            client.execute_command("DEBUG", "RELOAD", "NOSAVE")  # just after a renewal
+            [back] = plain.worker_liveness([STARTER]).records
+            assert back is not None and now is not None and back.renewed_at < now.renewed_at
+            judgement, took = judge(plain, c)
+            assert judgement.verdict is StarterVerdict.ALIVE, (judgement, took)
+        finally:
+            plain.close()
+            through.close()
 
 
 def test_a_run_that_ends_while_it_waits_refuses_the_delivery(store: Store) -> None:
