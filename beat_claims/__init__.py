@@ -9,6 +9,9 @@ from celery import Celery
 from .enums import CatchUp, Overlap, Reason, RunState
 from .runs import Owner, Run
 from .settings import ConfigurationError
+from .urls import hide_from_celerys_reports
+
+hide_from_celerys_reports()
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler

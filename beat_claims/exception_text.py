@@ -76,6 +76,14 @@ def recorded_exception(exc: BaseException | Any, args: Any, kwargs: Any,
     return ExceptionText(name, _masked(text, forms)[:MESSAGE_LIMIT])
 
 
+def entry_exception(exc: BaseException, known: tuple[Any, Any] | None,
+                    settings: Settings) -> ExceptionText:
+    """``exc``, raised about an entry whose (args, kwargs) are ``known`` (None: unknown),
+    as :func:`recorded_exception` keeps it."""
+    args, kwargs = known if known is not None else (None, None)
+    return recorded_exception(exc, args, kwargs, settings)
+
+
 def frames(exc: BaseException) -> str:
     """Where ``exc`` was raised, without any exception's message (a traceback as Python
     prints it ends with the message, and a chained cause repeats its own)."""

@@ -102,13 +102,14 @@ class Owner:
 
 def process_identity(pid: int) -> str | None:
     """Who the process ``pid`` of this host is, whatever the wall clock does: on Linux the
-    boot's id and the process's start in clock ticks since boot (psutil's create_time moves
-    with a step of the wall clock); elsewhere its create time. None if there is none."""
+    boot's id, the pid namespace the number ``pid`` belongs to (this process's: two
+    containers that report one hostname each have a pid 1) and the process's start in
+    clock ticks since boot (psutil's create_time moves with a step of the wall clock);
+    elsewhere its create time. None if there is none."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             ticks = f.read().rsplit(")", 1)[1].split()[19]
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f"{f.read().strip()}:{ticks}"
+        return f"{_pid_space()}:{ticks}"
     except (OSError, IndexError):
         pass
     try:
@@ -117,14 +118,36 @@ def process_identity(pid: int) -> str | None:
         return None
 
 
+def _pid_space() -> str:
+    """Where this process's pids are numbered: the boot's id and this process's pid
+    namespace (``boot:inode``). OSError where /proc does not tell."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    return f"{boot}:{namespace.removeprefix('pid:[').removesuffix(']')}"
+
+
+def _numbered_elsewhere(process: str) -> bool:
+    """Whether a Linux identity (``boot:namespace:ticks``) was taken where pids are
+    numbered otherwise than in this process: another boot (another machine of the same
+    hostname), or another pid namespace (a container): its pid says nothing here."""
+    parts = process.split(":")
+    if len(parts) != 3 or parts[0] == "ct":
+        return False  # (an identity of another form: create times, or an older version's)
+    try:
+        return f"{parts[0]}:{parts[1]}" != _pid_space()
+    except OSError:
+        return True
+
+
 def process_is_gone(host: str, pid: int, process: str) -> bool | None:
     """Whether a process known by (host, pid, identity) is certainly gone.
 
-    ``None`` when this host cannot tell (the process ran on another host, or its identity
-    was not recorded). A pid that now belongs to another process was reused: the original
-    is gone.
+    ``None`` when this host cannot tell (the process ran on another host, in another pid
+    namespace or boot of a host of the same name, or its identity was not recorded). A
+    pid that now belongs to another process was reused: the original is gone.
     """
-    if host != socket.gethostname() or not process:
+    if host != socket.gethostname() or not process or _numbered_elsewhere(process):
         return None
     try:
         if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
@@ -136,6 +159,9 @@ def process_is_gone(host: str, pid: int, process: str) -> bool | None:
     now = process_identity(pid)
     if now is None:
         return True
+    parts = now.split(":")
+    if len(parts) == 3 and process.count(":") == 1 and not process.startswith("ct:"):
+        now = f"{parts[0]}:{parts[2]}"  # an older version's identity: boot:ticks
     return now != process
 
 

@@ -37,6 +37,7 @@ from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
 from .beat.sweeper import Sweeper
 from .enums import Overlap, Reason
+from .exception_text import entry_exception, frames
 from .metrics import Metrics
 from .runs import HEADER, Owner, from_ms, iso
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
@@ -130,8 +131,7 @@ class Scheduler(BaseScheduler):
                              self.metrics, self.claimer.skips, logger, self._arguments)
         self.sweeper = Sweeper(self.store, self.owner, self.settings, self, self.holdings,
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
-        self.recovery = Recovery(app, self.store, self.settings, self.clock, logger,
-                                 self._arguments)
+        self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
         # Retried at least every heartbeat interval: the beat's liveness depends on it.
         self.store_outage = Outage("store", self.store.description, logger,
                                    "nothing is sent unclaimed until it returns",
@@ -569,8 +569,12 @@ class Scheduler(BaseScheduler):
         result = self._publish(entry, claim, task_id)
         try:
             self.on_sent(entry, claim)
-        except Exception:
-            logger.exception("beat-claims: on_sent(%r) failed", claim.entry)
+        except Exception as exc:
+            # A schedule source's error may quote the entry's arguments (a database's
+            # error echoing the row it could not write): logged as a publish error is.
+            logger.error("beat-claims: on_sent(%r) failed: %s\n%s", claim.entry,
+                         entry_exception(exc, self._arguments(claim.entry), self.settings),
+                         frames(exc))
         return result
 
     def _arguments(self, name: str) -> tuple[Any, Any] | None:

@@ -98,6 +98,23 @@ def raise_redacted(error: BaseException, url: str, cause: BaseException) -> NoRe
     raise error from (cause if redact_text(text, url) == text else None)
 
 
+def hide_from_celerys_reports() -> None:
+    """Celery prints an app's settings (``celery report``; ``celery inspect conf`` sends a
+    worker's to whoever asks over the broker, and Flower shows them) with those whose name
+    says a secret masked (its ``HIDDEN_SETTINGS``, which names ``beat_dburi`` for the
+    same reason), and the broker's and backends' URLs redacted: never
+    ``beat_claims_url``, which it would print as written. Its name is added there, once
+    per process (when beat-claims is imported)."""
+    try:
+        from celery.app import utils
+    except ImportError:  # (not a Celery that has it: nothing to add to)
+        return
+    hidden = getattr(utils, "HIDDEN_SETTINGS", None)
+    if isinstance(hidden, re.Pattern) and not hidden.search("beat_claims_url"):
+        utils.HIDDEN_SETTINGS = re.compile(f"(?:{hidden.pattern})|BEAT_CLAIMS_URL",
+                                           hidden.flags | re.IGNORECASE)
+
+
 # -- reading -------------------------------------------------------------------------------
 def _merged(text: str) -> list[Piece]:
     """``text`` cut into pieces that, joined, give it back, each secret or not."""
@@ -289,4 +306,5 @@ def _dsn_value_end(text: str, i: int) -> int:
     return min(n, i)
 
 
-__all__ = ["MASK", "SECRET_NAME", "raise_redacted", "redact_text", "redact_url"]
+__all__ = ["MASK", "SECRET_NAME", "hide_from_celerys_reports", "raise_redacted", "redact_text",
+           "redact_url"]

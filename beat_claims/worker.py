@@ -39,7 +39,7 @@ from typing import Any
 
 from celery import Celery, Task, signals, states
 from celery._state import connect_on_app_finalize
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 from celery.utils.log import get_logger
 from celery.utils.objects import mro_lookup
 
@@ -66,6 +66,13 @@ PROBE_EVERY = 5.0
 PROBE_MEMORY = 60.0
 #: What Celery's Task.replace raises once the replacement is sent.
 _REPLACED = "Replaced by new task"
+#: The time limits the worker's pool puts on every task (``celery worker --time-limit``,
+#: ``--soft-time-limit``): neither the task's nor the message's, so a pool process cannot
+#: read them; the worker's main process passes them on in its environment, which forked
+#: and spawned pool processes alike inherit ("hard soft", seconds; "-" for none).
+POOL_LIMITS_ENV = "BEAT_CLAIMS_POOL_TIME_LIMITS"
+#: Pools that run tasks without time limits (Celery accepts the options, and ignores them).
+_UNLIMITED_POOLS = ("celery.concurrency.solo", "celery.concurrency.thread")
 
 
 class _Context:
@@ -275,6 +282,7 @@ def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
     ``beat_claims_worker_unprotected``). Celery's logging is not set up yet here, so that
     one line goes to stderr itself."""
     _patch_all()
+    _pass_on_pool_limits(sender)
     app = _context.app
     if app is None:
         return
@@ -304,6 +312,33 @@ def _on_worker_ready(sender: Any = None, **kwargs: Any) -> None:
                         f" {store.description})", exc)
         return
     logger.info("beat-claims: fencing %d task(s) with store %s", fenced, store.description)
+
+
+def _pass_on_pool_limits(controller: Any) -> None:
+    """The worker's own time limits (``sender`` of ``worker_init``: the WorkController),
+    for its pool processes' judgements (POOL_LIMITS_ENV), when its pool enforces them."""
+    from celery.concurrency import get_implementation
+
+    limits = (getattr(controller, "time_limit", None),
+              getattr(controller, "soft_time_limit", None))
+    try:
+        pool = get_implementation(getattr(controller, "pool_cls", None) or "prefork")
+        unlimited = getattr(pool, "__module__", "") in _UNLIMITED_POOLS
+    except Exception:  # a pool Celery cannot name: its limits count
+        unlimited = False
+    if unlimited or not any(limits):
+        os.environ.pop(POOL_LIMITS_ENV, None)
+        return
+    os.environ[POOL_LIMITS_ENV] = " ".join(str(float(x)) if x else "-" for x in limits)
+
+
+def _pool_limits() -> tuple[float | None, float | None]:
+    """(hard, soft) of the worker's pool (see POOL_LIMITS_ENV)."""
+    try:
+        hard, soft = os.environ.get(POOL_LIMITS_ENV, "- -").split()
+        return (None if hard == "-" else float(hard)), (None if soft == "-" else float(soft))
+    except ValueError:
+        return None, None
 
 
 def _refuse_to_start(app: Celery, why: str) -> None:
@@ -388,8 +423,16 @@ def _decide(sender: Any = None, task_id: str | None = None, task: Any = None,
         _heartbeat.ensure(store, process, interval)  # (no start without a record)
         decision = store.start(delivery)
         if not decision.ok and decision.busy_with is not None:
-            decision = _when_busy(store, delivery, decision, interval,
-                                  _time_left(task, request))
+            try:
+                decision = _when_busy(store, delivery, decision, interval,
+                                      _time_left(task, request))
+            except SoftTimeLimitExceeded:
+                # A limit the judgement did not know of ended it: Celery's signal dispatch
+                # would swallow this, and the body would run beside a starter that may be
+                # alive. Refused, as a judgement cut short by a known limit is.
+                decision = dataclasses.replace(decision, why="its soft time limit ended the"
+                                               " judgement of the process that started"
+                                               " its run")
     except StoreError as exc:
         _context.failed(f"starting {entry} due {iso(due)} (task {request.id})", exc)
         return
@@ -423,12 +466,16 @@ def fence(task: Task) -> None:
 
 
 def _time_left(task: Any, request: Any) -> float | None:
-    """What the delivery's time limits (the shorter of hard and soft, of the message or
-    the task) leave a judgement of its starter: a second less, and never below zero. A
-    judgement killed by the limit would leave the delivery undecided: it would run."""
+    """What the delivery's time limits (the shorter of hard and soft, of the message, else
+    the task, else the worker's pool, as Celery applies them) leave a judgement of its
+    starter: a second less, and never below zero. A judgement ended by a soft limit would
+    leave the delivery undecided (it would run); by a hard one, its failure would be
+    recorded over the starter's run."""
     hard, soft = tuple(getattr(request, "timelimit", None) or (None, None))[:2]
-    limits = [float(x) for x in (hard or getattr(task, "time_limit", None),
-                                 soft or getattr(task, "soft_time_limit", None)) if x]
+    pool_hard, pool_soft = _pool_limits()
+    limits = [float(x) for x in (hard or getattr(task, "time_limit", None) or pool_hard,
+                                 soft or getattr(task, "soft_time_limit", None) or pool_soft)
+              if x]
     return max(0.0, min(limits) - 1.0) if limits else None
 
 

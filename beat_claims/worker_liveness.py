@@ -17,16 +17,18 @@ the record lapse, and a redelivery of its run is then taken for a process gone.
 on another host cannot ask that process (it may be unable to answer: ``-P solo``, busy); it
 reads the starter's record instead (:func:`judge_starter`). A record renewed after the
 judgement began: the starter lives, the delivery is refused. A record that is lapsed, or
-missing, at least one interval after the judgement began (no renewal meanwhile): the
-starter is gone, the delivery takes the run over. A fresh record is never dropped at
+missing, at least an interval and a poll after the judgement began (no renewal
+meanwhile): the starter is gone, the delivery takes the run over. A fresh record is never dropped at
 once (an ``Ignore`` acknowledges the message, and the occurrence would never run if the
 starter had just been killed): the process polls the store at a bounded pace until one of
 those, or until the run no longer waits on that starter (finished, given back, taken by
 another). The wait is bounded by the TTL plus one interval; after a ``kill -9`` of the
 starter, its redelivery runs within one TTL (plus a poll) of the later of the kill and the
-redelivery's arrival. The interval's wait for a record found lapsed or missing covers a
-store that went back (a wipe, a restart from an older snapshot, a failover): it may hold
-no record, or an old one, of a live process, which writes it again within an interval.
+redelivery's arrival. The wait of an interval and a poll for a record found lapsed or
+missing covers a store that went back (a wipe, a restart from an older snapshot, a
+failover): it may hold no record, or an old one, of a live process, which writes it again
+at its next renewal — sent an interval after the last one was, whatever their round
+trips; the poll is for the jitter of a round trip.
 """
 
 from __future__ import annotations
@@ -99,8 +101,10 @@ class ProcessHeartbeat:
         return self._pid == pid == os.getpid() and self._process == process
 
     def _beat(self, store: Store, process: WorkerProcess, interval: float, pid: int) -> None:
-        """Renew every interval while this is the process's record; a failure is logged
-        once per streak and tried again within RETRY_AFTER."""
+        """Renew every interval while this is the process's record, at a fixed pace (each
+        renewal is sent an interval after the last was, however long its round trip took:
+        the store stamps them an interval apart, not an interval and a round trip); a
+        failure is logged once per streak and tried again within RETRY_AFTER."""
         failing_since: float | None = None
         renewed = time.monotonic()
         wait = interval
@@ -108,6 +112,7 @@ class ProcessHeartbeat:
             time.sleep(wait)
             if not self._current(process, pid):
                 return
+            sent = time.monotonic()
             try:
                 store.worker_heartbeat(process, ttl_of(interval))
             except Exception as exc:  # (an outage, or anything else: the thread goes on)
@@ -129,7 +134,7 @@ class ProcessHeartbeat:
                     " (longer than its TTL: redeliveries of runs it started may have run"
                     " elsewhere meanwhile)" if gap > ttl_of(interval) else "")
                 failing_since = None
-            renewed, wait = now, interval
+            renewed, wait = now, max(0.0, sent + interval - now)
 
     def stop(self) -> None:
         """No more renewals (the thread ends at its next wake): the record lapses after its
@@ -195,7 +200,8 @@ def judge_starter(store: Store, delivery: Delivery, busy: StartDecision, interva
                 return Judgement(StarterVerdict.ALIVE, _refusal(busy, "which is alive (its"
                                  " heartbeat was renewed while this delivery waited)"),
                                  "renewed", waited)
-            if (record is None or not record.alive(read.now)) and waited >= ttl / 3:
+            if (record is None or not record.alive(read.now)) and \
+                    waited >= ttl / 3 + poll_pace(interval):
                 detail = ("it has no heartbeat record" if record is None else
                           f"its heartbeat lapsed {(read.now - record.expires_at) / 1000:.1f}s"
                           f" ago")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,12 +54,14 @@ class Fleet:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: dict[int, Path] = {}
 
-    def _spawn(self, kind: str, args: list[str], **env: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, kind: str, args: list[str], wrap: Sequence[str] = (),
+               **env: str) -> subprocess.Popen[bytes]:
+        """``wrap``: a command that runs the process (``unshare ...``: another namespace)."""
         n = len(self.procs)
         log = self.log_dir / f"{kind}-{n}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", self.APP, *args],
+                [*wrap, sys.executable, "-m", "celery", "-A", self.APP, *args],
                 cwd=ROOT, env={**self.env, **env}, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
@@ -72,11 +74,11 @@ class Fleet:
                                     "-s", str(self.log_dir / f"unused-{len(self.procs)}")], **env)
 
     def worker(self, *extra: str, concurrency: int = 2, pool: str = "prefork",
-               **env: str) -> subprocess.Popen[bytes]:
+               wrap: Sequence[str] = (), **env: str) -> subprocess.Popen[bytes]:
         return self._spawn("worker", ["worker", "--loglevel", "INFO", "-P", pool,
                                       "-c", str(concurrency), "--without-gossip",
                                       "--without-mingle",
-                                      "-n", f"w{len(self.procs)}@%h", *extra], **env)
+                                      "-n", f"w{len(self.procs)}@%h", *extra], wrap, **env)
 
     def log(self, proc: subprocess.Popen[bytes]) -> str:
         return self.logs[proc.pid].read_text(errors="replace")

@@ -245,6 +245,23 @@ def test_no_beat_claims_log_line_holds_an_argument(finished: Finished) -> None:
     assert not leaks, leaks[:3]
 
 
+def test_a_schedule_sources_failing_on_sent_is_logged_without_an_argument(
+        server: RedisServer, tmp_path: Path) -> None:
+    """A schedule source's ``on_sent`` (a database's bookkeeping after a send) fails with
+    an error that quotes the entry's arguments: beat-claims' line keeps the type and the
+    frames, as for a publish error."""
+    env = {"BC_ON_SENT_FAILS": "1", "BC_CONF": json.dumps({"worker_log_format": LOG_FORMAT})}
+    with running(Fleet(server.url, server.broker_url(), tmp_path,
+                       schedule({"failure": PATHS["failure"]}), **env)) as f:
+        beat = f.beat()
+        f.wait_log(beat, "on_sent('failure') failed", 60)
+        log = f.log(beat)
+    ours = our_log_records(log)
+    assert any("on_sent('failure') failed: ValueError" in r for r in ours), ours
+    leaks = [r for r in ours if found(r)]
+    assert not leaks, leaks[:3]
+
+
 def test_celery_claims_history_and_status_show_no_argument(finished: Finished) -> None:
     outputs = []
     for args in [("status", "-j"), ("status",),
@@ -341,8 +358,10 @@ def test_with_exception_messages_on_the_message_is_kept_argument_values_masked(
     paths = {name: PATHS[name] for name in ("failure", "retries", "recovered",
                                             "unpublishable")}
     with own_redis() as server:
-        done = drive("redis", server, tmp_path, {"beat_claims_exception_messages": True},
-                     paths)
+        # (the backend keeps the delivery's arguments: the beat masks the recovered
+        # outcome's message with them)
+        done = drive("redis", server, tmp_path, {"beat_claims_exception_messages": True,
+                                                 "result_extended": True}, paths)
         done.store.close()
         text = store_text(done)
     messages = {name: run.exc_message or "" for name, run in done.first.items()}
@@ -354,6 +373,25 @@ def test_with_exception_messages_on_the_message_is_kept_argument_values_masked(
     assert not found(text)
     leaks = [r for log in done.logs.values() for r in our_log_records(log) if found(r)]
     assert not leaks, leaks[:3]
+
+
+def test_an_outcome_read_from_the_result_backend_keeps_no_message_the_beat_cannot_mask(
+        tmp_path: Path) -> None:
+    """With the setting on, a run recovered from the result backend: the beat knows the
+    entry's arguments as it schedules them now, not those the delivery had (a value the
+    beat evaluates at each send, ``BeatLazyFunc``: another token each time; a database
+    row edited since). Without the arguments the backend kept (``result_extended``), no
+    message is kept."""
+    paths = {"recovered": ({"task": "secret_fail", "queue": "nohooks", "lazy_token": True},
+                           RunState.FAILED, "ValueError")}
+    with own_redis() as server:
+        done = drive("redis", server, tmp_path, {"beat_claims_exception_messages": True},
+                     paths)
+        done.store.close()
+        text = store_text(done)
+    run = done.first["recovered"]
+    assert (run.exc_type, run.exc_message or "") == ("ValueError", ""), run
+    assert not found(text), [line for line in text.splitlines() if found(line)][:5]
 
 
 # -- the one function that decides ----------------------------------------------------------

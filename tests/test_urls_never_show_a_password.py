@@ -411,6 +411,26 @@ def test_celery_claims_never_shows_the_password(server: RedisServer,
 
 
 @pytest.mark.integration
+def test_celerys_report_and_a_workers_conf_never_show_the_password(
+        server: RedisServer, guarded: RedisServer, tmp_path: Path) -> None:
+    """Celery prints an app's settings, masking those whose name says a secret (and the
+    broker's and backends' URLs): ``celery report``, and ``celery inspect conf``, which
+    sends a worker's settings to whoever asks over the broker (Flower shows them).
+    ``beat_claims_url`` is masked there too."""
+    url = guarded_url(guarded)
+    code, out = run(server, url, "report")
+    assert code == 0 and "beat_claims_url" in out, out
+    assert_clean(out, "celery report")
+    env = {"BC_CONF": json.dumps({"beat_claims_url": url})}
+    with running(Fleet(server.url, server.broker_url(), tmp_path, {}, **env)) as fleet:
+        worker = fleet.worker(concurrency=1, pool="solo")
+        fleet.wait_log(worker, "ready.", 60)
+        code, out = run(server, url, "inspect", "conf", "-j", "--timeout", "10")
+        assert code == 0 and "beat_claims_url" in out, out
+        assert_clean(out, "celery inspect conf")
+
+
+@pytest.mark.integration
 def test_the_exporter_never_shows_the_password(server: RedisServer,
                                                guarded: RedisServer) -> None:
     url = guarded_url(guarded)

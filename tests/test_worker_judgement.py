@@ -6,6 +6,7 @@ ProcessHeartbeat of this test keeps (or does not), as a worker process would."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import types
@@ -13,9 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
+from celery.exceptions import Ignore, SoftTimeLimitExceeded
 
+from beat_claims import worker
 from beat_claims.enums import RunState, StartVerdict
+from beat_claims.runs import iso
 from beat_claims.settings import ConfigurationError, Settings
 from beat_claims.stores.base import Claim, Outcome, Store, StoreError
 from beat_claims.stores.redis import RedisStore, function_name
@@ -30,7 +34,7 @@ from beat_claims.worker_liveness import (
     ttl_of,
 )
 
-from .conftest import RedisServer
+from .conftest import RedisServer, own_redis
 from .contract.helpers import A, delivery, one_claim, process, send, started
 from .faults import Proxy, proxy
 
@@ -121,6 +125,38 @@ def test_a_starter_whose_record_is_missing_then_written_again_is_alive(
     assert judgement.verdict is StarterVerdict.ALIVE, judgement
 
 
+def test_a_live_starter_whose_record_went_back_with_the_store_is_alive_when_renewals_are_slow(
+        starter_beats: ProcessHeartbeat) -> None:
+    """The store goes back (``DEBUG RELOAD`` of a snapshot older than the starter's TTL):
+    there the live starter's record has lapsed. The starter writes it again at its next
+    renewal, which a store far away (replies a while late) stamps more than one interval
+    after the last. A judgement that began just after the restore must not take the live
+    starter for gone for want of a renewal exactly one interval after it began."""
+    with own_redis(["--enable-debug-command", "yes"]) as server, proxy(server.port) as p:
+        p.delay = INTERVAL / 2  # each reply half an interval late (only the starter's)
+        plain = RedisStore.from_url(server.url, "bc-judgement")
+        through = RedisStore.from_url(p.url(), "bc-judgement")
+        try:
+            starter_beats.ensure(through, STARTER, INTERVAL)
+            c = started_by_starter(plain)
+            client = server.client()
+            client.save()  # the snapshot: the run started, the starter's record fresh
+            time.sleep(TTL + INTERVAL)  # (the snapshot's record has lapsed by now)
+            last = plain.worker_liveness([STARTER]).records[0]
+            deadline = time.monotonic() + 10 * INTERVAL
+            while (now := plain.worker_liveness([STARTER]).records[0]) == last:
+                assert time.monotonic() < deadline, "the starter stopped renewing"
+                time.sleep(0.002)
+            client.execute_command("DEBUG", "RELOAD", "NOSAVE")  # just after a renewal
+            [back] = plain.worker_liveness([STARTER]).records
+            assert back is not None and now is not None and back.renewed_at < now.renewed_at
+            judgement, took = judge(plain, c)
+            assert judgement.verdict is StarterVerdict.ALIVE, (judgement, took)
+        finally:
+            plain.close()
+            through.close()
+
+
 def test_a_run_that_ends_while_it_waits_refuses_the_delivery(store: Store) -> None:
     store.worker_heartbeat(STARTER, TTL)
     c = started_by_starter(store)
@@ -194,6 +230,49 @@ def test_a_process_heartbeat_is_written_before_ensure_returns_and_renewed_after(
     [last] = store.worker_liveness([STARTER]).records
     time.sleep(INTERVAL * 2)
     assert store.worker_liveness([STARTER]).records == (last,), "renewed after stop()"
+
+
+def test_a_soft_time_limit_that_ends_a_judgement_refuses_the_delivery(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+        starter_beats: ProcessHeartbeat) -> None:
+    """A soft time limit the judgement could not know of fires while it waits on a live
+    starter: Celery's signal dispatch swallows an exception raised in ``task_prerun``, so
+    the delivery must already stand refused, never left undecided (it would run beside
+    the starter). The limit is delivered as Celery's pool delivers it: a signal whose
+    handler raises SoftTimeLimitExceeded in the middle of whatever runs."""
+    store = RedisStore.from_url(server.url, "bc-judgement")
+    starter_beats.ensure(store, STARTER, 60)  # renewed in a minute: the judgement waits
+    c = started_by_starter(store)
+    app = Celery("judged", set_as_current=False)
+    app.conf.update(beat_claims_url=server.url, beat_claims_key_prefix="bc-judgement",
+                    beat_claims_worker_heartbeat_interval=60)
+    context = worker._Context()
+    context.app = app
+    monkeypatch.setattr(worker, "_context", context)
+    monkeypatch.setattr(worker, "_heartbeat", ProcessHeartbeat())
+
+    @app.task(name="t.body")
+    def body() -> None:
+        return None
+
+    def soft_limit(signum: int, frame: object) -> None:
+        raise SoftTimeLimitExceeded()
+
+    previous = signal.signal(signal.SIGALRM, soft_limit)
+    body.push_request(id="tid-1", hostname="w2@receiving-host", retries=0,
+                      beat_claims={"entry": c.entry, "due": iso(c.due), "token": c.token})
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        signals.task_prerun.send(sender=body, task_id="tid-1", task=body)  # as the tracer
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        with pytest.raises(Ignore):
+            worker.fence(body)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        body.pop_request()
+        worker._heartbeat.stop()
+        store.close()
 
 
 # -- lost replies (Redis, through a proxy that loses the reply after the server acted) --------

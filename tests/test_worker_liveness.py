@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,15 +90,18 @@ def _store(url: str) -> Store:
     return open_store(Settings.from_app(app))
 
 
-def _fleet(server: RedisServer, tmp_path: Path, url: str, **more: Any) -> Any:
-    conf = {**more, "beat_claims_url": url, "beat_claims_worker_heartbeat_interval": INTERVAL,
+def _conf(url: str, **more: Any) -> dict[str, Any]:
+    return {"beat_claims_url": url, "beat_claims_worker_heartbeat_interval": INTERVAL,
             "broker_transport_options": {"visibility_timeout": VISIBILITY,
                                          "unacked_restore_interval": 0.5,
                                          "unacked_restore_throttle": 1},
             # One message at a time: the restored one goes to the other worker.
-            "worker_prefetch_multiplier": 1}
+            "worker_prefetch_multiplier": 1, **more}
+
+
+def _fleet(server: RedisServer, tmp_path: Path, url: str, **more: Any) -> Any:
     return fleet(server.url, server.broker_url(), tmp_path, {}, BC_ACKS_LATE="1",
-                 BC_NOTE_RECEIVED="1", BC_CONF=json.dumps(conf))
+                 BC_NOTE_RECEIVED="1", BC_CONF=json.dumps(_conf(url, **more)))
 
 
 def _worker(f: Fleet, name: str, pool: str = "solo") -> Any:
@@ -227,3 +232,82 @@ def test_a_gevent_starter_whose_task_never_yields_is_taken_for_gone_after_its_tt
         assert not [r for r in _rows(server, sent.entry, "end")
                     if r["hostname"] == "w1@hostA" and r["at"] < runs[0]["at"]]
         assert first["hostname"] == "w1@hostA"
+
+
+@pytest.mark.parametrize(("option", "conf"), [
+    ("--soft-time-limit", {}),
+    ("--time-limit", {}),
+    ("--time-limit", {"worker_pool_start_method": "spawn"}),
+], ids=["soft", "hard", "hard-spawn"])
+def test_a_time_limit_of_the_workers_command_line_ends_the_judgement_first_and_refuses(
+        server: RedisServer, tmp_path: Path, option: str, conf: dict[str, Any]) -> None:
+    """``celery worker --soft-time-limit`` / ``--time-limit`` are the pool's limits, not
+    the task's or the message's: the judgement of a live starter must end before them and
+    refuse, as it does before a task's own limit. (Before: the soft limit's exception,
+    raised inside ``task_prerun``, was swallowed by Celery's signal dispatch and the
+    redelivery ran beside the live starter; the hard limit killed the judging child and
+    its failure was recorded over the live starter's run.)"""
+    sent = Sent(_store(server.url), f"pool-limit{option}")
+    with _fleet(server, tmp_path, server.url, **conf) as f:
+        # The starter renews every 60 s: judging it alive would take up to a minute.
+        starter = f.worker("-n", "w1@hostA", pool="solo", concurrency=1, BC_CONF=json.dumps(
+            _conf(server.url, beat_claims_worker_heartbeat_interval=60)))
+        f.wait_log(starter, "ready.", 60)
+        sent.publish(server, "proj.slow", [12])
+        wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
+        second = f.worker("-n", "w2@hostB", option, "3", pool="prefork", concurrency=1)
+        f.wait_log(second, "ready.", 60)
+        wait_for(lambda: "refusing delivery" in f.log(second)
+                 or len(_rows(server, sent.entry)) > 1
+                 or "Hard time limit" in f.log(second), 30,
+                 "the broker's redelivery to be judged on w2")
+        wait_for(lambda: sent.record().state.final or len(_rows(server, sent.entry)) > 1,
+                 40, "the run to end")
+        evidence = _evidence(f, sent, server)
+        assert len(_rows(server, sent.entry)) == 1, evidence
+        assert "refusing delivery" in f.log(second), evidence
+        assert "time limit ends the wait" in f.log(second), evidence
+        run = sent.record()
+        assert (run.state, run.worker) == (RunState.DONE, "w1@hostA"), evidence
+
+
+#: Runs a process in a pid namespace of its own, with its own /proc: a container's view.
+OWN_PID_NAMESPACE = ("unshare", "--pid", "--fork", "--mount-proc")
+
+
+def _pid_namespaces() -> bool:
+    try:
+        return subprocess.run([*OWN_PID_NAMESPACE, "true"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_a_busy_starter_of_the_same_hostname_in_another_pid_namespace_is_alive(
+        server: RedisServer, tmp_path: Path) -> None:
+    """Two workers that report one hostname from two pid namespaces (containers with the
+    host's network, or one ``hostname:`` for every replica): the starter (pid 1 of its
+    namespace) runs a task; its redelivery reaches the other, whose pid 1 is another
+    process. The pid check of "this host" must not judge a process of another namespace
+    (before: "its pid is gone on this host", and the redelivery ran beside it)."""
+    if not _pid_namespaces():
+        pytest.skip("cannot make a pid namespace here (unshare --pid needs root or user"
+                    " namespaces)")
+    host = socket.gethostname()
+    sent = Sent(_store(server.url), "namespaces")
+    with _fleet(server, tmp_path, server.url) as f:
+        starter = f.worker("-n", f"w1@{host}", pool="solo", concurrency=1,
+                           wrap=OWN_PID_NAMESPACE)
+        f.wait_log(starter, "ready.", 60)
+        sent.publish(server, "proj.slow", [12])
+        [first] = wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
+        assert first["pid"] == 1, first  # (the starter is its namespace's first process)
+        second = _worker(f, f"w2@{host}")
+        wait_for(lambda: "refusing delivery" in f.log(second)
+                 or len(_rows(server, sent.entry)) > 1, 30,
+                 "the broker's redelivery to be judged on w2")
+        evidence = _evidence(f, sent, server)
+        assert len(_rows(server, sent.entry)) == 1, evidence
+        assert "is alive" in f.log(second), evidence
+        wait_for(lambda: sent.record().state is RunState.DONE, 40, "the run to end")
+    assert sent.record().worker == f"w1@{host}"

@@ -16,7 +16,6 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as WaitedTooLong
 from typing import Any
@@ -26,7 +25,7 @@ from celery.backends.base import DisabledBackend
 from celery.backends.rpc import RPCBackend
 
 from ..enums import RunState
-from ..exception_text import EntryArguments, ExceptionText, recorded_exception
+from ..exception_text import ExceptionText, entry_exception
 from ..runs import iso
 from ..settings import Settings
 from ..stores.base import OpenRun, Outcome, Store
@@ -43,9 +42,8 @@ EVERY_INTERVALS = 10
 
 class Recovery:
     def __init__(self, app: Celery, store: Store, settings: Settings, clock: StoreClock,
-                 logger: logging.Logger, arguments: EntryArguments = lambda entry: None) -> None:
+                 logger: logging.Logger) -> None:
         self.app = app
-        self.arguments = arguments
         self.store = store
         self.settings = settings
         self.clock = clock
@@ -149,12 +147,12 @@ class Recovery:
                     result = self.app.AsyncResult(run.task_id)
                     outcome = BACKEND_STATES.get(result.state)
                     exc = result.result if outcome is RunState.FAILED else None
-                    text = (self._text(run.entry, result, exc) if exc is not None
+                    text = (self._text(result, exc) if exc is not None
                             else None)
                 except Exception as exc2:
                     # (A result the backend cannot decode may quote the task's arguments.)
                     self.logger.debug("beat-claims: result backend lookup failed: %s",
-                                      self._text(run.entry, None, exc2))
+                                      self._text(None, exc2))
                     return
                 if outcome is not None:
                     found.append((run, Outcome(
@@ -163,17 +161,13 @@ class Recovery:
                         exc_message=text.message if text is not None else "")))
             looked[0] += 1
 
-    def _text(self, entry: str, result: Any, exc: Any) -> ExceptionText:
-        """What the record keeps of ``exc``: the values masked are the entry's arguments
-        as this beat schedules it, and those the backend kept with the result
-        (``result_extended``); with neither known, no message."""
-        known = [part for part in (self.arguments(entry), _stored_arguments(result))
-                 if part is not None]
-        if not known:
-            return recorded_exception(exc, None, None, self.settings)
-        values = [[args, list(kwargs.values()) if isinstance(kwargs, Mapping) else kwargs]
-                  for args, kwargs in known]
-        return recorded_exception(exc, values, {}, self.settings)
+    def _text(self, result: Any, exc: Any) -> ExceptionText:
+        """What the record keeps of ``exc``: the values masked are the arguments the backend
+        kept with the result (``result_extended``), the delivery's own; without them, no
+        message. (The entry's arguments as this beat schedules them now are not the
+        delivery's: a lazy argument is evaluated again at each send, a database row may
+        have been edited since.)"""
+        return entry_exception(exc, _stored_arguments(result), self.settings)
 
     def close(self) -> None:
         if self._pool is not None:

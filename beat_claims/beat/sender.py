@@ -24,7 +24,7 @@ from typing import Any
 
 from ..catch_up import plan_held
 from ..enums import Overlap, Reason, RunState
-from ..exception_text import EntryArguments, frames, recorded_exception
+from ..exception_text import EntryArguments, entry_exception, frames
 from ..metrics import Metrics
 from ..runs import Owner, iso, manual_task_id_for, task_id_for
 from ..settings import Policy, Settings
@@ -242,9 +242,7 @@ class Sender:
         A serializer's error may quote an argument's value: the record and the log line
         keep what :func:`recorded_exception` keeps, and the traceback only its frames."""
         limit = self.settings.publish_retries + 1  # the first try and its retries
-        known = self.arguments(claim.entry)
-        args, kwargs = known if known is not None else (None, None)
-        text = recorded_exception(exc, args, kwargs, self.settings)
+        text = entry_exception(exc, self.arguments(claim.entry), self.settings)
         # The store counts a failed publish by its error text, never empty: the message
         # kept, else the type (an exception without a message is counted too).
         [state] = self.store.release(

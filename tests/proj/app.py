@@ -6,8 +6,9 @@ name -> {"every": seconds} or {"cron": "minute spec"}, optional "task", "claims"
 ``BC_HEARTBEAT`` and ``BC_RECLAIM_AFTER``. Every task records each execution in the
 Redis list ``executions`` so the tests can count them.
 
-An entry may also give ``kwargs``, a ``queue``, and ``unencodable``: a value appended to
-its args inside an object the serializer cannot encode, whose error quotes the value.
+An entry may also give ``kwargs``, a ``queue``, ``unencodable``: a value appended to
+its args inside an object the serializer cannot encode, whose error quotes the value, and
+``lazy_token``: a secret appended to its args that the beat evaluates at each send.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import json
 import os
 import signal
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
 import redis
 from celery import Celery, signals
+from celery.beat import BeatLazyFunc
 from celery.schedules import crontab
 
 import beat_claims
@@ -60,12 +63,20 @@ def _schedule() -> dict[str, Any]:
                                  "kwargs": item.get("kwargs", {})}
         if "unencodable" in item:
             entry["args"] = [*entry["args"], Unencodable(item["unencodable"])]
+        if item.get("lazy_token"):
+            entry["args"] = [*entry["args"], BeatLazyFunc(_fresh_token)]
         if "queue" in item:
             entry["options"] = {"queue": item["queue"]}
         if "claims" in item:
             entry["claims"] = item["claims"]
         out[name] = entry
     return out
+
+
+def _fresh_token() -> str:
+    """A secret the beat evaluates at each send (``BeatLazyFunc``), as one fetched from a
+    vault would be: another for every message."""
+    return f"token-{uuid.uuid4().hex}-SECRET"
 
 
 class Unencodable:
@@ -80,6 +91,15 @@ class Unencodable:
 
 
 app.conf.beat_schedule = _schedule()
+if os.environ.get("BC_ON_SENT_FAILS") == "1":
+    # A schedule source whose bookkeeping after a send fails, its error quoting the
+    # entry's arguments (a database's error echoing the row it could not write).
+    from beat_claims.scheduler import Scheduler
+
+    def _failing_on_sent(self: Any, entry: Any, claim: Any) -> None:
+        raise ValueError(f"cannot record {entry.name}: {entry.args} {entry.kwargs}")
+
+    Scheduler.on_sent = _failing_on_sent  # type: ignore[method-assign]
 if os.environ.get("BC_NO_INSTALL") != "1":  # a worker without the hooks
     beat_claims.install(app)
 
