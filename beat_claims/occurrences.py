@@ -57,12 +57,37 @@ def period_ms(sched: schedule) -> int:
 _MAX_PERIOD_MS = 10 * 366 * 24 * 3600 * 1000
 
 
-def _frozen_now(sched: BaseSchedule, at_ms: int) -> BaseSchedule:
-    """A copy of ``sched`` whose clock reads ``at_ms``: Celery's arithmetic, our instant."""
+def _frozen_now(sched: BaseSchedule, at_ms: int, tz: Any = timezone.utc) -> BaseSchedule:
+    """A copy of ``sched`` whose clock reads ``at_ms`` (in ``tz``): Celery's arithmetic,
+    our instant."""
     frozen = copy.copy(sched)
-    instant = from_ms(at_ms)
+    # A copy of Celery's crontab keeps the app only when it was given to the constructor;
+    # a beat_schedule entry's gets its app afterwards: keep it, or the copy reads the
+    # timezone of whatever app is current.
+    frozen.app = sched.app
+    instant = from_ms(at_ms).astimezone(tz)
     frozen.nowfun = lambda: instant
     return frozen
+
+
+def _celery_next(sched: BaseSchedule, at_ms: int) -> int:
+    """The instant Celery's arithmetic gives as the next one after ``at_ms``.
+
+    Celery's beat hands schedules instants in the app's timezone; older Celery versions do
+    crontab arithmetic in whatever timezone they are given, so the instant is given in the
+    schedule's own. A crontab's next wall time is Celery's (``remaining_delta``), counted
+    here in UTC: before 5.7, Celery compared the day of "now" with the last run's (so both
+    are given in the schedule's timezone) and subtracted two wall times of one zone
+    across a DST change as if no change were there.
+    """
+    tz = _tz(sched)
+    local = from_ms(at_ms).astimezone(tz)
+    if isinstance(sched, crontab) and (
+            type(sched).remaining_estimate is crontab.remaining_estimate):
+        _, delta, _ = _frozen_now(sched, at_ms, tz).remaining_delta(local)
+        return to_ms(local + delta)
+    remaining = _frozen_now(sched, at_ms).remaining_estimate(local)
+    return at_ms + round(remaining.total_seconds() * 1000)
 
 
 def _tz(sched: BaseSchedule) -> Any:
@@ -105,11 +130,7 @@ def next_after(sched: Any, anchor_ms: int, after_ms: int) -> int | None:
         raise UnsupportedSchedule(f"{type(sched).__name__} has no remaining_estimate()")
     probe = after_ms
     for _ in range(1440):
-        frozen = _frozen_now(sched, probe)
-        # Celery's beat hands schedules instants in the app's timezone; older Celery
-        # versions do crontab arithmetic in whatever timezone they are given.
-        remaining = frozen.remaining_estimate(from_ms(probe).astimezone(_tz(sched)))
-        nxt = probe + round(remaining.total_seconds() * 1000)
+        nxt = _celery_next(sched, probe)
         if nxt > after_ms:
             return nxt
         # A wall-clock instant that repeats (DST ending) or a schedule that answers "now":
