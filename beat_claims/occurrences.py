@@ -5,9 +5,9 @@ instants for the same entry, whatever its start time, so no instant here is deri
 "now": interval schedules count whole periods from an *anchor* kept in the store (the
 first beat to see the entry sets it), and crontab and solar schedules use Celery's own
 arithmetic, started from the anchor or from the last occurrence handed out (after a long
-gap, searched back from now: see ``due_between``). A *clocked* schedule (django-celery-beat's
-one instant) is absolute: its instant does not depend on the anchor, and after it there is
-nothing.
+gap, searched back from now: see ``due_between``). A *clocked* schedule (one instant:
+beat-claims' own, or django-celery-beat's) is absolute: its instant does not depend on the
+anchor, and after it there is nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 from celery.schedules import BaseSchedule, crontab, schedule
 
 from .runs import from_ms, iso, to_ms
+from .schedules import clocked
 
 #: The first window probed back from ``until`` when walking a non-interval schedule: a
 #: crontab's resolution, so a dense schedule's first windows hold about one occurrence each.
@@ -98,10 +99,14 @@ def _tz(sched: BaseSchedule) -> Any:
 
 
 def clocked_instant(sched: Any) -> int | None:
-    """The instant of django-celery-beat's one-time ``clocked`` schedule; None for any other.
+    """The instant of a one-time ``clocked`` schedule (beat-claims' own or
+    django-celery-beat's); None for any other.
 
-    Looked up without importing django-celery-beat: an instance implies its module is loaded.
+    django-celery-beat's is looked up without importing it: an instance implies its module
+    is loaded.
     """
+    if isinstance(sched, clocked):
+        return sched.at_ms
     module = sys.modules.get("django_celery_beat.clockedschedule")
     if module is None or not isinstance(sched, module.clocked):
         return None
