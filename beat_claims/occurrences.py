@@ -5,9 +5,9 @@ instants for the same entry, whatever its start time, so no instant here is deri
 "now": interval schedules count whole periods from an *anchor* kept in the store (the
 first beat to see the entry sets it), and crontab and solar schedules use Celery's own
 arithmetic, started from the anchor or from the last occurrence handed out (after a long
-gap, searched back from now: see ``due_between``). A *clocked* schedule (django-celery-beat's
-one instant) is absolute: its instant does not depend on the anchor, and after it there is
-nothing.
+gap, searched back from now: see ``due_between``). A *clocked* schedule (one instant:
+beat-claims' own, or django-celery-beat's) is absolute: its instant does not depend on the
+anchor, and after it there is nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 from celery.schedules import BaseSchedule, crontab, schedule
 
 from .runs import from_ms, iso, to_ms
+from .schedules import clocked
 
 #: The first window probed back from ``until`` when walking a non-interval schedule: a
 #: crontab's resolution, so a dense schedule's first windows hold about one occurrence each.
@@ -57,12 +58,37 @@ def period_ms(sched: schedule) -> int:
 _MAX_PERIOD_MS = 10 * 366 * 24 * 3600 * 1000
 
 
-def _frozen_now(sched: BaseSchedule, at_ms: int) -> BaseSchedule:
-    """A copy of ``sched`` whose clock reads ``at_ms``: Celery's arithmetic, our instant."""
+def _frozen_now(sched: BaseSchedule, at_ms: int, tz: Any = timezone.utc) -> BaseSchedule:
+    """A copy of ``sched`` whose clock reads ``at_ms`` (in ``tz``): Celery's arithmetic,
+    our instant."""
     frozen = copy.copy(sched)
-    instant = from_ms(at_ms)
+    # A copy of Celery's crontab keeps the app only when it was given to the constructor;
+    # a beat_schedule entry's gets its app afterwards: keep it, or the copy reads the
+    # timezone of whatever app is current.
+    frozen.app = sched.app
+    instant = from_ms(at_ms).astimezone(tz)
     frozen.nowfun = lambda: instant
     return frozen
+
+
+def _celery_next(sched: BaseSchedule, at_ms: int) -> int:
+    """The instant Celery's arithmetic gives as the next one after ``at_ms``.
+
+    Celery's beat hands schedules instants in the app's timezone; older Celery versions do
+    crontab arithmetic in whatever timezone they are given, so the instant is given in the
+    schedule's own. A crontab's next wall time is Celery's (``remaining_delta``), counted
+    here in UTC: before 5.7, Celery compared the day of "now" with the last run's (so both
+    are given in the schedule's timezone) and subtracted two wall times of one zone
+    across a DST change as if no change were there.
+    """
+    tz = _tz(sched)
+    local = from_ms(at_ms).astimezone(tz)
+    if isinstance(sched, crontab) and (
+            type(sched).remaining_estimate is crontab.remaining_estimate):
+        _, delta, _ = _frozen_now(sched, at_ms, tz).remaining_delta(local)
+        return to_ms(local + delta)
+    remaining = _frozen_now(sched, at_ms).remaining_estimate(local)
+    return at_ms + round(remaining.total_seconds() * 1000)
 
 
 def _tz(sched: BaseSchedule) -> Any:
@@ -73,10 +99,14 @@ def _tz(sched: BaseSchedule) -> Any:
 
 
 def clocked_instant(sched: Any) -> int | None:
-    """The instant of django-celery-beat's one-time ``clocked`` schedule; None for any other.
+    """The instant of a one-time ``clocked`` schedule (beat-claims' own or
+    django-celery-beat's); None for any other.
 
-    Looked up without importing django-celery-beat: an instance implies its module is loaded.
+    django-celery-beat's is looked up without importing it: an instance implies its module
+    is loaded.
     """
+    if isinstance(sched, clocked):
+        return sched.at_ms
     module = sys.modules.get("django_celery_beat.clockedschedule")
     if module is None or not isinstance(sched, module.clocked):
         return None
@@ -105,11 +135,7 @@ def next_after(sched: Any, anchor_ms: int, after_ms: int) -> int | None:
         raise UnsupportedSchedule(f"{type(sched).__name__} has no remaining_estimate()")
     probe = after_ms
     for _ in range(1440):
-        frozen = _frozen_now(sched, probe)
-        # Celery's beat hands schedules instants in the app's timezone; older Celery
-        # versions do crontab arithmetic in whatever timezone they are given.
-        remaining = frozen.remaining_estimate(from_ms(probe).astimezone(_tz(sched)))
-        nxt = probe + round(remaining.total_seconds() * 1000)
+        nxt = _celery_next(sched, probe)
         if nxt > after_ms:
             return nxt
         # A wall-clock instant that repeats (DST ending) or a schedule that answers "now":

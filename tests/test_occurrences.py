@@ -20,11 +20,15 @@ from beat_claims.occurrences import (
 from beat_claims.runs import iso, to_ms
 
 
+def make_app(tz: str) -> Celery:
+    app = Celery("occ", set_as_current=False)
+    app.conf.timezone = tz
+    return app
+
+
 @pytest.fixture
 def app() -> Celery:
-    app = Celery("occ", set_as_current=False)
-    app.conf.timezone = "America/New_York"
-    return app
+    return make_app("America/New_York")
 
 
 def utc(*args: int) -> int:
@@ -74,13 +78,35 @@ def test_crontab_matches_celerys_own_arithmetic(app: Celery) -> None:
     for _ in range(50):
         mine = next_after(cron, 0, t)
         now = datetime.fromtimestamp(t / 1000, tz=timezone.utc)
-        celery = crontab(minute="*/7", hour="3-5,22", day_of_week="mon-fri", app=app,
-                         nowfun=lambda now=now: now)
         # Celery's beat hands the schedule "now" in the app's timezone (app.now()).
-        local = now.astimezone(celery.tz)
+        local = now.astimezone(app.timezone)
+        celery = crontab(minute="*/7", hour="3-5,22", day_of_week="mon-fri", app=app,
+                         nowfun=lambda local=local: local)
         theirs = t + int(celery.remaining_estimate(local).total_seconds() * 1000)
         assert mine == theirs
         t = mine
+
+
+def test_crontab_sends_every_minute_it_names_when_the_utc_date_differs(app: Celery) -> None:
+    """Celery before 5.7 compared the day of "now" with the last run's: with "now" in UTC
+    and the last run in the app's zone, the hour after midnight in Paris ran once."""
+    paris = make_app("Europe/Paris")
+    for cron in (crontab(minute="*/20", hour="0", app=paris),
+                 tz_crontab(app, "Europe/Paris", minute="*/20", hour="0")):
+        assert walk(cron, 0, utc(2026, 3, 28, 12), 6) == [
+            "2026-03-28T23:00:00.000Z", "2026-03-28T23:20:00.000Z",
+            "2026-03-28T23:40:00.000Z", "2026-03-29T22:00:00.000Z",
+            "2026-03-29T22:20:00.000Z", "2026-03-29T22:40:00.000Z"], cron
+
+
+def test_a_beat_schedule_crontab_keeps_its_apps_timezone_whatever_app_is_current(
+        app: Celery) -> None:
+    """Celery gives a ``beat_schedule`` crontab its app after building it; a copy of it
+    (each step here works on one) must not fall back to the current app's timezone."""
+    cron = crontab(minute="0", hour="9")
+    cron.app = app  # New York's, as ScheduleEntry does; the current app's is UTC
+    assert walk(cron, 0, utc(2026, 6, 1), 2) == [
+        "2026-06-01T13:00:00.000Z", "2026-06-02T13:00:00.000Z"]
 
 
 def test_crontab_across_dst_end_in_new_york(app: Celery) -> None:
@@ -189,8 +215,9 @@ def test_crontab_in_its_own_timezone_matches_django_celery_beats_is_due(app: Cel
         assert mine is not None
         last = datetime.fromtimestamp(t / 1000, tz=timezone.utc)
         probe = tz_crontab(app, "Australia/Lord_Howe", minute="*/20", hour="1-3")
-        before = datetime.fromtimestamp((mine - 1) / 1000, tz=timezone.utc)
-        at = datetime.fromtimestamp(mine / 1000, tz=timezone.utc)
+        # django-celery-beat's clock reads the crontab's own timezone (its nowfunc).
+        before = datetime.fromtimestamp((mine - 1) / 1000, tz=probe.tz)
+        at = datetime.fromtimestamp(mine / 1000, tz=probe.tz)
         probe.nowfun = lambda before=before: before  # type: ignore[attr-defined]
         assert not probe.is_due(last)[0]
         probe.nowfun = lambda at=at: at  # type: ignore[attr-defined]
