@@ -24,6 +24,10 @@ What the contract promises, and every backend's contract suite checks
   at its instant.
 * **Bad records are local.** A record that cannot be read affects its entry only: the
   other items of the call get their answers.
+* **A definition changes by compare-and-set.** Each write names the version its writer
+  read; the new version, the skips it plans, the checkpoint it moves and the entry's place
+  in the change feed are written in one atomic step, so a change is never lost, never
+  applied twice (its change id), and every reader of the feed sees it or is told to reload.
 """
 
 from __future__ import annotations

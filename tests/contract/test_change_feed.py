@@ -149,6 +149,7 @@ def test_a_cursor_read_to_the_head_answers_the_changes_made_while_every_definiti
 # -- reload -------------------------------------------------------------------------------
 def test_a_tombstone_leaves_the_feed_after_its_keep_and_an_older_cursor_reloads(
         store: Store) -> None:
+    assert store.tombstones_kept_ms == 24 * 3600 * 1000  # a day, unless a test says less
     store.tombstones_kept_ms = 50
     old = head(store)
     create(store, "a")

@@ -289,6 +289,8 @@ def test_a_deleted_entry_s_runs_finish_nothing_brings_its_definition_back_and_pr
     assert store.forget(["e"]) == ["e"]
     assert store.definitions(["e"]) == [] and store.definitions() == []
     assert "e" not in {e.name for e in store.entries()}
+    # The name is free: created again, it starts again at version 1.
+    assert create(store, "e").version == 1
 
 
 def test_a_prune_keeps_a_live_definition_whoever_registered_it(store: Store) -> None:
