@@ -505,9 +505,10 @@ MAX_DEFINITION_BYTES = 64 * 1024
 #: The longest ``by`` and ``change_id`` of a definition write (characters).
 MAX_CHANGE_TEXT = 200
 #: How long a deleted entry's tombstone stays in the change feed after its delete (ms): a
-#: day. Then the next definition write of its bucket drops it from the feed (the tombstone
-#: stays on the entry's record until a prune removes it); a reader whose cursor is older
-#: than a tombstone dropped so is answered ``reload`` (:class:`Changes`).
+#: day. Then a later definition write drops it from the feed (on Redis, the next one of
+#: its bucket; the tombstone stays on the entry's record until a prune removes it); a
+#: reader whose cursor is older than a tombstone dropped so is answered ``reload``
+#: (:class:`Changes`).
 TOMBSTONE_KEPT_MS = 24 * 3600 * 1000
 #: Tombstones older than TOMBSTONE_KEPT_MS one write drops from the change feed at most.
 TOMBSTONES_DROPPED = 100
@@ -515,6 +516,17 @@ TOMBSTONES_DROPPED = 100
 #: back from an older copy numbers its next changes above every one it numbered before (as
 #: it hands out tokens: :data:`TOKENS_PER_MS`), and exactly within 2^53 until the year 2255.
 CHANGES_PER_MS = 1000
+#: The most definitions, or changes, one read answers: a reader pages.
+MAX_PAGE = 10_000
+
+
+def page_limit(limit: int, least: int) -> int:
+    """A read's ``limit``, once it is a whole number from ``least`` to :data:`MAX_PAGE`;
+    else ValueError naming it (refused where it enters, before anything is read)."""
+    if not _whole_number(limit) or not least <= limit <= MAX_PAGE:
+        raise ValueError(f"limit {limit!r}: must be a whole number from {least} to"
+                         f" {MAX_PAGE} (read in pages)")
+    return limit
 
 
 class WriteStatus(str, Enum):
@@ -777,11 +789,6 @@ class LogRead:
     top: tuple[str, int]
     seen: int | None
     members: tuple[tuple[str, int], ...]
-
-
-def start_positions(logs: int) -> tuple[tuple[int, str, int], ...]:
-    """The positions of a reader that has read nothing (every member is after them)."""
-    return ((0, "", 0),) * logs
 
 
 def follow(cursor: ChangeCursor | None, reads: Sequence[LogRead], limit: int
@@ -1164,13 +1171,17 @@ class Store(abc.ABC):
         """The definitions (and tombstones) of these entries, in their order (an entry that
         never had a definition is left out); or, with ``names`` None, a page of every entry
         that has or had one, in name order (by code point), the first ``limit`` after the
-        name ``after``. A record that cannot be read is answered ``corrupt``."""
+        name ``after`` (at most :data:`MAX_PAGE`: ValueError beyond). A record that cannot
+        be read is answered ``corrupt``."""
 
     @abc.abstractmethod
     def changes(self, cursor: ChangeCursor | None, limit: int = 1000) -> Changes:
         """The change feed: the entries whose definition changed after ``cursor`` (each
-        once, however often it changed), oldest change first, at most ``limit``, as the
-        store holds them now; or ``reload`` (see :class:`Changes`). Reads only."""
+        once, however often it changed), oldest change first, at most ``limit`` (1 to
+        :data:`MAX_PAGE`: ValueError else), as the store holds them now; or ``reload`` (see
+        :class:`Changes`). Reads only. Changes made within one millisecond of the store's
+        clock may come in any order on the Redis store (each of its buckets keeps its own
+        log)."""
 
     # reads
     @abc.abstractmethod
@@ -1231,10 +1242,27 @@ __all__ = [
     "RunRef", "SendAtOnce", "StartDecision", "Store", "StoreConfigurationError", "StoreError",
     "WorkerProcess", "Written", "in_last_pause", "registrants_from_json",
 ]
-__all__ += ["CHANGES_PER_MS", "MAX_CHANGE_TEXT", "MAX_DEFINITION_BYTES", "TOMBSTONES_DROPPED",
-            "TOMBSTONE_KEPT_MS", "ChangeCursor", "Changes", "DefinitionResult",
-            "DefinitionWrite", "LogRead", "StoredDefinition", "WriteRefused", "WriteStatus",
-            "checked_writes", "definition_result", "follow", "start_positions", "stored_definition"]
+__all__ += [
+    "CHANGES_PER_MS",
+    "MAX_CHANGE_TEXT",
+    "MAX_DEFINITION_BYTES",
+    "MAX_PAGE",
+    "TOMBSTONES_DROPPED",
+    "TOMBSTONE_KEPT_MS",
+    "ChangeCursor",
+    "Changes",
+    "DefinitionResult",
+    "DefinitionWrite",
+    "LogRead",
+    "StoredDefinition",
+    "WriteRefused",
+    "WriteStatus",
+    "checked_writes",
+    "definition_result",
+    "follow",
+    "page_limit",
+    "stored_definition",
+]
 __all__ += ["WORKER_RECORDS_KEPT", "WorkerLiveness", "WorkerLivenessRead",
             "read_worker_record", "worker_id",
             "worker_ttl_ms", "written_worker_record"]

@@ -140,6 +140,7 @@ from .base import (
     checked_writes,
     definition_result,
     follow,
+    page_limit,
     read_worker_record,
     registrants_from_json,
     stored_definition,
@@ -2410,7 +2411,7 @@ class PostgresStore(Store):
                 rows = self._execute(
                     f"SELECT {fields} FROM {self._s}.entries WHERE {defined}"
                     f' AND (name COLLATE "C") > %s ORDER BY (name COLLATE "C") LIMIT %s',
-                    [after, max(0, limit)])
+                    [after, page_limit(limit, 0)])
             else:
                 rows = self._execute(f"SELECT {fields} FROM {self._s}.entries"
                                      f" WHERE name = ANY(%s::text[]) AND {defined}",
@@ -2422,7 +2423,7 @@ class PostgresStore(Store):
         return [found[name] for name in order if name in found]
 
     def changes(self, cursor: ChangeCursor | None, limit: int = 1000) -> Changes:
-        limit = max(1, int(limit))
+        limit = page_limit(limit, 1)
         position, name, _ = (cursor.positions[0] if cursor is not None
                              and len(cursor.positions) == 1 else (0, "", 0))
         s = self._s

@@ -49,7 +49,8 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
 
 The definition fields and keys came with beat-claims 0.2's definitions: a reader of the
 layout before them reads the same keys and fields the same way (and never the new ones),
-so ``{P}:layout`` stays "2".
+so ``{P}:layout`` stays "2" (a prune of that version does not know definitions, and would
+remove an entry that has one: prune with this one).
 
 Records are JSON, never pickle. Names of states, reasons and policies reach the scripts
 as a table generated from :mod:`beat_claims.enums`.
@@ -134,6 +135,7 @@ from .base import (
     checked_writes,
     definition_result,
     follow,
+    page_limit,
     read_worker_record,
     registrants_from_json,
     stored_definition,
@@ -1268,7 +1270,7 @@ class RedisStore(Store):
     def definitions(self, names: Sequence[str] | None = None, after: str = "",
                     limit: int = 1000) -> list[StoredDefinition]:
         if names is None:
-            names = self._named(after, limit)
+            names = self._named(after, page_limit(limit, 0))
         found = self._definitions_of(list(dict.fromkeys(names)))
         return [d for d in found.values() if d is not None]
 
@@ -1308,7 +1310,7 @@ class RedisStore(Store):
         return [name.decode(errors="replace") for name in sorted(found)[:limit]]
 
     def changes(self, cursor: ChangeCursor | None, limit: int = 1000) -> Changes:
-        limit = max(1, int(limit))
+        limit = page_limit(limit, 1)
         groups = self._bucket_groups()
         positions = (cursor.positions if cursor is not None and len(cursor.positions) ==
                      BUCKETS else ((0, "", 0),) * BUCKETS)

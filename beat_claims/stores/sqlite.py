@@ -137,6 +137,7 @@ from .base import (
     definition_result,
     follow,
     in_last_pause,
+    page_limit,
     read_worker_record,
     registrants_from_json,
     stored_definition,
@@ -2043,10 +2044,12 @@ class SQLiteStore(Store):
     def definitions(self, names: Sequence[str] | None = None, after: str = "",
                     limit: int = 1000) -> list[StoredDefinition]:
         q = self._sql
+        if names is None:
+            page_limit(limit, 0)
 
         def work(db: sqlite3.Connection) -> list[Any]:
             if names is None:
-                return db.execute(q["defs_page"], (after, max(0, limit))).fetchall()
+                return db.execute(q["defs_page"], (after, limit)).fetchall()
             return [(name, *row) for name in dict.fromkeys(names)
                     if (row := db.execute(q["def_get"], (name,)).fetchone()) is not None]
 
@@ -2055,7 +2058,7 @@ class SQLiteStore(Store):
                 if fields[1] not in (0, None) or fields[0] is not None]
 
     def changes(self, cursor: ChangeCursor | None, limit: int = 1000) -> Changes:
-        q, limit = self._sql, max(1, int(limit))
+        q, limit = self._sql, page_limit(limit, 1)
         position, name, _ = (cursor.positions[0] if cursor is not None
                              and len(cursor.positions) == 1 else (0, "", 0))
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from beat_claims.enums import Origin
 from beat_claims.stores.base import (
+    MAX_PAGE,
     ChangeCursor,
     Changes,
     DefinitionWrite,
@@ -223,3 +226,16 @@ def test_a_cursor_of_another_shape_answers_reload(store: Store) -> None:
     answer = store.changes(ChangeCursor(((5, "x", 5),) * 3))
     assert answer.reload and answer.changed == ()
     assert store.changes(answer.cursor).changed == ()
+
+
+@pytest.mark.parametrize("limit", [0, -1, MAX_PAGE + 1, 2.5])
+def test_a_limit_out_of_bounds_is_refused_naming_it(store: Store, limit: int) -> None:
+    cursor = head(store)
+    with pytest.raises(ValueError, match="limit"):
+        store.changes(cursor, limit)
+    if limit:  # (a page of no definitions is an empty one)
+        with pytest.raises(ValueError, match="limit"):
+            store.definitions(limit=limit)
+    assert store.definitions(limit=0) == []
+    assert len(store.changes(cursor, MAX_PAGE).changed) == 0
+
