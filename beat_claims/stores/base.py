@@ -43,6 +43,7 @@ from typing import Any
 
 from ..enums import Origin, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
+from ..settings import entry_name_problem
 
 #: Every token a claim hands out is at least the store's clock (UTC ms) times this. A store
 #: put back from an older copy (any way: a file copied back, SQLite's backup API, a dump
@@ -653,8 +654,6 @@ def checked_writes(writes: Sequence[DefinitionWrite], history_limit: int
 
 
 def _write_problem(w: DefinitionWrite, history_limit: int) -> str:
-    from ..settings import entry_name_problem  # (settings imports Celery: only when asked)
-
     name = entry_name_problem(w.name)
     if name:
         return name
