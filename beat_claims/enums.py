@@ -63,6 +63,8 @@ class Reason(_Named):
     RUN_TIMEOUT = "run_timeout"  # no outcome within the entry's run_timeout
     HISTORY_LIMIT = "history_limit"  # sent, never started, and pushed out of the history
     PAUSED = "paused"  # the entry was paused by an operator when the occurrence came due
+    CHANGED = "changed"  # due under the entry's old definition, before a change took effect
+    DISABLED = "disabled"  # due while the entry's definition was disabled, before a change
 
 
 class CatchUp(_Named):
@@ -81,6 +83,15 @@ class Overlap(_Named):
     BUFFER_ONE = "buffer_one"  # the newest waits for the previous run; older waiting: skipped
 
 
+class Origin(_Named):
+    """Where an entry's definition in the store came from (who wrote it last)."""
+
+    API = "api"  # the Python API or the CLI (``celery claims entries``)
+    CONFIG = "config"  # a beat's ``beat_schedule``
+    REDBEAT = "redbeat"  # imported from RedBeat's keys
+    DJANGO = "django"  # a django-celery-beat row
+
+
 class StartVerdict(_Named):
     """The worker's answer for one delivery of a run."""
 
@@ -90,4 +101,5 @@ class StartVerdict(_Named):
     BUSY = "busy"  # another delivery of the current token is running it
 
 
-__all__ = ["FINAL_STATES", "CatchUp", "Overlap", "Reason", "RunState", "StartVerdict"]
+__all__ = ["FINAL_STATES", "CatchUp", "Origin", "Overlap", "Reason", "RunState",
+           "StartVerdict"]

@@ -24,6 +24,10 @@ What the contract promises, and every backend's contract suite checks
   at its instant.
 * **Bad records are local.** A record that cannot be read affects its entry only: the
   other items of the call get their answers.
+* **A definition changes by compare-and-set.** Each write names the version its writer
+  read; the new version, the skips it plans, the checkpoint it moves and the entry's place
+  in the change feed are written in one atomic step, so a change is never lost, never
+  applied twice (its change id), and every reader of the feed sees it or is told to reload.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ..enums import Overlap, Reason, RunState, StartVerdict
+from ..enums import Origin, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
+from ..settings import entry_name_problem
 
 #: Every token a claim hands out is at least the store's clock (UTC ms) times this. A store
 #: put back from an older copy (any way: a file copied back, SQLite's backup API, a dump
@@ -493,6 +498,336 @@ class BackfillResult:
     kept: tuple[tuple[int, RunState], ...]
 
 
+# -- definitions --------------------------------------------------------------------------
+#: The largest definition the store keeps: its JSON text, encoded as UTF-8 (64 KiB). A
+#: larger one is refused where it enters (:class:`WriteRefused`), before anything is
+#: written.
+MAX_DEFINITION_BYTES = 64 * 1024
+#: The longest ``by`` and ``change_id`` of a definition write (characters).
+MAX_CHANGE_TEXT = 200
+#: How long a deleted entry's tombstone stays in the change feed after its delete (ms): a
+#: day. Then a later definition write drops it from the feed (on Redis, the next one of
+#: its bucket; the tombstone stays on the entry's record until a prune removes it); a
+#: reader whose cursor is older than a tombstone dropped so is answered ``reload``
+#: (:class:`Changes`).
+TOMBSTONE_KEPT_MS = 24 * 3600 * 1000
+#: Tombstones older than TOMBSTONE_KEPT_MS one write drops from the change feed at most.
+TOMBSTONES_DROPPED = 100
+#: A change's sequence number is at least the store's clock (UTC ms) times this: a store put
+#: back from an older copy numbers its next changes above every one it numbered before (as
+#: it hands out tokens: :data:`TOKENS_PER_MS`), and exactly within 2^53 until the year 2255.
+CHANGES_PER_MS = 1000
+#: The most definitions, or changes, one read answers: a reader pages.
+MAX_PAGE = 10_000
+
+
+def page_limit(limit: int, least: int) -> int:
+    """A read's ``limit``, once it is a whole number from ``least`` to :data:`MAX_PAGE`;
+    else ValueError naming it (refused where it enters, before anything is read)."""
+    if not _whole_number(limit) or not least <= limit <= MAX_PAGE:
+        raise ValueError(f"limit {limit!r}: must be a whole number from {least} to"
+                         f" {MAX_PAGE} (read in pages)")
+    return limit
+
+
+class WriteStatus(str, Enum):
+    """What became of one definition write."""
+
+    OK = "ok"  # written (or written before, with the same change id: nothing more)
+    CONFLICT = "conflict"  # the version or the checkpoint moved: nothing was written
+    EXISTS = "exists"  # a create (expected version 0) of an entry with a live definition
+    MISSING = "missing"  # an update or delete of an entry without a definition (or a tombstone)
+    CORRUPT = "corrupt"  # the entry's record cannot be read: see ``detail``
+
+
+@dataclass(frozen=True)
+class StoredDefinition:
+    """An entry's definition as the store holds it.
+
+    ``definition``: its JSON text, opaque to the store; None for a tombstone (``deleted``).
+    ``version``: 1 on create, one more at each change (a delete too), never reused while
+    the entry's record lives. ``changed_by``, ``changed_at`` (store clock, UTC ms) and
+    ``origin``: the last change's. ``corrupt``: why the record cannot be read ('' when it
+    can); then ``definition`` is None, ``deleted`` False, and what could not be read is
+    0, '' or :attr:`Origin.API`. A corrupt definition whose version can be read is replaced
+    by a write that names that version.
+    """
+
+    name: str
+    definition: str | None
+    version: int
+    origin: Origin
+    changed_by: str
+    changed_at: int
+    deleted: bool
+    corrupt: str = ""
+
+
+@dataclass(frozen=True)
+class DefinitionWrite:
+    """One change of an entry's definition: a compare-and-set on the version its caller read.
+
+    ``definition`` None deletes it (a tombstone, with its own version). ``expected_version``
+    0 creates it: the entry must have no definition, or a tombstone; an entry a beat
+    registered from its ``beat_schedule`` alone has none. An entry that does not exist yet
+    is created, anchored at the store's clock as :meth:`Store.register` anchors. ``skip``:
+    occurrences of the old definition the change skips (due after the checkpoint, with no
+    run yet), recorded skipped as a claim's planned skips are; ``checkpoint``: where the
+    change moves the checkpoint (never back; None: leave it); with ``expected_checkpoint``
+    the write is also a compare-and-set on the checkpoint. Written again with the same
+    ``change_id`` (after a lost reply) while it is the entry's last change, it answers the
+    same and changes nothing ('' : no id, every write is a new change).
+    """
+
+    name: str
+    definition: str | None
+    expected_version: int
+    origin: Origin
+    by: str
+    change_id: str = ""
+    skip: tuple[tuple[int, Reason], ...] = ()
+    checkpoint: int | None = None
+    expected_checkpoint: int | None = None
+
+
+@dataclass(frozen=True)
+class DefinitionResult:
+    """One write's answer. ``version``: the entry's version after the write (OK), or the
+    store's (0: none). ``state``: the entry's anchor, checkpoint and token after the write,
+    or the store's (None: no such entry, or unreadable). ``current``: the definition the
+    store holds now (None: none, nor a tombstone)."""
+
+    name: str
+    status: WriteStatus
+    version: int
+    state: EntryState | None = None
+    current: StoredDefinition | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ChangeCursor:
+    """Where a reader of the change feed is: opaque to callers. One position per change log
+    (one per bucket of the Redis store, one in SQL): the last sequence number read, and the
+    entry read last with its sequence number (a store that went back no longer holds it
+    there)."""
+
+    positions: tuple[tuple[int, str, int], ...]
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What :meth:`Store.changes` answers: the entries whose definition changed after the
+    caller's cursor, each once, as the store holds them now (``changed``), and the cursor to
+    ask with next. ``reload``: the caller must read every definition again
+    (:meth:`Store.definitions`, paged) and follow from ``cursor`` (the feed's head when it
+    answered): it asked without a cursor, or its cursor is older than what the feed keeps
+    (a tombstone dropped from it), or the store went back (it no longer holds what the
+    cursor read: a copy put back). ``complete``: False when ``limit`` cut the answer
+    short (ask again at once)."""
+
+    cursor: ChangeCursor
+    changed: tuple[StoredDefinition, ...]
+    reload: bool
+    complete: bool
+
+
+class WriteRefused(ValueError):
+    """A definition write refused where it enters (the message names the entry, the field
+    and the value): nothing of the call was written."""
+
+
+def checked_writes(writes: Sequence[DefinitionWrite], history_limit: int
+                   ) -> list[DefinitionWrite]:
+    """``writes`` as a list, once each is one the store can keep, else :class:`WriteRefused`
+    naming the first that is not: a name that cannot be stored, a definition larger than
+    :data:`MAX_DEFINITION_BYTES` (or not text), a version below 0, a delete that names no
+    version, an origin that is not an :class:`Origin`, ``by`` or ``change_id`` longer than
+    :data:`MAX_CHANGE_TEXT`, more skips than the history keeps (``history_limit``)."""
+    out = list(writes)
+    for w in out:
+        problem = _write_problem(w, history_limit)
+        if problem:
+            raise WriteRefused(f"the definition of {w.name!r:.80}: {problem}; nothing was"
+                               f" written")
+    return out
+
+
+def _write_problem(w: DefinitionWrite, history_limit: int) -> str:
+    name = entry_name_problem(w.name)
+    if name:
+        return name
+    if w.definition is not None:
+        if not isinstance(w.definition, str) or not w.definition:
+            return f"definition {w.definition!r:.80}: must be JSON text"
+        try:
+            size = len(w.definition.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            return f"definition: cannot be stored (not valid Unicode text at {exc.start})"
+        if size > MAX_DEFINITION_BYTES:
+            return (f"definition of {size} bytes: larger than {MAX_DEFINITION_BYTES} bytes"
+                    f" (MAX_DEFINITION_BYTES)")
+    if not _whole_number(w.expected_version) or w.expected_version < 0:
+        return f"expected_version {w.expected_version!r}: must be a version >= 0"
+    if w.definition is None and w.expected_version == 0:
+        return "a delete names the version it deletes (expected_version 0 creates)"
+    if not isinstance(w.origin, Origin):
+        return f"origin {w.origin!r}: must be one of {', '.join(o.value for o in Origin)}"
+    for what, text in (("by", w.by), ("change_id", w.change_id)):
+        if not isinstance(text, str) or len(text) > MAX_CHANGE_TEXT:
+            return f"{what} {text!r:.80}: must be text of at most {MAX_CHANGE_TEXT} characters"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{what} {text!r:.80}: cannot be stored (not valid Unicode text)"
+    if len(w.skip) > history_limit:
+        return (f"{len(w.skip)} skipped occurrences: more than the {history_limit} runs the"
+                f" store keeps of an entry (beat_claims_history_limit): record the newest"
+                f" and count the others")
+    for due, reason in w.skip:
+        if not _whole_number(due) or not isinstance(reason, Reason):
+            return f"skip ({due!r}, {reason!r}): must be (instant in UTC ms, Reason)"
+    for what, instant in (("checkpoint", w.checkpoint),
+                          ("expected_checkpoint", w.expected_checkpoint)):
+        if instant is not None and not _whole_number(instant):
+            return f"{what} {instant!r}: must be an instant in UTC ms"
+    return ""
+
+
+def _whole_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2 ** 53
+
+
+def stored_definition(name: str, definition: Any, version: Any, origin: Any,
+                      changed_by: Any, changed_at: Any) -> StoredDefinition:
+    """An entry's definition from its stored fields, as a backend reads them (text or bytes
+    or numbers; None where a field is absent). One that cannot be read (a version that is
+    not a whole number >= 1, a definition that is not JSON text, an origin that is not an
+    :class:`Origin`, an instant that is not a number) is answered ``corrupt``, naming the
+    field: never taken on trust."""
+    problems = []
+    number = _stored_whole(version)
+    if number is None or number < 1:
+        problems.append(f"version {_shown(version)}")
+    if isinstance(definition, bytes):
+        try:
+            definition = definition.decode("utf-8")
+        except UnicodeDecodeError:
+            definition = b""  # (not text: unreadable)
+    if definition is not None:
+        try:
+            if not isinstance(definition, str):
+                raise ValueError(definition)
+            json.loads(definition)
+        except ValueError:
+            problems.append(f"definition {_shown(definition)}")
+            definition = None
+    try:
+        kind = Origin(origin.decode() if isinstance(origin, bytes) else origin)
+    except (ValueError, UnicodeDecodeError):
+        problems.append(f"origin {_shown(origin)}")
+        kind = Origin.API
+    at = _stored_whole(changed_at)
+    if at is None:
+        problems.append(f"changed_at {_shown(changed_at)}")
+    by = changed_by.decode("utf-8", "replace") if isinstance(changed_by, bytes) else changed_by
+    corrupt = ("unreadable " + ", ".join(problems)) if problems else ""
+    return StoredDefinition(name, None if corrupt else definition,
+                            number if number is not None and number >= 1 else 0, kind,
+                            str(by or ""), at or 0, not corrupt and definition is None,
+                            corrupt)
+
+
+def _stored_whole(value: Any) -> int | None:
+    """A whole number as a backend stores it (an int, or its text: '5', '5.0'); None when it
+    is none."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if abs(value) < 2 ** 53 else None
+    try:
+        number = float(value.decode() if isinstance(value, bytes) else value)
+    except (TypeError, ValueError, UnicodeDecodeError):
+        return None
+    if not math.isfinite(number) or not number.is_integer() or abs(number) >= 2 ** 53:
+        return None
+    return int(number)
+
+
+def _shown(value: Any) -> str:
+    return f"{value!r:.60}"
+
+
+def definition_result(write: DefinitionWrite, status: WriteStatus, state: EntryState | None,
+                      stored: Sequence[Any] | None, detail: str = "") -> DefinitionResult:
+    """A write's result from what a backend answered: the status, the entry's state, and its
+    definition's stored fields after the call (definition, version, origin, changed_by,
+    changed_at; None or a version of None: the entry has none, nor a tombstone). An OK
+    write's definition is the one it wrote (a backend need not send it back)."""
+    current = None
+    if stored is not None and (stored[1] is not None or stored[0] is not None):
+        definition = write.definition if status is WriteStatus.OK else stored[0]
+        current = stored_definition(write.name, definition, *stored[1:5])
+    return DefinitionResult(write.name, status, current.version if current else 0, state,
+                            current, detail)
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """One change log as a backend read it in one atomic step, for :func:`follow`.
+
+    ``head``: the last sequence number it handed out (0: none); ``dropped``: the newest
+    sequence number of a member it dropped (a tombstone kept its time, a pruned entry; 0:
+    none); ``top``: its newest member (name, seq; ('', 0) when empty); ``seen``: the
+    sequence number the log now holds for the cursor's entry (None: not there, or no
+    entry named); ``members``: its members after the cursor's position, oldest first, at
+    most ``limit`` + 1 (name, seq)."""
+
+    head: int
+    dropped: int
+    top: tuple[str, int]
+    seen: int | None
+    members: tuple[tuple[str, int], ...]
+
+
+def follow(cursor: ChangeCursor | None, reads: Sequence[LogRead], limit: int
+           ) -> tuple[ChangeCursor, list[tuple[str, int]], bool, bool]:
+    """The change feed's answer from what each log read (``reads``, in the cursor's order):
+    the next cursor, the members taken (name, sequence number: at most ``limit``, oldest
+    first), whether the reader must reload, and whether the answer is complete. Reload
+    without a cursor (or one of another store's shape), when a log is behind the cursor
+    (its head below the position, or the cursor's entry there at an older sequence number,
+    or gone without being dropped: the store went back), or when it dropped a member after
+    the position (a tombstone dropped, a pruned entry): then the cursor is every log's
+    head, and nothing is taken."""
+    positions = cursor.positions if cursor is not None else ()
+    reload = len(positions) != len(reads)
+    for (position, name, name_seq), read in zip(positions, reads):
+        went_back = read.head < position or (name != "" and (
+            (read.seen is None and read.dropped < name_seq)
+            or (read.seen is not None and read.seen < name_seq)))
+        if went_back or read.dropped > position:
+            reload = True
+    if reload:
+        heads = tuple((read.head, *read.top) for read in reads)
+        return ChangeCursor(heads), [], True, True
+    every = sorted((seq, i, member) for i, read in enumerate(reads)
+                   for member, seq in read.members)
+    chosen = every[:limit]
+    taken: list[list[tuple[str, int]]] = [[] for _ in reads]
+    for seq, i, member in chosen:
+        taken[i].append((member, seq))
+    out = []
+    for (position, name, name_seq), read, mine in zip(positions, reads, taken):
+        if mine:
+            name, name_seq = mine[-1]
+        whole = len(mine) == len(read.members) and len(read.members) <= limit
+        out.append((read.head if whole else (mine[-1][1] if mine else position),
+                    name, name_seq))
+    return (ChangeCursor(tuple(out)), [(member, seq) for seq, _, member in chosen], False,
+            len(every) <= limit)
+
+
 # -- liveness -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Written:
@@ -812,6 +1147,41 @@ class Store(abc.ABC):
         which beats are alive counts as alive), or whose registrants cannot be read.
         Returns the names removed."""
 
+    # definitions
+    @abc.abstractmethod
+    def write_definitions(self, writes: Sequence[DefinitionWrite]
+                          ) -> list[DefinitionResult]:
+        """Change entries' definitions: each item one atomic compare-and-set on the version
+        (and the checkpoint, with ``expected_checkpoint``) that writes the definition or its
+        tombstone, the new version, origin, who and when (the store's clock), records the
+        planned skips as a claim records its own (instants after the checkpoint with no run
+        yet), moves the checkpoint forward only, and puts the entry in the change feed
+        (:meth:`changes`). An entry that does not exist is created, anchored as
+        :meth:`register` anchors it. A write with the ``change_id`` of the entry's last
+        change answers OK with its version and writes nothing (a lost reply). The
+        definition is opaque JSON text: only its size and the name are checked, and a
+        call with an item the store cannot keep is refused before anything is written
+        (:class:`WriteRefused`, see :func:`checked_writes`). One result per item, in
+        order; a bulk goes in one round trip per chunk."""
+
+    @abc.abstractmethod
+    def definitions(self, names: Sequence[str] | None = None, after: str = "",
+                    limit: int = 1000) -> list[StoredDefinition]:
+        """The definitions (and tombstones) of these entries, in their order (an entry that
+        never had a definition is left out); or, with ``names`` None, a page of every entry
+        that has or had one, in name order (by code point), the first ``limit`` after the
+        name ``after`` (at most :data:`MAX_PAGE`: ValueError beyond). A record that cannot
+        be read is answered ``corrupt``."""
+
+    @abc.abstractmethod
+    def changes(self, cursor: ChangeCursor | None, limit: int = 1000) -> Changes:
+        """The change feed: the entries whose definition changed after ``cursor`` (each
+        once, however often it changed), oldest change first, at most ``limit`` (1 to
+        :data:`MAX_PAGE`: ValueError else), as the store holds them now; or ``reload`` (see
+        :class:`Changes`). Reads only. Changes made within one millisecond of the store's
+        clock may come in any order on the Redis store (each of its buckets keeps its own
+        log)."""
+
     # reads
     @abc.abstractmethod
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
@@ -836,6 +1206,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def description(self) -> str:
         """The store for logs and status: its URL without secrets, and its key prefix."""
+
+    #: How long a tombstone stays in the change feed after its delete, in ms (see
+    #: TOMBSTONE_KEPT_MS).
+    tombstones_kept_ms: int = TOMBSTONE_KEPT_MS
 
     # workers: liveness of the processes that execute deliveries
     #: Seconds a worker process's record is kept after it lapsed (see WORKER_RECORDS_KEPT).
@@ -866,6 +1240,27 @@ __all__ = [
     "OpenRun", "Outcome", "OwnerStatus", "Pause", "Reclaim", "Registrant", "Release",
     "RunRef", "SendAtOnce", "StartDecision", "Store", "StoreConfigurationError", "StoreError",
     "WorkerProcess", "Written", "in_last_pause", "registrants_from_json",
+]
+__all__ += [
+    "CHANGES_PER_MS",
+    "MAX_CHANGE_TEXT",
+    "MAX_DEFINITION_BYTES",
+    "MAX_PAGE",
+    "TOMBSTONES_DROPPED",
+    "TOMBSTONE_KEPT_MS",
+    "ChangeCursor",
+    "Changes",
+    "DefinitionResult",
+    "DefinitionWrite",
+    "LogRead",
+    "StoredDefinition",
+    "WriteRefused",
+    "WriteStatus",
+    "checked_writes",
+    "definition_result",
+    "follow",
+    "page_limit",
+    "stored_definition",
 ]
 __all__ += ["WORKER_RECORDS_KEPT", "WorkerLiveness", "WorkerLivenessRead",
             "read_worker_record", "worker_id",

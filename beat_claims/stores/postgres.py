@@ -14,7 +14,16 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
                resume, last_paused_at: when the pause it ended began) (typed columns); the
                beats that registered it (``registrants``, jsonb: owner id -> when; NULL:
                none recorded) and its history horizon (``horizon``: the newest instant
-               whose run a trim removed; NULL: none)
+               whose run a trim removed; NULL: none); its definition (``definition``: JSON
+               text, NULL in a tombstone; ``version``: 0 when it never had one;
+               ``origin``, ``changed_by``, ``changed_at``; ``change_id``: the last
+               change's) and ``changed_seq`` (its place in the change log: the number of its
+               last definition change; NULL: not in the log, or a tombstone past
+               TOMBSTONE_KEPT_MS)
+``changes``    the change log's sequence (one row, locked by every definition write until it
+               commits: numbers are committed in their order): seq (the last number handed
+               out), dropped (the newest number of an entry that left the log: a tombstone
+               past its keep, or a pruned entry, by the trigger ``entries_unlog``)
 ``runs``       runs: (entry id, due) -> ``record`` (jsonb: the same record the Redis store
                keeps), ``in_history``, ``lost_at`` (left the history presumed lost: kept a
                week for a late delivery), and index columns computed from the record by a
@@ -28,7 +37,8 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
                ``worker_records_kept`` after it lapsed, by the heartbeats)
 functions      one per transition (register, claim, check, sent, release, reclaim, start,
                requeue, finish, request, backfill, pause, resume, forget, heartbeat,
-               register_as: register and note the registrant, unregister) and
+               register_as: register and note the registrant, unregister, define: a batch
+               of definition writes) and
                their helpers (trim, anchor_instant, busy: what the overlap policies wait
                for, paused_for: whether a pause skips an instant, index_run: the trigger
                that computes a run's index columns)
@@ -84,10 +94,14 @@ from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from ..urls import raise_redacted, redact_text, redact_url
 from .base import (
+    CHANGES_PER_MS,
     TOKENS_PER_MS,
+    TOMBSTONES_DROPPED,
     BackfillForgotten,
     BackfillRefused,
     BackfillResult,
+    ChangeCursor,
+    Changes,
     Check,
     CheckResult,
     CheckVerdict,
@@ -95,6 +109,8 @@ from .base import (
     ClaimPlan,
     ClaimResult,
     ClaimStatus,
+    DefinitionResult,
+    DefinitionWrite,
     Delivery,
     EntryRecord,
     EntrySeed,
@@ -103,6 +119,7 @@ from .base import (
     HeldRun,
     LiveQuery,
     LiveRuns,
+    LogRead,
     OpenRun,
     Outcome,
     OwnerStatus,
@@ -113,13 +130,20 @@ from .base import (
     StartDecision,
     Store,
     StoreConfigurationError,
+    StoredDefinition,
     StoreError,
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
+    WriteStatus,
     Written,
+    checked_writes,
+    definition_result,
+    follow,
+    page_limit,
     read_worker_record,
     registrants_from_json,
+    stored_definition,
     worker_id,
     worker_ttl_ms,
     written_worker_record,
@@ -131,7 +155,7 @@ logger = get_logger("celery.beat.claims")
 T = TypeVar("T")
 
 #: The layout's version. A change to a table or a function gets a new one and a migration.
-LAYOUT = 6
+LAYOUT = 7
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version). A function whose arguments change must be dropped
 #: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
@@ -173,6 +197,17 @@ DROP FUNCTION IF EXISTS {s}.heartbeat(text, jsonb, bigint, boolean, text, bigint
                                       text);
 ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS registrants jsonb,
   ADD COLUMN IF NOT EXISTS horizon bigint;
+""",
+    # 7: an entry's definition (version 0 in every existing row: none), its version, origin,
+    # last change, and its place in the change log (changed_seq); the change log's table,
+    # indexes and trigger, and define() (created by the DDL installed after the
+    # migrations); forget() keeps an entry with a live definition (functions only).
+    6: """
+ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS definition text,
+  ADD COLUMN IF NOT EXISTS version bigint NOT NULL DEFAULT 0,
+  ADD COLUMN IF NOT EXISTS origin text, ADD COLUMN IF NOT EXISTS changed_by text,
+  ADD COLUMN IF NOT EXISTS changed_at bigint, ADD COLUMN IF NOT EXISTS change_id text,
+  ADD COLUMN IF NOT EXISTS changed_seq bigint;
 """,
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
@@ -228,6 +263,10 @@ def _sql_names(schema: str) -> dict[str, str]:
     names.update({f"C_{status.name}": f"'{status.value}'" for status in ClaimStatus})
     names.update({f"V_{verdict.name}": f"'{verdict.value}'" for verdict in CheckVerdict})
     names.update({f"S_{verdict.name}": f"'{verdict.value}'" for verdict in StartVerdict})
+    names.update({f"W_{status.name}": f"'{status.value}'" for status in WriteStatus})
+    names["CHANGES_PER_MS"] = str(CHANGES_PER_MS)
+    names["TOMBSTONES_DROPPED"] = str(TOMBSTONES_DROPPED)
+    names["DEFINED"] = "(version <> 0 OR definition IS NOT NULL)"
     names["OVERLAP_SKIP"] = f"'{Overlap.SKIP.value}'"
     names["OVERLAP_BUFFER_ONE"] = f"'{Overlap.BUFFER_ONE.value}'"
     # A batch's items (entry, due) with their runs, in order, in one read: the items of one
@@ -311,7 +350,14 @@ CREATE TABLE IF NOT EXISTS {s}.entries (
   resumed_at bigint,
   last_paused_at bigint,
   registrants jsonb,
-  horizon bigint);
+  horizon bigint,
+  definition text,
+  version bigint NOT NULL DEFAULT 0,
+  origin text,
+  changed_by text,
+  changed_at bigint,
+  change_id text,
+  changed_seq bigint);
 CREATE TABLE IF NOT EXISTS {s}.runs (
   entry_id bigint NOT NULL REFERENCES {s}.entries (id),
   due bigint NOT NULL,
@@ -1386,14 +1432,16 @@ END $$;
 
 -- forget.lua, for a batch of names: entries no schedule has any more go, with every record
 -- of their runs, unless a run of theirs is claimed, being sent, sent or started, or a live
--- beat registered them. Returns the names removed.
+-- beat registered them, or they have a live definition (a tombstone goes with its entry,
+-- and leaves the change log: the trigger entries_unlog). Returns the names removed.
 CREATE OR REPLACE FUNCTION {s}.forget(p_names text[])
 RETURNS SETOF text LANGUAGE plpgsql AS $$
 DECLARE
   v_entry record;
 BEGIN
-  FOR v_entry IN SELECT e.id, e.name, e.registrants FROM {s}.entries e
+  FOR v_entry IN SELECT e.id, e.name, e.registrants, e.definition FROM {s}.entries e
       WHERE e.name = ANY(p_names) ORDER BY e.name FOR UPDATE LOOP
+    CONTINUE WHEN v_entry.definition IS NOT NULL;  -- a live definition: never pruned
     CONTINUE WHEN EXISTS (SELECT 1 FROM {s}.runs r WHERE r.entry_id = v_entry.id
                           AND r.live_state IN ({CLAIMED}, {SENDING}, {SENT}, {STARTED}));
     CONTINUE WHEN {s}.registered_alive(v_entry.registrants);
@@ -1569,8 +1617,142 @@ END $$;
 """
 
 
+# Definitions and the change feed (layout 7): the change log is the entries' changed_seq
+# (an index where set), numbered under the lock of the one row of ``changes`` (seq: the last
+# number handed out; dropped: the newest number of an entry that left the log), held until
+# the transaction commits, so numbers are committed in their order: a reader that saw a
+# number has seen every lower one. (A sequence hands numbers out outside transactions: a
+# later commit may carry a lower number than one a reader already passed.) Locks are taken
+# entries first (in name order), then that row, as a prune's trigger takes them.
+_DEFINITIONS_DDL = """
+CREATE TABLE IF NOT EXISTS {s}.changes (
+  one boolean PRIMARY KEY DEFAULT true CHECK (one),
+  seq bigint NOT NULL DEFAULT 0,
+  dropped bigint NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS entries_changes ON {s}.entries (changed_seq)
+  WHERE changed_seq IS NOT NULL;
+CREATE INDEX IF NOT EXISTS entries_defined ON {s}.entries ((name COLLATE "C"))
+  WHERE {DEFINED};
+CREATE INDEX IF NOT EXISTS entries_gone ON {s}.entries (changed_at)
+  WHERE definition IS NULL AND changed_seq IS NOT NULL AND version <> 0;
+
+-- An entry that leaves the store (a prune) leaves the change log: its number is a dropped
+-- one (a reader behind it reloads).
+CREATE OR REPLACE FUNCTION {s}.unlog() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO {s}.changes AS c (one, dropped) VALUES (true, OLD.changed_seq)
+    ON CONFLICT (one) DO UPDATE SET dropped = greatest(c.dropped, excluded.dropped);
+  RETURN OLD;
+END $$;
+DROP TRIGGER IF EXISTS entries_unlog ON {s}.entries;
+CREATE TRIGGER entries_unlog AFTER DELETE ON {s}.entries
+  FOR EACH ROW WHEN (OLD.changed_seq IS NOT NULL) EXECUTE FUNCTION {s}.unlog();
+
+-- define.lua, for a batch [{{e, d (definition; null: delete), v (expected version), o, b,
+-- id (change id), s: [[due, reason], ...], cp, xc}}]: each a compare-and-set on the
+-- version (and on the checkpoint, with xc); new entries anchored as register anchors
+-- them; the skips recorded by claim() itself (a plan of skips alone); the checkpoint moved
+-- forward only; the definition (or its tombstone), version, origin, who and when written,
+-- and the change numbered in the log; then the tombstones older than p_keep leave the log
+-- (TOMBSTONES_DROPPED at most, skipping rows another transaction holds). The last
+-- change's id answers as that change did. Returns a list of {{s, dt, a, c, k, d, v, o, b,
+-- t}}: status, detail, the entry's anchor, checkpoint, token, and its stored definition
+-- (d: null once written: the caller has it), version, origin, changed_by, changed_at.
+CREATE OR REPLACE FUNCTION {s}.define(p_items jsonb, p_limit integer, p_keep bigint)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  v_item jsonb;
+  v_e record;
+  v_seq bigint;
+  v_dropped bigint;
+  v_gone bigint;
+  v_now bigint;
+  v_status text;
+  v_detail text;
+  v_out jsonb[] := ARRAY[]::jsonb[];
+  v_anchor bigint;
+BEGIN
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) x
+             WHERE (x ->> 'v')::bigint = 0 AND x ->> 'xc' IS NULL
+               AND NOT EXISTS (SELECT 1 FROM {s}.entries e WHERE e.name = x ->> 'e')) THEN
+    v_anchor := {s}.anchor_instant();
+    INSERT INTO {s}.entries (name, anchor)
+      SELECT x ->> 'e', v_anchor FROM jsonb_array_elements(p_items) x
+        WHERE (x ->> 'v')::bigint = 0 AND x ->> 'xc' IS NULL ORDER BY x ->> 'e'
+      ON CONFLICT (name) DO NOTHING;
+  END IF;
+  {LOCK_ITEMS_ENTRIES}
+  INSERT INTO {s}.changes AS c (one) VALUES (true)
+    ON CONFLICT (one) DO UPDATE SET seq = c.seq RETURNING c.seq, c.dropped
+    INTO v_seq, v_dropped;
+  FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+    SELECT e.id, e.anchor, e.checkpoint, e.token, e.definition, e.version, e.change_id
+      INTO v_e FROM {s}.entries e WHERE e.name = v_item ->> 'e';
+    v_status := NULL;
+    v_detail := '';
+    IF v_e.id IS NOT NULL AND (v_e.version < 0 OR (v_e.version = 0
+                                                   AND v_e.definition IS NOT NULL)) THEN
+      v_status := {W_CORRUPT};
+      v_detail := 'version';
+    ELSIF v_item ->> 'id' <> '' AND v_e.change_id IS NOT DISTINCT FROM v_item ->> 'id' THEN
+      v_status := {W_OK};
+    ELSIF (v_item ->> 'v')::bigint = 0 THEN
+      IF v_e.definition IS NOT NULL THEN v_status := {W_EXISTS}; END IF;
+    ELSIF v_e.definition IS NULL THEN
+      v_status := {W_MISSING};
+    ELSIF v_e.version <> (v_item ->> 'v')::bigint THEN
+      v_status := {W_CONFLICT};
+      v_detail := 'version';
+    END IF;
+    IF v_status IS NULL AND v_item ->> 'xc' IS NOT NULL
+        AND v_e.checkpoint IS DISTINCT FROM (v_item ->> 'xc')::bigint THEN
+      v_status := {W_CONFLICT};
+      v_detail := 'checkpoint';
+    END IF;
+    IF v_status IS NULL THEN
+      IF jsonb_array_length(v_item -> 's') > 0 THEN
+        PERFORM {s}.claim('', jsonb_build_array(jsonb_build_object(
+          'e', v_item ->> 'e', 'x', true, 'a', v_e.anchor, 'c', v_e.checkpoint, 'f', 0,
+          't', false, 's', v_item -> 's')), p_limit);
+      END IF;
+      v_now := {s}.now_ms();
+      v_seq := greatest(v_seq + 1, v_now * {CHANGES_PER_MS});
+      UPDATE {s}.entries e SET
+          checkpoint = CASE WHEN e.checkpoint IS NULL OR e.checkpoint < (v_item ->> 'cp')::bigint
+                            THEN coalesce((v_item ->> 'cp')::bigint, e.checkpoint)
+                            ELSE e.checkpoint END,
+          definition = v_item ->> 'd', version = e.version + 1, origin = v_item ->> 'o',
+          changed_by = v_item ->> 'b', changed_at = v_now,
+          change_id = nullif(v_item ->> 'id', ''), changed_seq = v_seq
+        WHERE e.id = v_e.id;
+      v_status := {W_OK};
+    END IF;
+    SELECT e.anchor, e.checkpoint, e.token, e.definition, e.version, e.origin, e.changed_by,
+           e.changed_at INTO v_e FROM {s}.entries e WHERE e.name = v_item ->> 'e';
+    v_out := array_append(v_out, jsonb_build_object(
+      's', v_status, 'dt', v_detail, 'a', v_e.anchor, 'c', v_e.checkpoint, 'k', v_e.token,
+      'd', CASE WHEN v_status = {W_OK} THEN NULL ELSE v_e.definition END,
+      'v', nullif(v_e.version, 0), 'o', v_e.origin, 'b', v_e.changed_by,
+      't', v_e.changed_at));
+  END LOOP;
+  WITH old AS (
+    SELECT e.id, e.changed_seq FROM {s}.entries e
+      WHERE e.definition IS NULL AND e.changed_seq IS NOT NULL AND e.version <> 0
+        AND e.changed_at < {s}.now_ms() - p_keep
+      ORDER BY e.changed_at LIMIT {TOMBSTONES_DROPPED} FOR UPDATE SKIP LOCKED),
+  gone AS (
+    UPDATE {s}.entries e SET changed_seq = NULL FROM old WHERE e.id = old.id
+      RETURNING old.changed_seq AS seq)
+  SELECT max(seq) INTO v_gone FROM gone;
+  UPDATE {s}.changes SET seq = v_seq, dropped = greatest(v_dropped, v_gone);
+  RETURN to_jsonb(v_out);
+END $$;
+"""
+
+
 def _ddl(schema: str) -> str:
-    return (_DDL + _WORKERS_DDL).format_map(_sql_names(schema))
+    return (_DDL + _WORKERS_DDL + _DEFINITIONS_DDL).format_map(_sql_names(schema))
 
 
 # -- connections -----------------------------------------------------------------------
@@ -2206,6 +2388,69 @@ class PostgresStore(Store):
         removed = {name for (name,) in rows}
         return [name for name in names if name in removed]
 
+    # -- definitions ------------------------------------------------------------------
+    def write_definitions(self, writes: Sequence[DefinitionWrite]
+                          ) -> list[DefinitionResult]:
+        writes = checked_writes(writes, self.history_limit)
+
+        def call(chunk: list[DefinitionWrite]) -> list[Any]:
+            [(replies,)] = self._execute(f"SELECT {self._s}.define(%s, %s, %s)", [
+                Jsonb([_definition_item(w) for w in chunk]), self.history_limit,
+                self.tombstones_kept_ms])
+            return [_write_result(w, reply) for w, reply in zip(chunk, replies)]
+
+        return self._batch(writes, call, lambda w, exc: DefinitionResult(
+            w.name, WriteStatus.CORRUPT, 0, detail=f"{type(exc).__name__}: {exc}"))
+
+    def definitions(self, names: Sequence[str] | None = None, after: str = "",
+                    limit: int = 1000) -> list[StoredDefinition]:
+        fields = "name, definition, version, origin, changed_by, changed_at"
+        defined = "(version <> 0 OR definition IS NOT NULL)"
+        try:
+            if names is None:
+                rows = self._execute(
+                    f"SELECT {fields} FROM {self._s}.entries WHERE {defined}"
+                    f' AND (name COLLATE "C") > %s ORDER BY (name COLLATE "C") LIMIT %s',
+                    [after, page_limit(limit, 0)])
+            else:
+                rows = self._execute(f"SELECT {fields} FROM {self._s}.entries"
+                                     f" WHERE name = ANY(%s::text[]) AND {defined}",
+                                     [list(names)])
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        found = {row[0]: stored_definition(*row) for row in rows}
+        order = [row[0] for row in rows] if names is None else list(dict.fromkeys(names))
+        return [found[name] for name in order if name in found]
+
+    def changes(self, cursor: ChangeCursor | None, limit: int = 1000) -> Changes:
+        limit = page_limit(limit, 1)
+        position, name, _ = (cursor.positions[0] if cursor is not None
+                             and len(cursor.positions) == 1 else (0, "", 0))
+        s = self._s
+        try:  # (one statement: one snapshot of the log)
+            [(head, dropped, top, seen, members)] = self._execute(
+                f"SELECT c.seq, c.dropped,"
+                f" (SELECT jsonb_build_array(e.name, e.changed_seq) FROM {s}.entries e"
+                f"  WHERE e.changed_seq IS NOT NULL ORDER BY e.changed_seq DESC LIMIT 1),"
+                f" (SELECT e.changed_seq FROM {s}.entries e WHERE e.name = %(name)s),"
+                f" (SELECT coalesce(jsonb_agg(jsonb_build_array(m.name, m.changed_seq,"
+                f"  m.definition, m.version, m.origin, m.changed_by, m.changed_at)"
+                f"  ORDER BY m.changed_seq), '[]') FROM (SELECT * FROM {s}.entries e"
+                f"  WHERE e.changed_seq > %(pos)s ORDER BY e.changed_seq LIMIT %(n)s) m)"
+                f" FROM (SELECT 1) one LEFT JOIN {s}.changes c ON true",
+                {"name": name, "pos": position, "n": limit + 1})
+        except psycopg.Error as exc:
+            raise StoreError(f"the server answered with an error: {exc}") from exc
+        newest = (str(top[0]), int(top[1])) if top else ("", 0)
+        head = max(int(head), newest[1]) if head is not None else newest[1]
+        read = LogRead(head, head if dropped is None else int(dropped), newest,
+                       _maybe_int(seen) if name else None,
+                       tuple((str(m[0]), int(m[1])) for m in members))
+        next_cursor, taken, reload, complete = follow(cursor, [read], limit)
+        by_name = {str(m[0]): m for m in members}
+        return Changes(next_cursor, tuple(stored_definition(n, *by_name[n][2:7])
+                                          for n, _ in taken), reload, complete)
+
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
         sql = (f"SELECT name, description, anchor, checkpoint, token, paused_at, paused_by,"
@@ -2310,6 +2555,24 @@ def _plan(plan: ClaimPlan) -> dict[str, Any]:
             "a": expected.anchor if expected else None,
             "c": expected.checkpoint if expected else None,
             "f": plan.token_floor, "t": plan.take_due, "s": steps}
+
+
+def _definition_item(w: DefinitionWrite) -> dict[str, Any]:
+    return {"e": w.name, "d": w.definition, "v": w.expected_version, "o": w.origin.value,
+            "b": w.by, "id": w.change_id, "s": [[due, reason.value] for due, reason
+                                                in sorted(w.skip)],
+            "cp": w.checkpoint, "xc": w.expected_checkpoint}
+
+
+def _write_result(w: DefinitionWrite, reply: dict[str, Any]) -> DefinitionResult:
+    status = WriteStatus(reply["s"])
+    if status is WriteStatus.CORRUPT:
+        return DefinitionResult(w.name, status, 0,
+                                detail=f"unreadable field {reply['dt']!r}")
+    state = (EntryState(int(reply["a"]), _maybe_int(reply.get("c")), int(reply["k"]))
+             if reply.get("a") is not None else None)
+    return definition_result(w, status, state, [reply.get(k) for k in "dvobt"],
+                             str(reply.get("dt") or ""))
 
 
 def _claim_result(entry: str, reply: dict[str, Any]) -> ClaimResult:

@@ -10,7 +10,10 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
                                 pause (paused_at, paused_by, paused_note) and the last
                                 resume (resumed_by, resumed_at, last_paused_at); the beats
                                 that registered it (registrants: JSON, owner id -> when);
-                                its history horizon (horizon: the newest instant trimmed)
+                                its history horizon (horizon: the newest instant trimmed);
+                                its definition (definition: JSON text, absent in a
+                                tombstone; version, origin, changed_by, changed_at; the
+                                last change's id: change_id)
 ``{P:NN}:r:D``          hash    its runs: due (ms) -> JSON record
 ``{P:NN}:h:D``          zset    its history: due -> due (``history_limit`` kept)
 ``{P:NN}:d:D``          zset    its runs due again: due -> due (what a claim takes)
@@ -21,6 +24,15 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
 ``{P:NN}:held``         zset    its claims: "owner|token|due|name" -> claimed or checked at
 ``{P:NN}:open``         zset    its runs sent or started: "due|name" -> last active at
 ``{P:NN}:t``            hash    task ids of its runs that started: id -> entry, due, token
+``{P:NN}:changes``      zset    its change log: name -> sequence number of the entry's last
+                                definition change (one member per entry; a tombstone leaves
+                                it ``TOMBSTONE_KEPT_MS`` after its delete, a pruned entry
+                                at once)
+``{P:NN}:named``        zset    its entries that have or had a definition: name (scores 0:
+                                in name order, for paging)
+``{P:NN}:gone``         zset    its tombstones still in the change log: name -> deleted at
+``{P:NN}:seq``          hash    its change log's sequence: seq (the last number handed
+                                out), dropped (the newest number of a member that left it)
 ``{P}:owners``          hash    beats: owner id -> JSON (host, pid, start time)
 ``{P}:alive``           zset    beats: owner id -> heartbeat expiry (store ms)
 ``{P}:epoch``           hash    the store's epoch: id, settle_until, since, server (its
@@ -34,6 +46,11 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
                                 identity, renewed_at, expires_at), removed by its expiry
                                 ``worker_records_kept`` after it lapses; ID: ``worker_id``
 ======================  ======  ===========================================================
+
+The definition fields and keys came with beat-claims 0.2's definitions: a reader of the
+layout before them reads the same keys and fields the same way (and never the new ones),
+so ``{P}:layout`` stays "2" (a prune of that version does not know definitions, and would
+remove an entry that has one: prune with this one).
 
 Records are JSON, never pickle. Names of states, reasons and policies reach the scripts
 as a table generated from :mod:`beat_claims.enums`.
@@ -68,14 +85,18 @@ from celery.utils.log import get_logger
 from redis.client import NEVER_DECODE, Pipeline
 from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 
-from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
+from ..enums import FINAL_STATES, Origin, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from ..urls import raise_redacted, redact_url
 from .base import (
+    CHANGES_PER_MS,
     TOKENS_PER_MS,
+    TOMBSTONES_DROPPED,
     BackfillForgotten,
     BackfillRefused,
     BackfillResult,
+    ChangeCursor,
+    Changes,
     Check,
     CheckResult,
     CheckVerdict,
@@ -83,6 +104,8 @@ from .base import (
     ClaimPlan,
     ClaimResult,
     ClaimStatus,
+    DefinitionResult,
+    DefinitionWrite,
     Delivery,
     EntryRecord,
     EntrySeed,
@@ -91,6 +114,7 @@ from .base import (
     HeldRun,
     LiveQuery,
     LiveRuns,
+    LogRead,
     OpenRun,
     Outcome,
     OwnerStatus,
@@ -101,13 +125,20 @@ from .base import (
     StartDecision,
     Store,
     StoreConfigurationError,
+    StoredDefinition,
     StoreError,
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
+    WriteStatus,
     Written,
+    checked_writes,
+    definition_result,
+    follow,
+    page_limit,
     read_worker_record,
     registrants_from_json,
+    stored_definition,
     worker_id,
     worker_ttl_ms,
     written_worker_record,
@@ -149,7 +180,7 @@ _OUTAGE_CODES = ("NOREPLICAS", "BUSY", "MISCONF", "READONLY", "LOADING", "MASTER
 SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "open",
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
            "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat",
-           "kept", "beats_alive", "registrant", "unregister")
+           "kept", "beats_alive", "registrant", "unregister", "define", "changes")
 
 
 def _lua_names() -> str:
@@ -170,8 +201,11 @@ def _lua_names() -> str:
         table("CLAIM", (c.value for c in ClaimStatus)),
         table("CHECK", (v.value for v in CheckVerdict)),
         table("START", (v.value for v in StartVerdict)),
+        table("WRITE", (v.value for v in WriteStatus)),
         f"local LOST_KEEP_MS = {WEEK_MS}",
         f"local TOKENS_PER_MS = {TOKENS_PER_MS}",
+        f"local CHANGES_PER_MS = {CHANGES_PER_MS}",
+        f"local TOMBSTONES_DROPPED = {TOMBSTONES_DROPPED}",
     ])
 
 
@@ -233,7 +267,7 @@ def _sha(name: str) -> str:
 
 
 #: Scripts that only read: flagged so in the library (a server out of memory runs them).
-READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive"})
+READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive", "changes"})
 
 
 @cache
@@ -421,6 +455,13 @@ class RedisStore(Store):
         return [f"{tag}:e:{d}", f"{tag}:r:{d}", f"{tag}:h:{d}", f"{tag}:d:{d}",
                 f"{tag}:b:{d}", f"{tag}:x:{d}", f"{tag}:due", f"{tag}:held", f"{tag}:open",
                 f"{tag}:t"]
+
+    def definition_keys(self, entry: str) -> list[str]:
+        """The keys of a definition script: the entry's, then its bucket's change log,
+        names, tombstones and sequence (the module docstring's table)."""
+        tag, _ = self._tag(entry)
+        return [*self.entry_keys(entry), f"{tag}:changes", f"{tag}:named", f"{tag}:gone",
+                f"{tag}:seq"]
 
     def _bucket_keys(self, bucket: int, *names: str) -> list[str]:
         return [f"{{{self.prefix}:{bucket:02d}}}:{name}" for name in names]
@@ -1161,13 +1202,144 @@ class RedisStore(Store):
             raise StoreError(f"{self._alive} cannot be read: which beats are alive is not"
                              " known, so nothing was removed")
         live_ids = json.dumps(sorted(live))
-        replies = self._chunked(names, lambda pipe, name: self._entry_script(
-            pipe, "forget", name, live_ids, since))
+        replies = self._chunked(names, lambda pipe, name: self._script(
+            pipe, "forget", self.definition_keys(name), name, live_ids, since))
         removed = [name for name, reply in zip(names, replies) if reply == 1]
         if removed:
             self._round_trip(lambda pipe: pipe.hdel(self._registry,
                                                     *[digest(n) for n in removed]))
         return removed
+
+    # -- definitions ------------------------------------------------------------------
+    #: A definition's stored fields, in the order every read asks for them.
+    _DEFINITION_FIELDS = ("definition", "version", "origin", "changed_by", "changed_at")
+
+    def write_definitions(self, writes: Sequence[DefinitionWrite]
+                          ) -> list[DefinitionResult]:
+        writes = checked_writes(writes, self.history_limit)
+        if not writes:
+            return []
+        # New entries are anchored as register anchors them (anchor_instant.lua).
+        anchor = self._round_trip(lambda pipe: self._script(
+            pipe, "anchor_instant", [self._anchoring], ANCHOR_SHARED_MS))[0]
+        _raise_if_error(anchor)
+        out: list[DefinitionResult] = []
+        for start in range(0, len(writes), CHUNK):
+            chunk = writes[start:start + CHUNK]
+
+            def build(pipe: Pipeline, part: Sequence[DefinitionWrite] = chunk) -> None:
+                for w in part:
+                    self._define(pipe, w, str(anchor))
+                    if _creates(w):  # (listed with every entry, as register lists them)
+                        pipe.hset(self._registry, digest(w.name), w.name)
+
+            replies = iter(self._round_trip(build))
+            for w in chunk:
+                out.append(self._write_result(w, next(replies)))
+                if _creates(w):
+                    next(replies)
+        return out
+
+    def _define(self, pipe: Pipeline, w: DefinitionWrite, anchor: str) -> None:
+        steps = [x for due, reason in sorted(w.skip) for x in (due, reason.value)]
+        self._script(pipe, "define", self.definition_keys(w.name), w.name, anchor,
+                     w.expected_version, w.definition or "",
+                     "1" if w.definition is None else "0", w.origin.value, w.by, w.change_id,
+                     "" if w.checkpoint is None else w.checkpoint,
+                     "" if w.expected_checkpoint is None else w.expected_checkpoint,
+                     self.history_limit, self.tombstones_kept_ms, len(w.skip), *steps, raw=True)
+
+    def _write_result(self, w: DefinitionWrite, reply: Any) -> DefinitionResult:
+        """define.lua's reply; one that cannot be read (an error: a key of the wrong kind)
+        makes its own entry corrupt, never the call."""
+        try:
+            _raise_if_error(reply)
+            status_text, detail, anchor, checkpoint, token, *stored = self._json_reply(
+                reply, 10)
+            status = WriteStatus(status_text)
+            if status is WriteStatus.CORRUPT:
+                return DefinitionResult(w.name, status, 0,
+                                        detail=f"unreadable field {detail!r}")
+            state = (EntryState(_whole(anchor), _maybe_int(checkpoint), _whole(token))
+                     if anchor else None)
+        except (StoreError, ValueError, OverflowError) as exc:
+            return DefinitionResult(w.name, WriteStatus.CORRUPT, 0, detail=str(exc))
+        return definition_result(w, status, state,
+                                 [None if v is False else v for v in stored], str(detail))
+
+    def definitions(self, names: Sequence[str] | None = None, after: str = "",
+                    limit: int = 1000) -> list[StoredDefinition]:
+        if names is None:
+            names = self._named(after, page_limit(limit, 0))
+        found = self._definitions_of(list(dict.fromkeys(names)))
+        return [d for d in found.values() if d is not None]
+
+    def _definitions_of(self, names: list[str]) -> dict[str, StoredDefinition | None]:
+        """Each entry's stored definition (None: it never had one), read as bytes."""
+        replies = self._chunked(names, lambda pipe, name: pipe.execute_command(
+            "HMGET", self.entry_keys(name)[0], *self._DEFINITION_FIELDS, **_UNDECODED))
+        out: dict[str, StoredDefinition | None] = {}
+        for name, reply in zip(names, replies):
+            if isinstance(reply, Exception):
+                out[name] = StoredDefinition(name, None, 0, Origin.API, "", 0, False,
+                                             f"unreadable record: {reply}")
+            elif reply[0] is None and reply[1] is None:
+                out[name] = None
+            else:
+                out[name] = stored_definition(name, *reply)
+        return out
+
+    def _named(self, after: str, limit: int) -> list[str]:
+        """The first ``limit`` names after ``after`` of the entries that have or had a
+        definition: each bucket's first ``limit``, merged."""
+        if limit <= 0:
+            return []
+        low = b"(" + after.encode() if after else b"-"
+
+        def build(pipe: Pipeline) -> None:
+            for bucket in range(BUCKETS):
+                pipe.execute_command("ZRANGEBYLEX", self._bucket_keys(bucket, "named")[0],
+                                     low, b"+", "LIMIT", 0, limit, **_UNDECODED)
+
+        found: list[bytes] = []
+        for bucket, reply in enumerate(self._round_trip(build)):
+            if isinstance(reply, Exception):  # a key of the wrong kind: named, left out
+                self._note_bad_key(self._bucket_keys(bucket, "named")[0])
+                continue
+            found += reply
+        return [name.decode(errors="replace") for name in sorted(found)[:limit]]
+
+    def changes(self, cursor: ChangeCursor | None, limit: int = 1000) -> Changes:
+        limit = page_limit(limit, 1)
+        groups = self._bucket_groups()
+        positions = (cursor.positions if cursor is not None and len(cursor.positions) ==
+                     BUCKETS else ((0, "", 0),) * BUCKETS)
+
+        def build(pipe: Pipeline) -> None:
+            for group in groups:
+                keys = [k for b in group for k in self._bucket_keys(b, "changes", "seq")]
+                args = [x for b in group for x in (positions[b][0], positions[b][1])]
+                self._script(pipe, "changes", keys, limit, *args, raw=True)
+
+        reads: list[LogRead] = []
+        complete = True
+        for group, reply in zip(groups, self._round_trip(build)):
+            _raise_if_error(reply)
+            for bucket, row in zip(group, self._json_reply(reply, len(group))):
+                read = _log_read(row, positions[bucket])
+                if isinstance(read, str):  # a key of the wrong kind: the bucket stays put
+                    self._note_bad_key(read)
+                    complete = False
+                    position, name, name_seq = positions[bucket]
+                    read = LogRead(position, 0, (name, name_seq), name_seq or None, ())
+                reads.append(read)
+        next_cursor, taken, reload, whole = follow(cursor, reads, limit)
+        stored = self._definitions_of([name for name, _ in taken])
+        # (a member whose record is gone has no definition: deleted)
+        changed = tuple(stored.get(name) or StoredDefinition(name, None, 0, Origin.API, "",
+                                                              0, True)
+                        for name, _ in taken)
+        return Changes(next_cursor, changed, reload, complete and whole)
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
@@ -1383,6 +1555,31 @@ def _dues(texts: list[str]) -> tuple[int, ...]:
         except (ValueError, OverflowError):
             logger.warning("beat-claims: a run key that is no instant: %r", text[:100])
     return tuple(out)
+
+
+def _creates(w: DefinitionWrite) -> bool:
+    """Whether a write makes the entry exist (or finds it): a create that names no
+    checkpoint (one that does answers CONFLICT for an entry that does not exist)."""
+    return w.expected_version == 0 and w.expected_checkpoint is None
+
+
+def _log_read(row: list[Any], position: tuple[int, str, int]) -> LogRead | str:
+    """changes.lua's answer for one bucket, or the key of the wrong kind it named. A
+    counter that cannot be read is taken as the newest number the log holds, a dropped
+    mark that cannot be read as the head (a reader reloads rather than misses a drop)."""
+    head, dropped, top_name, top_seq, seen, members, bad = row
+    if bad:
+        return str(bad)
+    flat = [] if members == {} else list(members)
+    pairs = tuple((str(flat[i]), n) for i in range(0, len(flat), 2)
+                  if (n := _maybe_int(flat[i + 1])) is not None)
+    newest = _maybe_int(top_seq) or 0
+    head_n = _maybe_int(head)
+    if head_n is None:
+        head_n = max([newest, position[0], *(n for _, n in pairs)])
+    dropped_n = _maybe_int(dropped)
+    return LogRead(head_n, head_n if dropped_n is None else dropped_n,
+                   (str(top_name), newest), _maybe_int(seen), pairs)
 
 
 def _plain_member(member: str) -> RunRef | None:

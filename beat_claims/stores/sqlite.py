@@ -19,13 +19,20 @@ find every run from the records alone.
                   (``store_id``: made with the tables, kept as long as the file keeps its
                   records), the epoch (``epoch``, ``settle_until``, ``epoch_since``,
                   ``epoch_file``: the file's device and inode), the shared anchoring instant
-                  (``anchoring``, ``anchoring_until``)
+                  (``anchoring``, ``anchoring_until``), the change log's sequence
+                  (``changes_seq``: the last number handed out; ``changes_dropped``: the
+                  newest number of an entry that left the log, raised by a trigger when an
+                  entry with one is deleted)
 ``P_entries``     name -> description, anchor, checkpoint, token; an operator's pause
                   (paused_by, paused_note, paused_at: NULL when not paused) and the last
                   resume (resumed_by, resumed_at, and last_paused_at: when the pause it
                   ended began); registrants (JSON: the beats that registered it, owner id
                   -> when; NULL: none recorded); horizon (the newest instant whose run a
-                  trim removed; NULL: none)
+                  trim removed; NULL: none); its definition (definition: JSON text, NULL in
+                  a tombstone; version: 0 when it never had one; origin, changed_by,
+                  changed_at; change_id: the last change's) and changed_seq (its place in
+                  the change log: the sequence number of its last definition change;
+                  NULL: not in the log, or a tombstone past TOMBSTONE_KEPT_MS)
 ``P_runs``        (entry, due) -> record (JSON); index columns: kind (``due``,
                   ``waiting``, ``held``, ``open``; NULL once final or unreadable), since
                   (what the sweeps compare with their cutoffs), owner and token (held
@@ -39,8 +46,10 @@ find every run from the records alone.
                   schema 1 still connected to a file migrated under them read it)
 ================  ======================================================================
 
-Indexes: runs (kind, since) where kind is set (the sweeps: due, waiting, held, open runs,
-oldest first, whatever the number of entries); runs (entry, due) where kind is ``due``
+Indexes: entries (changed_seq) where set (the change feed), (name) where it has or had a
+definition (definitions in name order), (changed_at) of the tombstones still in the log; runs (kind,
+since) where kind is set (the sweeps: due, waiting, held, open runs, oldest first,
+whatever the number of entries); runs (entry, due) where kind is ``due``
 (what a claim takes), where kind is ``waiting`` (what overlap="buffer_one" keeps for
 later), where busy (what overlap="skip" and "buffer_one" wait for), where place is ``h``
 (the history); runs (entry, lost_at) where place is ``x``; owners (expires_at); tasks
@@ -50,10 +59,12 @@ Schema versions: 1 (task ids kept a week), 2 (task ids go with their run; the st
 3 (an entry's pause and last resume; waiting runs), 4 (when the pause the last resume
 ended began: ``last_paused_at``), 5 (``P_workers``: worker processes' liveness, id ->
 record (JSON), expires_at; removed ``worker_records_kept`` after they lapse; an entry's
-registrants and history horizon). A file of an older schema is migrated when it is
-opened: from 1, task ids whose run is gone are removed; from 2, the entries table gets the
-pause's columns; from 3, ``last_paused_at`` (NULL: no last pause); from 4, the workers
-table is made, and ``registrants`` and ``horizon`` added (NULL: none recorded).
+registrants and history horizon), 6 (an entry's definition, its version and the change
+log). A file of an older schema is migrated when it is opened: from 1, task ids whose run
+is gone are removed; from 2, the entries table gets the pause's columns; from 3,
+``last_paused_at`` (NULL: no last pause); from 4, the workers table is made, and
+``registrants`` and ``horizon`` added (NULL: none recorded); from 5, the definition's
+columns (version 0: none) and the change log's indexes.
 """
 
 from __future__ import annotations
@@ -79,10 +90,14 @@ from ..enums import FINAL_STATES, Overlap, Reason, RunState, StartVerdict
 from ..runs import Owner, Run, iso
 from ..urls import redact_url
 from .base import (
+    CHANGES_PER_MS,
     TOKENS_PER_MS,
+    TOMBSTONES_DROPPED,
     BackfillForgotten,
     BackfillRefused,
     BackfillResult,
+    ChangeCursor,
+    Changes,
     Check,
     CheckResult,
     CheckVerdict,
@@ -90,6 +105,8 @@ from .base import (
     ClaimPlan,
     ClaimResult,
     ClaimStatus,
+    DefinitionResult,
+    DefinitionWrite,
     Delivery,
     EntryRecord,
     EntrySeed,
@@ -98,6 +115,7 @@ from .base import (
     HeldRun,
     LiveQuery,
     LiveRuns,
+    LogRead,
     OpenRun,
     Outcome,
     OwnerStatus,
@@ -108,14 +126,21 @@ from .base import (
     StartDecision,
     Store,
     StoreConfigurationError,
+    StoredDefinition,
     StoreError,
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
+    WriteStatus,
     Written,
+    checked_writes,
+    definition_result,
+    follow,
     in_last_pause,
+    page_limit,
     read_worker_record,
     registrants_from_json,
+    stored_definition,
     worker_id,
     worker_ttl_ms,
 )
@@ -124,7 +149,7 @@ logger = get_logger("celery.beat.claims")
 
 #: The layout of the tables above. A file written by a newer version is refused; an older
 #: one is migrated.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: Beats that register new entries within this many ms of each other share the instant.
 ANCHOR_SHARED_MS = 2000
 #: How long a presumed-lost run is kept (for a late delivery).
@@ -159,6 +184,10 @@ _LAST_PAUSE_COLUMNS = (("last_paused_at", "INTEGER"),)
 #: The entries table's columns of schema 5: the beats that registered the entry, and its
 #: history horizon.
 _OPERATOR_COLUMNS = (("registrants", "TEXT"), ("horizon", "INTEGER"))
+#: The entries table's columns of schema 6: the entry's definition and its change log place.
+_DEFINITION_COLUMNS = (("definition", "TEXT"), ("version", "INTEGER NOT NULL DEFAULT 0"),
+                       ("origin", "TEXT"), ("changed_by", "TEXT"), ("changed_at", "INTEGER"),
+                       ("change_id", "TEXT"), ("changed_seq", "INTEGER"))
 _NUMBER_FIELDS = ("due", "token", "claimed_at", "sending_at", "sent_at", "started_at",
                   "finished_at", "released_at", "revived_at", "worker_pid", "retries",
                   "attempts", "reclaims", "deliveries", "waiting_at")
@@ -207,7 +236,8 @@ def _schema(t: Tables) -> list[str]:
         " description TEXT NOT NULL DEFAULT '', anchor INTEGER, checkpoint INTEGER,"
         " token INTEGER, "
         + ", ".join(f"{name} {kind}" for name, kind
-                    in _PAUSE_COLUMNS + _LAST_PAUSE_COLUMNS + _OPERATOR_COLUMNS)
+                    in _PAUSE_COLUMNS + _LAST_PAUSE_COLUMNS + _OPERATOR_COLUMNS
+                    + _DEFINITION_COLUMNS)
         + ") WITHOUT ROWID",
         f"CREATE TABLE IF NOT EXISTS {t.runs} (entry TEXT NOT NULL, due INTEGER NOT NULL,"
         " record TEXT, kind TEXT, since INTEGER, owner TEXT, token INTEGER, busy INTEGER,"
@@ -264,6 +294,60 @@ def _migrations(t: Tables) -> dict[int, list[Migration]]:
         # The worker processes' liveness has a table of its own, made with the others
         # (processes of schema 4 still connected never read it: they fence as before).
         4: [lambda db: _add_columns(db, t.entries, _OPERATOR_COLUMNS)],
+        # An entry's definition: version 0 in every existing row (none). Processes of schema
+        # 5 still connected name their columns: they go on (their prune does not know a
+        # definition: stop them before entries get one).
+        5: [lambda db: _add_columns(db, t.entries, _DEFINITION_COLUMNS)],
+    }
+
+
+#: An entry that has or had a definition (or a record of one that cannot be read).
+_DEFINED = "(version <> 0 OR definition IS NOT NULL)"
+
+
+def _definitions_schema(t: Tables) -> list[str]:
+    """The change log's indexes and trigger (schema 6), made once the columns exist."""
+    b = t.base
+    return [
+        f'CREATE INDEX IF NOT EXISTS "{b}_entries_changes" ON {t.entries} (changed_seq)'
+        " WHERE changed_seq IS NOT NULL",
+        f'CREATE INDEX IF NOT EXISTS "{b}_entries_defined" ON {t.entries} (name)'
+        f" WHERE {_DEFINED}",
+        f'CREATE INDEX IF NOT EXISTS "{b}_entries_gone" ON {t.entries} (changed_at)'
+        " WHERE definition IS NULL AND changed_seq IS NOT NULL AND version <> 0",
+        # An entry that leaves the store (a prune, an operator with the sqlite3 shell)
+        # leaves the change log: its number is a dropped one (a reader behind it reloads).
+        f'CREATE TRIGGER IF NOT EXISTS "{b}_entries_unlog" AFTER DELETE ON {t.entries}'
+        " WHEN old.changed_seq IS NOT NULL BEGIN"
+        f" INSERT INTO {t.meta} (key, value) VALUES ('changes_dropped', old.changed_seq)"
+        " ON CONFLICT (key) DO UPDATE SET value = max(CAST(value AS INTEGER),"
+        " excluded.value); END",
+    ]
+
+
+def _definition_statements(t: Tables) -> dict[str, str]:
+    """The statements of definitions and the change feed (schema 6)."""
+    fields = "definition, version, origin, changed_by, changed_at"
+    defined = f'{t.entries} INDEXED BY "{t.base}_entries_defined"'
+    changes = f'{t.entries} INDEXED BY "{t.base}_entries_changes"'
+    gone = f'{t.entries} INDEXED BY "{t.base}_entries_gone"'
+    return {
+        "def_get": f"SELECT {fields}, change_id FROM {t.entries} WHERE name = ?",
+        "def_put": f"UPDATE {t.entries} SET definition = ?, version = ?, origin = ?,"
+                   " changed_by = ?, changed_at = ?, change_id = ?, changed_seq = ?"
+                   " WHERE name = ?",
+        "def_live": f"SELECT 1 FROM {t.entries} WHERE name = ? AND definition IS NOT NULL",
+        "defs_page": f"SELECT name, {fields} FROM {defined} WHERE {_DEFINED}"
+                     " AND name > ? ORDER BY name LIMIT ?",
+        "changes_after": f"SELECT name, changed_seq, {fields} FROM {changes}"
+                         " WHERE changed_seq > ? ORDER BY changed_seq LIMIT ?",
+        "changes_top": f"SELECT name, changed_seq FROM {changes} WHERE changed_seq > 0"
+                       " ORDER BY changed_seq DESC LIMIT 1",
+        "changes_seen": f"SELECT changed_seq FROM {t.entries} WHERE name = ?",
+        "changes_gone": f"SELECT name, changed_seq FROM {gone} WHERE definition IS NULL"
+                        " AND changed_seq IS NOT NULL AND version <> 0 AND changed_at < ?"
+                        " ORDER BY changed_at LIMIT ?",
+        "changes_unlog": f"UPDATE {t.entries} SET changed_seq = NULL WHERE name = ?",
     }
 
 
@@ -625,7 +709,7 @@ class SQLiteStore(Store):
         self.timeout = max(0.001, float(timeout))
         self._url = redact_url(url or f"sqlite:///{path}")
         self.tables = Tables.for_prefix(prefix)
-        self._sql = _statements(self.tables)
+        self._sql = {**_statements(self.tables), **_definition_statements(self.tables)}
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._db_file: tuple[int, int] | None = None
@@ -773,6 +857,8 @@ class SQLiteStore(Store):
                         migration(db)
                 logger.warning("beat-claims: %s (tables %s_*) migrated from schema version"
                                " %d to %d", self.path, t.base, old, old + 1)
+            for statement in _definitions_schema(t):
+                db.execute(statement)
             db.execute(self._sql["meta_set"], ("version", str(max(version, SCHEMA_VERSION))))
             db.execute(self._sql["meta_set"], ("prefix", self.prefix))
             # The store's id: made with its tables, and kept as long as they are.
@@ -1825,6 +1911,8 @@ class SQLiteStore(Store):
                 return False
             if db.execute(q["runs_live"], (name,)).fetchone() is not None:
                 return False
+            if db.execute(q["def_live"], (name,)).fetchone() is not None:
+                return False  # a live definition: never pruned
             if self._registered_alive(db, now, name):
                 return False
             db.execute(q["runs_forget"], (name,))
@@ -1842,6 +1930,152 @@ class SQLiteStore(Store):
         if found is False:
             return True
         return found is not None and not self._alive(db, now).isdisjoint(found)
+
+    # -- definitions ------------------------------------------------------------------
+    def write_definitions(self, writes: Sequence[DefinitionWrite]
+                          ) -> list[DefinitionResult]:
+        writes = checked_writes(writes, self.history_limit)
+        anchoring: list[int] = []  # the call's anchoring instant, read when first needed
+
+        def anchor(db: sqlite3.Connection, now: int) -> int:
+            if not anchoring:
+                anchoring.append(self._anchor_instant(db, now))
+            return anchoring[0]
+
+        return self._each("write_definitions", writes, lambda db, now, w: self._define_one(
+            db, now, w, lambda: anchor(db, now)), lambda w, exc: DefinitionResult(
+            w.name, WriteStatus.CORRUPT, 0, detail=f"{type(exc).__name__}: {exc}"))
+
+    def _define_one(self, db: sqlite3.Connection, now: int, w: DefinitionWrite,
+                    anchor: Callable[[], int]) -> DefinitionResult:
+        """define.lua: a compare-and-set on the version (and the checkpoint, when named);
+        an entry that does not exist is anchored; the skips recorded as a claim records
+        them (by the claim's own code), the checkpoint moved forward only; the definition
+        or its tombstone, the version, who and when written, and the change numbered in
+        the change log. The last change's id answers as it did."""
+        q, name = self._sql, w.name
+        e, bad = self._get_entry(db, name)
+        if bad:
+            return DefinitionResult(name, WriteStatus.CORRUPT, 0,
+                                    detail=f"unreadable field {bad[0]!r}")
+        row = db.execute(q["def_get"], (name,)).fetchone()
+        text, raw_version, _, _, _, change_id = row or (None, 0, None, None, None, None)
+        version = _maybe_int(raw_version) if _is_number(raw_version) else None
+        if version is None or version < 0 or (version == 0 and text is not None):
+            return DefinitionResult(name, WriteStatus.CORRUPT, 0, detail="unreadable field"
+                                    f" 'version' ({raw_version!r:.40})")
+
+        def answer(status: WriteStatus, detail: str = "") -> DefinitionResult:
+            entry, _ = self._get_entry(db, name)
+            state = (EntryState(entry["anchor"], entry["checkpoint"], entry["token"] or 0)
+                     if entry and entry["anchor"] is not None else None)
+            stored = db.execute(q["def_get"], (name,)).fetchone()
+            return definition_result(w, status, state, stored and (
+                stored[0], stored[1] or None, *stored[2:5]), detail)
+
+        live = text is not None
+        if w.change_id and change_id == w.change_id:
+            return answer(WriteStatus.OK)
+        if w.expected_version == 0 and live:
+            return answer(WriteStatus.EXISTS)
+        if w.expected_version != 0 and not live:
+            return answer(WriteStatus.MISSING)
+        if w.expected_version != 0 and version != w.expected_version:
+            return answer(WriteStatus.CONFLICT, "version")
+        if w.expected_checkpoint is not None and (
+                e is None or e["checkpoint"] != w.expected_checkpoint):
+            return answer(WriteStatus.CONFLICT, "checkpoint")
+        if e is None or e["anchor"] is None:
+            e = {"anchor": anchor(), "checkpoint": None, "token": 0}
+            db.execute(q["entry_put"], (name, "", e["anchor"], None, 0))
+        if w.skip:  # recorded by the claim's own code: a plan of skips alone
+            self._claim_one(db, now, "", ClaimPlan(name, EntryState(
+                e["anchor"] or 0, e["checkpoint"], e["token"] or 0), skip=w.skip,
+                take_due=False))
+            e, _ = self._get_entry(db, name)
+            assert e is not None
+        if w.checkpoint is not None and (e["checkpoint"] is None
+                                         or w.checkpoint > e["checkpoint"]):
+            db.execute(q["entry_move"], (w.checkpoint, e["token"], name))
+        db.execute(q["def_put"], (w.definition, version + 1, w.origin.value, w.by, now,
+                                  w.change_id or None, self._next_seq(db, now), name))
+        self._drop_tombstones(db, now)
+        return answer(WriteStatus.OK)
+
+    def _next_seq(self, db: sqlite3.Connection, now: int) -> int:
+        """next_seq in the prelude: above the last number (and the newest in the log), at
+        least the clock times CHANGES_PER_MS; a dropped mark that cannot be read is set to
+        the head."""
+        q = self._sql
+        head, dropped, top = self._log_marks(db)
+        head = max(head or 0, top[1])
+        if dropped is None:
+            db.execute(q["meta_set"], ("changes_dropped", str(head)))
+        seq = max(head + 1, now * CHANGES_PER_MS)
+        db.execute(q["meta_set"], ("changes_seq", str(seq)))
+        return seq
+
+    def _log_marks(self, db: sqlite3.Connection
+                   ) -> tuple[int | None, int | None, tuple[str, int]]:
+        """The change log's head and dropped mark (None: cannot be read; 0: none yet), and
+        its newest member (name, number; ('', 0): none)."""
+        q = self._sql
+        marks = []
+        for key in ("changes_seq", "changes_dropped"):
+            row = db.execute(q["meta_get"], (key,)).fetchone()
+            marks.append(0 if row is None else _maybe_int(row[0]))
+        top = db.execute(q["changes_top"]).fetchone()
+        return marks[0], marks[1], (str(top[0]), int(top[1])) if top else ("", 0)
+
+    def _drop_tombstones(self, db: sqlite3.Connection, now: int) -> None:
+        """Tombstones deleted more than ``tombstones_kept_ms`` ago leave the change log
+        (TOMBSTONES_DROPPED at most); the dropped mark rises to their numbers."""
+        q = self._sql
+        rows = db.execute(q["changes_gone"], (now - self.tombstones_kept_ms,
+                                              TOMBSTONES_DROPPED)).fetchall()
+        if not rows:
+            return
+        for name, _ in rows:
+            db.execute(q["changes_unlog"], (name,))
+        _, dropped, _ = self._log_marks(db)
+        db.execute(q["meta_set"], ("changes_dropped",
+                                   str(max([dropped or 0, *(int(seq) for _, seq in rows)]))))
+
+    def definitions(self, names: Sequence[str] | None = None, after: str = "",
+                    limit: int = 1000) -> list[StoredDefinition]:
+        q = self._sql
+        if names is None:
+            page_limit(limit, 0)
+
+        def work(db: sqlite3.Connection) -> list[Any]:
+            if names is None:
+                return db.execute(q["defs_page"], (after, limit)).fetchall()
+            return [(name, *row) for name in dict.fromkeys(names)
+                    if (row := db.execute(q["def_get"], (name,)).fetchone()) is not None]
+
+        return [stored_definition(name, *fields[:5]) for name, *fields
+                in self._transaction(work, write=False)
+                if fields[1] not in (0, None) or fields[0] is not None]
+
+    def changes(self, cursor: ChangeCursor | None, limit: int = 1000) -> Changes:
+        q, limit = self._sql, page_limit(limit, 1)
+        position, name, _ = (cursor.positions[0] if cursor is not None
+                             and len(cursor.positions) == 1 else (0, "", 0))
+
+        def work(db: sqlite3.Connection) -> tuple[LogRead, list[Any]]:
+            head, dropped, top = self._log_marks(db)
+            seen = db.execute(q["changes_seen"], (name,)).fetchone() if name else None
+            rows = db.execute(q["changes_after"], (position, limit + 1)).fetchall()
+            head = max(head, top[1]) if head is not None else top[1]
+            return LogRead(head, head if dropped is None else dropped, top,
+                           _maybe_int(seen[0]) if seen else None,
+                           tuple((row[0], int(row[1])) for row in rows)), rows
+
+        read, rows = self._transaction(work, write=False)
+        next_cursor, taken, reload, complete = follow(cursor, [read], limit)
+        by_name = {row[0]: row for row in rows}
+        return Changes(next_cursor, tuple(stored_definition(n, *by_name[n][2:7])
+                                          for n, _ in taken), reload, complete)
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -33,3 +34,24 @@ class Backend:
     corrupt_worker_record: Callable[[Store, WorkerProcess, str], None]
     """``corrupt_worker_record(store, process, raw)``: the stored liveness record of a worker
     process that had a heartbeat becomes ``raw`` (a JSON text, or not even that)."""
+    copy: Callable[[Store], Callable[[], None]]
+    """``copy(store)``: a copy of the store's data taken now; calling what it returns puts
+    the store back to that copy (a restore from an older copy: whatever was written since
+    is gone), as an operator would with the backend's own tools."""
+    round_trips: Callable[[Store], Callable[[], int]]
+    """``round_trips(store)``: from now on, count the store's round trips to its server
+    (Redis pipelines, PostgreSQL statements, SQLite transactions); what it returns reads
+    the count."""
+
+
+def counting(store: Store, method: str) -> Callable[[], int]:
+    """Count the calls of the store's ``method`` (its one way to its server) from now on."""
+    calls = [0]
+    real = getattr(store, method)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    setattr(store, method, counted)
+    return lambda: calls[0]

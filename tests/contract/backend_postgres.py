@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -33,7 +33,7 @@ from psycopg.types.json import Jsonb
 from beat_claims.stores.base import Store, WorkerProcess, worker_id
 from beat_claims.stores.postgres import PostgresStore
 
-from .backend import Backend
+from .backend import Backend, counting
 
 HOST = os.environ.get("BC_PGHOST", "127.0.0.1")
 PORT = os.environ.get("BC_PGPORT", "5432")
@@ -144,7 +144,12 @@ def _pg_corrupt_run(store: Store, entry: str, due: int, raw: str) -> None:
 
 
 def _pg_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -> None:
-    assert field in ("anchor", "checkpoint", "token", "registrants", "horizon"), field
+    assert field in ("anchor", "checkpoint", "token", "registrants", "horizon", "definition",
+                     "version", "origin", "changed_by", "changed_at"), field
+    if field in ("definition", "origin", "changed_by"):  # text columns: any text
+        admin().execute(sql.SQL("UPDATE {} SET {} = %s WHERE name = %s").format(
+            _table(store, "entries"), sql.Identifier(field)), [raw, entry])
+        return
     if field == "registrants":  # a jsonb column: any JSON, not only an object of numbers
         try:
             value = json.loads(raw)
@@ -181,23 +186,36 @@ def _terminate_others() -> None:
 
 
 def _pg_restart(store: Store) -> None:
+    _terminate_others()  # every session ends, as at a restart
+    _pg_copy(store)()
+
+
+def _pg_copy(store: Store) -> Callable[[], None]:
+    """A backup of the store's schema (``pg_dump``); put back with ``pg_restore``, the
+    schema dropped first (its relations are new ones: another epoch)."""
     s = _pg(store)
     dump, restore = shutil.which("pg_dump"), shutil.which("pg_restore")
     if dump is None or restore is None:
         pytest.skip("pg_dump and pg_restore are needed to restore the store from a backup")
-    _terminate_others()  # every session ends, as at a restart
-    name = _session["name"]
-    common = ["-h", HOST, "-p", str(PORT), "-U", USER, "-d", name]
-    with tempfile.TemporaryDirectory(prefix="bc-pg-") as tmp:
-        path = os.path.join(tmp, "store.dump")
-        subprocess.run([dump, *common, "-Fc", "-n", s.schema, "-f", path], check=True,
-                       capture_output=True, timeout=60)
-        _pg_wipe(store)
-        subprocess.run([restore, *common, "--single-transaction", "--exit-on-error", path],
-                       check=True, capture_output=True, timeout=60)
+    common = ["-h", HOST, "-p", str(PORT), "-U", USER, "-d", _session["name"]]
+    tmp = tempfile.mkdtemp(prefix="bc-pg-")
+    path = os.path.join(tmp, "store.dump")
+    subprocess.run([dump, *common, "-Fc", "-n", s.schema, "-f", path], check=True,
+                   capture_output=True, timeout=60)
+
+    def put_back() -> None:
+        try:
+            _pg_wipe(store)
+            subprocess.run([restore, *common, "--single-transaction", "--exit-on-error",
+                            path], check=True, capture_output=True, timeout=60)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    return put_back
 
 
 BACKEND = Backend(open=_pg_open, reopen=_pg_reopen, corrupt_run=_pg_corrupt_run,
                   corrupt_entry_field=_pg_corrupt_entry_field, wipe=_pg_wipe,
                   restart=_pg_restart,
-                  corrupt_worker_record=_pg_corrupt_worker_record)
+                  corrupt_worker_record=_pg_corrupt_worker_record, copy=_pg_copy,
+                  round_trips=lambda store: counting(store, "_execute"))

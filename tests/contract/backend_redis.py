@@ -6,15 +6,16 @@ import contextlib
 import os
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+import redis
 
 from beat_claims.stores.base import Store, WorkerProcess
 from beat_claims.stores.redis import RedisStore
 
 from ..conftest import RedisServer
-from .backend import Backend
+from .backend import Backend, counting
 
 _redis_servers: weakref.WeakKeyDictionary[RedisStore, RedisServer] = (
     weakref.WeakKeyDictionary())
@@ -77,7 +78,42 @@ def _redis_restart(store: Store) -> None:
             os.remove(os.path.join(server.dir, "dump.rdb"))
 
 
+#: A copy of a store's keys: (key, its DUMP, its ttl in ms or 0).
+Keys = list[tuple[bytes, bytes, int]]
+
+
+def copy_keys(clients: list[redis.Redis], prefix: str) -> Keys:
+    """Every key of the store (``{prefix}`` and its buckets ``{prefix:NN}``) on these
+    servers, dumped (``clients`` answer bytes)."""
+    out = []
+    for client in clients:
+        for key in client.scan_iter(match=f"{{{prefix}*", count=1000):
+            dump, ttl = client.dump(key), client.pttl(key)
+            if dump is not None:
+                out.append((key, dump, max(0, ttl)))
+    return out
+
+
+def put_keys_back(clients: list[redis.Redis], prefix: str, keys: Keys,
+                  client_of: Callable[[bytes], redis.Redis]) -> None:
+    """The store's keys as ``keys`` holds them, one by one (``RESTORE``): every key of the
+    store removed first."""
+    for client in clients:
+        for key in list(client.scan_iter(match=f"{{{prefix}*", count=1000)):
+            client.delete(key)
+    for key, dump, ttl in keys:
+        client_of(key).restore(key, ttl, dump, replace=True)
+
+
+def _redis_copy(store: Store) -> Callable[[], None]:
+    s = _redis(store)
+    client = redis.Redis(port=_redis_servers[s].port)
+    keys = copy_keys([client], s.prefix)
+    return lambda: put_keys_back([client], s.prefix, keys, lambda key: client)
+
+
 BACKEND = Backend(open=_redis_open, reopen=_redis_reopen, corrupt_run=_redis_corrupt_run,
                   corrupt_entry_field=_redis_corrupt_entry_field, wipe=_redis_wipe,
                   restart=_redis_restart,
-                  corrupt_worker_record=_redis_corrupt_worker_record)
+                  corrupt_worker_record=_redis_corrupt_worker_record, copy=_redis_copy,
+                  round_trips=lambda store: counting(store, "_round_trip"))

@@ -31,7 +31,8 @@ from beat_claims.stores.base import Store, WorkerProcess
 from beat_claims.stores.redis import BUCKETS, RedisStore
 
 from ..conftest import free_port
-from .backend import Backend
+from .backend import Backend, counting
+from .backend_redis import copy_keys, put_keys_back
 
 #: Masters of the test cluster.
 MASTERS = 3
@@ -435,8 +436,21 @@ def _cluster_restart(store: Store) -> None:
     c.restart(other_master(s, c))
 
 
+def _cluster_copy(store: Store) -> Callable[[], None]:
+    s = _store(store)
+    c = _clusters[s]
+    clients = [redis.Redis(port=node.port) for node in c.nodes]
+    keys = copy_keys(clients, s.prefix)
+
+    def client_of(key: bytes) -> redis.Redis:
+        return redis.Redis(port=c.node_of(key.decode()).port)
+
+    return lambda: put_keys_back(clients, s.prefix, keys, client_of)
+
+
 BACKEND = Backend(open=_cluster_open, reopen=_cluster_reopen,
                   corrupt_run=_cluster_corrupt_run,
                   corrupt_entry_field=_cluster_corrupt_entry_field, wipe=_cluster_wipe,
                   restart=_cluster_restart,
-                  corrupt_worker_record=_cluster_corrupt_worker_record)
+                  corrupt_worker_record=_cluster_corrupt_worker_record, copy=_cluster_copy,
+                  round_trips=lambda store: counting(store, "_round_trip"))

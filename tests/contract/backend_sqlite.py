@@ -11,14 +11,14 @@ import contextlib
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from beat_claims.stores.base import Store, WorkerProcess, worker_id
 from beat_claims.stores.sqlite import SQLiteStore
 
-from .backend import Backend
+from .backend import Backend, counting
 
 
 def _sqlite(store: Store) -> SQLiteStore:
@@ -63,7 +63,8 @@ def _sqlite_corrupt_run(store: Store, entry: str, due: int, raw: str) -> None:
 
 def _sqlite_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -> None:
     s = _sqlite(store)
-    assert field in ("anchor", "checkpoint", "token", "registrants", "horizon"), field
+    assert field in ("anchor", "checkpoint", "token", "registrants", "horizon", "definition",
+                     "version", "origin", "changed_by", "changed_at"), field
     with _raw(s) as db:
         db.execute(f"UPDATE {s.tables.entries} SET {field} = ? WHERE name = ?", (raw, entry))
 
@@ -92,20 +93,31 @@ def _sqlite_wipe(store: Store) -> None:
 def _sqlite_restart(store: Store) -> None:
     """The file is restored from a copy of itself taken just before (what "a restart with
     the data of a snapshot" is for a file): every record stays, and it is another file."""
+    _sqlite_copy(store)()
+
+
+def _sqlite_copy(store: Store) -> Callable[[], None]:
+    """A copy of the file (SQLite's backup API); put back in its place, with its -wal and
+    -shm gone: another file at the path."""
     s = _sqlite(store)
-    s.close()
-    copy = s.path + ".snapshot"
+    copy = f"{s.path}.{uuid.uuid4().hex[:8]}.copy"
     source, target = sqlite3.connect(s.path), sqlite3.connect(copy)
     try:
         source.backup(target)
     finally:
         source.close()
         target.close()
-    _remove(s.path)
-    os.replace(copy, s.path)
+
+    def put_back() -> None:
+        s.close()
+        _remove(s.path)
+        os.replace(copy, s.path)
+
+    return put_back
 
 
 BACKEND = Backend(open=_sqlite_open, reopen=_sqlite_reopen, corrupt_run=_sqlite_corrupt_run,
                   corrupt_entry_field=_sqlite_corrupt_entry_field, wipe=_sqlite_wipe,
                   restart=_sqlite_restart,
-                  corrupt_worker_record=_sqlite_corrupt_worker_record)
+                  corrupt_worker_record=_sqlite_corrupt_worker_record, copy=_sqlite_copy,
+                  round_trips=lambda store: counting(store, "_transaction"))

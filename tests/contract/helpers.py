@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from beat_claims.enums import Overlap, Reason, RunState, StartVerdict
+import pytest
+
+from beat_claims.enums import Origin, Overlap, Reason, RunState, StartVerdict
 from beat_claims.runs import Owner, Run
 from beat_claims.stores.base import (
     TOKENS_PER_MS,
@@ -17,14 +19,18 @@ from beat_claims.stores.base import (
     ClaimPlan,
     ClaimResult,
     ClaimStatus,
+    DefinitionWrite,
     Delivery,
     EntrySeed,
     EntryState,
     LiveQuery,
     Store,
+    StoreError,
     WorkerProcess,
+    WriteStatus,
 )
 
+from ..faults import Proxy
 from ..processes import wait_for
 
 T = TypeVar("T")
@@ -181,3 +187,57 @@ def query(who: Owner, live: tuple[Owner, ...] = (), held_before: int = LONG_AGO,
           limit: int = 10_000) -> LiveQuery:
     return LiveQuery(who.id, frozenset(o.id for o in live), held_before, mine_before,
                      dead_before, limit)
+
+
+def migrated_entry_takes_a_definition(store: Store, state: EntryState) -> None:
+    """An entry registered (and claimed up to anchor + 1000) before its store was migrated
+    to the layout with definitions: it keeps its anchor and checkpoint, has no definition,
+    is given one (with a skip and a checkpoint), is in the change feed, and a prune keeps it
+    (a live beat registered it)."""
+    [record] = store.entries(["e"])
+    assert (record.anchor, record.checkpoint) == (state.anchor, state.anchor + 1000)
+    assert store.definitions() == [] and store.definitions(["e"]) == []
+    cursor = store.changes(None).cursor
+    [given] = store.write_definitions([DefinitionWrite(
+        "e", '{"task": "t"}', 0, Origin.CONFIG, "beat", checkpoint=state.anchor + 2000,
+        skip=((state.anchor + 2000, Reason.CHANGED),))])
+    assert (given.status, given.version) == (WriteStatus.OK, 1)
+    assert given.state is not None and given.state.anchor == state.anchor
+    assert [d.name for d in store.changes(cursor).changed] == ["e"]
+    assert runs(store)[state.anchor + 2000].reason is Reason.CHANGED
+    store.heartbeat(A, 60)
+    assert store.forget(["e"]) == []  # a live definition
+
+
+
+def a_definition_write_whose_reply_is_lost_is_written_once(
+        store: Store, lossy: Store, proxy: Proxy, pattern: str) -> None:
+    """Through ``lossy`` (another client of ``store``, through ``proxy``), a definition
+    write whose reply is lost (its request contains ``pattern``) raises, and the server ran
+    it; the same write again, with its change id, answers what it did and changes nothing;
+    a write without a change id is found by its version (the same write again is a stale
+    one), never written twice."""
+    state = register(store, "e")["e"]
+    cursor = store.changes(None).cursor
+    item = DefinitionWrite("e", '{"task": "t"}', 0, Origin.API, "alice@ops", "change-1",
+                           ((state.anchor + 1000, Reason.CHANGED),), state.anchor + 2000)
+    lossy.entries()  # connected before the fault
+    proxy.drop_reply_to(pattern)
+    with pytest.raises(StoreError):
+        lossy.write_definitions([item])
+    assert proxy.pending() == 0
+    history = runs(store)
+    assert list(history) == [state.anchor + 1000]  # the server ran it
+    [again] = lossy.write_definitions([item])
+    assert (again.status, again.version) == (WriteStatus.OK, 1)
+    assert again.state is not None and again.state.checkpoint == state.anchor + 2000
+    [stored] = store.definitions(["e"])
+    assert stored == again.current and runs(store) == history
+    assert [d.name for d in store.changes(cursor).changed] == ["e"]
+    proxy.drop_reply_to(pattern)
+    plain = DefinitionWrite("e", '{"task": "u"}', 1, Origin.API, "bob@ops")
+    with pytest.raises(StoreError):
+        lossy.write_definitions([plain])
+    [refused] = lossy.write_definitions([plain])
+    assert (refused.status, refused.version) == (WriteStatus.CONFLICT, 2)
+    assert refused.current is not None and refused.current.changed_by == "bob@ops"

@@ -17,7 +17,7 @@ from beat_claims.stores.base import ClaimStatus, EntrySeed, StoreConfigurationEr
 from beat_claims.stores.postgres import LAYOUT, PostgresStore, schema_name
 
 from .backend_postgres import HOST, PORT, address, admin, database, fresh_store
-from .helpers import A, claim, register
+from .helpers import A, claim, migrated_entry_takes_a_definition, register
 
 
 @pytest.fixture
@@ -156,6 +156,36 @@ def test_a_schema_of_layout_5_is_migrated_and_records_registrants_from_then_on(
         assert record.anchor == anchor and record.registrants is not None
         assert [r.owner for r in record.registrants] == [A.id]
         assert store.forget(["e"]) == []  # a live beat registered it
+    finally:
+        store.close()
+
+
+def test_a_schema_of_layout_6_is_migrated_and_its_entries_get_definitions_from_then_on(
+        pg: PostgresStore) -> None:
+    """Layout 7 keeps an entry's definition, version and place in the change log: the
+    entries registered before have none (version 0), and can be given one; forget() keeps
+    an entry with a live definition."""
+    state = register(pg, "e")["e"]
+    claim(pg, A, state, state.anchor + 1000)
+    pg.close()
+    s = sql.Identifier(pg.schema)
+    # As layout 6 left it: no definition columns (their indexes go with them), no change
+    # log, no define(), version 6.
+    admin().execute(sql.SQL("DROP TRIGGER entries_unlog ON {}.entries").format(s))
+    admin().execute(sql.SQL(
+        "ALTER TABLE {}.entries DROP COLUMN definition, DROP COLUMN version,"
+        " DROP COLUMN origin, DROP COLUMN changed_by, DROP COLUMN changed_at,"
+        " DROP COLUMN change_id, DROP COLUMN changed_seq").format(s))
+    admin().execute(sql.SQL("DROP TABLE {}.changes").format(s))
+    admin().execute(sql.SQL("DROP FUNCTION {}.define(jsonb, integer, bigint)").format(s))
+    admin().execute(sql.SQL("DROP FUNCTION {}.unlog()").format(s))
+    admin().execute(sql.SQL("UPDATE {}.version SET version = 6").format(s))
+    store = PostgresStore.from_url(address(pg), pg.prefix)
+    try:
+        migrated_entry_takes_a_definition(store, state)
+        [(version,)] = admin().execute(sql.SQL("SELECT version FROM {}.version").format(
+            s)).fetchall()
+        assert version == LAYOUT >= 7
     finally:
         store.close()
 

@@ -23,7 +23,15 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from beat_claims.enums import FINAL_STATES, CatchUp, Overlap, Reason, RunState, StartVerdict
+from beat_claims.enums import (
+    FINAL_STATES,
+    CatchUp,
+    Origin,
+    Overlap,
+    Reason,
+    RunState,
+    StartVerdict,
+)
 from beat_claims.runs import Run
 from beat_claims.stores.base import (
     BackfillRefused,
@@ -31,11 +39,13 @@ from beat_claims.stores.base import (
     CheckVerdict,
     ClaimPlan,
     ClaimStatus,
+    DefinitionWrite,
     EntrySeed,
     LiveQuery,
     Outcome,
     Reclaim,
     Release,
+    WriteStatus,
     Written,
 )
 from beat_claims.stores.redis import (
@@ -209,6 +219,24 @@ def exercise(store: RedisStore) -> None:
     register(store, "removed")
     store.register([EntrySeed(name) for name in ODD_NAMES], A)  # A is their registrant
     store.unregister(A, ODD_NAMES[1:])
+    # Definitions: created, changed with skips, deleted, read, followed, pruned.
+    cursor = store.changes(None).cursor
+    store.write_definitions([DefinitionWrite(name, '{"task": "t"}', 0, Origin.API, "ops",
+                                             f"create-{i}") for i, name in enumerate(ODD_NAMES)])
+    for i, name in enumerate(ODD_NAMES):
+        [entry_state] = store.entries([name])
+        cp = entry_state.checkpoint or 0
+        store.write_definitions([
+            DefinitionWrite(name, '{"task": "u"}', 1, Origin.CONFIG, "beat", f"change-{i}",
+                            ((cp + 100, Reason.CHANGED), (cp + 200, Reason.DISABLED)),
+                            cp + 300, cp)])
+        store.write_definitions([DefinitionWrite(name, None, 2, Origin.API, "ops")])
+    store.tombstones_kept_ms = 0  # the next writes drop the tombstones from the feed
+    store.write_definitions([DefinitionWrite(name, '{"task": "v"}', 3, Origin.API, "ops")
+                             for name in ODD_NAMES])  # (MISSING: tombstones)
+    store.definitions(ODD_NAMES)
+    store.definitions(after="a", limit=3)
+    store.changes(cursor, limit=2)
     store.forget(["removed", ODD_NAMES[0]])
     store.leave(A)
     store.worker_heartbeat(process(1), 10)
@@ -255,7 +283,7 @@ def test_on_one_server_a_sweep_reads_every_bucket_in_one_call(
 # -- names --------------------------------------------------------------------------------
 #: Every named value the scripts compare with or answer with.
 NAMED: list[type[Enum]] = [RunState, Reason, Overlap, CatchUp, StartVerdict, ClaimStatus,
-                           CheckVerdict]
+                           CheckVerdict, WriteStatus, Origin]
 _TOKEN = re.compile(r"""--[^\n]*|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*\"""")
 
 
@@ -281,7 +309,7 @@ def test_no_named_value_is_written_in_the_lua_scripts() -> None:
 def test_the_lua_names_are_generated_from_the_enums(server: RedisServer) -> None:
     script = _lua_names() + """
 return cjson.encode({STATE = STATE, FINAL = FINAL, HELD = HELD, OPEN = OPEN, REASON = REASON,
-  OVERLAP = OVERLAP, CLAIM = CLAIM, CHECK = CHECK, START = START})"""
+  OVERLAP = OVERLAP, CLAIM = CLAIM, CHECK = CHECK, START = START, WRITE = WRITE})"""
     tables: dict[str, Any] = json.loads(server.client().eval(script, 0))
 
     def named(enum: type[Enum]) -> dict[str, str]:
@@ -293,6 +321,7 @@ return cjson.encode({STATE = STATE, FINAL = FINAL, HELD = HELD, OPEN = OPEN, REA
     assert tables["CLAIM"] == named(ClaimStatus)
     assert tables["CHECK"] == named(CheckVerdict)
     assert tables["START"] == named(StartVerdict)
+    assert tables["WRITE"] == named(WriteStatus)
     assert set(tables["FINAL"]) == {s.value for s in FINAL_STATES}
     assert set(tables["HELD"]) == {s.value for s in RunState if s.held}
     assert set(tables["OPEN"]) == {s.value for s in RunState if s.open}

@@ -45,6 +45,7 @@ from .helpers import (
     claim,
     claims,
     delivery,
+    migrated_entry_takes_a_definition,
     now,
     one_claim,
     process,
@@ -368,6 +369,36 @@ def test_a_file_of_schema_4_is_migrated_and_records_registrants_from_then_on(
         assert record.registrants is not None
         assert [r.owner for r in record.registrants] == [A.id]
         assert store.forget(["e"]) == []  # a live beat registered it
+    finally:
+        store.close()
+
+
+def test_a_file_of_schema_5_is_migrated_and_its_entries_get_definitions_from_then_on(
+        db_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Schema 6 keeps an entry's definition, version and place in the change log: the
+    entries registered before have none (version 0), and can be given one."""
+    url = f"sqlite:///{db_path}"
+    store = SQLiteStore.from_url(url)
+    state = register(store, "e")["e"]
+    claim(store, A, state, state.anchor + 1000)
+    store.close()
+    # As schema 5 left it: none of the definition's columns, indexes or trigger.
+    for index in ("changes", "defined", "gone"):
+        raw(db_path, f"DROP INDEX beat_claims_entries_{index}")
+    raw(db_path, "DROP TRIGGER beat_claims_entries_unlog")
+    for column in ("definition", "version", "origin", "changed_by", "changed_at",
+                   "change_id", "changed_seq"):
+        raw(db_path, f"ALTER TABLE beat_claims_entries DROP COLUMN {column}")
+    raw(db_path, "UPDATE beat_claims_meta SET value = '5' WHERE key = 'version'")
+    caplog.set_level(logging.WARNING, logger="celery.beat.claims")
+    store = SQLiteStore.from_url(url)
+    try:
+        assert any("migrated from schema version 5 to 6" in r.getMessage()
+                   for r in caplog.records)
+        migrated_entry_takes_a_definition(store, state)
+        caplog.clear()
+        SQLiteStore.from_url(url).close()
+        assert not any("migrated" in r.getMessage() for r in caplog.records)
     finally:
         store.close()
 

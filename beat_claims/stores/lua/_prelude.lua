@@ -525,3 +525,74 @@ local function beyond_horizon(K, argv, first)
   if n == 0 then return nil end
   return {-2, n, h and fmt(h) or ''}
 end
+
+-- Record a new run at ``due`` (a number) skipped for ``reason``, in the history: a claim's
+-- planned skips, and those of a definition's change.
+local function put_skipped(K, due, reason, now)
+  put_run(K, {due = due, state = STATE.skipped, reason = reason, finished_at = now}, nil)
+  redis.call('ZADD', K.history, due, fmt(due))
+end
+
+-- Definition scripts get the entry's keys (entry_keys), then its bucket's change log (zset:
+-- name -> sequence number), its names that have or had a definition (zset, all scores 0:
+-- in name order), its tombstones still in the log (zset: name -> deleted at) and its
+-- sequence hash (seq: the last number handed out; dropped: the newest number of a member
+-- that left the log).
+local function definition_keys(keys, name)
+  local K = entry_keys(keys, name)
+  K.log, K.named, K.gone, K.seq = keys[11], keys[12], keys[13], keys[14]
+  return K
+end
+
+-- The entry's definition: its version (0: it never had one), whether it has one now (live:
+-- not a tombstone) and its last change id; nil and the field's name when the version
+-- cannot be read (not a whole number >= 1, or missing beside a definition).
+local function definition_of(K)
+  local v = redis.call('HMGET', K.entry, 'version', 'definition', 'change_id')
+  local version = 0
+  if v[1] then
+    version = tonumber(v[1])
+    if version == nil or version ~= math.floor(version) or version < 1 or version >= 2^53 then
+      return nil, 'version'
+    end
+  elseif v[2] then
+    return nil, 'version'
+  end
+  return {version = version, live = v[2] ~= false, change_id = v[3] or ''}
+end
+
+-- The next sequence number of the entry's bucket's change log: above the last one (and the
+-- newest member: a counter that cannot be read), and at least the clock times
+-- CHANGES_PER_MS (a copy put back numbers on above what it numbered before). A dropped mark
+-- that cannot be read is set to the head (readers reload once, nothing is missed).
+local function next_seq(K, now)
+  local v = redis.call('HMGET', K.seq, 'seq', 'dropped')
+  local top = redis.call('ZRANGE', K.log, -1, -1, 'WITHSCORES')
+  local head = math.max(tonumber(v[1] or '0') or 0, tonumber(top[2] or '0'))
+  if v[2] and not tonumber(v[2]) then redis.call('HSET', K.seq, 'dropped', fmt(head)) end
+  local seq = math.max(head + 1, now * CHANGES_PER_MS)
+  redis.call('HSET', K.seq, 'seq', fmt(seq))
+  return seq
+end
+
+-- The entry ``name`` leaves its bucket's change log (a tombstone kept its time, a prune):
+-- the dropped mark rises to its number, so that a reader that had not read it reloads.
+local function unlog(K, name)
+  local seq = tonumber(redis.call('ZSCORE', K.log, name) or '')
+  if seq then
+    local dropped = tonumber(redis.call('HGET', K.seq, 'dropped') or '')
+    if dropped == nil or seq > dropped then
+      redis.call('HSET', K.seq, 'dropped', fmt(seq))
+    end
+    redis.call('ZREM', K.log, name)
+  end
+  redis.call('ZREM', K.gone, name)
+end
+
+-- Tombstones deleted before ``before`` leave the change log, TOMBSTONES_DROPPED at most.
+local function drop_tombstones(K, before)
+  for _, name in ipairs(redis.call('ZRANGEBYSCORE', K.gone, '-inf', '(' .. fmt(before),
+                                   'LIMIT', 0, TOMBSTONES_DROPPED)) do
+    unlog(K, name)
+  end
+end

@@ -56,9 +56,7 @@ if ARGV[3] ~= '' then
       if redis.call('HEXISTS', K.runs, due) == 1 then
         existing[#existing + 1] = due
       elseif action == 'claim' and paused_for(pause, due_n) then
-        put_run(K, {due = due_n, state = STATE.skipped, reason = REASON.paused,
-                    finished_at = now}, nil)
-        redis.call('ZADD', K.history, due_n, due)
+        put_skipped(K, due_n, REASON.paused, now)
         skipped[#skipped + 1] = due
         skipped[#skipped + 1] = REASON.paused
       elseif action == 'claim' then
@@ -80,9 +78,7 @@ if ARGV[3] ~= '' then
         claimed[#claimed + 1] = due
         claimed[#claimed + 1] = fmt(token)
       else
-        put_run(K, {due = due_n, state = STATE.skipped, reason = action, finished_at = now},
-                nil)
-        redis.call('ZADD', K.history, due_n, due)
+        put_skipped(K, due_n, action, now)
         skipped[#skipped + 1] = due
         skipped[#skipped + 1] = action
       end
