@@ -118,15 +118,20 @@ class Knowledge:
             known = self.entries.get(claim.entry)
             if known is not None and claim.token > known.token:
                 known.token = claim.token
-        if claims:
-            last = claims[-1]
+        last = self._newest(claims)
+        if last is not None:
             self.newest_claim = Written(last.entry, last.due, last.token)
 
     def marked_sent(self, claims: list[Claim]) -> None:
         """The store took the sent marks of ``claims`` (every one of them)."""
-        if claims:
-            last = claims[-1]
+        last = self._newest(claims)
+        if last is not None:
             self.newest_sent = Written(last.entry, last.due, last.token, sent=True)
+
+    def _newest(self, claims: list[Claim]) -> Claim | None:
+        """The last of ``claims`` whose entry this beat still knows: a mark stored late (a
+        store error before it) of an entry forgotten since is not asked after."""
+        return next((c for c in reversed(claims) if c.entry in self.entries), None)
 
     def written(self) -> list[Written]:
         """What the store must still hold of this beat's writes (see newest_claim)."""
@@ -140,6 +145,9 @@ class Knowledge:
                                extra={"reseeded": True}))
 
     def forget(self, name: str) -> None:
+        """Forget what this beat knows of ``name`` (it left the schedule; the store holds
+        another anchor), and its newest writes of it: the store may remove the entry with
+        its runs (an operator's prune), which says nothing of the store's age."""
         self.entries.pop(name, None)
         if self.newest_claim is not None and self.newest_claim.entry == name:
             self.newest_claim = None
