@@ -10,18 +10,21 @@ Schedulers ticked in this process against a real store of each kind."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from beat_claims import operations
 from beat_claims.scheduler import Scheduler
+from beat_claims.stores.base import Claim, Store, StoreError
 
 from .any_store import KINDS, StoreUnderTest, Worker, store_of, went_back_lines
 from .conftest import RedisServer
-from .inprocess import make, run_for
+from .inprocess import beats, make, run_for
 from .processes import wait_for
 
 LOGGER = "celery.beat.claims"
@@ -79,3 +82,109 @@ def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_ba
     finally:
         s.close()
         observer.close()
+
+
+class LostReplies:
+    """The next call of each method named is made (the store acts on it), and its reply is
+    lost: the caller gets a StoreError, as after a timeout."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.pending: set[str] = set()
+        self.lost: list[str] = []
+
+    def lose(self, *names: str) -> None:
+        for name in names:
+            if name not in self.pending:
+                self.pending.add(name)
+                real = getattr(self.store, name)
+                setattr(self.store, name, self._losing(name, real))
+
+    def _losing(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = real(*args, **kwargs)
+            if name in self.pending:
+                self.pending.discard(name)
+                self.lost.append(name)
+                setattr(self.store, name, real)
+                raise StoreError(f"the reply to {name} was lost (test)")
+            return result
+
+        return call
+
+
+def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_its_store_for_an_older_copy(  # noqa: E501
+        store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Two beats and a worker; one beat loses the reply to each of its writes (a claim,
+    the check before publish, a sent mark, a release, a take-back, a heartbeat); an
+    operator releases a claim being published; that beat stops and starts again (the same
+    owner); an entry leaves both schedules and is pruned. Nothing of that is a store put
+    back: no beat may say the store lost writes."""
+    schedule = {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
+                for i in range(3)}
+    schedule["gone"] = {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
+    app = store.app(schedule)
+    a, b = beats(app, app)
+    observer = store.open()
+    worker = Worker(observer, server)
+    lossy = LostReplies(a.store)
+    released: list[bool] = []
+    failing: list[str] = []
+    real_publish = a._publish
+
+    def publish(entry: Any, claim: Claim, task_id: str) -> Any:
+        if not released and claim.entry == "e1":  # an operator releases it meanwhile
+            released.append(operations.release(observer, claim.entry, claim.due,
+                                               "alice@ops").released)
+        if failing:  # this message cannot be sent: given back (due again), retried
+            raise ValueError(failing.pop())
+        return real_publish(entry, claim, task_id)
+
+    def step() -> None:
+        for s in (a, b):
+            s.tick()
+        worker.step()
+
+    def work_for(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            step()
+            time.sleep(0.02)
+
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    try:
+        a._publish = publish  # type: ignore[method-assign]
+        wait_for(lambda: released, 10, "an operator's release", interval=0.02, between=step)
+        assert released == [True]
+        # (a claim whose reply is lost is taken back by the beat's sweep: a take-back)
+        for names in (("claim", "reclaim"), ("check",), ("record_sent",), ("release",),
+                      ("heartbeat",)):
+            lossy.lose(*names)
+            a.claimer.check_with_claim = names != ("check",)
+            if names == ("release",):
+                failing.append("cannot serialize")
+            wait_for(lambda n=names: set(n) <= set(lossy.lost), 10,  # type: ignore[misc]
+                     f"the replies to {names} lost", interval=0.02, between=step)
+            a.liveness.lapse()
+            work_for(0.5)
+        a.close()  # (its held claims are given back)
+        work_for(2)  # started again at its next tick: the same owner
+        for s in (a, b):
+            del s.schedule["gone"]
+            s.entries_changed()
+        wait_for(lambda: all("gone" not in s.claimer.states for s in (a, b)), 5,
+                 "the beats to drop 'gone'", interval=0.02, between=step)
+        wait_for(lambda: not [r for r in observer.history("gone")
+                              if r.state in operations.LIVE_STATES],
+                 10, "the runs of 'gone' to finish", interval=0.02, between=step)
+        assert operations.prune(observer, set(a.schedule), 0, remove=True).removed == (
+            "gone",)
+        for s in (a, b):
+            s.liveness.lapse()
+        work_for(2)
+    finally:
+        a.close()
+        b.close()
+        observer.close()
+    assert went_back_lines(caplog.records) == [], caplog.text
