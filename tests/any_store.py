@@ -31,7 +31,6 @@ from .test_store_put_back import (
     sqlite_backup_api,
 )
 
-KINDS = ["redis", "sqlite", "postgres"]
 #: What a beat logs when it takes its store for one that lost writes (any way it found out).
 WENT_BACK = "the store may have lost writes"
 WORKER = WorkerProcess("w1@test", 11, "boot:11")
@@ -65,7 +64,8 @@ class StoreUnderTest:
 
 @contextlib.contextmanager
 def store_of(kind: str, server: RedisServer, tmp_path: Path) -> Iterator[StoreUnderTest]:
-    """A fresh store of ``kind`` (one of :data:`KINDS`) for one test."""
+    """A fresh store of ``kind`` (redis, sqlite or postgres) for one test: the fixture
+    ``any_store`` (tests/conftest.py) makes one of each."""
     with claims_url(kind, server, tmp_path) as url:
         yield StoreUnderTest(kind, url, server)
 

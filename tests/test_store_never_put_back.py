@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,19 +21,12 @@ from beat_claims import operations
 from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import Claim, Store, StoreError
 
-from .any_store import KINDS, StoreUnderTest, Worker, store_of, went_back_lines
+from .any_store import StoreUnderTest, Worker, went_back_lines
 from .conftest import RedisServer
 from .inprocess import beats, make, run_for
 from .processes import wait_for
 
 LOGGER = "celery.beat.claims"
-
-
-@pytest.fixture(params=KINDS)
-def store(request: pytest.FixtureRequest, server: RedisServer,
-          tmp_path: Path) -> Iterator[StoreUnderTest]:
-    with store_of(request.param, server, tmp_path) as made:
-        yield made
 
 
 def heartbeats(s: Scheduler, seconds: float) -> None:
@@ -44,17 +36,17 @@ def heartbeats(s: Scheduler, seconds: float) -> None:
 
 
 def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_back(
-        store: StoreUnderTest, server: RedisServer,
+        any_store: StoreUnderTest, server: RedisServer,
         caplog: pytest.LogCaptureFixture) -> None:
     """The beat's newest writes are of an entry its schedule then drops (an entry removed
     from beat_schedule, a django row deleted); an operator's prune removes the entry and
     its runs. The store never went back: the beat must not ask after those writes any more,
     nor take the store for an older copy (a new epoch: the whole fleet registers again and
     claims nothing for a heartbeat TTL)."""
-    app = store.app({"gone": {"task": "t.noop", "schedule": timedelta(seconds=0.5)},
+    app = any_store.app({"gone": {"task": "t.noop", "schedule": timedelta(seconds=0.5)},
                      "kept": {"task": "t.noop", "schedule": timedelta(hours=1)}})
     s = make(app)
-    observer = store.open()
+    observer = any_store.open()
     worker = Worker(observer, server)
     try:
         def step() -> None:
@@ -114,7 +106,7 @@ class LostReplies:
 
 
 def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_its_store_for_an_older_copy(  # noqa: E501
-        store: StoreUnderTest, server: RedisServer,
+        any_store: StoreUnderTest, server: RedisServer,
         caplog: pytest.LogCaptureFixture) -> None:
     """Two beats and a worker; one beat loses the reply to each of its writes (a claim,
     the check before publish, a sent mark, a release, a take-back, a heartbeat); an
@@ -124,9 +116,9 @@ def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_i
     schedule = {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
                 for i in range(3)}
     schedule["gone"] = {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
-    app = store.app(schedule)
+    app = any_store.app(schedule)
     a, b = beats(app, app)
-    observer = store.open()
+    observer = any_store.open()
     worker = Worker(observer, server)
     lossy = LostReplies(a.store)
     released: list[bool] = []

@@ -11,7 +11,15 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..runs import Owner, iso, process_is_gone
-from ..stores.base import Heartbeat, LiveQuery, LiveRuns, OwnerStatus, Store, Written
+from ..stores.base import (
+    Heartbeat,
+    LiveQuery,
+    LiveRuns,
+    OwnerStatus,
+    Store,
+    Written,
+    Wrote,
+)
 from .clock import StoreClock
 
 #: How far the store's clock may be from this beat's reckoning of it at a heartbeat for the
@@ -28,6 +36,10 @@ JOIN_INTERVALS = 1.5
 #: long after (at most half an interval) before it claims: a beat that found at its
 #: heartbeat that the store lost its writes starts a new epoch in its very next call.
 JOIN_CONFIRM = 0.5
+
+
+#: Each of a beat's newest writes, as its log says it lost.
+WROTE = {Wrote.CLAIM: "claim", Wrote.CHECK: "check before publish", Wrote.SENT: "sent mark"}
 
 
 class StoreWentBack(Exception):
@@ -92,8 +104,8 @@ class Liveness:
             lost = hb.lost[0]
             raise StoreWentBack(
                 f"the store no longer holds what this beat wrote ({lost.entry} due"
-                f" {iso(lost.due)}: its {'sent mark' if lost.sent else 'claim'}, token"
-                f" {lost.token}): it was put back from an older copy")
+                f" {iso(lost.due)}: its {WROTE[lost.kind]}, token {lost.token}): it was put"
+                " back from an older copy")
         if not self.join.joined:
             self.join.step(hb, answered, owner_alive)
         return changed and not resync

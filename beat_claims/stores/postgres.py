@@ -137,6 +137,7 @@ from .base import (
     WorkerProcess,
     WriteStatus,
     Written,
+    Wrote,
     checked_writes,
     definition_result,
     follow,
@@ -155,7 +156,7 @@ logger = get_logger("celery.beat.claims")
 T = TypeVar("T")
 
 #: The layout's version. A change to a table or a function gets a new one and a migration.
-LAYOUT = 7
+LAYOUT = 8
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version). A function whose arguments change must be dropped
 #: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
@@ -209,6 +210,9 @@ ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS definition text,
   ADD COLUMN IF NOT EXISTS changed_at bigint, ADD COLUMN IF NOT EXISTS change_id text,
   ADD COLUMN IF NOT EXISTS changed_seq bigint;
 """,
+    # 8: heartbeat() looks for a check before publish among the caller's newest writes
+    # (each one says what was written: 'k'): functions only.
+    7: "SELECT 1;",
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
 #: casts, EXECUTE FUNCTION triggers; tested on 15).
@@ -264,6 +268,7 @@ def _sql_names(schema: str) -> dict[str, str]:
     names.update({f"V_{verdict.name}": f"'{verdict.value}'" for verdict in CheckVerdict})
     names.update({f"S_{verdict.name}": f"'{verdict.value}'" for verdict in StartVerdict})
     names.update({f"W_{status.name}": f"'{status.value}'" for status in WriteStatus})
+    names.update({f"K_{kind.name}": f"'{kind.value}'" for kind in Wrote})
     names["CHANGES_PER_MS"] = str(CHANGES_PER_MS)
     names["TOMBSTONES_DROPPED"] = str(TOMBSTONES_DROPPED)
     names["DEFINED"] = "(version <> 0 OR definition IS NOT NULL)"
@@ -1456,8 +1461,9 @@ END $$;
 -- until settle_until; a caller still registering what it knows (p_settling) keeps a
 -- settling store so for p_ttl more. Owners lapsed long ago are forgotten. The store's id is
 -- made by the first heartbeat. The last heartbeat's instant is kept (beat_at, answered as
--- it was before this one), and the caller's newest writes (p_written: e, d, t, s) are
--- looked for as kept.lua does: 'lost' lists those the store no longer holds, by position.
+-- it was before this one), and the caller's newest writes (p_written: e, d, t, and k, what
+-- was written: Wrote) are looked for as kept.lua does: 'lost' lists those the store no
+-- longer holds, by position.
 CREATE OR REPLACE FUNCTION {s}.heartbeat(p_owner text, p_info jsonb, p_ttl bigint,
                                          p_resync boolean, p_new text, p_forget bigint,
                                          p_settling boolean, p_store text, p_written jsonb)
@@ -1538,8 +1544,10 @@ BEGIN
     v_token := coalesce({s}.int_of(v_run.record -> 'token'), 0);
     CONTINUE WHEN v_token = 0;  -- (never claimed: a backfill's or a request's run)
     IF v_token < (v_item ->> 't')::bigint OR (v_token = (v_item ->> 't')::bigint
-        AND (v_item ->> 's')::boolean
-        AND v_run.record ->> 'state' IN ({CLAIMED}, {SENDING}, {DUE}, {WAITING})) THEN
+        AND ((v_item ->> 'k' = {K_CHECK} AND v_run.record ->> 'state' = {CLAIMED})
+             OR (v_item ->> 'k' = {K_SENT}
+                 AND v_run.record ->> 'state' IN ({CLAIMED}, {SENDING}, {DUE}, {WAITING}))))
+    THEN
       v_lost := v_lost || to_jsonb(v_n);
     END IF;
   END LOOP;
@@ -2144,7 +2152,7 @@ class PostgresStore(Store):
                 f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [owner.id, Jsonb(owner.as_dict()), max(1, round(ttl * 1000)), resync,
                  uuid.uuid4().hex, FORGET_OWNERS_MS, settling, uuid.uuid4().hex,
-                 Jsonb([{"e": w.entry, "d": w.due, "t": w.token, "s": w.sent}
+                 Jsonb([{"e": w.entry, "d": w.due, "t": w.token, "k": w.kind.value}
                         for w in written])],
                 heartbeat=True)
         except psycopg.Error as exc:

@@ -132,6 +132,7 @@ from .base import (
     WorkerProcess,
     WriteStatus,
     Written,
+    Wrote,
     checked_writes,
     definition_result,
     follow,
@@ -202,6 +203,7 @@ def _lua_names() -> str:
         table("CHECK", (v.value for v in CheckVerdict)),
         table("START", (v.value for v in StartVerdict)),
         table("WRITE", (v.value for v in WriteStatus)),
+        table("WROTE", (v.value for v in Wrote)),
         f"local LOST_KEEP_MS = {WEEK_MS}",
         f"local TOKENS_PER_MS = {TOKENS_PER_MS}",
         f"local CHANGES_PER_MS = {CHANGES_PER_MS}",
@@ -759,7 +761,7 @@ class RedisStore(Store):
     def _kept_build(self, pipe: Pipeline, written: Sequence[Written]) -> None:
         for item in written:
             self._entry_script(pipe, "kept", item.entry, item.due, item.token,
-                               "1" if item.sent else "0")
+                               item.kind.value)
 
     @staticmethod
     def _lost(written: Sequence[Written], replies: Sequence[Any]) -> tuple[Written, ...]:

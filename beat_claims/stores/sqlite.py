@@ -133,6 +133,7 @@ from .base import (
     WorkerProcess,
     WriteStatus,
     Written,
+    Wrote,
     checked_writes,
     definition_result,
     follow,
@@ -1182,7 +1183,11 @@ class SQLiteStore(Store):
             return True  # never claimed (a backfill's or a request's run): the counter judged
         if token < item.token:
             return False
-        return not (token == item.token and item.sent
+        if token > item.token:
+            return True
+        if item.kind is Wrote.CHECK:
+            return run["state"] != _CLAIMED  # (due: taken back after the check)
+        return not (item.kind is Wrote.SENT
                     and run["state"] in (_CLAIMED, _SENDING, _DUE, _WAITING))
 
     def _store_id(self, db: sqlite3.Connection) -> str:
