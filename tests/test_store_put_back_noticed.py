@@ -28,7 +28,7 @@ from .any_store import (
     went_back_lines,
 )
 from .conftest import RedisServer
-from .inprocess import make
+from .inprocess import joined, make
 from .processes import wait_for
 
 LOGGER = "celery.beat.claims"
@@ -95,3 +95,36 @@ def test_a_copy_put_back_between_the_check_and_the_sent_mark_is_noticed(
     finally:
         s.close()
     assert sent_twice(server) == {}, published(server)
+
+
+def test_a_copy_lacking_only_a_beat_s_registration_is_noticed(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The copy is taken while one beat runs; a second beat starts, registers its entry
+    (hourly: nothing falls due here, so it writes nothing else) and heartbeats; the copy
+    is put back. It lacks the second beat's heartbeat record and its registration of the
+    entry (and, but on Redis, whose RESTORE leaves the keys made since, the entry itself):
+    the beat must find that out at its next heartbeat, and register again what it knows
+    (every beat does, in a new epoch). Nothing of it is found out from the first beat,
+    whose records the copy holds."""
+    hourly = {"task": "t.noop", "schedule": timedelta(hours=1)}
+    a = make(any_store.app({"first": hourly}))
+    observer = any_store.open()
+    copy = any_store.copy()
+    copy.take()
+    b = joined(any_store.app({"second": hourly}), a)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    try:
+        assert b.knowledge.written() == []
+        [record] = observer.entries(["second"])
+        assert [r.owner for r in record.registrants or ()] == [b.owner.id]
+        copy.put_back()
+        b.liveness.lapse()
+        wait_for(lambda: went_back_lines(caplog.records), 5, "the beat to notice",
+                 interval=0.02, between=lambda: (a.tick(), b.tick()))
+        assert b.owner.id in [r.owner for r in observer.entries(["second"])[0].registrants
+                              or ()]
+    finally:
+        a.close()
+        b.close()
+        observer.close()

@@ -84,6 +84,10 @@ class Liveness:
         hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
                                   sweep=sweep, written=self.written())
         answered = time.monotonic()
+        # This beat's record, renewed less than a TTL ago, is forgotten by no store (a
+        # stopped beat's lapses; it is forgotten an hour after): a store without it is a
+        # copy taken before it started, whatever else it holds.
+        renewed_since = asked - self.renewed
         self._renewed(asked)
         # This beat's reckoning of the store's clock at the instant the store read it (the
         # middle of the round trip, as the clock takes it).
@@ -106,6 +110,10 @@ class Liveness:
                 f"the store no longer holds what this beat wrote ({lost.entry} due"
                 f" {iso(lost.due)}: its {WROTE[lost.kind]}, token {lost.token}): it was put"
                 " back from an older copy")
+        if not hb.owner_known and renewed_since <= self.ttl and not (resync or settling):
+            raise StoreWentBack(
+                f"the store no longer holds what this beat wrote (its heartbeat's record,"
+                f" renewed {renewed_since:.1f}s before): it was put back from an older copy")
         if not self.join.joined:
             self.join.step(hb, answered, owner_alive)
         return changed and not resync

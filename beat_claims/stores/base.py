@@ -887,6 +887,12 @@ class Heartbeat:
     """When the store last saw a heartbeat of any beat before this one (store clock, UTC
     ms; None: never). Kept with the epoch, never forgotten: a store restored from a copy
     shows the copy's."""
+    owner_known: bool = True
+    """Whether the store held the caller's record before this heartbeat (alive, lapsed or
+    left: it is forgotten an hour after it lapsed). False at the caller's first heartbeat,
+    and in a store put back from a copy taken before it: a beat that heartbeated a moment
+    ago and is not known has found the store went back, whatever it holds of its other
+    writes (a beat that wrote nothing else yet: it only registered its entries)."""
 
 
 # -- worker processes' liveness -----------------------------------------------------------
@@ -1000,7 +1006,7 @@ class Store(abc.ABC):
         claimed, a backfill or a request put it there over what the instant held); an entry
         or run whose record cannot be read is not judged.
         Read just after the heartbeat is written (in the same atomic step where the
-        backend can)."""
+        backend can). ``owner_known``: whether the caller's record was there before."""
 
     @abc.abstractmethod
     def leave(self, owner: Owner) -> None:

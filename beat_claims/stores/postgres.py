@@ -211,7 +211,8 @@ ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS definition text,
   ADD COLUMN IF NOT EXISTS changed_seq bigint;
 """,
     # 8: heartbeat() looks for a check before publish among the caller's newest writes
-    # (each one says what was written: 'k'): functions only.
+    # (each one says what was written: 'k'), and answers whether the caller's record was
+    # there before ('known'): functions only.
     7: "SELECT 1;",
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
@@ -1463,7 +1464,7 @@ END $$;
 -- made by the first heartbeat. The last heartbeat's instant is kept (beat_at, answered as
 -- it was before this one), and the caller's newest writes (p_written: e, d, t, and k, what
 -- was written: Wrote) are looked for as kept.lua does: 'lost' lists those the store no
--- longer holds, by position.
+-- longer holds, by position; 'known': whether the owner's record was there before.
 CREATE OR REPLACE FUNCTION {s}.heartbeat(p_owner text, p_info jsonb, p_ttl bigint,
                                          p_resync boolean, p_new text, p_forget bigint,
                                          p_settling boolean, p_store text, p_written jsonb)
@@ -1477,6 +1478,7 @@ DECLARE
   v_store text;
   v_last bigint;
   v_lost jsonb := '[]';
+  v_known boolean;
   v_item jsonb;
   v_n bigint;
   v_entry record;
@@ -1498,6 +1500,7 @@ BEGIN
     SELECT o.id FROM {s}.owners o WHERE o.expires_at < {s}.now_ms() - p_forget
       AND o.id <> p_owner ORDER BY o.expires_at LIMIT 100 FOR UPDATE SKIP LOCKED);
   PERFORM 1 FROM {s}.owners o WHERE o.id = p_owner FOR UPDATE;
+  v_known := FOUND;
   v_now := {s}.now_ms();  -- once the rows it writes are locked
   INSERT INTO {s}.owners AS o (id, info, expires_at) VALUES (p_owner, p_info, v_now + p_ttl)
     ON CONFLICT (id) DO UPDATE SET info = excluded.info, expires_at = excluded.expires_at;
@@ -1553,7 +1556,7 @@ BEGIN
   END LOOP;
   RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id,
     'settle', v_epoch.settle_until, 'server', v_server, 'store', v_store,
-    'last_beat', v_last, 'lost', v_lost,
+    'last_beat', v_last, 'lost', v_lost, 'known', v_known,
     'owners', (SELECT coalesce(jsonb_agg(jsonb_build_array(o.id, o.info, o.expires_at)),
                                '[]') FROM {s}.owners o));
 END $$;
@@ -2164,7 +2167,8 @@ class PostgresStore(Store):
                          settle_until=_maybe_int(reply.get("settle")),
                          owners=tuple(_owner_statuses(reply["owners"], now)),
                          lost=tuple(written[int(i)] for i in reply.get("lost") or ()),
-                         last_beat=_maybe_int(reply.get("last_beat")))
+                         last_beat=_maybe_int(reply.get("last_beat")),
+                         owner_known=bool(reply.get("known")))
 
     def leave(self, owner: Owner) -> None:
         try:

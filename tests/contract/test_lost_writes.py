@@ -282,3 +282,17 @@ def test_a_store_restored_from_a_copy_answers_the_copy_s_last_beat(
 
     hb = poll(answer, 10, "the store to answer after the restart")
     assert hb is not None and hb.last_beat == copied.now
+
+
+# -- the caller's own record --------------------------------------------------------------
+def test_owner_known_says_whether_the_caller_s_record_was_there_before(
+        store: Store, backend: Backend) -> None:
+    """A store put back from a copy taken before a beat started has no record of it (the
+    beat may have written nothing else yet); one that stopped (left) is still known."""
+    assert store.heartbeat(A, TTL).owner_known is False
+    assert store.heartbeat(A, TTL).owner_known is True
+    assert store.heartbeat(B, TTL).owner_known is False
+    store.leave(A)
+    assert store.heartbeat(A, TTL).owner_known is True  # (started again, the same owner)
+    backend.wipe(store)
+    assert store.heartbeat(A, TTL).owner_known is False

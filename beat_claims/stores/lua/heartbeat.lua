@@ -17,7 +17,7 @@
 -- Returns, as one JSON string (one value for the client to read, not a dozen):
 -- [now, epoch id, settle until or '', owners (flat id, JSON), alive (flat id, expiry), the
 -- server's run id (the masters' on a cluster), the store's id, the last heartbeat before
--- this one or ''].
+-- this one or '', '1' when the owner's record was there before this heartbeat else '0'].
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
 -- A key of the wrong kind here would stop every beat: it is replaced (the owners come
@@ -25,7 +25,7 @@ local ttl = tonumber(ARGV[3])
 for i, kind in ipairs({'hash', 'zset', 'hash', 'string'}) do
   if not key_is(KEYS[i], kind) then redis.call('DEL', KEYS[i]) end
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local known = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) == 0  -- (0: a field updated)
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 local server = ARGV[9] or string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
 local epoch = redis.call('HMGET', KEYS[3], 'id', 'settle_until', 'server', 'beat_at')
@@ -61,4 +61,4 @@ end
 return cjson.encode({fmt(now), id, settle and fmt(settle) or '',
                      redis.call('HGETALL', KEYS[1]),
                      redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), server, store_id,
-                     last_beat and fmt(last_beat) or ''})
+                     last_beat and fmt(last_beat) or '', known and '1' or '0'})
