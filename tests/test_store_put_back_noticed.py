@@ -28,7 +28,7 @@ from .any_store import (
     went_back_lines,
 )
 from .conftest import RedisServer
-from .inprocess import joined, make
+from .inprocess import beats, joined, make
 from .processes import wait_for
 
 LOGGER = "celery.beat.claims"
@@ -128,3 +128,63 @@ def test_a_copy_lacking_only_a_beat_s_registration_is_noticed(
         a.close()
         b.close()
         observer.close()
+
+
+#: An operator's client that starts a new epoch, as a beat that found the store went back
+#: does (it leaves at once: it is no beat).
+RESYNC = Owner("resync", "test", 1, 0.0)
+
+
+def test_a_copy_of_an_earlier_epoch_put_back_is_settled_for_once(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The copy is taken in one epoch; beat B sends more, then the store begins a new
+    epoch (both beats register again what they know, and forget their newest writes: what
+    they registered replaces them), and, while it settles, the copy is put back: its epoch
+    is the earlier one, which settled long ago, and it lacks the runs B sent since it was
+    taken. Beat A, which heartbeats first, must not take that epoch for a new one to
+    register in and claim at once (catch_up "all": it may send again the runs B sent,
+    before B registers them): the store must settle again, for every beat, and A claims
+    nothing before B has registered. Once it has, nobody notices anything any more."""
+    app = any_store.app({"e": {"task": "t.noop", "schedule": timedelta(seconds=0.5),
+                               "claims": {"catch_up": "all"}}},
+                        beat_claims_heartbeat_interval=1)  # a TTL of 3 s
+    a, b = beats(app, app)
+    observer = any_store.open()
+    worker = Worker(observer, server)
+    step = ticking(worker, a, b)
+    copy = any_store.copy()
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    try:
+        wait_for(lambda: len(published(server)) >= 2, 10, "runs before the copy",
+                 interval=0.02, between=step)
+        copy.take()
+        sent = len(published(server))
+        wait_for(lambda: len(published(server)) >= sent + 2, 5, "runs B sends after the copy",
+                 interval=0.02, between=ticking(worker, b))
+        observer.heartbeat(RESYNC, a.liveness.ttl, resync=True)
+        observer.leave(RESYNC)
+        wait_for(lambda: a.liveness.settling_for() > 0 and b.liveness.settling_for() > 0
+                 and not (a._went_back_why or b._went_back_why), 5,
+                 "both beats to register again in the new epoch", interval=0.02,
+                 between=step)
+        assert a.knowledge.written() == b.knowledge.written() == []
+        copy.put_back()
+        caplog.clear()
+        before = len(published(server))
+        a.liveness.lapse()
+        work_for(1.2, ticking(worker, a))  # A heartbeats first, B within its interval
+        assert went_back_lines(caplog.records), caplog.text
+        assert published(server)[before:] == [], "A claimed before B could register"
+        work_for(6, step)
+        noticed = went_back_lines(caplog.records)
+        assert 1 <= len(noticed) <= 2, noticed  # (each beat once, at most)
+        caplog.clear()
+        work_for(2, step)
+        assert went_back_lines(caplog.records) == []
+        assert a.liveness.epoch == b.liveness.epoch
+    finally:
+        a.close()
+        b.close()
+        observer.close()
+    assert sent_twice(server) == {}, published(server)

@@ -44,7 +44,14 @@ WROTE = {Wrote.CLAIM: "claim", Wrote.CHECK: "check before publish", Wrote.SENT: 
 
 class StoreWentBack(Exception):
     """The store may have lost writes (a restart, a failover, a wipe, an older snapshot):
-    what this beat knows must be registered again before anything is claimed."""
+    what this beat knows must be registered again before anything is claimed.
+    ``epoch_begun``: the store began a new epoch itself (a restart, a failover, a wipe,
+    another beat that found it out), and settles: this beat only registers. Otherwise this
+    beat found it out from the data, and begins one (every live beat registers)."""
+
+    def __init__(self, why: str, epoch_begun: bool = False) -> None:
+        super().__init__(why)
+        self.epoch_begun = epoch_begun
 
 
 class Liveness:
@@ -64,6 +71,8 @@ class Liveness:
         self.renewed = float("-inf")
         self.lapsed = False
         self.epoch: str | None = None
+        #: The store's clock at the last heartbeat it answered (None: none yet).
+        self.last_now: int | None = None
         self.store_id = ""  # stamped on messages: workers compare it with their store's
         self.settle_until: int | None = None
         self.owners: tuple[OwnerStatus, ...] = ()
@@ -95,6 +104,12 @@ class Liveness:
         self.clock.set(hb.now, asked, answered)
         self.last = answered
         changed = self.epoch is not None and hb.epoch != self.epoch
+        # An epoch that began before this beat's last heartbeat, when the store showed
+        # another: the store went back to an earlier one (a copy put back in place keeps
+        # the epoch it was taken in), which settled long ago. It must settle again.
+        earlier = (changed and self.last_now is not None and hb.epoch_since is not None
+                   and hb.epoch_since <= self.last_now)
+        last_now, self.last_now = self.last_now, hb.now
         self.epoch = hb.epoch
         self.store_id = hb.store_id
         self.settle_until = hb.settle_until
@@ -104,6 +119,11 @@ class Liveness:
         in_step = abs(hb.now - expected) <= CLOCK_STEP_MS
         if sweep is not None and hb.live is not None and not changed and in_step:
             self.swept = (sweep, hb.live)
+        if earlier and not (resync or settling):
+            raise StoreWentBack(
+                f"the store's epoch went back to one that began at {iso(hb.epoch_since or 0)},"
+                f" before this beat's last heartbeat at {iso(last_now or 0)}: it was put back"
+                " from a copy of an earlier epoch")
         if hb.lost and not (resync or settling):
             lost = hb.lost[0]
             raise StoreWentBack(
@@ -143,7 +163,8 @@ class Liveness:
         """During a long burst of sends: keep looking alive, but only from this loop. A
         changed epoch stops the burst."""
         if time.monotonic() - self.last >= self.interval / 2 and self.beat():
-            raise StoreWentBack("the store's epoch changed during a burst of sends")
+            raise StoreWentBack("the store's epoch changed during a burst of sends",
+                                epoch_begun=True)
 
     def lapse(self) -> None:
         """Heartbeat again at the next chance (after an error, or a wake-up)."""

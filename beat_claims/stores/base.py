@@ -887,6 +887,10 @@ class Heartbeat:
     """When the store last saw a heartbeat of any beat before this one (store clock, UTC
     ms; None: never). Kept with the epoch, never forgotten: a store restored from a copy
     shows the copy's."""
+    epoch_since: int | None = None
+    """When the epoch began (store clock, UTC ms; None: not known). A store put back in
+    place from a copy keeps the epoch the copy was taken in: one that began before the
+    beats' last heartbeats, while they saw another."""
     owner_known: bool = True
     """Whether the store held the caller's record before this heartbeat (alive, lapsed or
     left: it is forgotten an hour after it lapsed). False at the caller's first heartbeat,

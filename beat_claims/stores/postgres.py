@@ -212,7 +212,7 @@ ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS definition text,
 """,
     # 8: heartbeat() looks for a check before publish among the caller's newest writes
     # (each one says what was written: 'k'), and answers whether the caller's record was
-    # there before ('known'): functions only.
+    # there before ('known') and when the epoch began ('since'): functions only.
     7: "SELECT 1;",
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
@@ -1489,7 +1489,7 @@ BEGIN
   -- look dead sooner (its claims are taken back; fencing stops it), and a restart or a
   -- failover is a new epoch anyway.
   PERFORM set_config('synchronous_commit', 'off', true);
-  SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep;
+  SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep;
   v_new := NOT FOUND OR v_epoch.server <> v_server OR p_resync;
   IF v_new THEN
     PERFORM 1 FROM {s}.epoch FOR UPDATE;
@@ -1512,19 +1512,19 @@ BEGIN
       INTO v_until FROM {s}.owners o;
     INSERT INTO {s}.epoch (one, id, settle_until, since, server)
       VALUES (true, p_new, v_until, v_now, v_server) ON CONFLICT (one) DO NOTHING;
-    SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep FOR UPDATE;
+    SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep FOR UPDATE;
     -- Another heartbeat may have started the new epoch while this one waited.
     IF v_epoch.id <> p_new AND (v_epoch.server <> v_server OR p_resync) THEN
       UPDATE {s}.epoch SET id = p_new,
           settle_until = greatest(coalesce(settle_until, 0), v_until),
           since = v_now, server = v_server
-        RETURNING id, settle_until, server INTO v_epoch;
+        RETURNING id, settle_until, server, since INTO v_epoch;
     END IF;
   ELSIF p_settling AND v_epoch.settle_until > v_now
       AND v_epoch.settle_until < v_now + p_ttl THEN
     UPDATE {s}.epoch SET settle_until = v_now + p_ttl
       WHERE settle_until > v_now AND settle_until < v_now + p_ttl;
-    SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep;
+    SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep;
   END IF;
   SELECT i.id INTO v_store FROM {s}.ident i;
   IF NOT FOUND THEN
@@ -1554,7 +1554,7 @@ BEGIN
       v_lost := v_lost || to_jsonb(v_n);
     END IF;
   END LOOP;
-  RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id,
+  RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id, 'since', v_epoch.since,
     'settle', v_epoch.settle_until, 'server', v_server, 'store', v_store,
     'last_beat', v_last, 'lost', v_lost, 'known', v_known,
     'owners', (SELECT coalesce(jsonb_agg(jsonb_build_array(o.id, o.info, o.expires_at)),
@@ -2168,7 +2168,8 @@ class PostgresStore(Store):
                          owners=tuple(_owner_statuses(reply["owners"], now)),
                          lost=tuple(written[int(i)] for i in reply.get("lost") or ()),
                          last_beat=_maybe_int(reply.get("last_beat")),
-                         owner_known=bool(reply.get("known")))
+                         owner_known=bool(reply.get("known")),
+                         epoch_since=_maybe_int(reply.get("since")))
 
     def leave(self, owner: Owner) -> None:
         try:

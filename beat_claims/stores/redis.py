@@ -737,8 +737,8 @@ class RedisStore(Store):
             self._heartbeating.on = False
         reply = replies[0]
         _raise_if_error(reply)
-        now, epoch_id, settle, owners, alive, server, store_id, last_beat, known = \
-            self._json_reply(reply, 9)
+        now, epoch_id, settle, owners, alive, server, store_id, last_beat, known, since = \
+            self._json_reply(reply, 10)
         self._server = str(server) or None
         self._servers = frozenset(self._server.split(",")) if self._server else frozenset()
         if self.single_node:
@@ -757,7 +757,7 @@ class RedisStore(Store):
                          live=self._sweep_reply(replies, combined),
                          lost=self._lost(written, kept),
                          last_beat=int(last_beat) if last_beat else None,
-                         owner_known=known == "1")
+                         owner_known=known == "1", epoch_since=int(since) if since else None)
 
     def _kept_build(self, pipe: Pipeline, written: Sequence[Written]) -> None:
         for item in written:

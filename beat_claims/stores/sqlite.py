@@ -1122,7 +1122,7 @@ class SQLiteStore(Store):
 
         def work(db: sqlite3.Connection) -> tuple[
                 int, str, int | None, list[Any], tuple[int, int] | None, str, int | None,
-                tuple[Written, ...], bool]:
+                tuple[Written, ...], bool, int | None]:
             """heartbeat.lua: the owner is alive for ttl more (and was known before, or
             not); the epoch changes when the file has none, is another file, or on a
             resync, and then no beat claims until every beat known alive has had its
@@ -1133,7 +1133,8 @@ class SQLiteStore(Store):
             db.execute(q["owner_put"], (owner.id, json.dumps(owner.as_dict()), now + ttl_ms))
             meta = {key: (row[0] if (row := db.execute(q["meta_get"], (key,)).fetchone())
                           else None) for key in ("epoch", "settle_until", "epoch_file",
-                                                 "beat_at")}
+                                                 "beat_at", "epoch_since")}
+            since = _maybe_int(meta["epoch_since"])
             last_beat = _maybe_int(meta["beat_at"])
             db.execute(q["meta_set"], ("beat_at", str(max(now, last_beat or now))))
             epoch, settle = meta["epoch"], _maybe_int(meta["settle_until"])
@@ -1149,6 +1150,7 @@ class SQLiteStore(Store):
                     until = min(latest, now + 10 * ttl_ms)
                 if settle is None or settle < until:
                     settle = until
+                since = now
                 for key, value in (("epoch", epoch), ("settle_until", str(settle)),
                                    ("epoch_since", str(now)), ("epoch_file", file)):
                     db.execute(q["meta_set"], (key, value))
@@ -1159,15 +1161,16 @@ class SQLiteStore(Store):
             db.execute(q["owners_forget"], (now - FORGET_OWNERS_MS,))
             lost = tuple(item for item in written if self._kept(db, item) is False)
             return (now, str(epoch), settle, db.execute(q["owners_all"]).fetchall(),
-                    self._db_file, self._store_id(db), last_beat, lost, known)
+                    self._db_file, self._store_id(db), last_beat, lost, known, since)
 
-        now, epoch, settle, rows, file_read, store_id, last_beat, lost, known = \
+        now, epoch, settle, rows, file_read, store_id, last_beat, lost, known, since = \
             self._transaction(work, heartbeat=True)
         self._heartbeat_file = file_read
         owners = _owner_statuses(rows, now)
         self._warn_foreign_hosts(owners)
         return Heartbeat(now=now, epoch=epoch, settle_until=settle, owners=tuple(owners),
-                         store_id=store_id, lost=lost, last_beat=last_beat, owner_known=known)
+                         store_id=store_id, lost=lost, last_beat=last_beat, owner_known=known,
+                         epoch_since=since)
 
     def _kept(self, db: sqlite3.Connection, item: Written) -> bool | None:
         """kept.lua: whether the store still holds the caller's write (None: a record that

@@ -296,3 +296,15 @@ def test_owner_known_says_whether_the_caller_s_record_was_there_before(
     assert store.heartbeat(A, TTL).owner_known is True  # (started again, the same owner)
     backend.wipe(store)
     assert store.heartbeat(A, TTL).owner_known is False
+
+
+def test_epoch_since_is_when_the_epoch_began(store: Store) -> None:
+    """A store put back in place keeps the epoch of its copy: one that began before the
+    beats' last heartbeats (the beat's side: tests/test_store_put_back_noticed.py)."""
+    first = store.heartbeat(A, TTL)
+    assert first.epoch_since is not None and first.epoch_since <= first.now
+    later = store.heartbeat(B, TTL)
+    assert (later.epoch, later.epoch_since) == (first.epoch, first.epoch_since)
+    again = store.heartbeat(A, TTL, resync=True)
+    assert again.epoch != first.epoch
+    assert again.epoch_since is not None and later.now <= again.epoch_since <= again.now
