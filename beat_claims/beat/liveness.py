@@ -106,9 +106,11 @@ class Liveness:
         changed = self.epoch is not None and hb.epoch != self.epoch
         # An epoch that began before this beat's last heartbeat, when the store showed
         # another: the store went back to an earlier one (a copy put back in place keeps
-        # the epoch it was taken in), which settled long ago. It must settle again.
+        # the epoch it was taken in), which settled long ago. It must settle again. (Taken
+        # wrongly, for one begun by a call the store answered at about the same instant,
+        # it costs one more epoch.)
         earlier = (changed and self.last_now is not None and hb.epoch_since is not None
-                   and hb.epoch_since <= self.last_now)
+                   and hb.epoch_since < self.last_now)
         last_now, self.last_now = self.last_now, hb.now
         self.epoch = hb.epoch
         self.store_id = hb.store_id
