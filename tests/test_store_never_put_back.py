@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from beat_claims import operations
+from beat_claims.runs import Owner
 from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import Claim, Store, StoreError
 
@@ -180,3 +181,31 @@ def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_i
         b.close()
         observer.close()
     assert went_back_lines(caplog.records) == [], caplog.text
+
+
+def test_a_beat_back_from_a_stall_registers_in_an_epoch_begun_meanwhile_without_beginning_one(
+        any_store: StoreUnderTest, caplog: pytest.LogCaptureFixture) -> None:
+    """Another beat began a new epoch (it found the store went back) while this one was
+    stalled, and the store settled before it came back: that epoch began after this beat's
+    last heartbeat, so it is not an earlier one put back. The beat registers again what it
+    knows in it, and begins none of its own (which would make the whole fleet register
+    again, and claim nothing for a TTL)."""
+    app = any_store.app({"e": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}})
+    s = make(app)
+    observer = any_store.open()
+    resync = Owner("resync", "test", 1, 0.0)
+    try:
+        run_for(1, s)
+        begun = observer.heartbeat(resync, s.liveness.ttl, resync=True)
+        observer.leave(resync)
+        wait_for(lambda: observer.now() > (begun.settle_until or 0) + 200, 10,
+                 "the new epoch to settle while the beat is stalled")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            heartbeats(s, 1.5)
+        assert [line for line in went_back_lines(caplog.records)
+                if "epoch changed" not in line] == [], caplog.text
+        assert s.liveness.epoch == begun.epoch
+    finally:
+        s.close()
+        observer.close()
