@@ -50,13 +50,14 @@ def _valid(record: StoredDefinition) -> Definition | None:
         return None
 
 
-def change_write(store: Store, app: Celery, name: str, definition: Definition,
+def change_write(store: Store, app: Celery, name: str, definition: Definition | None,
                  current: StoredDefinition | None, origin: Origin, by: str,
                  history_limit: int) -> DefinitionWrite:
-    """The write that makes ``definition`` the entry's, from ``current`` (the stored
-    record read last; None: none), with the change semantics."""
+    """The write that makes ``definition`` the entry's (None: deletes it), from
+    ``current`` (the stored record read last; None: none), with the change semantics."""
+    text = definition.to_json() if definition is not None else None
     if current is None or current.deleted:
-        return DefinitionWrite(name, definition.to_json(), 0, origin, by)
+        return DefinitionWrite(name, text, 0, origin, by)
     old = _valid(current)  # (one that is not valid was never sent: nothing to skip)
     records = store.entries([name])
     record = records[0] if records else None
@@ -69,7 +70,7 @@ def change_write(store: Store, app: Celery, name: str, definition: Definition,
         reason = Reason.CHANGED if old.enabled else Reason.DISABLED
         skip = tuple((due, reason) for due in window.newest)
     checkpoint = record.checkpoint if record is not None else None
-    return DefinitionWrite(name, definition.to_json(), current.version, origin, by,
+    return DefinitionWrite(name, text, current.version, origin, by,
                            skip=skip, checkpoint=now if record is not None else None,
                            expected_checkpoint=checkpoint)
 
