@@ -13,6 +13,7 @@ before publishing it (a claim made just before its publish may carry that check:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
@@ -42,7 +43,7 @@ from .beat.sweeper import Sweeper
 from .enums import Overlap, Reason
 from .exception_text import entry_exception, frames
 from .metrics import Metrics
-from .runs import HEADER, Owner, from_ms, iso
+from .runs import HEADER, MAX_DIFFERS, Owner, from_ms, iso
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
 from .stores import open_store
 from .stores.base import (
@@ -297,6 +298,15 @@ class Scheduler(BaseScheduler):
         self._prune_pinned()
         if changed or first:
             self._recompose()
+        self._report_differences()
+
+    def _report_differences(self) -> None:
+        """Write with the heartbeats which entries of this beat's beat_schedule differ from
+        the store's definitions (it sends the stored ones): ``claims status`` and
+        ``claims health`` show them."""
+        differs = tuple(sorted(self.composition.differing())[:MAX_DIFFERS])
+        if differs != self.liveness.owner.schedule_differs:
+            self.liveness.owner = dataclasses.replace(self.owner, schedule_differs=differs)
 
     def _recompose(self) -> None:
         """The schedule from this beat's own entries and the store's definitions. An
