@@ -38,7 +38,7 @@ from .beat.long_lived import freeze_long_lived
 from .beat.outage import MAX_BACKOFF, Outage
 from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
-from .beat.stored import StoredEntries
+from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import Sweeper
 from .enums import Overlap, Reason
 from .exception_text import entry_exception, frames
@@ -299,6 +299,20 @@ class Scheduler(BaseScheduler):
         if changed or first:
             self._recompose()
         self._report_differences()
+
+    def states_moved(self, names: list[str]) -> None:
+        """Read again the definitions of those of ``names`` the store has one of (see
+        ``EntrySource.states_moved``): a change moves the checkpoint with the definition,
+        so that a beat that learned the new checkpoint plans by the new definition, not by
+        the one it read last (it would claim the old grid's instants after the change)."""
+        if not self.stored.loaded:
+            return
+        known = [name for name in names if name in self.stored.known]
+        changed: set[str] = set()
+        for start in range(0, len(known), PAGE):
+            changed |= self.stored.take(self.store.definitions(known[start:start + PAGE]))
+        if changed:
+            self._recompose()
 
     def _report_differences(self) -> None:
         """Write with the heartbeats which entries of this beat's beat_schedule differ from

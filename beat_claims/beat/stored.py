@@ -89,6 +89,10 @@ class StoredEntries:
             after = page[-1].name
         return changed | (set(before) - set(self.known))
 
+    def take(self, records: list[StoredDefinition]) -> set[str]:
+        """Records read apart from the feed (the newest): the names whose record changed."""
+        return {record.name for record in records if self._take(record)}
+
     def _take(self, record: StoredDefinition) -> bool:
         old = self.known.get(record.name)
         if old is not None and old.stored == record:
