@@ -65,7 +65,7 @@ def grid_instants(schedule: dict[str, Any], anchor: int, after: int, upto: int) 
 def test_three_beats_follow_an_entry_through_four_definitions_and_a_disable(
         kind: str, server: RedisServer, tmp_path: Path) -> None:
     with claims_url(kind, server, tmp_path) as url, \
-            fleet(url, server.broker_url(), tmp_path, {}) as f:
+            fleet(url, server.broker_url(), tmp_path, {}, BC_EXEC_URL=server.url) as f:
         beats = [f.beat() for _ in range(3)]
         store = open_store(Settings(url=url), timeout=5.0)
         app = Celery("acceptance", set_as_current=False)  # UTC, as the beats' app
