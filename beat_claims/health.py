@@ -5,9 +5,6 @@ Six checks, each read from the store alone (nothing is written):
 * **store**: the store answers (its clock is read; every other check compares with it);
 * **beats**: at least one beat is alive (its heartbeat has not lapsed and, on this host,
   its process is still there: :func:`beat_claims.beat.liveness.owner_alive`);
-* **schedules**: no live beat's ``beat_schedule`` has an entry whose definition differs
-  from the one in the store (a rolling deploy not finished, a beat left on an old
-  configuration: that beat sends the stored definition, not its own);
 * **claims**: no claim is held longer than its entry's ``reclaim_after`` (a beat that
   claimed and neither sent nor gave it back, and that no sweep took it from);
 * **overdue**: no entry of the app's schedule that is not paused has its next occurrence
@@ -16,6 +13,9 @@ Six checks, each read from the store alone (nothing is written):
   not, has waited longer than the grace for a beat to claim it;
 * **unstarted**: no run has been ``sent`` without a worker starting it for longer than
   ``beat_claims_unstarted_after`` (:mod:`beat_claims.unstarted`).
+* **schedules**: no live beat's ``beat_schedule`` has an entry whose definition differs
+  from the one in the store (a rolling deploy not finished, a beat left on an old
+  configuration: that beat sends the stored definition, not its own).
 
 ``--beat`` checks the store and that a beat of this host (``socket.gethostname()``) is
 alive: a liveness probe for a beat's container; ``--beat PID`` (or ``HOST:PID``) that
@@ -296,12 +296,12 @@ def fleet(store: Store, schedules: Mapping[str, Any], policies: Mapping[str, Pol
     try:
         owners = store.owners()
         checks.append(beats_check(owners))
-        checks.append(schedules_check(owners))
         held = live(store, now, policies, default)
         checks.append(claims_check(held, now, policies, default, owners))
         checks.append(overdue_check(store, now, schedules, grace, held.due, policies,
                                     max_entries))
         checks.append(unstarted_check(store, now, unstarted_after))
+        checks.append(schedules_check(owners))
     except StoreError as exc:
         checks.append(Finding("store", False, f"stopped answering during the checks: {exc}"))
     return Report(checks, now, grace, unstarted_after)

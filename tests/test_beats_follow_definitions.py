@@ -14,6 +14,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,13 @@ def store(url: str) -> Iterator[Store]:
 
 def app(server: RedisServer, url: str, schedule: dict[str, Any] | None = None) -> Celery:
     return make_app(server, schedule or {}, beat_claims_url=url)
+
+
+def configured(server: RedisServer, url: str, name: str, args: list[Any], seconds: float = 1
+               ) -> Celery:
+    """An app whose beat_schedule has one entry, ``name``: every ``seconds`` with ``args``."""
+    return app(server, url, {name: {"task": "t.noop", "args": args,
+                                    "schedule": timedelta(seconds=seconds)}})
 
 
 def define(store: Store, celery_app: Celery, name: str, obj: Any,
@@ -208,14 +216,10 @@ def test_a_definition_that_is_not_valid_is_logged_and_the_others_go_on(
 def test_two_beats_with_different_beat_schedules_send_the_stored_grid_and_warn(
         server: RedisServer, url: str, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from datetime import timedelta
-
     caplog.set_level(logging.INFO)
-    first = make(app(server, url, {"rolling": {"task": "t.noop", "args": ["old"],
-                                               "schedule": timedelta(seconds=1)}}))
+    first = make(configured(server, url, "rolling", ["old"]))
     tick_until([first], lambda: len(sent(server, "rolling")) >= 1, 10, "a first send")
-    second = joined(app(server, url, {"rolling": {"task": "t.noop", "args": ["new"],
-                                                  "schedule": timedelta(seconds=2)}}), first)
+    second = joined(configured(server, url, "rolling", ["new"], 2), first)
     changed = store.definitions(["rolling"])[0]
     assert changed.origin is Origin.CONFIG and changed.changed_by == second.owner.id
     changed_at = store.entries(["rolling"])[0].checkpoint
@@ -232,3 +236,82 @@ def test_two_beats_with_different_beat_schedules_send_the_stored_grid_and_warn(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
                 and "'rolling'" in r.getMessage() and "differs" in r.getMessage()]
     assert len(warnings) == 1 and second.owner.id in warnings[0], warnings
+
+
+def test_a_beat_whose_beat_schedule_differs_is_shown_by_status_and_health(
+        server: RedisServer, url: str, store: Store) -> None:
+    from beat_claims import health, inspect
+
+    first = make(configured(server, url, "rolling", ["old"]))
+    second = joined(configured(server, url, "rolling", ["new"], 2), first)
+    tick_until([first, second], lambda: first.liveness.owner.schedule_differs == (
+        "rolling",), 5, "the first beat to report that its beat_schedule differs")
+    first.liveness.last -= INTERVAL  # heartbeat now: the store holds what it reports
+    first.tick()
+    operator = app(server, url)  # an operator's app: beat_schedule without the entry
+    doc = inspect.status(operator, store=store, schedules={})
+    [entry] = [e for e in doc["entries"] if e["name"] == "rolling"]
+    assert entry["in_schedule"] is True, entry  # live beats schedule it: not "(removed)"
+    assert entry["definition"]["origin"] == "config"
+    assert entry["definition"]["changed_by"] == second.owner.id
+    here = f"{first.owner.host}:{first.owner.pid}"
+    assert entry["beat_schedule_differs_in"] == [here], entry
+    assert entry["next_due"] is not None
+    settings = Settings.from_app(operator)
+    report = health.fleet(store, {}, {}, settings.policy, 30.0)
+    [check] = [c for c in report.checks if c.name == "schedules"]
+    assert not check.ok and "rolling" in check.detail and [
+        i["id"] for i in check.items] == [first.owner.id], check
+
+
+def test_a_dynamic_definition_shadows_a_beat_schedule_entry_of_the_same_name(
+        server: RedisServer, url: str, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    beat = make(configured(server, url, "both", ["config"]))
+    assert store.definitions(["both"])[0].origin is Origin.CONFIG
+    tick_until([beat], lambda: len(sent(server, "both")) >= 1, 10, "a first send")
+    result = define(store, beat.app, "both", {"task": "t.noop", "schedule": {"every": 1},
+                                              "args": ["dynamic"]})
+    assert result.state is not None and result.state.checkpoint is not None
+    tick_until([beat], lambda: any(a == ["dynamic"] for _, a in sent(server, "both")), 10,
+               "a send by the dynamic definition")
+    shadowed = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                and "shadowed by a dynamic entry" in r.getMessage()]
+    assert len(shadowed) == 1 and "'both'" in shadowed[0], shadowed
+    for due, args in once_each(server, "both"):
+        assert args == (["config"] if due <= result.state.checkpoint else ["dynamic"])
+    # A beat started now does not overwrite it.
+    again = joined(configured(server, url, "both", ["config"]), beat)
+    assert store.definitions(["both"])[0].origin is Origin.API
+    assert again.schedule["both"].args == ["dynamic"]
+
+
+def test_an_entry_that_cannot_be_stored_stays_the_beats_own_with_one_warning(
+        server: RedisServer, url: str, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery.beat import BeatLazyFunc
+
+    caplog.set_level(logging.INFO)
+    beat = make(configured(server, url, "lazy", [BeatLazyFunc(str)]))
+    tick_until([beat], lambda: len(sent(server, "lazy")) >= 2, 10, "two sends")
+    assert store.definitions(["lazy"]) == []
+    warned = [r.getMessage() for r in caplog.records if "cannot be shared" in r.getMessage()]
+    assert len(warned) == 1 and "'lazy'" in warned[0], warned
+
+
+def test_a_config_definition_is_sent_only_by_the_beats_whose_beat_schedule_has_it(
+        server: RedisServer, url: str, store: Store) -> None:
+    entry = {"task": "t.noop", "schedule": timedelta(seconds=1)}
+    with_it = make(app(server, url, {"configured": entry}))
+    without = joined(app(server, url, {"other": entry}), with_it)
+    run_for(1.5, with_it, without)
+    assert "configured" in with_it.schedule and "configured" not in without.schedule
+    assert {d.name for d in store.definitions(["configured", "other"])} == {
+        "configured", "other"}
+    with_it.close()  # the last beat with the entry stops: nobody sends it
+    time.sleep(0.3)
+    stopped_at = store.now()
+    run_for(2.5, without)
+    assert not [iso(d) for d, _ in sent(server, "configured") if d > stopped_at]
+    assert any(d > stopped_at for d, _ in sent(server, "other"))
