@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo
 import redis
 
 from . import occurrences
-from .definitions import Cron, Definition, DefinitionError, Every, validate
+from .definitions import Definition, DefinitionError, Every, validate
 from .enums import ImportAction as Action
 from .enums import Origin
 from .runs import iso, to_ms
@@ -49,9 +49,10 @@ class RedBeatEntry:
     """One entry as RedBeat keeps it, read and converted.
 
     ``definition``: the definition it becomes (None: ``problem`` says why it cannot be one).
-    ``next_run_ms``: RedBeat's next run (its schedule's score; None: not scheduled there,
-    a disabled entry). ``anchor_ms``/``checkpoint_ms``: where the store's entry starts so
-    that its first occurrence is ``next_run_ms`` (None: at the import, as any new entry).
+    ``anchor_ms``: where the store's entry starts (anchor and checkpoint) so that its
+    first occurrence is RedBeat's next run, ``next_run_ms`` (None: at the import, as any
+    new entry, and its next instant after it). ``score_ms``: the score of RedBeat's sorted
+    set (when its beat looks at the entry; None: not there, a disabled entry).
     """
 
     name: str
@@ -61,6 +62,7 @@ class RedBeatEntry:
     next_run_ms: int | None
     last_run_ms: int | None
     anchor_ms: int | None
+    score_ms: int | None
     static: bool
 
 
@@ -142,11 +144,15 @@ def convert(name: str, definition_json: str, meta_json: str | None, score: float
     except ValueError:
         problem = "its definition is not valid JSON"
     last_run = _last_run_ms(meta_json)
-    next_run = _score_ms(score)
-    anchor = _anchor(definition, next_run, last_run) if definition else None
+    score_ms = _score_ms(score)
+    anchor = next_run = None
+    if definition is not None:
+        anchor = _anchor(definition, score_ms, last_run)
+        if anchor is not None:
+            next_run = occurrences.next_after(definition.schedule.celery(), anchor, anchor)
     return RedBeatEntry(name=name, task=task, definition=definition, problem=problem,
                         next_run_ms=next_run, last_run_ms=last_run, anchor_ms=anchor,
-                        static=static)
+                        score_ms=score_ms, static=static)
 
 
 class _NotImportable(ValueError):
@@ -259,22 +265,19 @@ def _score_ms(score: float | None) -> int | None:
     return round(score * 1000)
 
 
-def _anchor(definition: Definition, next_run: int | None, last_run: int | None
+def _anchor(definition: Definition, score: int | None, last_run: int | None
             ) -> int | None:
-    """The instant the entry's grid starts at, so that its first occurrence after it is
-    RedBeat's next run: an interval's grid passes through the next run; any other schedule
-    counts from the last run (its next instant after it is what RedBeat computed)."""
-    spec = definition.schedule
-    if isinstance(spec, Every):
-        period = occurrences.period_ms(spec.celery())
-        if next_run is not None:
-            return next_run - period
+    """The instant the entry's grid starts at (its checkpoint too), so that its first
+    occurrence after it is RedBeat's next run: RedBeat counts from the last run
+    (``last_run_at`` plus the interval, or the crontab's next instant after it). An entry
+    RedBeat never ran is due at once there: an interval's grid then passes through its
+    score (RedBeat's next run, in whole seconds); any other schedule starts at the
+    import (None), its next instant after it."""
+    if last_run is not None:
         return last_run
-    if isinstance(spec, Cron):
-        if next_run is not None:
-            return next_run - 1  # RedBeat's score is an instant of the crontab
-        return last_run
-    return last_run
+    if isinstance(definition.schedule, Every) and score is not None:
+        return score - occurrences.period_ms(definition.schedule.celery())
+    return None
 
 
 def _text(value: Any) -> str:
