@@ -26,6 +26,8 @@ from . import exporter as fleet_exporter
 from . import health as fleet_health
 from . import inspect, operations
 from . import unstarted as fleet_unstarted
+from .definitions import DefinitionError
+from .entries import EntryError
 from .runs import iso
 from .settings import ConfigurationError, Settings
 from .stores.base import StoreConfigurationError, StoreError
@@ -93,7 +95,8 @@ def _run(ctx: click.Context, what: Callable[[], Any]) -> Any:
         _fail(str(exc))
     except StoreError as exc:
         _fail(f"store unreachable: {exc}")
-    except (inspect.UnknownEntry, operations.OperationError) as exc:
+    except (inspect.UnknownEntry, operations.OperationError, EntryError,
+            DefinitionError) as exc:
         _fail(str(exc))
 
 
@@ -490,3 +493,6 @@ def exporter(ctx: click.Context, port: int, addr: str, cache_seconds: float,
         _fail(f"--port {port}: cannot serve on {addr}:{port} ({exc.strerror or exc})")
     except KeyboardInterrupt:
         pass
+
+
+from . import cli_entries  # noqa: E402,F401 (registers `claims entries`)
