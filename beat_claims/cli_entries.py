@@ -202,10 +202,13 @@ def entries() -> None:
     disabled). Entries defined in beat_schedule are changed there."""
 
 
-def _command(name: str | None = None) -> Callable[[Callable[..., None]], Any]:
-    """A command of ``claims entries`` (``name``: when the function's name cannot be it)."""
+def _command(name: str | None = None, help_text: str | None = None
+             ) -> Callable[[Callable[..., None]], Any]:
+    """A command of ``claims entries`` (``name``: when the function's name cannot be it;
+    ``help_text``: when its docstring cannot)."""
     def wrap(f: Callable[..., None]) -> Any:
-        return entries.command(name, cls=CeleryCommand)(click.pass_context(f))
+        return entries.command(name, cls=CeleryCommand, help=help_text)(
+            click.pass_context(f))
     return wrap
 
 
@@ -254,31 +257,24 @@ def edit(ctx: click.Context, name: str, version: int | None, json_in: IO[str] | 
                           " occurrence from now on")
 
 
-@_command()
-@click.argument("name")
-@version_option
-@by_option
-@out_option
-def enable(ctx: click.Context, name: str, version: int | None, by: str | None,
-           as_json: bool) -> None:
-    """Enable the entry NAME: sent again from its first occurrence from now on (those due
-    while it was disabled are recorded skipped, disabled)."""
-    store = _entries(ctx, by)
-    entry = _run(ctx, lambda: store.enable(name, version))
-    _done(as_json, entry, f"enabled {summary_text(entry)}")
+def _switch(verb: str, enabled: bool, help_text: str) -> None:
+    """``enable`` or ``disable``: one command each, the same but for the flag."""
+    @_command(verb, help_text)
+    @click.argument("name")
+    @version_option
+    @by_option
+    @out_option
+    def switch(ctx: click.Context, name: str, version: int | None, by: str | None,
+               as_json: bool) -> None:
+        store = _entries(ctx, by)
+        entry = _run(ctx, lambda: (store.enable if enabled else store.disable)(name, version))
+        _done(as_json, entry, f"{verb}d {summary_text(entry)}")
 
 
-@_command()
-@click.argument("name")
-@version_option
-@by_option
-@out_option
-def disable(ctx: click.Context, name: str, version: int | None, by: str | None,
-            as_json: bool) -> None:
-    """Disable the entry NAME: no beat sends it from now on (runs already claimed go on)."""
-    store = _entries(ctx, by)
-    entry = _run(ctx, lambda: store.disable(name, version))
-    _done(as_json, entry, f"disabled {summary_text(entry)}")
+_switch("enable", True, "Enable the entry NAME: sent again from its first occurrence from"
+        " now on (those due while it was disabled are recorded skipped, disabled).")
+_switch("disable", False, "Disable the entry NAME: no beat sends it from now on (runs"
+        " already claimed go on).")
 
 
 @_command()
