@@ -26,6 +26,8 @@ from . import exporter as fleet_exporter
 from . import health as fleet_health
 from . import inspect, operations, redbeat_import
 from . import unstarted as fleet_unstarted
+from .definitions import DefinitionError
+from .entries import EntryError
 from .runs import iso
 from .settings import ConfigurationError, Settings
 from .stores.base import StoreConfigurationError, StoreError
@@ -94,7 +96,8 @@ def _run(ctx: click.Context, what: Callable[[], Any]) -> Any:
         _fail(str(exc))
     except StoreError as exc:
         _fail(f"store unreachable: {exc}")
-    except (inspect.UnknownEntry, operations.OperationError) as exc:
+    except (inspect.UnknownEntry, operations.OperationError, EntryError,
+            DefinitionError) as exc:
         _fail(str(exc))
 
 
@@ -544,3 +547,6 @@ def import_redbeat(ctx: click.Context, url: str | None, key_prefix: str | None, 
     lines.append(f"{counts.get('create', 0)} {done}; " + ", ".join(
         f"{n} {a}" for a, n in sorted(counts.items()) if a != "create"))
     _print(as_json, doc, "\n".join(lines))
+
+
+from . import cli_entries  # noqa: E402,F401 (registers `claims entries`)

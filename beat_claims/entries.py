@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 #: What ``list`` answers at most per call, unless told.
 DEFAULT_PAGE = 100
+#: What ``show -j`` writes beside a definition's fields (an import ignores them).
+EXPORT_ONLY = ("version", "origin", "changed_by", "changed_at", "problem")
 #: The fields an update's own fields are checked beside, before the entry is read.
 _PLACEHOLDER = {"task": "placeholder", "schedule": {"every": 60}}
 
@@ -352,7 +354,7 @@ class Entries:
         out: builtins.list[BulkResult] = []
         for start in range(0, len(changes), CHUNK):
             chunk = changes[start:start + CHUNK]
-            refused = self._config_entries([c.name for c in chunk], stored)
+            refused = self.config_entries([c.name for c in chunk], stored)
             allowed = [c for c in chunk if c.name not in refused]
             results = iter(apply_changes(self.store, allowed, Origin.API, self.by, self.app))
             for change in chunk:
@@ -369,12 +371,12 @@ class Entries:
         return out
 
     def _refuse_config(self, names: builtins.list[str]) -> None:
-        refused = self._config_entries(names)
+        refused = self.config_entries(names)
         for name in names:
             if name in refused:
                 raise DefinedInBeatSchedule(name, refused[name])
 
-    def _config_entries(self, names: builtins.list[str],
+    def config_entries(self, names: builtins.list[str],
                         stored: Mapping[str, StoredDefinition] | None = None
                         ) -> dict[str, str]:
         """Which of ``names`` a ``beat_schedule`` defines, and how it is known: a live
@@ -396,6 +398,60 @@ class Entries:
                 if beats:
                     out[record.name] = f"registered by the live beat(s) {', '.join(beats)}"
         return out
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    """What an import does: the entries it creates (none in the store, or deleted), those it
+    changes (at the version read: a change made meanwhile is refused, not written over),
+    those the store holds as given, and those it refuses (defined in beat_schedule)."""
+
+    create: tuple[tuple[str, Definition], ...]
+    update: tuple[tuple[str, int, Definition], ...]
+    unchanged: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...]
+
+
+def plan_import(entries: Entries, items: Iterable[Mapping[str, Any]]) -> ImportPlan:
+    """What importing ``items`` (each a definition's fields and its ``name``, as
+    ``export`` writes them; ``version``, ``origin``, ``changed_by`` and ``changed_at`` are
+    ignored) would do. Every item is validated first (:class:`DefinitionError` naming the
+    first bad one, or a name given twice); nothing is written."""
+    wanted: dict[str, Definition] = {}
+    for name, fields in _named(items):
+        if name in wanted:
+            raise DefinitionError(name, "name", "given twice")
+        for key in EXPORT_ONLY:
+            fields.pop(key, None)
+        wanted[name] = entries.definition(name, fields)
+    create: list[tuple[str, Definition]] = []
+    update: list[tuple[str, int, Definition]] = []
+    unchanged: list[str] = []
+    refused: list[tuple[str, str]] = []
+    names = list(wanted)
+    for start in range(0, len(names), CHUNK):
+        chunk = names[start:start + CHUNK]
+        stored = {d.name: d for d in entries.store.definitions(chunk)}
+        config = entries.config_entries(chunk, stored)
+        for name in chunk:
+            current, definition = stored.get(name), wanted[name]
+            if name in config:
+                refused.append((name, config[name]))
+            elif current is None or current.deleted:
+                create.append((name, definition))
+            elif current.definition == definition.to_json():
+                unchanged.append(name)
+            else:
+                update.append((name, current.version, definition))
+    return ImportPlan(tuple(create), tuple(update), tuple(unchanged), tuple(refused))
+
+
+def apply_import(entries: Entries, plan: ImportPlan) -> list[BulkResult]:
+    """The plan's creates and updates written: one result each (creates first)."""
+    created = entries.bulk_create({"name": name, **d.as_dict()} for name, d in plan.create)
+    updated = entries.bulk_update({"name": name, "version": version, **d.as_dict()}
+                                  for name, version, d in plan.update)
+    return created + updated
 
 
 def _live_registrants(record: EntryRecord, alive: Mapping[str, Any]) -> list[str]:
@@ -449,10 +505,13 @@ __all__ = [
     "Entries",
     "EntryError",
     "EntryExists",
+    "ImportPlan",
     "NoSuchEntry",
     "StaleVersion",
     "StoredEntry",
     "app_timezone",
+    "apply_import",
+    "plan_import",
     "schedule_json",
     "stored_entry",
 ]
