@@ -182,21 +182,17 @@ class EntryAdmin(admin.ModelAdmin):
     def get_urls(self) -> list[URLPattern]:
         info = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view  # login, staff, CSRF
+        actions = {"edit": self.edit_view, "enable": self.enable_view,
+                   "disable": self.disable_view, "delete": self.delete_view,
+                   "release": self.release_view, "trigger": self.trigger_view,
+                   "pause": self.pause_view, "resume": self.resume_view,
+                   "backfill": self.backfill_view}
         return [
             path("", wrap(self.changelist_view), name=f"{info}_changelist"),
             # "+" is quoted in an entry's name (quote): no entry's page is "+add/".
             path("+add/", wrap(self.add_view), name=f"{info}_add"),
-            path("<str:object_id>/edit/", wrap(self.edit_view), name=f"{info}_edit"),
-            path("<str:object_id>/enable/", wrap(self.enable_view), name=f"{info}_enable"),
-            path("<str:object_id>/disable/", wrap(self.disable_view),
-                 name=f"{info}_disable"),
-            path("<str:object_id>/delete/", wrap(self.delete_view), name=f"{info}_delete"),
-            path("<str:object_id>/release/", wrap(self.release_view), name=f"{info}_release"),
-            path("<str:object_id>/trigger/", wrap(self.trigger_view), name=f"{info}_trigger"),
-            path("<str:object_id>/pause/", wrap(self.pause_view), name=f"{info}_pause"),
-            path("<str:object_id>/resume/", wrap(self.resume_view), name=f"{info}_resume"),
-            path("<str:object_id>/backfill/", wrap(self.backfill_view),
-                 name=f"{info}_backfill"),
+            *(path(f"<str:object_id>/{action}/", wrap(view), name=f"{info}_{action}")
+              for action, view in actions.items()),
             # Named "_change" so that admin log entries link to it.
             path("<str:object_id>/", wrap(self.detail_view), name=f"{info}_change"),
         ]
@@ -637,18 +633,23 @@ class EntryAdmin(admin.ModelAdmin):
                   ) -> StoredEntry | HttpResponse:
         """The entry as the store holds it, when this admin may change it; else its page,
         saying why not."""
+        current: StoredEntry | None = None
         try:
             current = self._entries(request).get(name)
         except NoSuchEntry as exc:
-            messages.error(request, f"{exc}: nothing can be {what}.")
-            return HttpResponseRedirect(self._url("change", name))
+            missing = f"{exc}"
         except STORE_ERRORS as exc:
             messages.error(request, self._store_error(exc))
             return HttpResponseRedirect(self._url("change", name))
         editing = self._editing(name, current)
-        if editing is Editing.EDITABLE or (deleting and editing is Editing.UNREADABLE):
+        if current is not None and (editing is Editing.EDITABLE or (
+                deleting and editing is Editing.UNREADABLE)):
             return current
-        messages.error(request, f"{name} is {READ_ONLY[editing]}; it cannot be {what} here.")
+        if editing is Editing.UNDEFINED:
+            messages.error(request, f"{missing}: nothing can be {what}.")
+        else:
+            messages.error(request, f"{name} is {READ_ONLY[editing]}; it cannot be {what}"
+                                    " here.")
         return HttpResponseRedirect(self._url("change", name))
 
     def _written(self, request: HttpRequest, form: EntryForm,
