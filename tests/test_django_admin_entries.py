@@ -434,3 +434,17 @@ def test_a_django_celery_beat_row_links_to_its_own_admin(
     assert url("edit", "db-entry") not in text
     response = client.get(url("edit", "db-entry"), follow=True)
     assert any("a django-celery-beat periodic task" in m for m in shown(response))
+
+
+def test_an_entry_named_like_a_page_keeps_its_own(client: Client, entries: Entries) -> None:
+    """The form to add an entry is at a path no entry's name gives (``+`` is quoted)."""
+    for name in ("add", "+add", "edit"):
+        entries.create(name, "site.tick", {"every": 60})
+    login(client, *EDIT_PERMS)
+    assert client.get(url("add")).context["adding"] is True
+    for name in ("add", "+add", "edit"):
+        page = client.get(url("change", name))
+        assert page.status_code == 200 and page.context["name"] == name, name
+        assert page.context["stored"]["version"] == 1
+        form = client.get(url("edit", name))
+        assert form.context["name"] == name and form.context["form"].initial["version"] == 1

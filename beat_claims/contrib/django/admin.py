@@ -216,10 +216,11 @@ class EntryAdmin(admin.ModelAdmin):
             except STORE_ERRORS as exc:
                 error = self._store_error(exc)
         rows = self._periodic_tasks([e["name"] for e in doc["entries"]])
+        site = self._site_schedule()
         entries = [dict(self._entry_row(e, owners), stored=self._stored_doc(
-            e["name"], stored.get(e["name"]), self._editing(e["name"], stored.get(e["name"]),
-                                                             rows), rows.get(e["name"], "")))
-                   for e in doc["entries"]]
+            e["name"], stored.get(e["name"]),
+            self._editing(e["name"], stored.get(e["name"]), rows, site),
+            rows.get(e["name"], ""))) for e in doc["entries"]]
         context = {
             **self._context(request, "Entries"),
             "add_url": self._url("add"),
@@ -716,14 +717,16 @@ class EntryAdmin(admin.ModelAdmin):
             return set()
 
     def _editing(self, name: str, stored: StoredEntry | None,
-                 rows: dict[str, str] | None = None) -> Editing:
-        """Whether this admin edits the entry (``rows``: django-celery-beat's, when read)."""
+                 rows: dict[str, str] | None = None, site: set[str] | None = None
+                 ) -> Editing:
+        """Whether this admin edits the entry (``rows``: django-celery-beat's, ``site``:
+        the names of this site's beat_schedule, when read already)."""
         rows = self._periodic_tasks([name]) if rows is None else rows
         if name in rows or (stored is not None and stored.origin is Origin.DJANGO):
             return Editing.DJANGO_ROW
         if stored is None:
-            return Editing.BEAT_SCHEDULE if name in self._site_schedule() \
-                else Editing.UNDEFINED
+            site = self._site_schedule() if site is None else site
+            return Editing.BEAT_SCHEDULE if name in site else Editing.UNDEFINED
         if stored.origin is Origin.CONFIG:
             return Editing.BEAT_SCHEDULE
         return Editing.EDITABLE if stored.definition is not None else Editing.UNREADABLE
