@@ -511,19 +511,23 @@ class EntryAdmin(admin.ModelAdmin):
             editing = self._editing(name, current)
             if editing is not Editing.EDITABLE:
                 raise EntryError(name, f"{name} is {READ_ONLY[editing]}; nothing was written")
-            proposed = entries.definition(name, fields)
+            assert current.definition is not None
+            # Only what the operator changed is written: the rest stays as the store has it.
+            stored = current.definition.as_dict()
+            changes = {f: v for f, v in fields.items() if v != stored[f]}
+            entries.definition(name, {**stored, **changes})  # refused on its field
         except (DefinitionError, EntryError) as exc:
             form.refuse(exc)
             return self._form_page(request, form, None, name)
         except STORE_ERRORS as exc:
             form.add_error(None, self._store_error(exc))
             return self._form_page(request, form, None, name)
-        if current.version == version and current.definition == proposed:
+        if current.version == version and not changes:
             messages.info(request, f"{name}: nothing changed (version {version} kept).")
             return HttpResponseRedirect(self._url("change", name))
         try:
             updated = self._written(request, form,
-                                    lambda entries: entries.update(name, version, **fields))
+                                    lambda entries: entries.update(name, version, **changes))
         except StaleVersion as exc:
             return self._stale(request, name, exc)
         if updated is None:
