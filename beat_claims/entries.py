@@ -237,13 +237,17 @@ class Entries:
     def definition(self, name: str, fields: Mapping[str, Any]) -> Definition:
         """``fields`` as a valid definition of ``name`` (the schedule as :func:`schedule_json`
         takes it); :class:`DefinitionError` naming the field and the value."""
+        return validate(name, self._given(name, fields))
+
+    def _given(self, name: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """``fields`` with the schedule, if given, in a definition's JSON form."""
         obj = dict(fields)
         if "schedule" in obj:
             try:
                 obj["schedule"] = schedule_json(obj["schedule"], self.app)
             except DefinitionError as exc:
                 raise exc.on(name) from None
-        return validate(name, obj)
+        return obj
 
     def create(self, name: str, task: str, schedule: Any, args: Iterable[Any] = (),
                kwargs: Mapping[str, Any] | None = None,
@@ -340,7 +344,10 @@ class Entries:
                           " remove"))
                 continue
             try:
-                merged = self.definition(name, {**before.definition.as_dict(), **fields})
+                # Only what the caller gives is converted: a stored crontab without a
+                # timezone keeps it (a description's change is not a schedule's).
+                merged = validate(name, {**before.definition.as_dict(),
+                                         **self._given(name, fields)})
             except DefinitionError as exc:  # (fine alone, too large together)
                 early[i] = BulkResult(name, None, exc)
                 continue

@@ -8,6 +8,7 @@ defined in beat_schedule is changed there."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -199,6 +200,19 @@ def test_a_change_of_the_description_alone_skips_nothing_and_keeps_the_checkpoin
     after(store, anchor + 5 * FAST_MS)
     assert entries.update("e", made.version, description="now described").version == 2
     assert checkpoint(store, "e") is None and skipped(store, "e") == {}
+
+
+def test_a_change_of_the_description_alone_keeps_a_stored_crontab_without_a_timezone(
+        entries: Entries, store: Store) -> None:
+    text = '{"task": "proj.t", "schedule": {"crontab": {"minute": "*"}}}'
+    [made] = store.write_definitions([DefinitionWrite("c", text, 0, Origin.REDBEAT, "test")])
+    anchor = store.entries(["c"])[0].anchor
+    after(store, anchor + 1000)
+    assert entries.update("c", made.version, description="now described").version == 2
+    stored = json.loads(store.definitions(["c"])[0].definition or "{}")
+    assert stored["schedule"] == {"crontab": {"minute": "*", "hour": "*", "day_of_week": "*",
+                                              "day_of_month": "*", "month_of_year": "*"}}
+    assert checkpoint(store, "c") is None and skipped(store, "c") == {}
 
 
 @pytest.mark.parametrize("limit", [10])
