@@ -293,7 +293,7 @@ class Scheduler(BaseScheduler):
         first = not self.stored.loaded
         changed = self.stored.refresh()
         if first and write_own(self.store, self.app, self.composition.own, self.stored.known,
-                               self.owner.id, self.settings.history_limit, logger):
+                               self.owner.id, logger):
             changed |= self.stored.refresh()
         self._prune_pinned()
         if changed or first:

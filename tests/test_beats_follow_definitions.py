@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from beat_claims.beat.config_writes import change_write
 from beat_claims.definitions import validate
+from beat_claims.entry_changes import EntryChange, apply_changes
 from beat_claims.enums import Origin, Reason, RunState
 from beat_claims.runs import iso
 from beat_claims.scheduler import Scheduler
@@ -67,19 +67,16 @@ def configured(server: RedisServer, url: str, name: str, args: list[Any], second
 
 def define(store: Store, celery_app: Celery, name: str, obj: Any,
            origin: Origin = Origin.API) -> DefinitionResult:
-    """Make ``obj`` (None: delete) the entry's definition, as a writer does: the old
-    definition's instants since the checkpoint recorded skipped, the checkpoint moved to
-    the change's instant (compare-and-set, tried again on a conflict)."""
-    for _ in range(20):
-        found = store.definitions([name])
-        current = found[0] if found else None
-        definition = validate(name, obj) if obj is not None else None
-        write = change_write(store, celery_app, name, definition, current, origin, "test",
-                             100)
-        [result] = store.write_definitions([write])
-        if result.status is WriteStatus.OK:
-            return result
-    raise AssertionError(f"the definition of {name} could not be written: {result}")
+    """Make ``obj`` (None: delete) the entry's definition, as a writer does
+    (:mod:`beat_claims.entry_changes`: the old definition's instants since the checkpoint
+    recorded skipped, the checkpoint moved to the change's instant)."""
+    found = store.definitions([name])
+    version = found[0].version if found and not found[0].deleted else 0
+    definition = validate(name, obj) if obj is not None else None
+    [result] = apply_changes(store, [EntryChange(name, definition, version)], origin, "test",
+                             celery_app)
+    assert result.status is WriteStatus.OK, result
+    return result
 
 
 def sent(server: RedisServer, name: str) -> list[tuple[int, list[Any]]]:
