@@ -159,6 +159,7 @@ class Scheduler(BaseScheduler):
         self._settle_logged = False
         self._join_logged = False
         self._registered_once = False
+        self._own_written = False  # this beat's beat_schedule written to the store at start
         self._closed = False
         self._closing = False
         self._in_tick = False
@@ -292,9 +293,14 @@ class Scheduler(BaseScheduler):
         compose the schedule again if anything did."""
         first = not self.stored.loaded
         changed = self.stored.refresh()
-        if first and write_own(self.store, self.app, self.composition.own, self.stored.known,
-                               self.owner.id, logger):
-            changed |= self.stored.refresh()
+        if self.stored.reloaded:
+            # At start, and after the store went back (it may have lost them): this beat's
+            # beat_schedule entries as definitions (over another one only at start).
+            if write_own(self.store, self.app, self.composition.own, self.stored.known,
+                         self.owner.id, logger, replace=not self._own_written):
+                changed |= self.stored.refresh()
+            self.stored.reloaded = False
+            self._own_written = True
         self._prune_pinned()
         if changed or first:
             self._recompose()

@@ -312,3 +312,15 @@ def test_a_config_definition_is_sent_only_by_the_beats_whose_beat_schedule_has_i
     run_for(2.5, without)
     assert not [iso(d) for d, _ in sent(server, "configured") if d > stopped_at]
     assert any(d > stopped_at for d, _ in sent(server, "other"))
+
+
+def test_a_store_that_lost_the_beat_schedule_definitions_gets_them_again(
+        server: RedisServer) -> None:
+    beat = make(configured(server, server.url, "kept", ["a"]))
+    store = open_store(Settings(url=server.url), timeout=5.0)
+    assert [d.origin for d in store.definitions(["kept"])] == [Origin.CONFIG]
+    server.client().flushdb()  # the store's database (the broker's is another)
+    tick_until([beat], lambda: [d.origin for d in store.definitions(["kept"])] == [
+        Origin.CONFIG], 15, "the definition written again")
+    tick_until([beat], lambda: len(sent(server, "kept")) >= 2, 15, "sends after the wipe")
+    once_each(server, "kept")

@@ -26,21 +26,25 @@ from .stored import Known
 ATTEMPTS = 3
 
 
-def needs_write(own: Definition, known: Known | None) -> bool:
-    """Whether the store should take ``own`` (see the module's rule)."""
+def needs_write(own: Definition, known: Known | None, replace: bool = True) -> bool:
+    """Whether the store should take ``own`` (see the module's rule); without ``replace``,
+    only where it has none (or a tombstone)."""
     if known is None or known.stored.deleted:
         return True
     stored = known.stored
-    if stored.corrupt or stored.origin is not Origin.CONFIG:
+    if not replace or stored.corrupt or stored.origin is not Origin.CONFIG:
         return False
     return known.definition is None or known.definition.digest() != own.digest()
 
 
 def write_own(store: Store, app: Celery, own: dict[str, Definition],
-              known: dict[str, Known], by: str, logger: logging.Logger) -> int:
-    """Write each of ``own`` the store should take; how many were written."""
+              known: dict[str, Known], by: str, logger: logging.Logger,
+              replace: bool = True) -> int:
+    """Write each of ``own`` the store should take; how many were written. ``replace``
+    False (the store was read again after it went back, not a start): only those it has
+    no definition of, so that a beat that did not just start never undoes a newer beat's."""
     pending = {name: known.get(name) for name, definition in own.items()
-               if needs_write(definition, known.get(name))}
+               if needs_write(definition, known.get(name), replace)}
     written = 0
     for _ in range(ATTEMPTS):
         if not pending:
@@ -58,7 +62,7 @@ def write_own(store: Store, app: Celery, own: dict[str, Definition],
                             " written to the store (version %d)", name, result.version)
             elif result.current is not None and result.status is not WriteStatus.CORRUPT:
                 current = Known(result.current, _valid(result.current))
-                if needs_write(own[name], current):  # another beat wrote it meanwhile
+                if needs_write(own[name], current, replace):  # another beat wrote it
                     again[name] = current
             else:
                 logger.warning("beat-claims: entry %s: this beat's beat_schedule definition"

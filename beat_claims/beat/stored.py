@@ -43,6 +43,9 @@ class StoredEntries:
         self.known: dict[str, Known] = {}
         self.cursor: ChangeCursor | None = None
         self.loaded = False
+        #: Every definition was read again since the caller last looked (at start, or the
+        #: change feed said to: the store may have gone back).
+        self.reloaded = False
         self._logged: set[tuple[str, int, str]] = set()
 
     def refresh(self) -> set[str]:
@@ -72,6 +75,7 @@ class StoredEntries:
         return changed
 
     def _read_all(self) -> set[str]:
+        self.reloaded = True
         before = self.known
         self.known = {}
         changed: set[str] = set()
