@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from celery import Celery, signals
@@ -63,6 +64,8 @@ logger = get_logger("celery.beat.claims")
 #: Entries registered again per call after the store went back (the heartbeat is renewed,
 #: and the store kept settling, between two calls).
 RESYNC_CHUNK = 2000
+#: Entries whose change of schedule is logged one by one (more: one line, counted).
+LOGGED_CHANGES = 10
 #: Pauses this beat knows checked against the store's records per heartbeat (one read, in
 #: turn): what it knows of each stays current, so that a resume is not undone and a later
 #: pause is restored if the store loses writes.
@@ -343,10 +346,15 @@ class Scheduler(BaseScheduler):
                 self.pinned[claim.ref] = old[claim.entry]
         self.schedule.clear()
         self.schedule.update(new)
-        for name in sorted(changed):
-            how = "now scheduled" if name not in old else (
-                "changed" if name in new else "no longer scheduled")
-            logger.info("beat-claims: entry %s: %s", name, how)
+        hows = {name: "now scheduled" if name not in old else (
+            "changed" if name in new else "no longer scheduled") for name in sorted(changed)}
+        if len(hows) <= LOGGED_CHANGES:
+            for name, how in hows.items():
+                logger.info("beat-claims: entry %s: %s", name, how)
+        else:
+            counts = Counter(hows.values())
+            logger.info("beat-claims: %d entries changed (%s)", len(hows),
+                        ", ".join(f"{n} {how}" for how, n in sorted(counts.items())))
         self.entries_changed()
 
     def _prune_pinned(self) -> None:
