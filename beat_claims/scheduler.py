@@ -8,6 +8,12 @@ what nobody will send and pick up what is due again, claim what is due (one atom
 compare-and-set per entry, many entries per call), then check each claim immediately
 before publishing it (a claim made just before its publish may carry that check: see
 :class:`beat_claims.stores.base.SendAtOnce`).
+
+The schedule is the beat's own entries (``beat_schedule``; a schedule source's, through
+:meth:`Scheduler.set_local`) composed with the entries' definitions in the store
+(:mod:`beat_claims.beat.composition`), read at start and followed at each heartbeat
+through the store's change feed (:mod:`beat_claims.beat.stored`). A claim is sent with the
+entry it was claimed with, whatever changed since (``pinned``).
 """
 
 from __future__ import annotations
