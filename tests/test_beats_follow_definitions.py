@@ -324,3 +324,26 @@ def test_a_store_that_lost_the_beat_schedule_definitions_gets_them_again(
         Origin.CONFIG], 15, "the definition written again")
     tick_until([beat], lambda: len(sent(server, "kept")) >= 2, 15, "sends after the wipe")
     once_each(server, "kept")
+
+
+def test_a_stored_definition_that_cannot_be_read_is_logged_once_and_the_others_go_on(
+        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    from beat_claims.stores.redis import RedisStore
+
+    caplog.set_level(logging.INFO)
+    store = open_store(Settings(url=server.url), timeout=5.0)
+    assert isinstance(store, RedisStore)
+    celery_app = app(server, server.url)
+    define(store, celery_app, "broken", {"task": "t.noop", "schedule": {"every": 1},
+                                         "args": ["s3cr3t-arg"]})
+    define(store, celery_app, "fine", {"task": "t.noop", "schedule": {"every": 1}})
+    # The record's definition is no longer JSON (a bad restore, a hand edit).
+    server.client().hset(store.entry_keys("broken")[0], "definition", '["s3cr3t-arg"')
+    assert store.definitions(["broken"])[0].corrupt
+    beat = make(celery_app)
+    tick_until([beat], lambda: len(sent(server, "fine")) >= 2, 10, "the other entry's sends")
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    named = [e for e in errors if "'broken'" in e and "definition" in e]
+    assert len(named) == 1, errors
+    assert "s3cr3t" not in caplog.text
+    assert "broken" not in beat.schedule and not sent(server, "broken")
