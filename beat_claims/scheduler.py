@@ -169,6 +169,7 @@ class Scheduler(BaseScheduler):
         self._join_logged = False
         self._registered_once = False
         self._own_written = False  # this beat's beat_schedule written to the store at start
+        self._feed_down = False  # the definitions' change feed failed at the last heartbeat
         self._closed = False
         self._closing = False
         self._in_tick = False
@@ -301,19 +302,39 @@ class Scheduler(BaseScheduler):
         """Read what changed in the store's definitions (everything, the first time) and
         compose the schedule again if anything did."""
         first = not self.stored.loaded
-        changed = self.stored.refresh()
-        if self.stored.reloaded:
-            # At start, and after the store went back (it may have lost them): this beat's
-            # beat_schedule entries as definitions (over another one only at start).
-            if write_own(self.store, self.app, self.composition.own, self.stored.known,
-                         self.owner.id, logger, replace=not self._own_written):
-                changed |= self.stored.refresh()
-            self.stored.reloaded = False
-            self._own_written = True
+        try:
+            changed = self.stored.refresh()
+        except (StoreError, StoreConfigurationError) as exc:
+            if first:
+                raise  # nothing is claimed before the definitions are read
+            # (a bucket of the store unreachable, say): what was read stays followed; a
+            # claim of a changed entry meets its moved checkpoint and reads it apart.
+            if not self._feed_down:
+                self._feed_down = True
+                logger.warning("beat-claims: the definitions' change feed cannot be read"
+                               " (%s); following the definitions read last until it can",
+                               exc)
+            return
+        if self._feed_down:
+            self._feed_down = False
+            logger.warning("beat-claims: the definitions' change feed can be read again")
         self._prune_pinned()
         if changed or first:
             self._recompose()
         self._report_differences()
+
+    def _write_own(self) -> None:
+        """At start, and after the store went back (it may have lost them), once the store
+        has settled and this beat joined, just before it registers its entries: this
+        beat's beat_schedule entries as definitions (over another one only at start)."""
+        if not self.stored.reloaded:
+            return
+        if write_own(self.store, self.app, self.composition.own, self.stored.known,
+                     self.owner.id, logger, replace=not self._own_written):
+            self.stored.refresh()
+            self._recompose()
+        self.stored.reloaded = False
+        self._own_written = True
 
     def states_moved(self, names: list[str]) -> None:
         """Read again the definitions of those of ``names`` the store has one of (see
@@ -488,6 +509,7 @@ class Scheduler(BaseScheduler):
                             " still holds what it wrote)")
             return max(0.05, min(self.liveness.joining_for(), self.max_interval))
         if not self._ready:
+            self._write_own()
             self.claimer.sync(self.schedule)
             self._ready = True
             if not self._registered_once:
