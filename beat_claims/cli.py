@@ -24,11 +24,14 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 
 from . import exporter as fleet_exporter
 from . import health as fleet_health
-from . import inspect, operations
+from . import inspect, operations, redbeat_import
 from . import unstarted as fleet_unstarted
+from .definitions import DefinitionError
+from .entries import EntryError
 from .runs import iso
 from .settings import ConfigurationError, Settings
 from .stores.base import StoreConfigurationError, StoreError
+from .urls import redact_url
 
 #: Runs ``history`` shows unless told otherwise.
 DEFAULT_LIMIT = 20
@@ -93,7 +96,8 @@ def _run(ctx: click.Context, what: Callable[[], Any]) -> Any:
         _fail(str(exc))
     except StoreError as exc:
         _fail(f"store unreachable: {exc}")
-    except (inspect.UnknownEntry, operations.OperationError) as exc:
+    except (inspect.UnknownEntry, operations.OperationError, EntryError,
+            DefinitionError) as exc:
         _fail(str(exc))
 
 
@@ -490,3 +494,59 @@ def exporter(ctx: click.Context, port: int, addr: str, cache_seconds: float,
         _fail(f"--port {port}: cannot serve on {addr}:{port} ({exc.strerror or exc})")
     except KeyboardInterrupt:
         pass
+
+
+@claims.group("import", cls=click.Group)
+def import_entries() -> None:
+    """Make entries another scheduler created at run time entries of the store."""
+
+
+@import_entries.command("redbeat", cls=CeleryCommand)
+@click.option("--url", default=None, metavar="URL",
+              help="RedBeat's Redis (default: redbeat_redis_url, else the broker URL).")
+@click.option("--key-prefix", default=None, metavar="PREFIX",
+              help="RedBeat's key prefix (default: redbeat_key_prefix, else 'redbeat:').")
+@click.option("--yes", is_flag=True, help="Create them (without it: only show what would be"
+              " done).")
+@json_option
+@click.pass_context
+def import_redbeat(ctx: click.Context, url: str | None, key_prefix: str | None, yes: bool,
+                   as_json: bool) -> None:
+    """Read the entries RedBeat created (its `redbeat:*` keys, read only) and show what
+    becomes of each: created as an entry of origin redbeat whose next run is RedBeat's next
+    run, left alone (the store defines it already, or RedBeat took it from beat_schedule),
+    or refused (why). With --yes, create them; run it again to create what a failure left
+    out. Stop RedBeat's beats first: what they send after the import is sent twice."""
+    app = _app(ctx)
+    conf = app.conf
+    source = url or conf.get("redbeat_redis_url") or conf.broker_url or ""
+    prefix = key_prefix or conf.get("redbeat_key_prefix") or redbeat_import.DEFAULT_PREFIX
+
+    def run() -> list[redbeat_import.PlannedImport]:
+        client = redbeat_import.connect(source)
+        store = inspect.open_store(app)
+        entries = list(redbeat_import.read(client, prefix, str(app.timezone)))
+        rows = redbeat_import.plan(store, entries)
+        return redbeat_import.apply(store, rows) if yes else rows
+
+    try:
+        rows = _run(ctx, run)
+    except redbeat_import.RedBeatReadError as exc:
+        _fail(str(exc))
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.action.value] = counts.get(row.action.value, 0) + 1
+    doc = {"dry_run": not yes, "source": redact_url(source), "prefix": prefix,
+           "counts": counts, "entries": [r.as_json() for r in rows]}
+    lines = [f"{'entry':32} {'action':8} {'next run (RedBeat)':26} detail"]
+    for r in rows:
+        j = r.as_json()
+        lines.append(f"{r.entry.name[:32]:32} {j['action']:8} {j['next_run'] or '-':26}"
+                     f" {j['detail']}")
+    done = "created" if yes else "would create (run again with --yes)"
+    lines.append(f"{counts.get('create', 0)} {done}; " + ", ".join(
+        f"{n} {a}" for a, n in sorted(counts.items()) if a != "create"))
+    _print(as_json, doc, "\n".join(lines))
+
+
+from . import cli_entries  # noqa: E402,F401 (registers `claims entries`)

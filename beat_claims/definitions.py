@@ -469,9 +469,11 @@ class Definition:
 
     task: str
     schedule: ScheduleSpec
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
+    # The task's arguments and options (headers may carry tokens) are the user's: a repr in
+    # a log line or a traceback's locals must not carry them.
+    args: tuple[Any, ...] = field(default=(), repr=False)
+    kwargs: dict[str, Any] = field(default_factory=dict, repr=False)
+    options: dict[str, Any] = field(default_factory=dict, repr=False)
     claims: dict[str, Any] = field(default_factory=dict)
     enabled: bool = True
     description: str = ""

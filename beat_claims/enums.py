@@ -92,6 +92,15 @@ class Origin(_Named):
     DJANGO = "django"  # a django-celery-beat row
 
 
+class ImportAction(_Named):
+    """What an import (``celery claims import redbeat``) does with one entry it read."""
+
+    CREATE = "create"  # no definition in the store yet: one is made
+    EXISTS = "exists"  # the store defines it already: left alone
+    REFUSED = "refused"  # it cannot be a definition (the row says why)
+    STATIC = "static"  # the source took it from beat_schedule: it stays there
+
+
 class StartVerdict(_Named):
     """The worker's answer for one delivery of a run."""
 

@@ -1,6 +1,6 @@
 """``celery claims health``: is the fleet sending what is due? For probes and monitors.
 
-Five checks, each read from the store alone (nothing is written):
+Six checks, each read from the store alone (nothing is written):
 
 * **store**: the store answers (its clock is read; every other check compares with it);
 * **beats**: at least one beat is alive (its heartbeat has not lapsed and, on this host,
@@ -13,6 +13,9 @@ Five checks, each read from the store alone (nothing is written):
   not, has waited longer than the grace for a beat to claim it;
 * **unstarted**: no run has been ``sent`` without a worker starting it for longer than
   ``beat_claims_unstarted_after`` (:mod:`beat_claims.unstarted`).
+* **schedules**: no live beat's ``beat_schedule`` has an entry whose definition differs
+  from the one in the store (a rolling deploy not finished, a beat left on an old
+  configuration: that beat sends the stored definition, not its own).
 
 ``--beat`` checks the store and that a beat of this host (``socket.gethostname()``) is
 alive: a liveness probe for a beat's container; ``--beat PID`` (or ``HOST:PID``) that
@@ -134,6 +137,21 @@ def beats_check(owners: Sequence[OwnerStatus], host: str | None = None,
     why = (f", {len(gone)} whose process is gone on this host" if gone else
            f", the last heartbeat lapsed at {iso(lapsed)}" if lapsed else "")
     return Finding(name, False, f"no beat alive{where} ({len(mine)} registered{why})", items)
+
+
+def schedules_check(owners: Sequence[OwnerStatus]) -> Finding:
+    """No live beat has an entry in its beat_schedule whose definition differs from the
+    store's (each such beat sends the stored one: its beat_schedule is not what runs)."""
+    items = [dict(owner_doc(o.owner, True, o.expires_at),
+                  entries=", ".join(o.owner.schedule_differs))
+             for o in owners if owner_alive(o) and o.owner.schedule_differs]
+    if items:
+        shown = "; ".join(f"{i['beat']}: {i['entries']}" for i in items[:SHOWN])
+        return Finding("schedules", False, f"{len(items)} beat(s) whose beat_schedule differs"
+                       f" from the definitions in the store (the stored ones are sent):"
+                       f" {shown}", items)
+    return Finding("schedules", True, "no live beat's beat_schedule differs from the"
+                   " definitions in the store")
 
 
 @dataclass(frozen=True)
@@ -287,6 +305,7 @@ def fleet(store: Store, schedules: Mapping[str, Any], policies: Mapping[str, Pol
         checks.append(overdue_check(store, now, schedules, grace, held.due, policies,
                                     max_entries))
         checks.append(unstarted_check(store, now, unstarted_after))
+        checks.append(schedules_check(owners))
     except StoreError as exc:
         checks.append(Finding("store", False, f"stopped answering during the checks: {exc}"))
     return Report(checks, now, grace, unstarted_after)
@@ -306,5 +325,5 @@ def beat(store: Store, host: str | None = None, pid: int | None = None) -> Repor
 
 
 __all__ = ["DUE_ENTRIES", "LIVE_LIMIT", "MAX_ENTRIES", "Finding", "Live", "Report", "beat",
-           "beats_check", "claims_check", "fleet", "live", "overdue_check", "store_check",
-           "unstarted_check"]
+           "beats_check", "claims_check", "fleet", "live", "overdue_check", "schedules_check",
+           "store_check", "unstarted_check"]

@@ -6,18 +6,22 @@ documents are a documented interface (README, "Inspecting runs").
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from celery import Celery
 from celery.beat import ScheduleEntry
 
 from . import occurrences, unstarted
+from .beat.composition import DYNAMIC
 from .beat.liveness import owner_alive
-from .enums import RunState
+from .beat.stored import PAGE
+from .definitions import DefinitionError, validate
+from .enums import Origin, RunState
 from .runs import Owner, Run, iso
 from .settings import Settings
 from .stores import open_store as _open_store
-from .stores.base import EntryRecord, Store
+from .stores.base import EntryRecord, Store, StoredDefinition
 
 #: How long an operator's command waits for the store.
 STORE_TIMEOUT = 5.0
@@ -61,6 +65,12 @@ def status(app: Celery, store: Store | None = None,
     known = {record.name: record for record in store.entries()}
     missing = sorted(set(schedules) - set(known))
     known.update({record.name: record for record in store.entries(missing)})
+    stored = stored_definitions(store)
+    differs: dict[str, list[str]] = {}
+    for o in owners:
+        if alive[o.owner.id]:
+            for name in o.owner.schedule_differs:
+                differs.setdefault(name, []).append(f"{o.owner.host}:{o.owner.pid}")
     entries = []
     for name in sorted(set(known) | set(schedules)):
         info = known.get(name)
@@ -68,7 +78,13 @@ def status(app: Celery, store: Store | None = None,
         checkpoint = info.checkpoint if info is not None else None
         runs = store.history(name)
         next_due = None
-        sched = schedules.get(name)
+        # Some live beat schedules it: this app's schedule has it, a live beat registered
+        # it, or it is a dynamic definition (every beat schedules those).
+        registered = any(alive.get(r.owner, False) for r in (info.registrants or ())) \
+            if info is not None else False
+        definition = stored.get(name)
+        followed = _followed(app, definition, schedules.get(name) is not None or registered)
+        sched = followed if followed is not None else schedules.get(name)
         if sched is not None and anchor is not None:
             after = checkpoint if checkpoint is not None else anchor
             try:
@@ -86,7 +102,9 @@ def status(app: Celery, store: Store | None = None,
             "name": name,
             "schedule": (info.description if info is not None and info.description else
                          occurrences.describe(sched) if sched else None),
-            "in_schedule": sched is not None,
+            "in_schedule": sched is not None or registered,
+            "definition": _definition_doc(definition),
+            "beat_schedule_differs_in": differs.get(name, []),
             "next_due": iso(next_due),
             "checkpoint": iso(checkpoint),
             "anchor": iso(anchor),
@@ -103,6 +121,48 @@ def status(app: Celery, store: Store | None = None,
         "unstarted_after": unstarted_after,
         "entries": entries,
     }
+
+
+def stored_definitions(store: Store) -> dict[str, StoredDefinition]:
+    """Every definition (and tombstone) the store holds, by name, read in pages."""
+    out: dict[str, StoredDefinition] = {}
+    after = ""
+    while True:
+        page = store.definitions(None, after, PAGE)
+        out.update((d.name, d) for d in page)
+        if len(page) < PAGE:
+            return out
+        after = page[-1].name
+
+
+def _followed(app: Celery, stored: StoredDefinition | None, local: bool) -> Any:
+    """The Celery schedule the beats send ``stored`` by (None: they do not): a dynamic
+    definition, or a CONFIG one a live beat has in its beat_schedule (``local``), valid and
+    enabled."""
+    if stored is None or stored.deleted or stored.definition is None:
+        return None
+    if stored.origin not in DYNAMIC and not (stored.origin is Origin.CONFIG and local):
+        return None
+    try:
+        definition = validate(stored.name, stored.definition)
+        return definition.schedule.celery(app) if definition.enabled else None
+    except DefinitionError:
+        return None
+
+
+def _definition_doc(stored: StoredDefinition | None) -> dict[str, Any] | None:
+    """An entry's stored definition as operators see it (never its arguments)."""
+    if stored is None:
+        return None
+    enabled = None
+    if stored.definition is not None:
+        try:
+            enabled = bool(json.loads(stored.definition).get("enabled", True))
+        except (ValueError, AttributeError):
+            enabled = None
+    return {"origin": stored.origin.value, "version": stored.version,
+            "changed_by": stored.changed_by, "changed_at": iso(stored.changed_at),
+            "deleted": stored.deleted, "enabled": enabled, "corrupt": bool(stored.corrupt)}
 
 
 def _pause_doc(info: EntryRecord | None) -> dict[str, Any] | None:

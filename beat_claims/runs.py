@@ -71,6 +71,9 @@ class Owner:
     pid: int
     started_at: float  # when the process started (epoch seconds): for people only
     process: str = ""  # the process's identity on its host, to detect pid reuse
+    #: The entries of its beat_schedule whose definition differs from the store's (it
+    #: sends the stored one): written with its heartbeat, for ``claims status``/``health``.
+    schedule_differs: tuple[str, ...] = ()
 
     @classmethod
     def current(cls) -> Owner:
@@ -83,8 +86,11 @@ class Owner:
                    process=process_identity(pid) or "")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "host": self.host, "pid": self.pid, "started_at": self.started_at,
-                "process": self.process}
+        out = {"id": self.id, "host": self.host, "pid": self.pid,
+               "started_at": self.started_at, "process": self.process}
+        if self.schedule_differs:
+            out["schedule_differs"] = list(self.schedule_differs)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Owner:
@@ -94,10 +100,22 @@ class Owner:
             pid=int(data.get("pid", 0)),
             started_at=float(data.get("started_at", 0.0)),
             process=str(data.get("process", "")),
+            schedule_differs=_names(data.get("schedule_differs")),
         )
 
     def __str__(self) -> str:
         return f"{self.host}:{self.pid}/{self.id[:8]}"
+
+
+#: The most entries a beat lists in ``Owner.schedule_differs``.
+MAX_DIFFERS = 20
+
+
+def _names(raw: Any) -> tuple[str, ...]:
+    """Entry names as an owner's record holds them (anything else: none)."""
+    if not isinstance(raw, list):
+        return ()
+    return tuple(str(name) for name in raw[:MAX_DIFFERS] if isinstance(name, str))
 
 
 def process_identity(pid: int) -> str | None:

@@ -8,16 +8,24 @@ what nobody will send and pick up what is due again, claim what is due (one atom
 compare-and-set per entry, many entries per call), then check each claim immediately
 before publishing it (a claim made just before its publish may carry that check: see
 :class:`beat_claims.stores.base.SendAtOnce`).
+
+The schedule is the beat's own entries (``beat_schedule``; a schedule source's, through
+:meth:`Scheduler.set_local`) composed with the entries' definitions in the store
+(:mod:`beat_claims.beat.composition`), read at start and followed at each heartbeat
+through the store's change feed (:mod:`beat_claims.beat.stored`). A claim is sent with the
+entry it was claimed with, whatever changed since (``pinned``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from celery import Celery, signals
@@ -28,6 +36,8 @@ from celery.utils.log import get_logger
 from . import occurrences
 from .beat.claimer import Claimer, PolicyBounds, usable_cores
 from .beat.clock import StoreClock
+from .beat.composition import Composition
+from .beat.config_writes import write_own
 from .beat.holdings import Holdings
 from .beat.knowledge import Knowledge
 from .beat.liveness import Liveness, StoreWentBack
@@ -35,11 +45,12 @@ from .beat.long_lived import freeze_long_lived
 from .beat.outage import MAX_BACKOFF, Outage
 from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
+from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import Sweeper
 from .enums import Overlap, Reason
 from .exception_text import entry_exception, frames
 from .metrics import Metrics
-from .runs import HEADER, Owner, from_ms, iso
+from .runs import HEADER, MAX_DIFFERS, Owner, from_ms, iso
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
 from .stores import open_store
 from .stores.base import (
@@ -48,6 +59,7 @@ from .stores.base import (
     EntryState,
     LiveQuery,
     Reclaim,
+    RunRef,
     Store,
     StoreConfigurationError,
     StoreError,
@@ -58,6 +70,8 @@ logger = get_logger("celery.beat.claims")
 #: Entries registered again per call after the store went back (the heartbeat is renewed,
 #: and the store kept settling, between two calls).
 RESYNC_CHUNK = 2000
+#: Entries whose change of schedule is logged one by one (more: one line, counted).
+LOGGED_CHANGES = 10
 #: Pauses this beat knows checked against the store's records per heartbeat (one read, in
 #: turn): what it knows of each stays current, so that a resume is not undone and a later
 #: pause is restored if the store loses writes.
@@ -132,6 +146,11 @@ class Scheduler(BaseScheduler):
         self.sweeper = Sweeper(self.store, self.owner, self.settings, self, self.holdings,
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
         self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
+        self.stored = StoredEntries(self.store, logger)
+        self.composition = Composition(app, self.stored, logger)
+        #: Claims held when their entry's definition changed (or went): each is sent with
+        #: the entry it was claimed with (one definition per occurrence).
+        self.pinned: dict[RunRef, Any] = {}
         # Retried at least every heartbeat interval: the beat's liveness depends on it.
         self.store_outage = Outage("store", self.store.description, logger,
                                    "nothing is sent unclaimed until it returns",
@@ -150,6 +169,8 @@ class Scheduler(BaseScheduler):
         self._settle_logged = False
         self._join_logged = False
         self._registered_once = False
+        self._own_written = False  # this beat's beat_schedule written to the store at start
+        self._feed_down = False  # the definitions' change feed failed at the last heartbeat
         self._closed = False
         self._closing = False
         self._in_tick = False
@@ -173,6 +194,9 @@ class Scheduler(BaseScheduler):
     def setup_schedule(self) -> None:
         super().setup_schedule()
         self._refuse_bad_names()
+        # What Celery read (beat_schedule, its default entries) is this beat's own; the
+        # store's definitions are composed in once read (the first tick, before claiming).
+        self.composition.set_local(dict(self.schedule))
         self._read_policies()
         self._warn_unbounded_overlap()
         if self.settings.metrics_port is not None:
@@ -240,8 +264,11 @@ class Scheduler(BaseScheduler):
                 del self.schedule[name]
 
     def _read_policies(self) -> None:
+        # (a pinned claim's entry may have left the schedule: it is judged by its policy)
+        entries = {**{ref.entry: entry for ref, entry in self.pinned.items()},
+                   **self.schedule}
         policies = {name: self.settings.policy_for(name, getattr(entry, "claims", None))
-                    for name, entry in self.schedule.items()}
+                    for name, entry in entries.items()}
         for name, entry in self.schedule.items():
             try:
                 occurrences.next_after(entry.schedule, 0, 0)
@@ -262,6 +289,131 @@ class Scheduler(BaseScheduler):
         self._refuse_bad_names()
         self._read_policies()
         self._ready = False
+
+    # -- the schedule: this beat's own entries and the store's definitions -------------
+    def set_local(self, entries: dict[str, Any], configured: set[str] | None = None) -> None:
+        """This beat's own entries are now ``entries`` (a schedule source that reads a
+        database calls this; ``configured``: those of them from ``beat_schedule``, all when
+        None): the schedule is composed again with the store's definitions."""
+        self.composition.set_local(entries, configured)
+        if self.stored.loaded:
+            self._recompose()
+
+    def _follow_definitions(self) -> None:
+        """Read what changed in the store's definitions (everything, the first time) and
+        compose the schedule again if anything did."""
+        first = not self.stored.loaded
+        try:
+            changed = self.stored.refresh()
+        except (StoreError, StoreConfigurationError) as exc:
+            if first:
+                raise  # nothing is claimed before the definitions are read
+            # (a bucket of the store unreachable, say): what was read stays followed; a
+            # claim of a changed entry meets its moved checkpoint and reads it apart.
+            if not self._feed_down:
+                self._feed_down = True
+                logger.warning("beat-claims: the definitions' change feed cannot be read"
+                               " (%s); following the definitions read last until it can",
+                               exc)
+            return
+        if self._feed_down:
+            self._feed_down = False
+            logger.warning("beat-claims: the definitions' change feed can be read again")
+        self._prune_pinned()
+        if changed or first:
+            self._recompose()
+        self._report_differences()
+
+    def _write_own(self) -> None:
+        """At start, and after the store went back (it may have lost them), once the store
+        has settled and this beat joined, just before it registers its entries: this
+        beat's beat_schedule entries as definitions (over another one only at start)."""
+        if not self.stored.reloaded:
+            return
+        if write_own(self.store, self.app, self.composition.own, self.stored.known,
+                     self.owner.id, logger, replace=not self._own_written):
+            self.stored.refresh()
+            self._recompose()
+        self.stored.reloaded = False
+        self._own_written = True
+
+    def states_moved(self, names: list[str]) -> None:
+        """Read again the definitions of those of ``names`` the store has one of (see
+        ``EntrySource.states_moved``): a change moves the checkpoint with the definition,
+        so that a beat that learned the new checkpoint plans by the new definition, not by
+        the one it read last (it would claim the old grid's instants after the change)."""
+        if not self.stored.loaded:
+            return
+        known = [name for name in names if name in self.stored.known]
+        changed: set[str] = set()
+        for start in range(0, len(known), PAGE):
+            changed |= self.stored.take(self.store.definitions(known[start:start + PAGE]))
+        if changed:
+            self._recompose()
+
+    def _report_differences(self) -> None:
+        """Write with the heartbeats which entries of this beat's beat_schedule differ from
+        the store's definitions (it sends the stored ones): ``claims status`` and
+        ``claims health`` show them."""
+        differs = tuple(sorted(self.composition.differing())[:MAX_DIFFERS])
+        if differs != self.liveness.owner.schedule_differs:
+            self.liveness.owner = dataclasses.replace(self.owner, schedule_differs=differs)
+
+    def _recompose(self) -> None:
+        """The schedule from this beat's own entries and the store's definitions. An
+        entry whose definition changed or went keeps, for each claim this beat holds of it,
+        the entry that claim was made with: the claim is sent with it."""
+        old = dict(self.schedule)
+        new = self.composition.compose()
+        changed = {name for name in set(old) | set(new) if old.get(name) is not new.get(name)}
+        if not changed:
+            return
+        held = [*self.holdings.held.values(), *self.holdings.checked]
+        for claim in held:
+            if claim.entry in changed and claim.entry in old and claim.ref not in self.pinned:
+                self.pinned[claim.ref] = old[claim.entry]
+        self.schedule.clear()
+        self.schedule.update(new)
+        hows = {name: "now scheduled" if name not in old else (
+            "changed" if name in new else "no longer scheduled") for name in sorted(changed)}
+        if len(hows) <= LOGGED_CHANGES:
+            for name, how in hows.items():
+                logger.info("beat-claims: entry %s: %s", name, how)
+        else:
+            counts = Counter(hows.values())
+            logger.info("beat-claims: %d entries changed (%s)", len(hows),
+                        ", ".join(f"{n} {how}" for how, n in sorted(counts.items())))
+        self.entries_changed()
+
+    def _prune_pinned(self) -> None:
+        """Forget the pinned entries of claims no longer held (sent, given back, skipped);
+        an entry that left the schedule is retired with its last one."""
+        if not self.pinned:
+            return
+        checked = {claim.ref for claim in self.holdings.checked}
+        for ref in [r for r in self.pinned if r not in self.holdings.held and r not in checked]:
+            del self.pinned[ref]
+            if ref.entry not in self.schedule and not any(
+                    r.entry == ref.entry for r in self.pinned):
+                logger.info("beat-claims: entry %s: retired (its last claim held here is"
+                            " done)", ref.entry)
+
+    def _entry_for(self, claim: Claim) -> Any:
+        """The entry a claim is sent with: the one it was claimed with."""
+        pinned = self.pinned.get(claim.ref)
+        if pinned is not None:
+            return pinned
+        entry = self.schedule.get(claim.entry)
+        if entry is not None:
+            return entry
+        return next((e for r, e in self.pinned.items() if r.entry == claim.entry), None)
+
+    def _sendable(self) -> dict[str, Any]:
+        """The entries whose claims this beat sends: the schedule's, and those of its
+        pinned claims."""
+        if not self.pinned:
+            return self.schedule
+        return {**{ref.entry: entry for ref, entry in self.pinned.items()}, **self.schedule}
 
     # -- hooks for schedule sources ---------------------------------------------------
     def entry_state(self, name: str) -> EntryState | None:
@@ -349,6 +501,8 @@ class Scheduler(BaseScheduler):
                                     " wipe)", epoch_begun=True)
             self.metrics.heartbeat()
             self._register_again_after_a_lapse()
+        if heartbeat or not self.stored.loaded:
+            self._follow_definitions()
         settling = self.liveness.settling_for()
         if settling > 0:
             if not self._settle_logged:
@@ -365,6 +519,7 @@ class Scheduler(BaseScheduler):
                             " still holds what it wrote)")
             return max(0.05, min(self.liveness.joining_for(), self.max_interval))
         if not self._ready:
+            self._write_own()
             self.claimer.sync(self.schedule)
             self._ready = True
             if not self._registered_once:
@@ -408,7 +563,7 @@ class Scheduler(BaseScheduler):
                 together = [name for name in due if name in entries]
                 if together:
                     self.claimer.claim(together, self.clock.now())
-                self.sender.send(self.holdings.ready(self.clock.now()), self.schedule)
+                self.sender.send(self.holdings.ready(self.clock.now()), self._sendable())
                 due_rest = [name for name in due if name not in set(together)]
             else:
                 due_rest = due
@@ -421,7 +576,7 @@ class Scheduler(BaseScheduler):
                     now = self.clock.now()
                     self.sender.send([c for c in fresh + waited
                                       if self.holdings.later.get(c.ref, 0) <= now],
-                                     self.schedule)
+                                     self._sendable())
             finally:
                 claiming.close()  # what was claimed ahead is held: sent later, or given back
         except BrokerDown as exc:
@@ -576,8 +731,9 @@ class Scheduler(BaseScheduler):
 
     # -- publishing -------------------------------------------------------------------
     def _publish_claim(self, claim: Claim, task_id: str) -> Any:
-        entry = self.schedule[claim.entry]
+        entry = self._entry_for(claim)
         result = self._publish(entry, claim, task_id)
+        self.pinned.pop(claim.ref, None)
         try:
             self.on_sent(entry, claim)
         except Exception as exc:
@@ -591,15 +747,22 @@ class Scheduler(BaseScheduler):
     def _arguments(self, name: str) -> tuple[Any, Any] | None:
         """The entry's (args, kwargs), for masking them in exception messages: as
         scheduled, and as last evaluated for a publish (a lazy argument's value); None for
-        an entry this beat does not have."""
+        an entry this beat does not have. A claim held from an older definition of the
+        entry (pinned) may carry other arguments: those are masked too."""
         entry = self.schedule.get(name)
-        if entry is None:
+        older = list({id(e): e for r, e in self.pinned.items() if r.entry == name}.values())
+        if entry is None and not older:
             return None
+        if entry is None:
+            entry, older = older[0], older[1:]
+        args: list[Any] = [entry.args, *(e.args for e in older)]
+        kwargs: list[Any] = [list((e.kwargs or {}).values()) for e in older]
         evaluated = self._evaluated
-        if evaluated is None or evaluated[0] != name:
+        if evaluated is not None and evaluated[0] == name:
+            args += [evaluated[1], list((evaluated[2] or {}).values())]
+        if len(args) == 1:
             return entry.args, entry.kwargs
-        values = [evaluated[1], list((evaluated[2] or {}).values())]
-        return [entry.args, *values], entry.kwargs
+        return args, [list((entry.kwargs or {}).values()), *kwargs]
 
     def _publish(self, entry: ScheduleEntry, claim: Claim, task_id: str) -> Any:
         if logger.isEnabledFor(logging.INFO):

@@ -31,14 +31,14 @@ class Ran:
 
 
 def cli(server: RedisServer | None, *args: str, app: bool = True,
-        schedule: dict[str, Any] | None = None, **env: str) -> Ran:
+        schedule: dict[str, Any] | None = None, stdin: str | None = None, **env: str) -> Ran:
     environ = {**os.environ, "BC_SCHEDULE": json.dumps(schedule or SCHEDULE),
                "PYTHONPATH": str(ROOT), **env}
     if server is not None:
         environ.update(BC_REDIS_URL=server.url, BC_BROKER_URL=server.broker_url())
     where = ["-A", "tests.proj.app"] if app else []
     done = subprocess.run([sys.executable, "-m", "celery", *where, "claims", *args], cwd=ROOT,
-                          env=environ, capture_output=True, text=True, timeout=60)
+                          env=environ, capture_output=True, text=True, timeout=60, input=stdin)
     return Ran(done.returncode, done.stdout, done.stderr)
 
 

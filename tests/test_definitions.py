@@ -335,6 +335,13 @@ def test_a_bad_argument_is_named_by_place_and_type_never_by_value() -> None:
     assert "not JSON" in message and "line 1" in message and secret not in message
 
 
+def test_a_definitions_repr_shows_none_of_its_arguments_or_options() -> None:
+    secret = "hunter2-s3cret"
+    d = validate("nightly", base(args=[secret], kwargs={"password": secret},
+                                 options={"headers": {"Authorization": secret}}))
+    assert secret not in repr(d) and "nightly" not in repr(d) and "task=" in repr(d)
+
+
 def test_a_definition_is_a_json_object_with_known_fields() -> None:
     assert "unknown field 'schedul'" in refused("e", {"task": "t", "schedul": {}})
     assert refused("e", {"task": "t"}) == "entry 'e': schedule: missing"

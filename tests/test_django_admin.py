@@ -161,7 +161,8 @@ def test_actions_need_post_their_permission_and_csrf(store: RedisStore,
     due = stuck_claim(store)
     declared = set(Permission.objects.filter(content_type__app_label="beat_claims")
                    .values_list("codename", flat=True))
-    assert declared == {"view_entry", *PERMISSIONS}  # the migration made them
+    assert declared == {"view_entry", "add_entry", "change_entry", "delete_entry",
+                        *PERMISSIONS}  # the migrations made them
     anchor = store.entries(["hourly-report"])[0].anchor
     assert anchor is not None
     form = {"due": due, "note": "n", "start": iso(anchor - HOUR), "end": iso(anchor)}

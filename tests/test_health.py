@@ -61,7 +61,7 @@ def test_a_live_beat_is_healthy_and_a_stopped_one_fails_the_probes(
         doc = report(t.cli("health", "-j", schedule=SCHEDULE), 0)
         assert doc["ok"] is True and doc["failed"] == []
         assert [c["name"] for c in doc["checks"]] == ["store", "beats", "claims", "overdue",
-                                                   "unstarted"]
+                                                   "unstarted", "schedules"]
         assert doc["grace_seconds"] == 33.0  # three heartbeats of 1 s, and 30 s
         probe = t.cli("health", "--beat", schedule=SCHEDULE)
         assert probe.code == 0 and "ok    beat: 1 alive on host" in probe.out, probe

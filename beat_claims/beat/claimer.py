@@ -85,6 +85,11 @@ class EntrySource(Protocol):
 
     def bounds(self, name: str) -> tuple[int | None, int | None]: ...
 
+    def states_moved(self, names: list[str]) -> None:
+        """The store's state of ``names`` moved under this beat (another's claim, or a
+        change of their definitions, which moves the checkpoint): read what defines them
+        again before planning from that state."""
+
 
 class SkipLog:
     """What the store recorded skipped in one tick, logged as one line per reason."""
@@ -133,6 +138,9 @@ class Claimer:
         self.logger = logger
         self.states: dict[str, EntryState] = {}
         self.refused: set[str] = set()  # entries the store would not register (yet)
+        #: Entries whose state this beat learned from the store and has not planned since:
+        #: their definitions are read again first (EntrySource.states_moved).
+        self.moved: set[str] = set()
         self.heap: list[tuple[int, str]] = []
         self.skips = SkipLog(logger)
         self._noted: set[tuple[str, str]] = set()
@@ -169,6 +177,7 @@ class Claimer:
                 self.knowledge.forget(seed.name)
             self.knowledge.learn(seed.name, state)
             self.states[seed.name] = state
+            self.moved.add(seed.name)
         if known_before:  # their old places on the heap go
             self.heap = [(due, name) for due, name in self.heap if name not in known_before]
             heapq.heapify(self.heap)
@@ -453,8 +462,19 @@ class Claimer:
 
     def _plans(self, names: list[str], now: int, first: bool, send: bool = False
                ) -> dict[str, tuple[ClaimPlan, Any]]:
+        if self.moved:
+            # A state read from the store goes with the definition in force at it: one read
+            # after the state was (a change writes both at once).
+            moved, self.moved = sorted(self.moved), set()
+            try:
+                self.source.states_moved(moved)
+            except BaseException:
+                self.moved.update(moved)
+                raise
         plans: dict[str, tuple[ClaimPlan, Any]] = {}
         for name in names:
+            if name not in self.source.schedule:
+                continue  # (its definition went meanwhile)
             try:
                 planned = self._plan(name, now, send)
             except Exception as exc:
@@ -545,6 +565,7 @@ class Claimer:
             raise StoreWentBack(f"entry {name!r}: {problem}")
         self.states[name] = result.state
         if result.status is ClaimStatus.CONFLICT:
+            self.moved.add(name)
             return True
         # Held as soon as the store answers: nothing this beat claimed is forgotten, even if
         # a later result of the same call stops it.

@@ -1232,6 +1232,9 @@ class Store(abc.ABC):
     #: How long a tombstone stays in the change feed after its delete, in ms (see
     #: TOMBSTONE_KEPT_MS).
     tombstones_kept_ms: int = TOMBSTONE_KEPT_MS
+    #: The runs the store keeps of an entry (``beat_claims_history_limit``): also the most
+    #: skips one definition write records (:func:`checked_writes`).
+    history_limit: int = 100
 
     # workers: liveness of the processes that execute deliveries
     #: Seconds a worker process's record is kept after it lapsed (see WORKER_RECORDS_KEPT).

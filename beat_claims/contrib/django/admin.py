@@ -16,20 +16,32 @@ as ``celery claims`` does it:
 - backfill (``beat_claims.backfill_entry``): a manual run at each occurrence in [from, to)
   (instants in the project's timezone, as the pages show them) that has not run; at most
   ``beat_claims_backfill_limit`` occurrences, ``to`` not after the store's clock.
+
+Entries defined at run time are edited through :class:`beat_claims.entries.Entries`, with
+Django's model permissions: add (``beat_claims.add_entry``), edit, enable and disable
+(``beat_claims.change_entry``), delete, after a confirmation page
+(``beat_claims.delete_entry``). An edit names the version it read (a hidden field): a
+stale one is refused, the edit kept beside the store's current definition. An entry of a
+``beat_schedule`` is read-only here, a django-celery-beat row is edited in its own admin.
+Arguments are shown on the edit form only, never in a log line or a message.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
 from datetime import datetime
+from enum import Enum
 from typing import Any, TypeVar
 
 from celery.utils.log import get_logger
 from django import forms
 from django.apps import apps as django_apps
 from django.contrib import admin, messages
+from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.admin.utils import quote, unquote
+from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.http import (
     HttpRequest,
@@ -44,7 +56,18 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from beat_claims import inspect, operations
+from beat_claims import inspect, occurrences, operations
+from beat_claims.definitions import Definition, DefinitionError
+from beat_claims.entries import (
+    DefinedInBeatSchedule,
+    Entries,
+    EntryError,
+    EntryExists,
+    NoSuchEntry,
+    StaleVersion,
+    StoredEntry,
+)
+from beat_claims.enums import Origin
 from beat_claims.runs import from_ms, iso
 from beat_claims.settings import ConfigurationError, Settings
 from beat_claims.stores import StoreConfigurationError, StoreError
@@ -53,6 +76,7 @@ from beat_claims.urls import redact_url
 
 from . import status as source
 from .apps import project_app
+from .entry_form import FIELDS, EntryForm
 from .models import Entry
 
 logger = get_logger("celery.beat.claims")
@@ -128,30 +152,47 @@ class BackfillForm(forms.Form):
         return _ms(self.cleaned_data["start"]), _ms(self.cleaned_data["end"])
 
 
+class Editing(Enum):
+    """Whether the admin edits an entry's definition, and if not, why."""
+
+    EDITABLE = "editable"  # defined at run time (the API, the CLI, this admin, an import)
+    BEAT_SCHEDULE = "beat_schedule"  # changed in beat_schedule, where it is defined
+    DJANGO_ROW = "django_row"  # a django-celery-beat row: edited in its own admin
+    UNREADABLE = "unreadable"  # its stored definition cannot be read: only deleted
+    UNDEFINED = "undefined"  # the store holds no definition of it
+
+
+#: Why an entry is not edited here, as its page and a refusal say it.
+READ_ONLY = {
+    Editing.BEAT_SCHEDULE: "defined in beat_schedule: change it there",
+    Editing.DJANGO_ROW: "a django-celery-beat periodic task: edit it in django-celery-beat's"
+                        " admin",
+    Editing.UNREADABLE: "its stored definition cannot be read: delete it and add it again",
+    Editing.UNDEFINED: "the store holds no definition of it (a beat registered it, or it"
+                       " was deleted)",
+}
+
+
 @admin.register(Entry)
 class EntryAdmin(admin.ModelAdmin):
-    """Custom views over the store; the model's queryset is never used."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    """Custom views over the store; the model's queryset is never used. Django's add,
+    change and delete permissions of the model are those of the entries defined at run
+    time."""
 
     def get_urls(self) -> list[URLPattern]:
         info = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view  # login, staff, CSRF
+        actions = {"edit": self.edit_view, "enable": self.enable_view,
+                   "disable": self.disable_view, "delete": self.delete_view,
+                   "release": self.release_view, "trigger": self.trigger_view,
+                   "pause": self.pause_view, "resume": self.resume_view,
+                   "backfill": self.backfill_view}
         return [
             path("", wrap(self.changelist_view), name=f"{info}_changelist"),
-            path("<str:object_id>/release/", wrap(self.release_view), name=f"{info}_release"),
-            path("<str:object_id>/trigger/", wrap(self.trigger_view), name=f"{info}_trigger"),
-            path("<str:object_id>/pause/", wrap(self.pause_view), name=f"{info}_pause"),
-            path("<str:object_id>/resume/", wrap(self.resume_view), name=f"{info}_resume"),
-            path("<str:object_id>/backfill/", wrap(self.backfill_view),
-                 name=f"{info}_backfill"),
+            # "+" is quoted in an entry's name (quote): no entry's page is "+add/".
+            path("+add/", wrap(self.add_view), name=f"{info}_add"),
+            *(path(f"<str:object_id>/{action}/", wrap(view), name=f"{info}_{action}")
+              for action, view in actions.items()),
             # Named "_change" so that admin log entries link to it.
             path("<str:object_id>/", wrap(self.detail_view), name=f"{info}_change"),
         ]
@@ -168,9 +209,21 @@ class EntryAdmin(admin.ModelAdmin):
             raise PermissionDenied
         doc, error = self._status()
         owners = {o["id"]: o for o in doc["owners"]}
-        entries = [self._entry_row(e, owners) for e in doc["entries"]]
+        stored: dict[str, StoredEntry] = {}
+        if error is None:
+            try:
+                stored = self._stored(request)
+            except STORE_ERRORS as exc:
+                error = self._store_error(exc)
+        rows = self._periodic_tasks([e["name"] for e in doc["entries"]])
+        site = self._site_schedule()
+        entries = [dict(self._entry_row(e, owners), stored=self._stored_doc(
+            e["name"], stored.get(e["name"]),
+            self._editing(e["name"], stored.get(e["name"]), rows, site),
+            rows.get(e["name"], ""))) for e in doc["entries"]]
         context = {
             **self._context(request, "Entries"),
+            "add_url": self._url("add"),
             "owners": [dict(o, at=_times(o, OWNER_TIMES)) for o in doc["owners"]],
             "entries": entries,
             "error": error,
@@ -198,9 +251,21 @@ class EntryAdmin(admin.ModelAdmin):
             except STORE_ERRORS as exc:
                 error = self._store_error(exc)
         results = self._task_results([r["task_id"] for r in runs if r["task_id"]])
+        stored: dict[str, Any] | None = None
+        if error is None:
+            try:
+                definition = self._stored(request, [name]).get(name)
+            except STORE_ERRORS as exc:
+                error = self._store_error(exc)
+            else:
+                rows = self._periodic_tasks([name])
+                stored = self._stored_doc(name, definition,
+                                          self._editing(name, definition, rows),
+                                          rows.get(name, ""))
         context = {
             **self._context(request, name),
             "entry": self._entry_row(found, owners) if found else None,
+            "stored": stored,
             "name": name,
             "runs": [self._run_row(r, owners, results) for r in runs],
             "limit": limit,
@@ -226,6 +291,9 @@ class EntryAdmin(admin.ModelAdmin):
             "can_pause": self._may(request, "pause_entry"),
             "can_resume": self._may(request, "resume_entry"),
             "can_backfill": self._may(request, "backfill_entry"),
+            "can_add": self._may(request, "add_entry"),
+            "can_change": self._may(request, "change_entry"),
+            "can_delete": self._may(request, "delete_entry"),
             "note_limit": NOTE_LIMIT,
         }
 
@@ -391,6 +459,342 @@ class EntryAdmin(admin.ModelAdmin):
         """The entry's page again, the form showing what it was given and why not."""
         return self.detail_view(request, object_id, {"backfill_form": form})
 
+    # -- entries defined at run time ----------------------------------------------------
+    def add_view(self, request: HttpRequest, form_url: str = "",
+                 extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """GET: the form; POST: create the entry (``beat_claims.add_entry``)."""
+        if not self._may(request, "add_entry"):
+            raise PermissionDenied
+        if request.method != "POST":
+            return self._form_page(request, EntryForm(adding=True), None)
+        form = EntryForm(request.POST, adding=True)
+        if not form.is_valid():
+            return self._form_page(request, form, None)
+        name = form.cleaned_data["name"]
+        if name in self._site_schedule():
+            form.add_error("name", f"{name!r} is {READ_ONLY[Editing.BEAT_SCHEDULE]}; nothing"
+                                   " was written.")
+            return self._form_page(request, form, None)
+        fields = form.definition_fields()
+        created = self._written(request, form, lambda entries: entries.create(name, **fields))
+        if created is None:
+            return self._form_page(request, form, None)
+        assert created.definition is not None
+        what = _summary(created.definition)
+        self.log_addition(request, Entry(name=name), f"Added: {what} (version"
+                                                     f" {created.version}).")
+        logger.warning("beat-claims: %s added entry %s (version %d): %s", created.changed_by,
+                       name, created.version, what)
+        messages.success(request, f"Added {name} (version {created.version}): the beats"
+                                  " follow it from its first occurrence.")
+        return HttpResponseRedirect(self._url("change", name))
+
+    def edit_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: the form filled from the stored definition, with its version; POST: write
+        the edit at that version (``beat_claims.change_entry``)."""
+        if not self._may(request, "change_entry"):
+            raise PermissionDenied
+        name = unquote(object_id)
+        if request.method != "POST":
+            current = self._editable(request, name, "edited")
+            if isinstance(current, HttpResponse):
+                return current
+            return self._form_page(request, EntryForm.of(current), current)
+        form = EntryForm(request.POST, adding=False)
+        if not form.is_valid():
+            return self._form_page(request, form, None, name)
+        version = form.cleaned_data["version"]
+        fields = form.definition_fields()
+        try:
+            entries = self._entries(request)
+            current = entries.get(name)
+            editing = self._editing(name, current)
+            if editing is not Editing.EDITABLE:
+                raise EntryError(name, f"{name} is {READ_ONLY[editing]}; nothing was written")
+            assert current.definition is not None
+            # Only what the operator changed is written: the rest stays as the store has it.
+            stored = current.definition.as_dict()
+            changes = {f: v for f, v in fields.items() if v != stored[f]}
+            entries.definition(name, {**stored, **changes})  # refused on its field
+        except (DefinitionError, EntryError) as exc:
+            form.refuse(exc)
+            return self._form_page(request, form, None, name)
+        except STORE_ERRORS as exc:
+            form.add_error(None, self._store_error(exc))
+            return self._form_page(request, form, None, name)
+        if current.version == version and not changes:
+            messages.info(request, f"{name}: nothing changed (version {version} kept).")
+            return HttpResponseRedirect(self._url("change", name))
+        try:
+            updated = self._written(request, form,
+                                    lambda entries: entries.update(name, version, **changes))
+        except StaleVersion as exc:
+            return self._stale(request, name, exc)
+        if updated is None:
+            return self._form_page(request, form, None, name)
+        changed = _changed(current.definition, updated.definition)
+        what = f"{', '.join(changed) or 'nothing'} (version {version} → {updated.version})"
+        self.log_change(request, Entry(name=name), f"Changed {what}.")
+        logger.warning("beat-claims: %s changed entry %s: %s", updated.changed_by, name,
+                       what.replace("→", "->"))
+        messages.success(request, f"Changed {name}: {what}; the beats follow it from its"
+                                  " first occurrence after now.")
+        return HttpResponseRedirect(self._url("change", name))
+
+    def _stale(self, request: HttpRequest, name: str, exc: StaleVersion) -> HttpResponse:
+        """The edit kept as it was typed, at the version the store holds now, beside that
+        version's definition: saved again, it replaces that version, knowingly."""
+        data = request.POST.copy()
+        data["version"] = str(exc.current)
+        form = EntryForm(data, adding=False)
+        try:
+            current: StoredEntry | None = self._entries(request).get(name)
+        except (EntryError, *STORE_ERRORS) as err:
+            form.add_error(None, f"{exc}. {err}.")
+            return self._form_page(request, form, None, name)
+        form.add_error(None, f"Version {exc.expected} of {name} was edited, but the store"
+                             f" holds version {exc.current} now: nothing was written. Your"
+                             f" edit is kept below, beside version {exc.current} as the"
+                             f" store holds it: save again to replace version"
+                             f" {exc.current} with your edit.")
+        return self._form_page(request, form, None, name, stale=current)
+
+    def enable_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST ``version``: enable the entry (``beat_claims.change_entry``)."""
+        return self._set_enabled(request, object_id, True)
+
+    def disable_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST ``version``: disable the entry (``beat_claims.change_entry``)."""
+        return self._set_enabled(request, object_id, False)
+
+    def _set_enabled(self, request: HttpRequest, object_id: str, enabled: bool
+                     ) -> HttpResponse:
+        refused = self._refused(request, "change_entry")
+        if refused is not None:
+            return refused
+        name = unquote(object_id)
+        version = _version(request)
+        if version is None:
+            return HttpResponseBadRequest("version: the version read (a whole number from 1)")
+        what = "enabled" if enabled else "disabled"
+        done = self._edit(request, name, what, lambda entries: (
+            entries.enable(name, version) if enabled else entries.disable(name, version)))
+        if isinstance(done, HttpResponse):
+            return done
+        if done.version == version:
+            messages.info(request, f"{name} is {what} already (version {version}): nothing"
+                                   " was written.")
+            return self._back(request, name)
+        change = f"version {version} → {done.version}"
+        self.log_change(request, Entry(name=name), f"{what.capitalize()} ({change}).")
+        logger.warning("beat-claims: %s %s entry %s (%s)", done.changed_by, what, name,
+                       change.replace("→", "->"))
+        messages.success(request, f"{what.capitalize()} {name} ({change}): "
+                         + ("its occurrences are sent from the first after now." if enabled
+                            else "no beat sends it from now on; runs already claimed go on."))
+        return self._back(request, name)
+
+    def delete_view(self, request: HttpRequest, object_id: str,
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """GET: what will be deleted, to confirm; POST ``version``: delete the entry's
+        definition (``beat_claims.delete_entry``). Its runs stay until pruned."""
+        if not self._may(request, "delete_entry"):
+            raise PermissionDenied
+        name = unquote(object_id)
+        if request.method != "POST":
+            current = self._editable(request, name, "deleted", deleting=True)
+            if isinstance(current, HttpResponse):
+                return current
+            context = {
+                **self._context(request, f"Delete {name}?"),
+                "name": name,
+                "stored": self._stored_doc(name, current, self._editing(name, current)),
+                "changelist_url": self._url("changelist"),
+                "entry_url": self._url("change", name),
+                **(extra_context or {}),
+            }
+            return TemplateResponse(request, "admin/beat_claims/entry/delete.html", context)
+        version = _version(request)
+        if version is None:
+            return HttpResponseBadRequest("version: the version read (a whole number from 1)")
+        deleted = self._edit(request, name, "deleted",
+                             lambda entries: entries.delete(name, version))
+        if isinstance(deleted, HttpResponse):
+            return deleted
+        change = f"version {version} deleted (its tombstone: version {deleted})"
+        LogEntry.objects.create(
+            user_id=request.user.pk, object_id=name, object_repr=name[:200],
+            content_type_id=ContentType.objects.get_for_model(Entry,
+                                                              for_concrete_model=False).pk,
+            action_flag=DELETION, change_message=f"Deleted: {change}.")
+        logger.warning("beat-claims: %s deleted entry %s (%s)", self._by(request), name,
+                       change)
+        messages.success(request, f"Deleted {name} ({change}): no beat sends it from now on;"
+                                  " runs already claimed go on, and its runs stay until"
+                                  " pruned (celery claims prune).")
+        return HttpResponseRedirect(self._url("changelist"))
+
+    def _editable(self, request: HttpRequest, name: str, what: str, deleting: bool = False
+                  ) -> StoredEntry | HttpResponse:
+        """The entry as the store holds it, when this admin may change it; else its page,
+        saying why not."""
+        current: StoredEntry | None = None
+        try:
+            current = self._entries(request).get(name)
+        except NoSuchEntry as exc:
+            missing = f"{exc}"
+        except STORE_ERRORS as exc:
+            messages.error(request, self._store_error(exc))
+            return HttpResponseRedirect(self._url("change", name))
+        editing = self._editing(name, current)
+        if current is not None and (editing is Editing.EDITABLE or (
+                deleting and editing is Editing.UNREADABLE)):
+            return current
+        if editing is Editing.UNDEFINED:
+            messages.error(request, f"{missing}: nothing can be {what}.")
+        else:
+            messages.error(request, f"{name} is {READ_ONLY[editing]}; it cannot be {what}"
+                                    " here.")
+        return HttpResponseRedirect(self._url("change", name))
+
+    def _written(self, request: HttpRequest, form: EntryForm,
+                 act: Callable[[Entries], StoredEntry]) -> StoredEntry | None:
+        """``act`` done, or None with why not on the form (the field it names); a stale
+        version is the caller's to show (:class:`StaleVersion` is raised)."""
+        try:
+            return act(self._entries(request))
+        except StaleVersion:
+            raise
+        except (EntryExists, DefinedInBeatSchedule) as exc:
+            form.add_error("name" if form.adding else None, f"{exc}.")
+        except (DefinitionError, EntryError) as exc:
+            form.refuse(exc)
+        except STORE_ERRORS as exc:
+            form.add_error(None, self._store_error(exc))
+        return None
+
+    def _edit(self, request: HttpRequest, name: str, what: str,
+              act: Callable[[Entries], T]) -> T | HttpResponse:
+        """``act`` on the entries; for a refusal (a stale version, an entry deleted or
+        defined in beat_schedule) or a store that does not answer, its page, saying why."""
+        try:
+            return act(self._entries(request))
+        except NoSuchEntry as exc:
+            messages.error(request, f"{exc}: nothing was {what}.")
+        except (EntryError, DefinitionError) as exc:
+            messages.error(request, f"{exc}.")
+        except STORE_ERRORS as exc:
+            messages.error(request, self._store_error(exc))
+        return self._back(request, name)
+
+    def _form_page(self, request: HttpRequest, form: EntryForm, current: StoredEntry | None,
+                   name: str | None = None, stale: StoredEntry | None = None
+                   ) -> HttpResponse:
+        """The add or edit form; on an edit, the entry's origin, version and who changed it
+        last (``current``), or after a stale edit the version the store holds (``stale``),
+        its arguments too (this is the edit form)."""
+        name = current.name if current is not None else name
+        shown = current or stale
+        context = {
+            **self._context(request, "Add entry" if form.adding else f"Edit {name}"),
+            "form": form,
+            "name": name,
+            "adding": form.adding,
+            "stored": self._stored_doc(shown.name, shown, Editing.EDITABLE) if shown else None,
+            "stale": _full(stale) if stale is not None and stale.definition else None,
+            "changelist_url": self._url("changelist"),
+            "entry_url": self._url("change", name) if name else None,
+            "action_url": self._url("add") if form.adding else self._url("edit", name),
+        }
+        return TemplateResponse(request, "admin/beat_claims/entry/entry_form.html", context)
+
+    def _entries(self, request: HttpRequest) -> Entries:
+        """The entries of the project's store, changed by ``admin:<username>``."""
+        app = project_app()
+        return Entries(app, store=source.store_for(app), by=self._by(request))
+
+    def _site_schedule(self) -> set[str]:
+        """The names this site's ``beat_schedule`` defines."""
+        try:
+            return set(project_app().conf.beat_schedule or {})
+        except ConfigurationError:
+            return set()
+
+    def _editing(self, name: str, stored: StoredEntry | None,
+                 rows: dict[str, str] | None = None, site: set[str] | None = None
+                 ) -> Editing:
+        """Whether this admin edits the entry (``rows``: django-celery-beat's, ``site``:
+        the names of this site's beat_schedule, when read already)."""
+        rows = self._periodic_tasks([name]) if rows is None else rows
+        if name in rows or (stored is not None and stored.origin is Origin.DJANGO):
+            return Editing.DJANGO_ROW
+        if stored is None:
+            site = self._site_schedule() if site is None else site
+            return Editing.BEAT_SCHEDULE if name in site else Editing.UNDEFINED
+        if stored.origin is Origin.CONFIG:
+            return Editing.BEAT_SCHEDULE
+        return Editing.EDITABLE if stored.definition is not None else Editing.UNREADABLE
+
+    def _stored_doc(self, name: str, stored: StoredEntry | None, editing: Editing,
+                    row_url: str = "") -> dict[str, Any]:
+        """An entry's definition as its page shows it: origin, version, who changed it
+        and when, what it sends (never its arguments: only how many), and what may be
+        done with it."""
+        definition = stored.definition if stored is not None else None
+        doc: dict[str, Any] = {
+            "present": stored is not None,
+            "editing": editing.value,
+            "editable": editing is Editing.EDITABLE,
+            "deletable": editing in (Editing.EDITABLE, Editing.UNREADABLE),
+            "read_only": READ_ONLY.get(editing, ""),
+            "row_url": row_url,
+            "edit_url": self._url("edit", name),
+            "enable_url": self._url("enable", name),
+            "disable_url": self._url("disable", name),
+            "delete_url": self._url("delete", name),
+        }
+        if stored is not None:
+            doc.update(origin=stored.origin.value, version=stored.version,
+                       changed_by=stored.changed_by, enabled=stored.enabled,
+                       problem=stored.problem, at=_times(
+                           {"changed_at": iso(stored.changed_at) if stored.changed_at
+                            else None}, ("changed_at",)))
+        if definition is not None:
+            doc.update(
+                task=definition.task, schedule=_json(definition.schedule.to_json()),
+                schedule_text=_describe(definition),
+                options=_options_shown(definition.options),
+                claims=_json(definition.claims) if definition.claims else "",
+                description=definition.description, args=len(definition.args),
+                kwargs=len(definition.kwargs))
+        return doc
+
+    def _stored(self, request: HttpRequest, names: Iterable[str] | None = None
+                ) -> dict[str, StoredEntry]:
+        """The store's definitions: of ``names``, or every one."""
+        entries = self._entries(request)
+        if names is None:
+            return {e.name: e for e in entries.iterate()}
+        out = {}
+        for name in names:
+            with contextlib.suppress(NoSuchEntry):
+                out[name] = entries.get(name)
+        return out
+
+    def _periodic_tasks(self, names: list[str]) -> dict[str, str]:
+        """Name -> the django-celery-beat admin page of its row ('' when that admin is not
+        on this site), for the names that are rows."""
+        if not names or not django_apps.is_installed("django_celery_beat"):
+            return {}
+        from django_celery_beat.models import PeriodicTask
+
+        meta = PeriodicTask._meta
+        linked = self.admin_site.is_registered(PeriodicTask)
+        rows = PeriodicTask.objects.filter(name__in=names).values_list("name", "pk")
+        return {name: reverse(f"{self.admin_site.name}:{meta.app_label}_{meta.model_name}"
+                              "_change", args=(quote(pk),)) if linked else ""
+                for name, pk in rows}
+
     def _operate(self, request: HttpRequest, name: str, what: str,
                  act: Callable[[Store], T]) -> T | HttpResponse:
         """``act`` on the store; for an entry the store does not know, or a store that
@@ -541,3 +945,55 @@ def _owner_label(owner_id: str | None, owners: dict[str, Any]) -> str:
         return ""
     owner = owners.get(owner_id)
     return f"{owner['host']}:{owner['pid']}" if owner else owner_id[:8]
+
+
+def _version(request: HttpRequest) -> int | None:
+    """The version an action names (read with the page), or None when it names none."""
+    try:
+        version = int(request.POST["version"])
+    except (KeyError, ValueError):
+        return None
+    return version if version >= 1 else None
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _describe(definition: Definition) -> str:
+    """A schedule as the status shows schedules (``every 30s``), or its JSON form when
+    it cannot be computed here."""
+    try:
+        return occurrences.describe(definition.schedule.celery(project_app()))
+    except Exception:
+        return _json(definition.schedule.to_json())
+
+
+def _options_shown(options: dict[str, Any]) -> str:
+    """An entry's options as its page shows them: the names of its headers, not their
+    values (a header may hold a secret, as an argument may)."""
+    shown = {k: sorted(v) if k == "headers" and isinstance(v, dict) else v
+             for k, v in options.items()}
+    return ", ".join(f"{k}={_json(v)}" if k != "headers" else f"headers ({', '.join(v)})"
+                     for k, v in shown.items())
+
+
+def _summary(definition: Definition) -> str:
+    """What a log line says of a definition: its task and schedule, disabled or not;
+    never its arguments nor its options."""
+    return (f"task {definition.task}, schedule {_json(definition.schedule.to_json())}"
+            + ("" if definition.enabled else ", disabled"))
+
+
+def _changed(before: Definition | None, after: Definition | None) -> list[str]:
+    """The names of the fields an edit changed (their values are not said)."""
+    old = before.as_dict() if before is not None else {}
+    new = after.as_dict() if after is not None else {}
+    return [f for f in FIELDS if old.get(f) != new.get(f)]
+
+
+def _full(stored: StoredEntry) -> dict[str, str]:
+    """Every field of a stored definition as JSON text, as the edit form shows them."""
+    assert stored.definition is not None
+    return {f: v if f == "description" else _json(v)
+            for f, v in stored.definition.as_dict().items()}

@@ -299,7 +299,7 @@ class DatabaseScheduler(Scheduler):
         """Replace the schedule's contents in place if anything differs, and tell the base
         scheduler (it anchors new entries and rebuilds its heap at the next tick)."""
         merged: dict[str, Any] = {**entries, **self._static}
-        current = self.schedule
+        current = self.composition.local
         same = bounds == self._rows and set(merged) == set(current) and all(
             merged[name] is current[name] or (
                 current[name].editable_fields_equal(merged[name]))
@@ -308,9 +308,11 @@ class DatabaseScheduler(Scheduler):
             return
         self._rows = bounds
         self._first.clear()
-        current.clear()
-        current.update(merged)
-        self.entries_changed()
+        self.set_local(merged, set(self._static))
+        if not self.stored.loaded:  # composed with the store's at the first tick
+            self.schedule.clear()
+            self.schedule.update(merged)
+            self.entries_changed()
         logger.info("beat-claims: %d entries (%d from the database)", len(merged), len(entries))
 
     def _note(self, name: str, key: str, message: str, *args: Any) -> None:

@@ -2,8 +2,9 @@
 
 Entries and runs live in the beat-claims store (Redis), not in the database; the admin
 reads them from there. The model gives the admin its place in the index and gives Django
-the permissions operators are granted: view, release a claim, trigger a run, pause an
-entry, resume it, backfill it.
+the permissions operators are granted: view; add, change (edit, enable, disable) and
+delete an entry defined at run time; release a claim, trigger a run, pause an entry, resume
+it, backfill it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class Entry(models.Model):
         db_table = "beat_claims_entry_unmanaged"
         verbose_name = "entry"
         verbose_name_plural = "entries"
-        default_permissions = ("view",)
+        default_permissions = ("add", "change", "delete", "view")
         permissions = [
             ("release_claim", "Can release a stuck claim"),
             ("trigger_run", "Can trigger a run now"),

@@ -1,0 +1,159 @@
+"""Which entries a beat schedules, and by which definition.
+
+- A stored definition of origin API or REDBEAT (a dynamic entry) is scheduled by every
+  beat, while it is enabled; it shadows an entry of the same name of the beat's own
+  (``beat_schedule``, or a database row), with one WARNING.
+- An entry of the beat's own ``beat_schedule`` that can be stored is scheduled by the
+  store's CONFIG definition of that name (the beat started last wrote it): where this
+  beat's ``beat_schedule`` differs (a rolling deploy), one WARNING per stored version
+  names the entry and the beat that wrote it, and the stored one is sent, so that every
+  beat sends one grid. A CONFIG definition no live beat has in its ``beat_schedule`` is
+  sent by none, as an entry dropped from ``beat_schedule`` always was.
+- A DJANGO definition shadows a ``beat_schedule`` entry of the same name (the beats that
+  read the database send it).
+- Anything else of the beat's own (a ``beat_schedule`` entry that cannot be stored, a
+  database row) is scheduled as it is, by this beat alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+
+from ..definitions import Definition, DefinitionError, Unstorable
+from ..enums import Origin
+from .stored import Known, StoredEntries
+
+#: The origins every beat schedules.
+DYNAMIC = (Origin.API, Origin.REDBEAT)
+
+#: What a scheduled entry was built from: ("stored", version) or ("local", id(entry)).
+Key = tuple[str, int]
+
+
+class Composition:
+    """This beat's own entries and the store's definitions, composed into its schedule.
+
+    ``compose()`` answers name -> entry; an entry object is kept (the same object) for as
+    long as what it was built from does not change, so that a caller can tell which
+    entries changed by identity."""
+
+    def __init__(self, app: Celery, stored: StoredEntries, logger: logging.Logger) -> None:
+        self.app = app
+        self.stored = stored
+        self.logger = logger
+        self.local: dict[str, Any] = {}
+        #: The beat's own beat_schedule entries that can be stored, as definitions.
+        self.own: dict[str, Definition] = {}
+        #: The names of the beat's own entries that come from beat_schedule.
+        self.configured: set[str] = set()
+        self.chosen: dict[str, tuple[Key, Any]] = {}
+        self._logged: set[tuple[Any, ...]] = set()
+
+    def set_local(self, entries: dict[str, Any], configured: set[str] | None = None) -> None:
+        """This beat's own entries (``configured``: those from ``beat_schedule``; all of
+        them when None). Each ``beat_schedule`` entry that cannot be stored is named once:
+        it stays this beat's own."""
+        self.local = dict(entries)
+        self.configured = set(entries) if configured is None else set(configured)
+        own: dict[str, Definition] = {}
+        for name in sorted(self.configured & set(entries)):
+            found = Definition.from_entry(name, entries[name])
+            if isinstance(found, Unstorable):
+                self._once(("unstorable", name, found.reason), logging.WARNING,
+                           "beat-claims: entry %r in beat_schedule cannot be shared through"
+                           " the store (%s): this beat schedules it from its own"
+                           " beat_schedule, as before", name, found.reason)
+            else:
+                own[name] = found
+        self.own = own
+
+    def compose(self) -> dict[str, Any]:
+        chosen: dict[str, tuple[Key, Any]] = {}
+        names = set(self.local) | {name for name, k in self.stored.known.items()
+                                   if k.stored.origin in DYNAMIC}
+        for name in sorted(names):
+            picked = self._pick(name)
+            if picked is None:
+                continue
+            key, build = picked
+            previous = self.chosen.get(name)
+            if previous is not None and previous[0] == key:
+                chosen[name] = previous
+                continue
+            entry = build()
+            if entry is not None:
+                chosen[name] = (key, entry)
+        self.chosen = chosen
+        return {name: entry for name, (_, entry) in chosen.items()}
+
+    def _pick(self, name: str) -> tuple[Key, Any] | None:
+        """What ``name`` is scheduled by: (its key, a function building its entry); None
+        when this beat does not schedule it."""
+        known = self.stored.live(name)
+        local = self.local.get(name)
+        origin = known.stored.origin if known is not None else None
+        if known is not None and origin in DYNAMIC:
+            if local is not None:
+                self._shadowed(name, known)
+            return self._from_store(known)
+        if local is None:
+            return None
+        if known is not None and name in self.configured and origin is Origin.DJANGO:
+            self._shadowed(name, known)
+            return None
+        own = self.own.get(name)
+        if known is not None and own is not None and origin is Origin.CONFIG:
+            if known.definition is not None and known.definition.digest() != own.digest():
+                self._once(("differs", name, known.stored.version), logging.WARNING,
+                           "beat-claims: entry %r: this beat's beat_schedule differs from"
+                           " the definition in the store (version %d, registered by %s);"
+                           " the stored one is sent (every beat sends one grid)", name,
+                           known.stored.version, known.stored.changed_by)
+            return self._from_store(known)
+        return ("local", id(local)), lambda: local
+
+    def _from_store(self, known: Known) -> tuple[Key, Any] | None:
+        definition = known.definition
+        if definition is None or not definition.enabled:
+            return None
+        name = known.stored.name
+
+        def build() -> Any:
+            try:
+                return definition.schedule_entry(name, self.app)
+            except DefinitionError as exc:
+                self._once(("unbuilt", name, known.stored.version), logging.ERROR,
+                           "beat-claims: entry %r: its stored definition (version %d)"
+                           " cannot be scheduled here: %s: %s", name, known.stored.version,
+                           exc.field or "record", exc.problem or exc.message)
+                return None
+
+        return ("stored", known.stored.version), build
+
+    def _shadowed(self, name: str, known: Known) -> None:
+        self._once(("shadowed", name, known.stored.origin), logging.WARNING,
+                   "beat-claims: entry %r in beat_schedule is shadowed by a dynamic entry of"
+                   " the same name; the dynamic one is sent (origin %s, version %d)", name,
+                   known.stored.origin.value, known.stored.version)
+
+    def differing(self) -> dict[str, Known]:
+        """This beat's beat_schedule entries whose stored CONFIG definition differs from
+        its own (what ``claims health`` reports)."""
+        out = {}
+        for name, own in self.own.items():
+            known = self.stored.live(name)
+            if (known is not None and known.stored.origin is Origin.CONFIG
+                    and known.definition is not None
+                    and known.definition.digest() != own.digest()):
+                out[name] = known
+        return out
+
+    def _once(self, key: tuple[Any, ...], level: int, message: str, *args: Any) -> None:
+        if key not in self._logged:
+            if len(self._logged) > 10_000:
+                self._logged.clear()
+            self._logged.add(key)
+            self.logger.log(level, message, *args)

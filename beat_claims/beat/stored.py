@@ -1,0 +1,140 @@
+"""The entries' definitions the store holds, as this beat last read them.
+
+At start (and whenever the change feed answers ``reload``) every definition is read, in
+pages; then each heartbeat reads the change feed from where the last read stopped, a
+bounded number of pages. What is kept: every entry's stored record (a tombstone, a
+corrupt one too: a writer names its version) and, for each readable one, its
+:class:`~beat_claims.definitions.Definition`. A definition that cannot be read or is not
+valid is logged once per version, as an ERROR naming the entry and the field (never a
+value of its arguments), and is left out: the other entries go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from ..definitions import Definition, DefinitionError, validate
+from ..stores.base import ChangeCursor, Store, StoredDefinition
+
+#: Definitions (or changes) one store call reads.
+PAGE = 1000
+#: Pages of the change feed one heartbeat reads at most; the rest waits for the next one.
+CHANGE_PAGES_PER_HEARTBEAT = 10
+#: The fields a corrupt record's message may name (its values are never logged).
+_STORED_FIELDS = re.compile(r"\b(version|definition|origin|changed_at)\b")
+
+
+@dataclass(frozen=True)
+class Known:
+    """One entry's stored record, and its definition when it can be read and is valid."""
+
+    stored: StoredDefinition
+    definition: Definition | None
+
+
+class StoredEntries:
+    """name -> what the store holds of its definition, kept current from the change feed."""
+
+    def __init__(self, store: Store, logger: logging.Logger) -> None:
+        self.store = store
+        self.logger = logger
+        self.known: dict[str, Known] = {}
+        self.cursor: ChangeCursor | None = None
+        self.loaded = False
+        #: Every definition was read again since the caller last looked (at start, or the
+        #: change feed said to: the store may have gone back).
+        self.reloaded = False
+        self._logged: set[tuple[str, int, str]] = set()
+
+    def refresh(self) -> set[str]:
+        """Read what changed since the last read (everything, the first time or when the
+        feed says to); the names whose record changed."""
+        if not self.loaded:
+            return self._reload()
+        changed: set[str] = set()
+        for _ in range(CHANGE_PAGES_PER_HEARTBEAT):
+            answer = self.store.changes(self.cursor, PAGE)
+            if answer.reload:
+                self.cursor = answer.cursor
+                return changed | self._read_all()
+            for record in answer.changed:
+                if self._take(record):
+                    changed.add(record.name)
+            self.cursor = answer.cursor
+            if answer.complete:
+                break
+        return changed
+
+    def _reload(self) -> set[str]:
+        # The feed's head first: whatever changes while the pages are read is read again.
+        self.cursor = self.store.changes(None, 1).cursor
+        changed = self._read_all()
+        self.loaded = True
+        return changed
+
+    def _read_all(self) -> set[str]:
+        self.reloaded = True
+        before = self.known
+        self.known = {}
+        changed: set[str] = set()
+        after = ""
+        while True:
+            page = self.store.definitions(None, after, PAGE)
+            for record in page:
+                old = before.get(record.name)
+                self.known[record.name] = old if old is not None and old.stored == record \
+                    else self._read(record)
+                if old is None or old.stored != record:
+                    changed.add(record.name)
+            if len(page) < PAGE:
+                break
+            after = page[-1].name
+        return changed | (set(before) - set(self.known))
+
+    def take(self, records: list[StoredDefinition]) -> set[str]:
+        """Records read apart from the feed (the newest): the names whose record changed."""
+        return {record.name for record in records if self._take(record)}
+
+    def _take(self, record: StoredDefinition) -> bool:
+        old = self.known.get(record.name)
+        if old is not None and old.stored == record:
+            return False
+        self.known[record.name] = self._read(record)
+        return True
+
+    def _read(self, record: StoredDefinition) -> Known:
+        if record.corrupt:
+            fields = sorted(set(_STORED_FIELDS.findall(record.corrupt))) or ["record"]
+            self._error(record, "corrupt", "beat-claims: entry %r: its stored definition"
+                        " (version %d) cannot be read (%s); it is not scheduled",
+                        record.name, record.version, ", ".join(fields))
+            return Known(record, None)
+        if record.deleted or record.definition is None:
+            return Known(record, None)
+        try:
+            return Known(record, validate(record.name, record.definition))
+        except DefinitionError as exc:
+            # (a DefinitionError names an argument by its place and type, never its value)
+            self._error(record, "invalid", "beat-claims: entry %r: its stored definition"
+                        " (version %d, by %s) is not valid: %s: %s; it is not scheduled",
+                        record.name, record.version, record.changed_by, exc.field or "record",
+                        exc.problem or exc.message)
+            return Known(record, None)
+
+    def _error(self, record: StoredDefinition, kind: str, message: str, *args: object
+               ) -> None:
+        key = (record.name, record.version, kind)
+        if key not in self._logged:
+            if len(self._logged) > 10_000:
+                self._logged.clear()
+            self._logged.add(key)
+            self.logger.error(message, *args)
+
+    def live(self, name: str) -> Known | None:
+        """The entry's record when it holds a definition (not a tombstone)."""
+        known = self.known.get(name)
+        if known is None or known.stored.deleted:
+            return None
+        return known

@@ -1,0 +1,189 @@
+"""``celery -A proj claims entries ...`` end to end: real ``celery`` processes on real stores
+(SQLite, Redis, PostgreSQL): add, list, show, edit (a stale version refused), enable,
+disable, remove (only with --yes), export and import (a store that came back empty gets
+its dynamic entries back). A definition's arguments are printed by show and export only;
+a mistake is one line and exit code 1."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from beat_claims.definitions import validate
+from beat_claims.enums import Origin
+from beat_claims.stores.base import DefinitionWrite, Store
+from beat_claims.stores.postgres import PostgresStore
+from beat_claims.stores.redis import RedisStore
+from beat_claims.stores.sqlite import SQLiteStore
+
+from .contract.backend_postgres import address
+from .contract.conftest import BACKENDS
+from .test_cli import Ran, cli, one_line
+
+pytestmark = pytest.mark.integration
+
+#: An argument the entries carry that only show and export may print.
+SECRET = "s3cr3t-token"
+
+
+@dataclass
+class Target:
+    """A store the CLI and the test share."""
+
+    store: Store
+    url: str
+
+    def __call__(self, *args: str, stdin: str | None = None) -> Ran:
+        conf = {"beat_claims_url": self.url, "beat_claims_key_prefix": self.store.prefix}
+        return cli(None, "entries", *args, stdin=stdin, BC_CONF=json.dumps(conf))
+
+    def ok(self, *args: str, stdin: str | None = None) -> str:
+        ran = self(*args, stdin=stdin)
+        assert ran.code == 0 and "Traceback" not in ran.err, ran
+        return ran.out
+
+
+def _url(store: Store, request: pytest.FixtureRequest) -> str:
+    if isinstance(store, SQLiteStore):
+        return f"sqlite:///{store.path}"
+    if isinstance(store, RedisStore):
+        return str(request.getfixturevalue("server").url)
+    assert isinstance(store, PostgresStore)
+    return address(store)
+
+
+@pytest.fixture(params=["postgres", "redis", "sqlite"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _target(kind: str, request: pytest.FixtureRequest) -> Iterator[Target]:
+    with BACKENDS[kind].open(request, 100) as store:
+        yield Target(store, _url(store, request))
+
+
+@pytest.fixture
+def target(kind: str, request: pytest.FixtureRequest) -> Iterator[Target]:
+    yield from _target(kind, request)
+
+
+@pytest.fixture
+def other(kind: str, request: pytest.FixtureRequest) -> Iterator[Target]:
+    """Another store of the same kind, empty (a store that came back empty)."""
+    yield from _target(kind, request)
+
+
+def test_add_list_show_edit_enable_disable_and_remove(target: Target) -> None:
+    out = target.ok("add", "nightly", "--task", "proj.report", "--crontab", "0 3 * * *",
+                    "--args", json.dumps([1, SECRET]), "--kwargs", '{"mode": "full"}',
+                    "--by", "alice@ops")
+    assert out.startswith("created nightly (version 1): proj.report, crontab '0 3 * * *'"
+                          " (UTC)"), out
+    assert SECRET not in out
+    made = json.loads(target.ok("add", "fast", "--json", "-", "-j", stdin=json.dumps(
+        {"task": "proj.ping", "schedule": {"every": 30}, "description": "a ping"})))
+    assert {k: made[k] for k in ("name", "version", "task", "schedule", "enabled",
+                                 "origin")} == {
+        "name": "fast", "version": 1, "task": "proj.ping", "schedule": {"every": 30},
+        "enabled": True, "origin": "api"}
+
+    listed = json.loads(target.ok("list", "-j"))
+    assert [(e["name"], e["version"]) for e in listed["entries"]] == [("fast", 1),
+                                                                      ("nightly", 1)]
+    table = target.ok("list")
+    assert "nightly" in table and "crontab '0 3 * * *' (UTC)" in table
+    assert SECRET not in json.dumps(listed) + table  # arguments: show and export only
+
+    shown = json.loads(target.ok("show", "nightly", "-j"))
+    assert (shown["args"], shown["kwargs"], shown["version"], shown["changed_by"]) == (
+        [1, SECRET], {"mode": "full"}, 1, "alice@ops")
+    assert SECRET in target.ok("show", "nightly")
+
+    out = target.ok("edit", "nightly", "--version", "1", "--every", "60")
+    assert out.startswith("changed nightly (version 2): proj.report, every 60s"), out
+    stale = one_line(target("edit", "nightly", "--version", "1", "--every", "90"))
+    assert stale == ("beat-claims: entry 'nightly': version 1 is stale, the store holds"
+                     " version 2: nothing was written (read it again and edit that version)")
+    unnamed = target("edit", "nightly", "--every", "90")
+    assert unnamed.code == 2 and "--version N: the version you read" in unnamed.err, unnamed
+    assert json.loads(target.ok("show", "nightly", "-j"))["schedule"] == {"every": 60}
+
+    assert target.ok("disable", "fast").startswith("disabled fast (version 2)")
+    assert json.loads(target.ok("enable", "fast", "-j"))["enabled"] is True
+
+    would = target.ok("remove", "fast")
+    assert would.startswith("would remove fast (version 3)") and "--yes" in would, would
+    assert json.loads(target.ok("show", "fast", "-j"))["version"] == 3
+    gone = target.ok("remove", "fast", "--yes")
+    assert gone.startswith("removed fast (was version 3; its tombstone is version 4)"), gone
+    assert one_line(target("show", "fast")) == (
+        "beat-claims: no entry 'fast' in the store (deleted)")
+
+
+def test_export_then_import_into_an_empty_store_brings_the_dynamic_entries_back(
+        target: Target, other: Target, tmp_path: Path) -> None:
+    target.ok("add", "a", "--task", "proj.t", "--every", "30", "--args", json.dumps([SECRET]))
+    target.ok("add", "b", "--task", "proj.t", "--crontab", "*/5 * * * *", "--timezone",
+              "Europe/Paris", "--options", '{"queue": "slow"}', "--disabled")
+    target.ok("add", "c", "--task", "proj.t", "--clocked", "2030-01-01T00:00:00Z",
+              "--claims", '{"catch_up": "none"}')
+    config = validate("config", {"task": "proj.t", "schedule": {"every": 5}}).to_json()
+    target.store.write_definitions([DefinitionWrite("config", config, 0, Origin.CONFIG,
+                                                    "beat")])
+    lines = target.ok("export").splitlines()
+    assert [json.loads(line)["name"] for line in lines] == ["a", "b", "c"]  # not config
+    assert json.loads(lines[0])["args"] == [SECRET]
+    array = target.ok("export", "--array")
+    assert [e["name"] for e in json.loads(array)] == ["a", "b", "c"]
+    exported = tmp_path / "entries.jsonl"
+    exported.write_text("\n".join(lines) + "\n")
+
+    dry = other.ok("import", str(exported))
+    assert dry.splitlines()[0] == "would create 3: a, b, c", dry
+    assert other.store.definitions() == []
+    done = json.loads(other.ok("import", str(exported), "--yes", "-j"))
+    assert (done["written"], done["create"]) == (True, ["a", "b", "c"])
+    assert [r["error"] for r in done["results"]] == [None, None, None]
+    wanted = {d.name: d.definition for d in target.store.definitions(["a", "b", "c"])}
+    assert {d.name: d.definition for d in other.store.definitions()} == wanted
+    again = other.ok("import", "-", "--yes", stdin=array)
+    assert "unchanged 3: a, b, c" in again, again
+
+    # A changed file changes what differs, at the version read now.
+    changed = [json.loads(line) for line in lines]
+    changed[0]["schedule"] = {"every": 45}
+    exported.write_text("\n".join(json.dumps(e) for e in changed))
+    out = other.ok("import", str(exported), "--yes")
+    assert "change 1: a" in out and "unchanged 2: b, c" in out, out
+    assert json.loads(other.ok("show", "a", "-j"))["version"] == 2
+
+
+def test_a_mistake_is_one_line_naming_it_and_nothing_is_written(target: Target,
+                                                                tmp_path: Path) -> None:
+    bad = one_line(target("add", "e", "--task", "proj.t", "--crontab", "61 * * * *"))
+    assert bad.startswith("beat-claims: entry 'e': schedule.crontab.minute: '61' is not a"
+                          " valid minute"), bad
+    bad = one_line(target("add", "e", "--task", "proj.t", "--every", "5",
+                          "--options", '{"priority": 300}'))
+    assert "entry 'e': options.priority: 300 is not a priority" in bad
+    both = target("add", "e", "--task", "proj.t", "--every", "5", "--crontab", "* * * * *")
+    assert both.code == 2 and "give one schedule: --every, --crontab" in both.err, both
+    lines = tmp_path / "bad.jsonl"
+    lines.write_text('{"name": "ok", "task": "proj.t", "schedule": {"every": 5}}\n'
+                     '{"name": "worse", "task": "proj.t", "schedule": {"every": -5}}\n')
+    refused = one_line(target("import", str(lines), "--yes"))
+    assert "entry 'worse': schedule.every: -5 is not a positive number" in refused
+    assert target.store.definitions() == []
+
+    config = validate("config", {"task": "proj.t", "schedule": {"every": 5}}).to_json()
+    target.store.write_definitions([DefinitionWrite("config", config, 0, Origin.CONFIG,
+                                                    "beat")])
+    assert "is defined in beat_schedule" in one_line(
+        target("edit", "config", "--version", "1", "--every", "9"))
+    assert "is defined in beat_schedule" in one_line(target("remove", "config", "--yes"))
+    assert [d.version for d in target.store.definitions()] == [1]
+

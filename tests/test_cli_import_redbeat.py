@@ -1,0 +1,71 @@
+"""`celery claims import redbeat`: shows what it will create unless told --yes, then creates
+it; run again, it creates nothing more. RedBeat's keys are written by celery-redbeat."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import redis
+from celery import Celery
+from celery.schedules import crontab, schedule
+
+from beat_claims.stores.redis import RedisStore
+
+from .conftest import RedisServer
+from .test_cli import cli
+
+redbeat = pytest.importorskip("redbeat", reason="celery-redbeat (the bench extra)")
+from redbeat import RedBeatSchedulerEntry  # noqa: E402
+
+
+def redbeat_url(server: RedisServer) -> str:
+    return f"redis://:pw%2Fwith%40@127.0.0.1:{server.port}/2"
+
+
+@pytest.fixture
+def redbeat_keys(server: RedisServer) -> Iterator[None]:
+    server.client().config_set("requirepass", "pw/with@")
+    app = Celery("redbeat_users", set_as_current=False)
+    app.conf.update(redbeat_redis_url=redbeat_url(server), timezone="UTC")
+    now = datetime.now(timezone.utc)
+    for name, sched in (("tenant-1-report", schedule(timedelta(minutes=15))),
+                        ("tenant-2-report", crontab(minute="*/10"))):
+        e = RedBeatSchedulerEntry(name, "tasks.report", sched, app=app,
+                                  kwargs={"api_key": "s3cr3t-key"})
+        e.save()
+        e.reschedule(last_run_at=now)
+    yield
+    redis.Redis.from_url(redbeat_url(server)).config_set("requirepass", "")
+
+
+def test_a_dry_run_shows_each_entry_and_creates_nothing_then_yes_creates_them(
+        server: RedisServer, redbeat_keys: None) -> None:
+    store_url = f"redis://:pw%2Fwith%40@127.0.0.1:{server.port}/0"
+    env = {"BC_REDIS_URL": store_url, "BC_BROKER_URL": store_url}
+    dry = cli(None, "import", "redbeat", "--url", redbeat_url(server), **env)
+    assert dry.code == 0, dry
+    assert "tenant-1-report" in dry.out and "would create" in dry.out, dry.out
+    assert "s3cr3t-key" not in dry.out + dry.err and "pw/with@" not in dry.out + dry.err
+    store = RedisStore.from_url(store_url)
+    names = ["tenant-1-report", "tenant-2-report"]
+    assert store.definitions(names) == []
+
+    done = cli(None, "import", "redbeat", "--url", redbeat_url(server), "--yes", "-j", **env)
+    assert done.code == 0, done
+    doc = json.loads(done.out)
+    assert doc["dry_run"] is False and doc["counts"] == {"create": 2}, doc
+    assert "pw/with@" not in done.out and doc["source"].startswith("redis://:***@"), doc
+    assert [d.origin.value for d in store.definitions(names)] == ["redbeat", "redbeat"]
+
+    again = cli(None, "import", "redbeat", "--url", redbeat_url(server), "--yes", "-j",
+                **env)
+    assert json.loads(again.out)["counts"] == {"exists": 2}, again.out
+
+
+def test_redbeats_redis_unreachable_is_one_line_without_its_password(
+        server: RedisServer) -> None:
+    ran = cli(server, "import", "redbeat", "--url", "redis://:hunter2@127.0.0.1:1/0")
+    assert ran.code == 1 and "hunter2" not in ran.err and "cannot be read" in ran.err, ran

@@ -1,0 +1,144 @@
+"""Issue 22's acceptance: the schedule changes while three ``celery beat`` processes run.
+
+An interval entry goes every 2 s -> every 3 s -> a crontab (each minute) -> every 2 s
+again, and another entry (every second) is disabled and enabled again, by definition
+writes in the store (the old definition's instants since the checkpoint recorded skipped,
+the checkpoint moved to the change's instant). Then: every instant sent lies on the grid
+of the definition in force at that instant (and carries that definition's arguments),
+each is sent once, every instant of the grid in force was sent or recorded skipped, and
+the skipped ones are recorded with the reason ``changed`` or ``disabled``. The crontab's
+one instant is the next whole minute: the test lasts from 15 to 75 s, by when it starts.
+Each store: Redis, SQLite, PostgreSQL; the broker is the test's redis-server, whose
+messages are counted (no worker)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from beat_claims.enums import Reason, RunState
+from beat_claims.runs import iso
+from beat_claims.settings import Settings
+from beat_claims.stores import Store, open_store
+
+from .conftest import RedisServer
+from .processes import fleet, wait_for
+from .test_beats_follow_definitions import define, once_each, sent
+from .test_integration_fleet import claims_url, watch
+
+pytestmark = pytest.mark.integration
+
+GRID = "grid"
+TOGGLED = "toggled"
+#: After the crontab's instant, the last phase (every 2 s again) runs this long (ms).
+LAST_PHASE = 6000
+
+
+def spec(schedule: dict[str, Any], tag: str, enabled: bool = True) -> dict[str, Any]:
+    return {"task": "proj.record", "schedule": schedule, "args": [tag], "enabled": enabled}
+
+
+def until(store: Store, at: int, procs: list[Any]) -> None:
+    """Let the fleet run until the store's clock reads ``at``."""
+    watch(max(0.0, (at - store.now()) / 1000), procs)
+
+
+def on_grid(schedule: dict[str, Any], anchor: int, due: int) -> bool:
+    if "every" in schedule:
+        return (due - anchor) % int(schedule["every"] * 1000) == 0
+    return due % 60_000 == 0  # crontab each minute (UTC)
+
+
+def grid_instants(schedule: dict[str, Any], anchor: int, after: int, upto: int) -> set[int]:
+    """The schedule's instants in (after, upto]."""
+    step = int(schedule["every"] * 1000) if "every" in schedule else 60_000
+    base = anchor if "every" in schedule else 0
+    first = base + ((after - base) // step + 1) * step
+    return set(range(first, upto + 1, step))
+
+
+@pytest.mark.parametrize("kind", ["redis", "sqlite", "postgres"])
+def test_three_beats_follow_an_entry_through_four_definitions_and_a_disable(
+        kind: str, server: RedisServer, tmp_path: Path) -> None:
+    with claims_url(kind, server, tmp_path) as url, \
+            fleet(url, server.broker_url(), tmp_path, {}, BC_EXEC_URL=server.url) as f:
+        beats = [f.beat() for _ in range(3)]
+        store = open_store(Settings(url=url), timeout=5.0)
+        app = Celery("acceptance", set_as_current=False)  # UTC, as the beats' app
+        phases = [{"every": 2}, {"every": 3}, {"crontab": {"minute": "*"}}, {"every": 2}]
+        tags = ["two", "three", "cron", "two-again"]
+        for proc in beats:
+            f.wait_log(proc, "entries registered; claiming", 40)
+        define(store, app, GRID, spec(phases[0], tags[0]))
+        define(store, app, TOGGLED, spec({"every": 1}, "on"))
+        wait_for(lambda: len(sent(server, GRID)) >= 2, 20, "two sends of the first grid")
+        began = store.now()
+        # The crontab's instant: the first whole minute at least 12 s away.
+        minute = (began + 12_000) // 60_000 * 60_000 + 60_000
+        changes = [0]  # (the first definition: from the first send on)
+        toggles: list[int] = []
+        until(store, minute - 8000, beats)
+        changes.append(_checkpoint(define(store, app, GRID, spec(phases[1], tags[1]))))
+        until(store, minute - 7000, beats)  # the other entry: disabled for 2.5 s
+        toggles.append(_checkpoint(define(store, app, TOGGLED, spec({"every": 1}, "off",
+                                                                    False))))
+        until(store, minute - 4500, beats)
+        toggles.append(_checkpoint(define(store, app, TOGGLED, spec({"every": 1},
+                                                                    "on-again"))))
+        until(store, minute - 3000, beats)
+        changes.append(_checkpoint(define(store, app, GRID, spec(phases[2], tags[2]))))
+        until(store, minute + 2000, beats)
+        changes.append(_checkpoint(define(store, app, GRID, spec(phases[3], tags[3]))))
+        until(store, minute + 2000 + LAST_PHASE, beats)
+        end = store.now() - 2500  # what is due by then has been sent (or skipped)
+        wait_for(lambda: max(d for d, _ in sent(server, GRID)) > end, 10,
+                 "the last grid's sends")
+
+        anchor = store.entries([GRID])[0].anchor
+        assert anchor is not None
+        bounds = [*changes[1:], None]
+        got = once_each(server, GRID)
+        skipped = {r.due: r.reason for r in store.history(GRID)
+                   if r.state is RunState.SKIPPED}
+        for due, args in got:
+            i = next(k for k, upper in enumerate(bounds) if upper is None or due <= upper)
+            assert on_grid(phases[i], anchor, due) and args == [tags[i]], (
+                f"{iso(due)} sent with {args}, in force: {tags[i]} {phases[i]}")
+        sent_at = {due for due, _ in got}
+        first_sent = min(sent_at)
+        for i, phase in enumerate(phases):
+            lower = changes[i] if i else first_sent - 1
+            upper = min(bounds[i] or end, end)
+            want = grid_instants(phase, anchor, lower, upper)
+            missing = sorted(want - sent_at - set(skipped))
+            assert not missing, f"{tags[i]}: neither sent nor skipped: {[iso(d) for d in missing]}"
+        assert set(skipped.values()) <= {Reason.CHANGED}, skipped
+        assert any(iso(minute) == iso(d) for d in sent_at), "the crontab's instant was not sent"
+
+        t_got = once_each(server, TOGGLED)
+        off, on = toggles
+        assert not [iso(d) for d, _ in t_got if off < d <= on], "sent while disabled"
+        t_skipped = {r.due: r.reason for r in store.history(TOGGLED)
+                     if r.state is RunState.SKIPPED}
+        t_anchor = store.entries([TOGGLED])[0].anchor
+        assert t_anchor is not None
+        while_off = grid_instants({"every": 1}, t_anchor, off, on)
+        assert while_off and all(t_skipped.get(d) is Reason.DISABLED for d in while_off), (
+            sorted(while_off), t_skipped)
+        assert set(t_skipped.values()) <= {Reason.CHANGED, Reason.DISABLED}, t_skipped
+        t_sent = {d for d, _ in t_got}
+        t_want = grid_instants({"every": 1}, t_anchor, min(t_sent) - 1, end)
+        t_missing = sorted(t_want - t_sent - set(t_skipped))
+        assert not t_missing, [iso(d) for d in t_missing]
+        counts = Counter(a[0] for _, a in t_got)
+        assert counts["on"] and counts["on-again"] and not counts["off"], counts
+        store.close()
+
+
+def _checkpoint(result: Any) -> int:
+    assert result.state is not None and result.state.checkpoint is not None, result
+    return int(result.state.checkpoint)
