@@ -26,8 +26,11 @@ from .any_store import StoreUnderTest, Worker, went_back_lines
 from .conftest import RedisServer
 from .inprocess import beats, make, run_for
 from .processes import wait_for
+from .test_beats_follow_definitions import define
 
 LOGGER = "celery.beat.claims"
+#: An entry defined in the store, whose definition a test deletes.
+GONE = {"task": "t.noop", "schedule": {"every": 0.5}}
 
 
 def heartbeats(s: Scheduler, seconds: float) -> None:
@@ -39,13 +42,12 @@ def heartbeats(s: Scheduler, seconds: float) -> None:
 def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_back(
         any_store: StoreUnderTest, server: RedisServer,
         caplog: pytest.LogCaptureFixture) -> None:
-    """The beat's newest writes are of an entry its schedule then drops (an entry removed
-    from beat_schedule, a django row deleted); an operator's prune removes the entry and
-    its runs. The store never went back: the beat must not ask after those writes any more,
-    nor take the store for an older copy (a new epoch: the whole fleet registers again and
-    claims nothing for a heartbeat TTL)."""
-    app = any_store.app({"gone": {"task": "t.noop", "schedule": timedelta(seconds=0.5)},
-                     "kept": {"task": "t.noop", "schedule": timedelta(hours=1)}})
+    """The beat's newest writes are of an entry its schedule then drops (its definition
+    deleted from the store); an operator's prune removes the entry and its runs. The store
+    never went back: the beat must not ask after those writes any more, nor take the store
+    for an older copy (a new epoch: the whole fleet registers again and claims nothing for
+    a heartbeat TTL)."""
+    app = any_store.app({"kept": {"task": "t.noop", "schedule": timedelta(hours=1)}})
     s = make(app)
     observer = any_store.open()
     worker = Worker(observer, server)
@@ -54,11 +56,11 @@ def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_ba
             s.tick()
             worker.step()
 
+        define(observer, app, "gone", GONE)
         wait_for(lambda: len(worker.executed) >= 2, 10, "two runs of 'gone' sent and done",
                  interval=0.02, between=step)
         assert {w.entry for w in s.knowledge.written()} == {"gone"}
-        del s.schedule["gone"]
-        s.entries_changed()
+        define(observer, app, "gone", None)
         wait_for(lambda: "gone" not in s.claimer.states, 5, "the beat to drop 'gone'",
                  interval=0.02, between=step)
         wait_for(lambda: not [r for r in observer.history("gone")
@@ -112,14 +114,14 @@ def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_i
     """Two beats and a worker; one beat loses the reply to each of its writes (a claim,
     the check before publish, a sent mark, a release, a take-back, a heartbeat); an
     operator releases a claim being published; that beat stops and starts again (the same
-    owner); an entry leaves both schedules and is pruned. Nothing of that is a store put
-    back: no beat may say the store lost writes."""
+    owner); an entry leaves both schedules (its definition deleted) and is pruned. Nothing
+    of that is a store put back: no beat may say the store lost writes."""
     schedule = {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
                 for i in range(3)}
-    schedule["gone"] = {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
     app = any_store.app(schedule)
     a, b = beats(app, app)
     observer = any_store.open()
+    define(observer, app, "gone", GONE)
     worker = Worker(observer, server)
     lossy = LostReplies(a.store)
     released: list[bool] = []
@@ -163,9 +165,8 @@ def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_i
             work_for(0.5)
         a.close()  # (its held claims are given back)
         work_for(2)  # started again at its next tick: the same owner
-        for s in (a, b):
-            del s.schedule["gone"]
-            s.entries_changed()
+        assert any(entry == "gone" for entry, _, _ in worker.executed)
+        define(observer, app, "gone", None)
         wait_for(lambda: all("gone" not in s.claimer.states for s in (a, b)), 5,
                  "the beats to drop 'gone'", interval=0.02, between=step)
         wait_for(lambda: not [r for r in observer.history("gone")
