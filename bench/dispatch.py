@@ -495,8 +495,9 @@ def _store_keys(port: int) -> int:
         client.close()
 
 
-def _vm_kib(field: str) -> int | None:
-    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+def _vm_kib(field: str, pid: int | str = "self") -> int | None:
+    """A ``Vm*`` field of /proc/<pid>/status in KiB (this process by default)."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
