@@ -9,8 +9,8 @@ beat is built and driven as ``celery beat -S <class>`` does (the helpers of
 ``_do_sync()``) and records nothing per run itself, so that what grows is the scheduler's.
 
 Two private redis-servers (``bench/dispatch.py``'s ``RedisServer``): the *store*
-(beat-claims' store on db 0, RedBeat's keys on db 1) and the *broker*, one database per
-scheduler. Nobody consumes: a drain thread empties each scheduler's queue every second
+(beat-claims' store on db 0, RedBeat's keys on db 1, the app's ``result_backend`` on db 2:
+``--result-backend none`` runs without one) and the *broker*, one database per scheduler. Nobody consumes: a drain thread empties each scheduler's queue every second
 (``LLEN`` and ``DEL`` in one transaction) and counts what it removed, so the runs sent are
 counted at the broker and the broker's memory stays small.
 
@@ -71,6 +71,8 @@ SCHEDULERS = ("persistent", "redbeat", "beat_claims")
 BROKER_DB = {"persistent": 1, "redbeat": 2, "beat_claims": 3}
 #: The store database: beat-claims on db 0 (dispatch's setup counts its keys there).
 STORE_DB = {"persistent": 0, "redbeat": 1, "beat_claims": 0}
+#: The store database of the result backend (``--result-backend redis``), for them all.
+RESULT_DB = 2
 MARK_MINUTES = 10.0  # RSS "after the first ten minutes"
 MARK_FRACTION = 0.8  # of a run shorter than that
 SETUP_TIMEOUT = 120.0
@@ -179,6 +181,8 @@ class Drain(threading.Thread):
 def _config(kind: str, args: argparse.Namespace, store: RedisServer, broker: RedisServer,
             workdir: str) -> dict[str, Any]:
     names = [f"entry-{i:03d}" for i in range(args.entries)]
+    backend = (f"redis://127.0.0.1:{store.port}/{RESULT_DB}"
+               if args.result_backend == "redis" else None)
     store_url = f"redis://127.0.0.1:{store.port}/{STORE_DB[kind]}"
     schedule = {name: {"task": TASK, "schedule": timedelta(seconds=interval_of(i)),
                        "args": (name,)} for i, name in enumerate(names)}
@@ -187,7 +191,8 @@ def _config(kind: str, args: argparse.Namespace, store: RedisServer, broker: Red
                                                    f"{BROKER_DB[kind]}",
             "interval": 1.0, "idle": True, "last_run_at": time.time(),
             "workdir": tempfile.mkdtemp(dir=workdir), "setup_timeout": SETUP_TIMEOUT,
-            "extra_conf": {"beat_schedule": schedule}, "tracemalloc": args.tracemalloc,
+            "extra_conf": {"beat_schedule": schedule, "result_backend": backend},
+            "tracemalloc": args.tracemalloc,
             "snapshot_at": args.snapshot_at * 60, "top": args.top}
 
 
@@ -256,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated subset of {','.join(SCHEDULERS)}")
     ap.add_argument("--entries", type=int, default=300,
                     help="interval entries, entry i every 1 + i %% 5 seconds (300)")
+    ap.add_argument("--result-backend", choices=("redis", "none"), default="redis",
+                    help="the app's result_backend: a Redis database of the store"
+                         " redis-server (redis, as most apps have), or none (redis)")
     ap.add_argument("--sample", type=float, default=10.0,
                     help="seconds between RSS samples (10)")
     ap.add_argument("--growth-from", type=float, default=None, metavar="MINUTES",
@@ -361,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                "machine": machine(),
                "options": {"minutes": args.minutes, "entries": args.entries,
                            "schedulers": kinds, "sample": args.sample,
+                           "result_backend": args.result_backend,
                            "mark_seconds": mark, "growth_from_seconds": growth_from,
                            "tracemalloc": args.tracemalloc,
                            "command": " ".join([os.path.basename(sys.argv[0]),
