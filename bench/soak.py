@@ -10,7 +10,8 @@ beat is built and driven as ``celery beat -S <class>`` does (the helpers of
 
 Two private redis-servers (``bench/dispatch.py``'s ``RedisServer``): the *store*
 (beat-claims' store on db 0, RedBeat's keys on db 1, the app's ``result_backend`` on db 2:
-``--result-backend none`` runs without one) and the *broker*, one database per scheduler. Nobody consumes: a drain thread empties each scheduler's queue every second
+``--result-backend none`` runs without one) and the *broker*, one database per scheduler.
+Nobody consumes: a drain thread empties each scheduler's queue every second
 (``LLEN`` and ``DEL`` in one transaction) and counts what it removed, so the runs sent are
 counted at the broker and the broker's memory stays small.
 
