@@ -23,6 +23,9 @@ RSS against runs sent over the samples from the mark on (bytes per run; ``growth
 moves its start, e.g. ``--growth-from 3`` for minute 3 on). The last line (``--json``: the
 only output on stdout) is one JSON document with every figure and sample.
 
+``--containers``: each beat lists its largest dicts, sets, lists and deques at the end,
+and where they are held (``module.Class.attribute``).
+
 ``--tracemalloc N``: each beat traces allocations with N frames, takes a snapshot at
 ``--snapshot-at`` minutes (3, or a quarter of a shorter run) and another at the end, and
 the parent prints (stderr) the ``--top`` allocation sites that grew most, grouped by
@@ -44,6 +47,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -85,9 +89,59 @@ def interval_of(index: int) -> float:
 
 
 # -- the beat process ------------------------------------------------------------------------
+def _owner_of(obj: Any, ignore: set[int]) -> str:
+    """Where ``obj`` is held: ``<module>.<class>.<attribute>`` of the instance whose
+    attribute it is, else the type of what refers to it (``ignore``: ids of the finder's
+    own lists and dicts)."""
+    import gc
+    import types
+
+    found = "?"
+    for holder in gc.get_referrers(obj):
+        if id(holder) in ignore or isinstance(holder, (types.FrameType, types.CellType)):
+            continue
+        if isinstance(holder, dict):
+            name = next((k for k, v in holder.items() if v is obj), "?")
+            for owner in gc.get_referrers(holder):
+                if getattr(owner, "__dict__", None) is holder:
+                    cls = type(owner)
+                    return f"{cls.__module__}.{cls.__qualname__}.{name}"
+            found = f"dict[{str(name)[:40]!r}]"
+        elif not isinstance(holder, (list, tuple)):
+            for name, value in getattr(holder, "__dict__", {}).items():
+                if value is obj:
+                    cls = type(holder)
+                    return f"{cls.__module__}.{cls.__qualname__}.{name}"
+            found = type(holder).__qualname__
+        elif found == "?":
+            found = type(holder).__qualname__
+    return found
+
+
+def _largest_containers(top: int, least: int = 1000) -> list[tuple[int, str, str]]:
+    """The ``top`` largest dicts, sets, lists and deques of the process (at least
+    ``least`` items), with their type and where they are held."""
+    import gc
+
+    gc.unfreeze()  # beat-claims freezes what it built at start (beat/long_lived.py)
+    gc.collect()
+    found: dict[int, Any] = {}
+    kinds = (dict, set, list, collections.deque)
+    everything = gc.get_objects()
+    for obj in everything:
+        for ref in (obj, *gc.get_referents(obj)):
+            if isinstance(ref, kinds) and len(ref) >= least and ref is not everything:
+                found[id(ref)] = ref
+    largest = sorted(found.values(), key=len, reverse=True)[:top]
+    del everything
+    ignore = {id(found), id(largest)}
+    return [(len(c), type(c).__name__, _owner_of(c, ignore)) for c in largest]
+
+
 def _type_counts() -> collections.Counter[str]:
     import gc
 
+    gc.unfreeze()  # beat-claims freezes what it built at start (beat/long_lived.py)
     gc.collect()
     return collections.Counter(type(o).__qualname__ for o in gc.get_objects())
 
@@ -148,6 +202,8 @@ def _beat(kind: str, cfg: dict[str, Any], out_q: Any, go: Any, stop: Any) -> Non
         if first is not None:
             report = _growth_report(first, tracemalloc.take_snapshot(), types0,
                                     _type_counts(), cfg["top"])
+        if cfg["containers"]:
+            report = {**(report or {}), "containers": _largest_containers(cfg["top"])}
     except Exception:
         error = traceback.format_exc()
     out_q.put(("result", kind, {"error": error, "tracemalloc": report}))
@@ -194,7 +250,8 @@ def _config(kind: str, args: argparse.Namespace, store: RedisServer, broker: Red
             "workdir": tempfile.mkdtemp(dir=workdir), "setup_timeout": SETUP_TIMEOUT,
             "extra_conf": {"beat_schedule": schedule, "result_backend": backend},
             "tracemalloc": args.tracemalloc,
-            "snapshot_at": args.snapshot_at * 60, "top": args.top}
+            "snapshot_at": args.snapshot_at * 60, "top": args.top,
+            "containers": args.containers}
 
 
 def _slope(points: list[tuple[float, float]]) -> float | None:
@@ -236,6 +293,12 @@ def figures(samples: list[dict[str, Any]], mark: float, growth_from: float,
 
 def _print_tracemalloc(kind: str, report: dict[str, Any]) -> None:
     err = sys.stderr
+    if report.get("containers") is not None:
+        print(f"\n== {LABELS[kind]}: the largest containers at the end ==", file=err)
+        for size, type_name, owner in report["containers"]:
+            print(f"  {size:9d} {type_name:6} {owner}", file=err)
+    if "sites" not in report:
+        return
     print(f"\n== {LABELS[kind]}: growth between the snapshots (traced {report['traced_kib']}"
           " KiB) ==", file=err)
     for site in report["sites"]:
@@ -275,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                          " that grew most between --snapshot-at and the end (0: off)")
     ap.add_argument("--snapshot-at", type=float, default=None, metavar="MINUTES",
                     help="when the first snapshot is taken (3, or a quarter of the run)")
+    ap.add_argument("--containers", action="store_true",
+                    help="at the end, print the largest dicts, sets, lists and deques of"
+                         " each beat (1,000 items or more) and where they are held")
     ap.add_argument("--top", type=int, default=15, help="sites and types printed (15)")
     ap.add_argument("--json", action="store_true",
                     help="print only the JSON document on stdout")
@@ -291,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         args.snapshot_at = min(3.0, args.minutes / 4)
     growth_from = mark if args.growth_from is None else args.growth_from * 60
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers and beats
     store, broker = RedisServer("store"), RedisServer("broker")
     workdir = tempfile.mkdtemp(prefix="bench-soak-")
     ctx = mp.get_context("spawn")
