@@ -18,9 +18,9 @@ counted at the broker and the broker's memory stays small.
 Every ``--sample`` seconds (10) the parent reads ``VmRSS`` and ``VmHWM`` of each beat from
 ``/proc/<pid>/status``. Per scheduler it reports the runs sent, the RSS at the mark (10
 minutes, or 80 % of a shorter run), the peak RSS (``VmHWM`` at the end), the peak minus
-the RSS at the mark, and the growth after the mark per sent run: the least-squares slope of
-RSS against runs sent over the samples from the mark on (bytes per run; ``growth_from``
-moves its start, e.g. ``--growth-from 3`` for minute 3 on). The last line (``--json``: the
+the RSS at the mark, and the growth per sent run over the last three quarters of the run:
+the least-squares slope of RSS against runs sent over the samples from minute 3 of 12 on
+(bytes per run; ``--growth-from MINUTES`` moves its start). The last line (``--json``: the
 only output on stdout) is one JSON document with every figure and sample.
 
 ``--containers``: each beat lists its largest dicts, sets, lists and deques at the end,
@@ -80,6 +80,9 @@ STORE_DB = {"persistent": 0, "redbeat": 1, "beat_claims": 0}
 RESULT_DB = 2
 MARK_MINUTES = 10.0  # RSS "after the first ten minutes"
 MARK_FRACTION = 0.8  # of a run shorter than that
+#: Growth per run is measured from a quarter of the run on (minute 3 of 12): the start
+#: (imports, caches, the first sync, bounded piles filling) is left out.
+GROWTH_FROM_FRACTION = 0.25
 SETUP_TIMEOUT = 120.0
 
 
@@ -287,6 +290,8 @@ def figures(samples: list[dict[str, Any]], mark: float, growth_from: float,
         "peak_minus_mark_mib": round((peak - at_mark["rss_kib"]) / 1024, 1),
         "growth_from_seconds": round(growth_from, 1),
         "runs_in_growth_window": last["sent"] - after[0]["sent"] if after else 0,
+        "growth_window_mib": round((last["rss_kib"] - after[0]["rss_kib"]) / 1024, 1)
+        if after else None,
         "growth_bytes_per_run": round(slope, 1) if slope is not None else None,
     }
 
@@ -331,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample", type=float, default=10.0,
                     help="seconds between RSS samples (10)")
     ap.add_argument("--growth-from", type=float, default=None, metavar="MINUTES",
-                    help="growth per run is measured from this minute on (default: the"
-                         " mark, 10 minutes or 80 %% of the run)")
+                    help="growth per run is measured from this minute on (default: a"
+                         " quarter of the run, minute 3 of 12)")
     ap.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
                     help="trace allocations with this many frames and print the sites"
                          " that grew most between --snapshot-at and the end (0: off)")
@@ -355,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     mark = MARK_MINUTES * 60 if duration > MARK_MINUTES * 60 else duration * MARK_FRACTION
     if args.snapshot_at is None:
         args.snapshot_at = min(3.0, args.minutes / 4)
-    growth_from = mark if args.growth_from is None else args.growth_from * 60
+    growth_from = (duration * GROWTH_FROM_FRACTION if args.growth_from is None
+                   else args.growth_from * 60)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers and beats
     store, broker = RedisServer("store"), RedisServer("broker")
