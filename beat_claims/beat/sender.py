@@ -44,29 +44,29 @@ Publish = Callable[[Claim, str], Any]
 
 def waiting_for_no_result() -> AbstractContextManager[None]:
     """Publish as a caller that never waits for the task's result (a beat never does), so
-    that the result backend does not prepare one publish at a time for a wait that never
-    comes: a beat's memory would grow with every run it sends.
+    that the result backend prepares no wait, one message at a time: a beat's memory would
+    grow with every run it sends.
 
     The cause (Celery 5.7.0, redis-py 8.1.0): ``Celery.send_task`` calls
     ``backend.on_task_call`` for every message (celery/app/base.py:1212-1213); the Redis
     result backend's subscribes to the task's result channel there
-    (celery/backends/redis.py:780-782, ``ResultConsumer._consume_from``, 405-411), and the
+    (celery/backends/redis.py:780-782, ``ResultConsumer._consume_from`` 405-411), and the
     returned AsyncResult's ``__del__`` unsubscribes (celery/result.py:446-449,
     backends/redis.py:413). But redis-py's PubSub forgets a channel only when it reads the
     server's confirmation of the UNSUBSCRIBE (redis/client.py:1521-1532 and 1687-1691),
     and nothing in a beat reads from that connection: ``PubSub.channels`` and
-    ``PubSub.pending_unsubscribe_channels`` keep one key per run sent (about 375 bytes a
-    run, as much in Celery's own PersistentScheduler; two wasted round trips per publish
-    too). The RPC backend's ``on_task_call`` declares the caller's reply queue, which the
-    beat never reads either.
+    ``PubSub.pending_unsubscribe_channels`` keep one key per run sent (about 300 bytes a
+    run in ``bench/soak.py``, as much in Celery's own PersistentScheduler), and each
+    publish costs two round trips to the result backend for nothing. The RPC backend's
+    ``on_task_call`` declares the caller's reply queue, which a beat never reads either.
 
-    ``celery.result.denied_join_result`` (public; Celery's own eager ``Task.apply`` uses
-    it) says that joining a result here would block, which every backend's
-    ``on_task_call`` takes as "nobody waits": nothing is subscribed or declared. The
-    message itself is unchanged (its ``ignore_result`` is the task's: workers store the
-    result as before), as is a beat embedded in a worker (``celery worker -B``), where
-    Celery sets the same flag for the whole process. The flag is process-wide and only set
-    for the publish: the beat's other threads never join a result.
+    ``celery.result.denied_join_result`` (public; Celery's eager ``Task.apply`` uses it)
+    says that joining a result here would block, which every backend's ``on_task_call``
+    takes as "nobody will wait": nothing is subscribed or declared. It is the state a beat
+    embedded in a worker (``celery worker -B``) always publishes in. The message is
+    unchanged (its ``ignore_result`` is the task's: workers store the result as before).
+    The flag is process-wide and set only for the publish; the beat's other threads never
+    join a result.
     """
     from celery.result import denied_join_result
 
