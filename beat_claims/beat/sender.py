@@ -62,8 +62,9 @@ def waiting_for_no_result() -> AbstractContextManager[None]:
 
     ``celery.result.denied_join_result`` (public; Celery's eager ``Task.apply`` uses it)
     says that joining a result here would block, which every backend's ``on_task_call``
-    takes as "nobody will wait": nothing is subscribed or declared. It is the state a beat
-    embedded in a worker (``celery worker -B``) always publishes in. The message is
+    takes as "nobody will wait": nothing is subscribed or declared. A beat embedded in a
+    worker (``celery worker -B``, any pool but gevent's and eventlet's) has always
+    published in that state. The message is
     unchanged (its ``ignore_result`` is the task's: workers store the result as before).
     The flag is process-wide and set only for the publish; the beat's other threads never
     join a result.
