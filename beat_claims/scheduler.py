@@ -331,12 +331,14 @@ class Scheduler(BaseScheduler):
         beat's beat_schedule entries as definitions (over another one only at start)."""
         if not self.stored.reloaded:
             return
-        if write_own(self.store, self.app, self.composition.own, self.stored.known,
-                     self.owner.id, logger, replace=not self._own_written):
+        wrote = write_own(self.store, self.app, self.composition.own, self.stored.known,
+                          self.owner.id, logger, replace=not self._own_written)
+        if wrote:
             self.stored.refresh()
-            self._recompose()
         self.stored.reloaded = False
-        self._own_written = True
+        self._own_written = self.composition.own_written = True
+        self._recompose()
+        self._report_differences()
 
     def states_moved(self, names: list[str]) -> None:
         """Read again the definitions of those of ``names`` the store has one of (see
