@@ -72,6 +72,8 @@ logger = get_logger("celery.beat.claims")
 RESYNC_CHUNK = 2000
 #: Entries whose change of schedule is logged one by one (more: one line, counted).
 LOGGED_CHANGES = 10
+#: Later than any instant in the store's records (UTC ms, within what every store holds).
+EVER = 2 ** 53 - 1
 #: Pauses this beat knows checked against the store's records per heartbeat (one read, in
 #: turn): what it knows of each stays current, so that a resume is not undone and a later
 #: pause is restored if the store loses writes.
@@ -330,12 +332,14 @@ class Scheduler(BaseScheduler):
         beat's beat_schedule entries as definitions (over another one only at start)."""
         if not self.stored.reloaded:
             return
-        if write_own(self.store, self.app, self.composition.own, self.stored.known,
-                     self.owner.id, logger, replace=not self._own_written):
+        wrote = write_own(self.store, self.app, self.composition.own, self.stored.known,
+                          self.owner.id, logger, replace=not self._own_written)
+        if wrote:
             self.stored.refresh()
-            self._recompose()
         self.stored.reloaded = False
-        self._own_written = True
+        self._own_written = self.composition.own_written = True
+        self._recompose()
+        self._report_differences()
 
     def states_moved(self, names: list[str]) -> None:
         """Read again the definitions of those of ``names`` the store has one of (see
@@ -829,10 +833,14 @@ class Scheduler(BaseScheduler):
         released = self.sender.release(
             list(self.holdings.held.values()) + list(self.holdings.checked))
         # Claims of this beat it is not handling (the one being published when the stop
-        # came; one whose reply was lost): found in the store's records, taken back.
-        now = self.clock.now() + 1
+        # came; one whose reply was lost): found in the store's records, taken back. Every
+        # claim call of this beat has returned by now (no tick runs, the claim thread is
+        # stopped): each claim the store shows it holding is one it will not send, however
+        # young. Not "older than now" by this beat's clock: that clock is the store's as
+        # read at the last heartbeat, and lags it when that reply came late (the claim
+        # being published, made since, was left held).
         forgotten = [Reclaim(h.entry, h.due, h.token) for h in self.store.live_runs(LiveQuery(
-            self.owner.id, frozenset(), held_before=0, mine_before=now, dead_before=0)).held
+            self.owner.id, frozenset(), held_before=0, mine_before=EVER, dead_before=0)).held
             if h.owner == self.owner.id]
         taken_back = sum(self.store.reclaim(forgotten, self.owner.id)) if forgotten else 0
         self.store.leave(self.owner)

@@ -495,8 +495,9 @@ def _store_keys(port: int) -> int:
         client.close()
 
 
-def _vm_kib(field: str) -> int | None:
-    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+def _vm_kib(field: str, pid: int | str = "self") -> int | None:
+    """A ``Vm*`` field of /proc/<pid>/status in KiB (this process by default)."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
@@ -1259,11 +1260,11 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
                     "speedup": round(one / two, 2), "met": one / two >= 1.6}
         for bc in bc_cases:
             beats, tag, store = _variant(bc)
-            mine, on_redis = fig(bc, w, "seconds"), fig(bc_key(beats, tag), w, "seconds")
-            if store != "redis" and mine and on_redis:
+            mine, redis_s = fig(bc, w, "seconds"), fig(bc_key(beats, tag), w, "seconds")
+            if store != "redis" and mine and redis_s:
                 # Another store may cost more per transition, within twice Redis' time.
                 goals[f"{bc}_at_most_2x_the_redis_store_{w}"] = {
-                    "ratio": round(mine / on_redis, 2), "met": mine / on_redis <= 2.0}
+                    "ratio": round(mine / redis_s, 2), "met": mine / redis_s <= 2.0}
         for bc in bc_cases:
             store_rt, broker_rt = fig(bc, w, "store_round_trips"), fig(bc, w,
                                                                      "broker_round_trips")
@@ -1329,7 +1330,9 @@ def versions(sources: list[Source]) -> dict[str, Any]:
     import beat_claims
 
     try:  # the PostgreSQL store's driver (beat-claims[postgres]): only --store postgres needs it
-        from psycopg import __version__ as psycopg_version
+        import psycopg
+
+        psycopg_version: str | None = psycopg.__version__
     except ImportError:
         psycopg_version = None
 

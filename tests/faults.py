@@ -2,7 +2,10 @@
 
 ``drop_reply_to(pattern)``: the next request whose bytes contain ``pattern`` reaches the
 server (which acts on it), its reply is thrown away and the client's connection is cut, as
-a timeout after the server acted looks to a client. ``delay`` adds latency to every reply.
+a timeout after the server acted looks to a client. ``delay`` adds latency to every reply;
+``delay_replies_to(pattern, seconds)`` to the replies of the requests that contain
+``pattern`` (the server acted at once: its answer comes late, as to a client descheduled
+while it waits).
 Nothing here imitates the server: every command is executed by the real one.
 """
 
@@ -13,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 
 class Proxy:
@@ -25,6 +29,7 @@ class Proxy:
         self.port = int(self.listener.getsockname()[1])
         self.delay = 0.0
         self._patterns: list[bytes] = []
+        self._slow: dict[bytes, float] = {}
         self.dropped: list[bytes] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -39,6 +44,12 @@ class Proxy:
         raw = pattern.encode() if isinstance(pattern, str) else pattern
         with self._lock:
             self._patterns += [raw] * times
+
+    def delay_replies_to(self, pattern: bytes | str, seconds: float) -> None:
+        """Delay by ``seconds`` the reply to every request that contains ``pattern``."""
+        raw = pattern.encode() if isinstance(pattern, str) else pattern
+        with self._lock:
+            self._slow[raw] = seconds
 
     def pending(self) -> int:
         with self._lock:
@@ -65,7 +76,7 @@ class Proxy:
                 continue
             server.settimeout(None)
             self._conns += [client, server]
-            state = {"dropping": False}
+            state: dict[str, Any] = {"dropping": False, "slow": 0.0}
             threading.Thread(target=self._up, args=(client, server, state), daemon=True).start()
             threading.Thread(target=self._down, args=(server, client, state),
                              daemon=True).start()
@@ -79,7 +90,11 @@ class Proxy:
                     return True
         return False
 
-    def _up(self, client: socket.socket, server: socket.socket, state: dict[str, bool]
+    def _slow_by(self, data: bytes) -> float:
+        with self._lock:
+            return max((s for p, s in self._slow.items() if p in data), default=0.0)
+
+    def _up(self, client: socket.socket, server: socket.socket, state: dict[str, Any]
             ) -> None:
         try:
             while True:
@@ -91,6 +106,9 @@ class Proxy:
                     server.sendall(data)
                     time.sleep(0.2)  # the server acts and answers; the answer is thrown away
                     break
+                slow = self._slow_by(data)
+                if slow:
+                    state["slow"] = slow  # (before the server can answer)
                 server.sendall(data)
         except OSError:
             pass
@@ -101,7 +119,7 @@ class Proxy:
                 with contextlib.suppress(OSError):
                     sock.close()
 
-    def _down(self, server: socket.socket, client: socket.socket, state: dict[str, bool]
+    def _down(self, server: socket.socket, client: socket.socket, state: dict[str, Any]
               ) -> None:
         try:
             while True:
@@ -110,8 +128,9 @@ class Proxy:
                     break
                 if state["dropping"]:
                     continue
-                if self.delay:
-                    time.sleep(self.delay)
+                if self.delay or state["slow"]:
+                    time.sleep(self.delay + state["slow"])
+                    state["slow"] = 0.0
                 client.sendall(data)
         except OSError:
             pass

@@ -2,7 +2,7 @@
 failed once, a beat paused in the middle of a publish for longer than ``reclaim_after``;
 every occurrence due must have executed once, and none twice.
 
-Redis runs one minute, with the store's redis-server crashed and restarted (a run the
+Redis runs 40 s, with the store's redis-server crashed and restarted (a run the
 restart delayed, through its outage and the new epoch's settle period, is late, not
 missed). SQLite and PostgreSQL run 30 s each (the suite's time), with an outage of their
 own: the file's writer lock held by another process; the database refusing connections
@@ -26,7 +26,7 @@ from bench.chaos import Config, Result, run, summary
 pytestmark = pytest.mark.integration
 
 #: Seconds of chaos per store.
-DURATION = {"redis": 60, "sqlite": 30, "postgres": 30}
+DURATION = {"redis": 40, "sqlite": 30, "postgres": 30}
 
 
 def _explain(result: Result) -> str:

@@ -30,16 +30,52 @@ class Ran:
     err: str
 
 
-def cli(server: RedisServer | None, *args: str, app: bool = True,
-        schedule: dict[str, Any] | None = None, stdin: str | None = None, **env: str) -> Ran:
+def _environ(server: RedisServer | None, schedule: dict[str, Any] | None,
+             env: dict[str, str]) -> dict[str, str]:
     environ = {**os.environ, "BC_SCHEDULE": json.dumps(schedule or SCHEDULE),
                "PYTHONPATH": str(ROOT), **env}
     if server is not None:
         environ.update(BC_REDIS_URL=server.url, BC_BROKER_URL=server.broker_url())
+    return environ
+
+
+def cli(server: RedisServer | None, *args: str, app: bool = True,
+        schedule: dict[str, Any] | None = None, stdin: str | None = None, **env: str) -> Ran:
     where = ["-A", "tests.proj.app"] if app else []
     done = subprocess.run([sys.executable, "-m", "celery", *where, "claims", *args], cwd=ROOT,
-                          env=environ, capture_output=True, text=True, timeout=60, input=stdin)
+                          env=_environ(server, schedule, env), capture_output=True, text=True,
+                          timeout=60, input=stdin)
     return Ran(done.returncode, done.stdout, done.stderr)
+
+
+#: ``celery -A tests.proj.app claims ARGS`` for each ARGS of argv[1] (JSON), in one process
+#: (Celery's own command line, as ``python -m celery`` runs it): [code, stdout, stderr] each.
+_MANY = """
+import contextlib, io, json, sys
+from celery.bin.celery import celery
+done = []
+for args in json.loads(sys.argv[1]):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            celery.main(args=["-A", "tests.proj.app", "claims", *args],
+                        standalone_mode=False, auto_envvar_prefix="CELERY")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    done.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(done))
+"""
+
+
+def cli_each(server: RedisServer, commands: list[tuple[str, ...]],
+             schedule: dict[str, Any] | None = None, **env: str) -> list[Ran]:
+    """What :func:`cli` gives for each of ``commands``, with one process's start for all
+    (a command's output does not depend on the ones before it)."""
+    done = subprocess.run([sys.executable, "-c", _MANY, json.dumps(commands)], cwd=ROOT,
+                          env=_environ(server, schedule, env), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [Ran(code, out, err) for code, out, err in json.loads(done.stdout)]
 
 
 def one_line(ran: Ran) -> str:

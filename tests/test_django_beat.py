@@ -136,10 +136,11 @@ def test_start_time_expires_and_one_off_are_the_entrys_bounds(server: RedisServe
     assert s.bounds("plain") == (None, None)
     assert s.bounds("later") == (to_ms(now) + 30_000, None)
     assert s.bounds("expiring") == (None, to_ms(now) + 30_000 - 1)
-    # One-off: its first occurrence at or after start_time, on the entry's own grid.
+    # One-off: its first occurrence at or after start_time, on the entry's own grid, alone.
     first = anchor + ((to_ms(now) + 10_000 - 1 - anchor) // 1000 + 1) * 1000
-    assert s.bounds("once") == (to_ms(now) + 10_000, first)
-    assert s.bounds("clocked") == (0, to_ms(now) + 20_000)  # also before the anchor
+    assert s.bounds("once") == (first, first)
+    clocked = to_ms(now) + 20_000
+    assert s.bounds("clocked") == (clocked, clocked)
     s.close()
 
 
@@ -340,6 +341,20 @@ def site(env: dict[str, str], log_dir: Path) -> contextlib.AbstractContextManage
     return running(Site(env, log_dir))
 
 
+def site_env(server: RedisServer, broker: RedisServer) -> dict[str, str]:
+    """The environment of the site's processes: the test's database, its private servers."""
+    from django.conf import settings
+
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.djangosite.settings",
+        "BC_DJANGO_DB_NAME": settings.DATABASES["default"]["NAME"],
+        "BC_REDIS_URL": server.url,
+        "BC_BROKER_URL": broker.broker_url(),
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+
+
 def executions(broker: RedisServer) -> list[dict[str, Any]]:
     """What the worker ran (the task records into the broker's database)."""
     return [json.loads(raw) for raw in broker.client(db=1).lrange("executions", 0, -1)]
@@ -354,22 +369,13 @@ def dues_of(rows: list[dict[str, Any]], name: str) -> list[int]:
 @pytest.mark.django_db(transaction=True)
 def test_two_real_beats_send_every_database_occurrence_once(
         server: RedisServer, broker: RedisServer, tmp_path: Path) -> None:
-    from django.conf import settings
-
     row("every-1s", interval=every(1), args="[1]", kwargs='{"x": "y"}')
     row("every-2s", interval=every(2))
     row("cron-kolkata", crontab=CrontabSchedule.objects.create(minute="*",
                                                                timezone="Asia/Kolkata"))
     to_disable = row("to-disable", interval=every(1))
     row("one-off", interval=every(2), one_off=True)
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.djangosite.settings",
-        "BC_DJANGO_DB_NAME": settings.DATABASES["default"]["NAME"],
-        "BC_REDIS_URL": server.url,
-        "BC_BROKER_URL": broker.broker_url(),
-        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }
+    env = site_env(server, broker)
     delay = 1.0  # the site's max_interval: min(beat_max_loop_interval, heartbeat_interval)
     store = RedisStore.from_url(server.url, "beat-claims")
     with site(env, tmp_path) as fleet:
@@ -463,3 +469,66 @@ def test_run_now_on_one_off_and_clocked_rows_keeps_their_own_instant(
         scheduled = [r for r in s.store.history(one_off.name) if not r.manual]
         assert len(scheduled) == 1 and scheduled[0].state is RunState.SENT, scheduled
         assert not one_off.enabled  # disabled once its own occurrence ran
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_a_re_enabled_one_off_row_runs_once_more_with_two_real_beats(
+        server: RedisServer, broker: RedisServer, tmp_path: Path) -> None:
+    """A one-off row that ran (and was disabled) and that the user enables again runs once
+    more, by one of the beats: enabled in the row's form (``save()``: its ``date_changed``
+    moves) or with the list's "Enable selected tasks" action (``update()``: nothing but
+    ``enabled`` changes)."""
+    from django_celery_beat.models import PeriodicTasks
+
+    saved = row("re-saved", interval=every(1), one_off=True)
+    action = row("re-enabled-by-action", interval=every(1), one_off=True)
+    names = (saved.name, action.name)
+    store = RedisStore.from_url(server.url, "beat-claims")
+
+    def runs_sent(name: str) -> list[int]:
+        return sorted(r.due for r in store.history(name) if r.state in (
+            RunState.SENDING, RunState.SENT, RunState.STARTED, RunState.DONE))
+
+    def shown(runs: dict[str, list[int]]) -> dict[str, list[str | None]]:
+        return {name: [iso(due) for due in dues] for name, dues in runs.items()}
+
+    def ran_and_disabled(count: int) -> bool:
+        return all(len(runs_sent(name)) >= count
+                   and not PeriodicTask.objects.get(name=name).enabled for name in names)
+
+    with site(site_env(server, broker), tmp_path) as fleet:
+        worker = fleet.worker(concurrency=1)
+        beats = [fleet.beat(), fleet.beat()]
+        wait_for(lambda: ran_and_disabled(1), 40, "each one-off row to run and be disabled")
+        first = {name: runs_sent(name) for name in names}
+        # Enabled again a few intervals later: the occurrences between are not the row's.
+        ran_at = max(due for dues in first.values() for due in dues)
+        wait_for(lambda: to_ms(timezone.now()) >= ran_at + 2500, 5, "two intervals more")
+        enabled_at = to_ms(timezone.now())
+        saved.refresh_from_db()
+        saved.enabled = True  # the row's form in the admin
+        saved.save()
+        # The admin's "Enable selected tasks" action (PeriodicTaskAdmin.enable_tasks).
+        PeriodicTask.objects.filter(pk=action.pk).update(enabled=True)
+        PeriodicTasks.update_changed()
+        try:
+            wait_for(lambda: ran_and_disabled(2), 30, "each re-enabled row to run once more")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}; runs: {shown({n: runs_sent(n) for n in names})}") from None
+        # A window of several intervals and of each beat's reading of the rows: nothing more.
+        watch_until = time.monotonic() + 3.0
+        wait_for(lambda: time.monotonic() >= watch_until, 5, "the watch window")
+        for beat in beats:
+            fleet.stop(beat)
+        sent = {name: runs_sent(name) for name in names}
+        wait_for(lambda: all(len(dues_of(executions(broker), n)) == len(sent[n])
+                             for n in names), 30, f"the worker to run {shown(sent)}")
+        fleet.stop(worker)
+        ran = executions(broker)
+        no_duplicates([(r["entry"], r["due"]) for r in ran])
+        for name in names:
+            assert len(sent[name]) == 2, (name, shown(first), shown(sent))
+            assert sent[name][1] >= enabled_at, (name, iso(enabled_at), shown(sent))
+            assert not PeriodicTask.objects.get(name=name).enabled, name

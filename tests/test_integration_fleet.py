@@ -118,7 +118,7 @@ def test_three_beats_one_worker_every_occurrence_exactly_once(
         wait_for(lambda: len(executions(client)) >= 3, 40, "first executions")
         store = open_store(Settings(url=url), timeout=5.0)
         t0 = int(time.time() * 1000)
-        watch(20, [worker, *beats])
+        watch(10, [worker, *beats])
         t1 = int(time.time() * 1000)
         # Everything due up to t1 - 2 s has been sent and run by now (or soon).
         want = expected(store, t0, t1 - 2000)
@@ -132,7 +132,7 @@ def test_three_beats_one_worker_every_occurrence_exactly_once(
         f.stop(beats[1], signal.SIGKILL)
         new = f.beat()
         t2 = int(time.time() * 1000)
-        watch(15, [worker, beats[2], new])
+        watch(10, [worker, beats[2], new])
         t3 = int(time.time() * 1000)
         want2 = expected(store, t2, t3 - 2000)
         # Runs the killed beat had claimed are taken over once its heartbeat expires (3 s).

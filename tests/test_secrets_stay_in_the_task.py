@@ -40,7 +40,7 @@ from beat_claims.stores.base import Check, ClaimPlan, Delivery, EntrySeed, Store
 
 from .conftest import RedisServer, free_port, own_redis
 from .processes import ROOT, Fleet, executions, running, wait_for
-from .test_cli import cli
+from .test_cli import cli_each
 
 CARD = "card-4111111111111111"
 PASSWORD = "hunter2-SECRET"
@@ -268,9 +268,9 @@ def test_a_schedule_sources_failing_on_sent_is_logged_without_an_argument(
 
 def test_celery_claims_history_and_status_show_no_argument(finished: Finished) -> None:
     outputs = []
-    for args in [("status", "-j"), ("status",),
-                 *(("history", name, "-j") for name in PATHS), ("history", "failure")]:
-        ran = cli(finished.server, *args, schedule=schedule(PATHS), **finished.env)
+    commands = [("status", "-j"), ("status",), *(("history", name, "-j") for name in PATHS),
+                ("history", "failure")]
+    for ran in cli_each(finished.server, commands, schedule=schedule(PATHS), **finished.env):
         assert ran.code == 0, ran
         outputs.append(ran.out)
     failed = json.loads(outputs[2])["runs"]

@@ -20,6 +20,7 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ..catch_up import plan_held
@@ -39,6 +40,38 @@ from .liveness import Liveness, StoreWentBack
 SEND_BATCH = 100
 
 Publish = Callable[[Claim, str], Any]
+
+
+def waiting_for_no_result() -> AbstractContextManager[None]:
+    """Publish as a caller that never waits for the task's result (a beat never does), so
+    that the result backend prepares no wait, one message at a time: a beat's memory would
+    grow with every run it sends.
+
+    The cause (Celery 5.7.0, redis-py 8.1.0): ``Celery.send_task`` calls
+    ``backend.on_task_call`` for every message (celery/app/base.py:1212-1213); the Redis
+    result backend's subscribes to the task's result channel there
+    (celery/backends/redis.py:780-782, ``ResultConsumer._consume_from`` 405-411), and the
+    returned AsyncResult's ``__del__`` unsubscribes (celery/result.py:446-449,
+    backends/redis.py:413). But redis-py's PubSub forgets a channel only when it reads the
+    server's confirmation of the UNSUBSCRIBE (redis/client.py:1521-1532 and 1687-1691),
+    and nothing in a beat reads from that connection: ``PubSub.channels`` and
+    ``PubSub.pending_unsubscribe_channels`` keep one key per run sent (about 300 bytes a
+    run in ``bench/soak.py``, as much in Celery's own PersistentScheduler), and each
+    publish costs two round trips to the result backend for nothing. The RPC backend's
+    ``on_task_call`` declares the caller's reply queue, which a beat never reads either.
+
+    ``celery.result.denied_join_result`` (public; Celery's eager ``Task.apply`` uses it)
+    says that joining a result here would block, which every backend's ``on_task_call``
+    takes as "nobody will wait": nothing is subscribed or declared. A beat embedded in a
+    worker (``celery worker -B``, any pool but gevent's and eventlet's) has always
+    published in that state. The message is
+    unchanged (its ``ignore_result`` is the task's: workers store the result as before).
+    The flag is process-wide and set only for the publish; the beat's other threads never
+    join a result.
+    """
+    from celery.result import denied_join_result
+
+    return denied_join_result()
 
 
 class BrokerDown(Exception):
@@ -226,7 +259,8 @@ class Sender:
     def _publish_one(self, check: Check, schedule: dict[str, Any]) -> None:
         claim = check.claim
         try:
-            self.publish(claim, check.task_id)
+            with waiting_for_no_result():
+                self.publish(claim, check.task_id)
         except Exception as exc:
             if is_broker_outage(exc):
                 self.release([claim])

@@ -3,6 +3,10 @@
 The database is the local PostgreSQL (``BC_DJANGO_DB=sqlite`` for SQLite); pytest-django
 creates and drops its own test database. Real ``celery beat``/``worker`` subprocesses read
 the same settings, with ``BC_DJANGO_DB_NAME`` naming the test database they must use.
+
+Each test session's database is its own: ``test_beat_claims_<pid>``, to which pytest-django
+adds the xdist worker's id (``_gw0``), so two suites on one machine (two worktrees, CI beside
+a developer) never create, use or drop each other's. ``BC_DJANGO_TEST_DB`` names it instead.
 """
 
 from __future__ import annotations
@@ -60,8 +64,8 @@ else:
         "USER": os.environ.get("BC_PGUSER", "postgres"),
         "HOST": os.environ.get("BC_PGHOST", "127.0.0.1"),
         "PORT": os.environ.get("BC_PGPORT", "5432"),
-        # BC_DJANGO_TEST_DB: a separate test database for a concurrent test session.
-        "TEST": {"NAME": os.environ.get("BC_DJANGO_TEST_DB", "test_beat_claims")},
+        "TEST": {"NAME": os.environ.get("BC_DJANGO_TEST_DB",
+                                        f"test_beat_claims_{os.getpid()}")},
     }}
 
 # -- Celery, through the CELERY namespace -------------------------------------------------

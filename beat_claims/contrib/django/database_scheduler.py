@@ -14,8 +14,12 @@ Row fields map onto the scheduler's hooks: ``start_time`` and ``expires`` are ``
 clocked row's instant is one occurrence. After a send the row's ``last_run_at`` and
 ``total_run_count`` are updated, in batches and best effort, for the admin; a one-off row is
 disabled as django-celery-beat does. Nothing read back from those fields decides what runs,
-except that a one-off row that already ran is not run again. Rows have no place for a
-``claims`` policy: it comes from the ``beat_claims_entry_claims`` setting, by entry name.
+except for one-off rows (:func:`one_off_state`): one that already ran is not run again, and
+one that ran and was enabled again without a save (the admin's "Enable selected tasks"
+action changes nothing else) is armed by the first beat that sees it, with a conditional
+write of its ``date_changed``, so that every beat runs the same one occurrence. Rows have
+no place for a ``claims`` policy: it comes from the ``beat_claims_entry_claims`` setting,
+by entry name.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from json import JSONDecodeError
 from typing import Any
 
@@ -57,6 +62,22 @@ class RowBounds:
     one_off: bool  # only the first occurrence at or after ``armed_at`` (and start_time)
     armed_at: int | None  # one-off rows: when the row was last saved (a re-enable re-arms it)
     clocked: bool
+
+
+class OneOffState(Enum):
+    """Where a one-off row enabled in the database is in its life."""
+
+    ARMED = "armed"  # its one occurrence is to come: scheduled
+    RAN = "ran"  # it ran and is not disabled yet: disabled, not run
+    ENABLED_AGAIN = "enabled again"  # it ran, was disabled, enabled again with no save: armed
+
+
+@dataclass(frozen=True)
+class _ToArm:
+    """A one-off row enabled again without a save, as read: armed only if still so."""
+
+    date_changed: datetime
+    last_run_at: int
 
 
 @dataclass
@@ -172,18 +193,27 @@ def _where(exc: ValueError) -> str:
     return type(exc).__name__
 
 
-def already_ran(row: Any, bounds: RowBounds, sched: Any) -> bool:
-    """A one-off row that ran and is not disabled yet: django-celery-beat's mark (a run count
-    on an enabled one-off row), or a last run at or after the instant it was armed for."""
+def one_off_state(row: Any, bounds: RowBounds, sched: Any) -> OneOffState | None:
+    """Where an enabled one-off row is (None: not one-off).
+
+    RAN: django-celery-beat's mark (a run count on an enabled one-off row), or a clocked
+    row whose last run is at or after its instant. ENABLED_AGAIN: an interval, crontab or
+    solar row whose last run is at or after the instant it was armed for: this scheduler
+    sets ``last_run_at`` only together with ``enabled = False``, and the admin's form saves
+    a row enabled again (its ``date_changed`` moves past that run: ARMED), so only an
+    ``update()`` made it so (the admin's "Enable selected tasks" action)."""
     if not bounds.one_off:
-        return False
+        return None
     if row.total_run_count > 0:
-        return True
+        return OneOffState.RAN
     last = _ms(row.last_run_at)
-    if last is None:
-        return False
-    armed = occurrences.clocked_instant(sched) if bounds.clocked else bounds.armed_at
-    return armed is not None and last >= armed
+    if bounds.clocked:
+        instant = occurrences.clocked_instant(sched)
+        ran = last is not None and instant is not None and last >= instant
+        return OneOffState.RAN if ran else OneOffState.ARMED
+    if last is not None and bounds.armed_at is not None and last >= bounds.armed_at:
+        return OneOffState.ENABLED_AGAIN
+    return OneOffState.ARMED
 
 
 def entry_claims(app: Celery, settings: Settings | None = None) -> dict[str, dict[str, Any]]:
@@ -229,6 +259,7 @@ class DatabaseScheduler(Scheduler):
         self._next_write = 0.0
         self._sent: dict[Any, _Sent] = {}  # row pk -> runs to write back
         self._to_disable: set[Any] = set()  # one-off rows found already run
+        self._to_arm: dict[Any, _ToArm] = {}  # one-off rows enabled again without a save
         self._first: dict[tuple[str, int, int | None], int | None] = {}
         self._db_down_since: float | None = None
         self._noted: set[tuple[str, str]] = set()  # row problems already logged
@@ -276,6 +307,7 @@ class DatabaseScheduler(Scheduler):
         self._loaded = True
         entries: dict[str, ClaimsEntry] = {}
         bounds: dict[str, RowBounds] = {}
+        self._to_arm = {}
         for row in rows:
             if row.name in self._static:
                 self._note(row.name, "shadowed", "beat-claims: PeriodicTask %r has the name of"
@@ -288,8 +320,13 @@ class DatabaseScheduler(Scheduler):
                 self._note(row.name, f"{row.date_changed}", "beat-claims: PeriodicTask %r is"
                            " not scheduled: %s", row.name, exc)
                 continue
-            if already_ran(row, row_bounds, entry.schedule):
+            state = one_off_state(row, row_bounds, entry.schedule)
+            if state is OneOffState.RAN:
                 self._to_disable.add(row.pk)  # as django-celery-beat does with such rows
+                continue
+            if state is OneOffState.ENABLED_AGAIN:
+                # Not run until armed: every beat then reads the same instant.
+                self._to_arm[row.pk] = _ToArm(row.date_changed, _ms(row.last_run_at) or 0)
                 continue
             entries[row.name] = entry
             bounds[row.name] = row_bounds
@@ -338,21 +375,22 @@ class DatabaseScheduler(Scheduler):
 
     # -- the row's fields as bounds ---------------------------------------------------
     def bounds(self, name: str) -> tuple[int | None, int | None]:
-        """``start_time`` and ``expires``; a one-off row ends at its first occurrence."""
+        """``start_time`` and ``expires``; a one-off row has its first occurrence alone.
+
+        That occurrence is both bounds: those of its schedule before it (since the run
+        before it was armed again, say) are not its, not missed ones for the catch-up
+        policy. A clocked time that passed before the store first saw the entry (created
+        just before it was due, or while no beat ran) is one missed, not hidden: the
+        catch-up policy decides (``latest``, the default, runs it once, late)."""
         row = self._rows.get(name)
         if row is None:
             return super().bounds(name)
         lower, upper = row.not_before, row.not_after
-        if row.clocked and lower is None:
-            # A clocked time that passed before the store first saw the entry (created just
-            # before it was due, or while no beat ran) is a missed occurrence, not a hidden
-            # one: the catch-up policy decides (``latest``, the default, runs it once, late).
-            lower = 0
         if row.one_off:
             first = self._first_occurrence(name, row)
             if first is None or (upper is not None and first > upper):
                 return lower, -1  # nothing is due, ever
-            upper = first
+            return first, first
         return lower, upper
 
     def _first_occurrence(self, name: str, row: RowBounds) -> int | None:
@@ -374,10 +412,11 @@ class DatabaseScheduler(Scheduler):
         if time.monotonic() >= self._next_check:
             self._refresh()
         wait = super().tick(*args, **kwargs)
-        if self._to_disable or self._sent:
-            # One-off rows are disabled at once, unless the database is down (then, like the
-            # rest, at most every WRITE_BACK_EVERY: a tick must not wait on it each time).
-            urgent = bool(self._to_disable) or any(s.one_off for s in self._sent.values())
+        if self._to_disable or self._to_arm or self._sent:
+            # One-off rows are disabled and armed at once, unless the database is down (then,
+            # like the rest, at most every WRITE_BACK_EVERY: a tick must not wait on it).
+            urgent = bool(self._to_disable or self._to_arm) or any(
+                s.one_off for s in self._sent.values())
             if time.monotonic() >= self._next_write or (
                     urgent and self._db_down_since is None):
                 self._write_back()
@@ -398,26 +437,39 @@ class DatabaseScheduler(Scheduler):
         """Show the runs in the admin: ``last_run_at`` (the newest occurrence sent, never
         moved back) and ``total_run_count`` (each beat adds what it sent). A one-off row is
         disabled with its count reset, as django-celery-beat does, and the change marker moved
-        so the other beats drop it at once. Best effort: on an error, tried again later."""
+        so the other beats drop it at once. A one-off row enabled again without a save is
+        armed for its first occurrence from now (by the store's clock, after its last run):
+        its ``date_changed`` is set, if no one changed the row since it was read (another
+        beat armed it first), and the marker moved so that every beat reads that instant.
+        Best effort: on an error, tried again later."""
         from django.db.models import Case, DateTimeField, F, Q, Value, When
 
         PeriodicTask, PeriodicTasks = _models()
         self._next_write = time.monotonic() + WRITE_BACK_EVERY
-        disabled = False
+        changed = False  # rows disabled or armed: the change marker moves
         self._in_db = True
         try:
             _close_stale_connections()
             for pk in sorted(self._to_disable, key=str):
                 PeriodicTask.objects.filter(pk=pk).update(enabled=False, total_run_count=0)
                 self._to_disable.discard(pk)
-                disabled = True
+                changed = True
+            if self.clock.known:  # (read at the first heartbeat)
+                for pk in sorted(self._to_arm, key=str):
+                    seen = self._to_arm[pk]
+                    at = max(self.clock.now(), seen.last_run_at + 1)
+                    PeriodicTask.objects.filter(
+                        pk=pk, enabled=True, date_changed=seen.date_changed,
+                    ).update(date_changed=_db_datetime(at))
+                    del self._to_arm[pk]
+                    changed = True
             for pk in sorted(self._sent, key=str):
                 sent = self._sent[pk]
                 last = _db_datetime(sent.due)
                 rows = PeriodicTask.objects.filter(pk=pk)
                 if sent.one_off:
                     rows.update(enabled=False, total_run_count=0, last_run_at=last)
-                    disabled = True
+                    changed = True
                 else:
                     newer = Q(last_run_at__isnull=True) | Q(last_run_at__lt=last)
                     rows.update(
@@ -426,8 +478,9 @@ class DatabaseScheduler(Scheduler):
                                          output_field=DateTimeField()),
                         total_run_count=F("total_run_count") + sent.count)
                 del self._sent[pk]
-            if disabled:
+            if changed:
                 PeriodicTasks.update_changed()
+                self._next_check = 0.0  # read them again at the next tick
         except Exception as exc:
             self._database_down(exc)
         else:
@@ -437,7 +490,7 @@ class DatabaseScheduler(Scheduler):
 
     def sync(self) -> None:
         """Celery calls this every ``beat_sync_every`` and at close: write back what is owed."""
-        if (self._sent or self._to_disable) and not self._in_db:
+        if (self._sent or self._to_disable or self._to_arm) and not self._in_db:
             self._write_back()
 
     def close(self) -> None:
@@ -452,5 +505,5 @@ class DatabaseScheduler(Scheduler):
         return f"{super().info}, entries from django-celery-beat's PeriodicTask"
 
 
-__all__ = ["DatabaseScheduler", "RowBounds", "already_ran", "entry_claims", "entry_from_row",
-           "schedules_from_db"]
+__all__ = ["DatabaseScheduler", "OneOffState", "RowBounds", "entry_claims", "entry_from_row",
+           "one_off_state", "schedules_from_db"]
