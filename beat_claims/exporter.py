@@ -7,9 +7,10 @@ share it (so several Prometheus servers, or a scrape retried, cost one read).
 
 The work of one read is bounded: at most ``max_entries`` entries (the first by name; the
 rest are counted in ``beat_claims_fleet_entries_not_exported``), at most ``history`` runs
-of each (the newest), one read of live claims (up to ``health.LIVE_LIMIT``) and one of
-open runs (up to ``unstarted.LIMIT``). That is one round trip for the entries, one per
-entry for its runs, three or four for the rest.
+of each (the newest), one read of live claims (up to ``health.LIVE_LIMIT``), and the open
+runs older than ``beat_claims_unstarted_after`` page by page (``unstarted.PAGE`` a round
+trip). That is one round trip for the entries, one per entry for its runs, three or four
+for the rest with up to a page of such open runs.
 
 Per entry (label ``entry``):
 

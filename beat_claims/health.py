@@ -22,9 +22,11 @@ alive: a liveness probe for a beat's container; ``--beat PID`` (or ``HOST:PID``)
 beat.
 
 The work is bounded: at most ``max_entries`` entries of the schedule are examined (the
-first by name; the report says how many were not), live claims, runs due again and open
-runs are read up to :data:`LIVE_LIMIT`, and the history of at most :data:`DUE_ENTRIES`
-entries with runs due again is read to learn how long they have waited.
+first by name; the report says how many were not), live claims and runs due again are
+read up to :data:`LIVE_LIMIT`, open runs page by page (:data:`beat_claims.unstarted.PAGE`
+a call, until every one older than the bound was read), and the history of at most
+:data:`DUE_ENTRIES` entries with runs due again is read to learn how long they have
+waited.
 """
 
 from __future__ import annotations
@@ -273,8 +275,10 @@ def unstarted_check(store: Store, now: int, after: float | None) -> Finding:
     """Runs sent that no worker started within ``after`` seconds, by entry."""
     if after is None:
         return Finding("unstarted", True, "not checked (beat_claims_unstarted_after is None)")
-    found = unstarted.read(store, now, after, LIVE_LIMIT)
-    partial = "" if found.complete else f" (the oldest {LIVE_LIMIT} open runs read)"
+    found = unstarted.read(store, now, after)
+    partial = "" if found.complete else (
+        f" (a millisecond held more than {unstarted.INSTANT_PAGES * unstarted.PAGE} open"
+        " runs: not all were read)")
     if found.entries:
         return Finding("unstarted", False, f"{len(found.entries)} entr(ies) with "
                        f"{unstarted.summary([u.entry for u in found.entries], after, SHOWN)}"

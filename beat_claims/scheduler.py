@@ -164,6 +164,7 @@ class Scheduler(BaseScheduler):
         self._bug_backoff = 0.0
         self._bug_retry_at = 0.0
         self._went_back_why: str | None = None
+        self._epoch_begun = False  # (see StoreWentBack.epoch_begun)
         self._resync_seeds: list[EntrySeed] | None = None
         self._last_sweep = float("-inf")
         self._ready = False
@@ -447,9 +448,7 @@ class Scheduler(BaseScheduler):
             return self._store_down(exc)
         except StoreWentBack as exc:
             self.sender.up_since = None
-            # Kept until done: if registering again fails half way (the store went away
-            # again), it is started over at the next tick.
-            self._went_back_why = str(exc)
+            self._store_went_back(exc)
             return self._guarded(self._went_back)
         except Exception:
             # A bug here must not stop the beat (its claims would wait to be taken back):
@@ -477,8 +476,19 @@ class Scheduler(BaseScheduler):
             return float(step())
         except (StoreError, StoreConfigurationError) as exc:
             return self._store_down(exc)
+        except StoreWentBack as exc:  # again, while registering: started over next tick
+            self._store_went_back(exc)
+            return 0.0
         finally:
             self._in_tick = False
+
+    def _store_went_back(self, exc: StoreWentBack) -> None:
+        """Kept until done: if registering again fails half way (the store went away
+        again), it is started over at the next tick. A new epoch this beat must begin is
+        not forgotten for one the store began (it may be an earlier one, put back)."""
+        self._epoch_begun = exc.epoch_begun and (
+            self._went_back_why is None or self._epoch_begun)
+        self._went_back_why = str(exc)
 
     def _tick(self) -> float:
         if self._went_back_why is not None:
@@ -492,7 +502,7 @@ class Scheduler(BaseScheduler):
                      if self._ready and sweep_due and not self.store_outage.active else None)
             if self.liveness.beat(sweep=sweep):
                 raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
-                                    " wipe)")
+                                    " wipe)", epoch_begun=True)
             self.metrics.heartbeat()
             self._register_again_after_a_lapse()
         if heartbeat or not self.stored.loaded:
@@ -670,7 +680,7 @@ class Scheduler(BaseScheduler):
         # A beat that found it out from the data (not from the epoch) starts a new epoch:
         # every live beat then registers what it knows, and the store settles (for as
         # long as this beat is still registering: a large schedule takes a while).
-        self.liveness.beat(resync=not why.startswith("the store's epoch changed"))
+        self.liveness.beat(resync=not self._epoch_begun)
         while self._resync_seeds:
             chunk = self._resync_seeds[:RESYNC_CHUNK]
             self.claimer.register([seed.name for seed in chunk], chunk)
@@ -679,6 +689,7 @@ class Scheduler(BaseScheduler):
         self._restore_pauses()
         self._resync_seeds = None
         self._went_back_why = None
+        self._epoch_begun = False
         self._ready = True
         return max(0.0, min(self.liveness.settling_for() or self.max_interval,
                             self.max_interval))

@@ -7,7 +7,9 @@ itself, and no beat can tell which of the causes it is (:data:`LIKELY_CAUSES`). 
 ``overlap: skip`` or ``buffer_one`` every later occurrence then waits for its
 ``run_timeout``. Found from the store's own records (:meth:`Store.open_runs`) by the beats
 (a warning), ``claims status``, ``claims health`` and the exporter, with one bound:
-``beat_claims_unstarted_after``.
+``beat_claims_unstarted_after``. Those three read every open run older than the bound, a
+page of at most :data:`PAGE` runs a store call (long tasks started earlier fill the first
+pages: an unstarted run behind them is found all the same), and keep a count per entry.
 """
 
 from __future__ import annotations
@@ -25,8 +27,13 @@ from .stores.base import OpenRun, Store
 LIKELY_CAUSES = ("workers without beat_claims.install(app); workers on another store or"
                  " key prefix than the beats; no worker consumes the entry's queue; workers"
                  " down or busy")
-#: Open runs read at once by a probe (status, health, the exporter).
-LIMIT = 1000
+#: Open runs read in one store call by a probe (status, health, the exporter): it reads
+#: page after page, oldest first, until it has seen every open run older than the bound.
+PAGE = 1000
+#: A millisecond whose open runs fill a whole page (a large batch marked sent at once) is
+#: read alone, up to this many pages' worth of runs in that call; a millisecond with more
+#: is the one case a read is not complete (said).
+INSTANT_PAGES = 10
 #: A beat names an entry again after this long, if its runs still are not started (the
 #: workers may have been fixed, and broken again, meanwhile).
 REPEAT = 24 * 3600.0
@@ -46,30 +53,72 @@ class Unstarted:
                 "sent_at": iso(self.since), "seconds": round((now - self.since) / 1000, 1)}
 
 
+class _Tally:
+    """Per entry, how many of the runs counted are ``sent`` since before the cutoff, the
+    oldest one's due instant and since when: what a read keeps (a count per entry, never
+    the runs)."""
+
+    def __init__(self, cutoff: int) -> None:
+        self.cutoff = cutoff
+        self.found: dict[str, Unstarted] = {}
+
+    def count(self, runs: Iterable[OpenRun]) -> None:
+        for run in runs:
+            if run.state is not RunState.SENT or run.since >= self.cutoff:
+                continue
+            known = self.found.get(run.entry)
+            self.found[run.entry] = Unstarted(run.entry, 1, run.due, run.since) \
+                if known is None else Unstarted(run.entry, known.runs + 1,
+                                                min(known.oldest_due, run.due),
+                                                min(known.since, run.since))
+
+    def entries(self) -> list[Unstarted]:
+        """The entry whose oldest waited longest first."""
+        return sorted(self.found.values(), key=lambda u: (u.since, u.entry))
+
+
 def unstarted(runs: Iterable[OpenRun], cutoff: int) -> list[Unstarted]:
     """Per entry, its runs ``sent`` (no worker started them) whose last activity is before
     ``cutoff``, the entry whose oldest waited longest first."""
-    found: dict[str, list[OpenRun]] = {}
-    for run in runs:
-        if run.state is RunState.SENT and run.since < cutoff:
-            found.setdefault(run.entry, []).append(run)
-    out = [Unstarted(entry, len(mine), min(r.due for r in mine), min(r.since for r in mine))
-           for entry, mine in found.items()]
-    return sorted(out, key=lambda u: (u.since, u.entry))
+    tally = _Tally(cutoff)
+    tally.count(runs)
+    return tally.entries()
 
 
 @dataclass(frozen=True)
 class Found:
     entries: list[Unstarted]
-    complete: bool  # False: the oldest LIMIT open runs were read, and there are more
+    complete: bool  # False: a millisecond held more than INSTANT_PAGES pages of open runs
 
 
-def read(store: Store, now: int, after: float, limit: int = LIMIT) -> Found:
-    """One read of the open runs whose last activity is more than ``after`` seconds old,
-    oldest first, at most ``limit`` (``complete`` says whether that was all of them)."""
+def read(store: Store, now: int, after: float, page: int | None = None) -> Found:
+    """Every open run whose last activity is more than ``after`` seconds old, page after
+    page, oldest first, at most ``page`` runs a store call (:data:`PAGE` by default): runs
+    sharing the instant a page ends at are read again by the next, and counted once. A
+    page that one instant fills is followed by a read of that instant alone (at most
+    :data:`INSTANT_PAGES` pages' worth: ``complete`` is False when it held more)."""
+    size = max(1, page or PAGE)
     cutoff = now - int(after * 1000)
-    runs = store.open_runs(before=cutoff, limit=limit)
-    return Found(unstarted(runs, cutoff), len(runs) < limit)
+    tally = _Tally(cutoff)
+    complete = True
+    cursor: int | None = None  # what is left to read is after it
+    counted: set[tuple[str, int]] = set()  # the runs read at the instant just after it
+    while True:
+        runs = store.open_runs(before=cutoff, after=cursor, limit=size)
+        if len(runs) == size and runs[0].since == runs[-1].since:
+            instant = runs[0].since
+            runs = store.open_runs(before=instant + 1, after=instant - 1,
+                                   limit=INSTANT_PAGES * size)
+            complete = complete and len(runs) < INSTANT_PAGES * size
+            tally.count(r for r in runs if (r.entry, r.due) not in counted)
+            cursor, counted = instant, set()
+            continue
+        tally.count(r for r in runs if (r.entry, r.due) not in counted)
+        if len(runs) < size:
+            return Found(tally.entries(), complete)
+        last = runs[-1].since
+        cursor = last - 1
+        counted = {(r.entry, r.due) for r in runs if r.since == last}
 
 
 def summary(entries: Sequence[str], after: float, shown: int = 10) -> str:
@@ -99,5 +148,5 @@ class Said:
         self._at.update((entry, now) for entry in entries)
 
 
-__all__ = ["LIKELY_CAUSES", "LIMIT", "REPEAT", "Found", "Said", "Unstarted", "read", "summary",
-           "unstarted"]
+__all__ = ["INSTANT_PAGES", "LIKELY_CAUSES", "PAGE", "REPEAT", "Found", "Said", "Unstarted", "read",
+           "summary", "unstarted"]

@@ -11,9 +11,13 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
+
+if TYPE_CHECKING:
+    from .any_store import StoreUnderTest
 
 
 def free_port() -> int:
@@ -126,6 +130,16 @@ def server(redis_server: RedisServer) -> Iterator[RedisServer]:
             redis_server.client().execute_command("REPLICAOF", "NO", "ONE")
         except redis.RedisError:
             pass
+
+
+@pytest.fixture(params=["redis", "sqlite", "postgres"])
+def any_store(request: pytest.FixtureRequest, server: RedisServer,
+              tmp_path: Path) -> Iterator[StoreUnderTest]:
+    """A fresh store of each kind, the broker on ``server`` (tests/any_store.py)."""
+    from .any_store import store_of
+
+    with store_of(request.param, server, tmp_path) as made:
+        yield made
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import Check, CheckResult, Claim, Delivery, Outcome, WorkerProcess
 from beat_claims.stores.redis import RedisStore
 
+from .any_store import Worker
 from .conftest import RedisServer, SnapshotServer, seed_settled_epoch
 from .inprocess import beats, make, make_app, messages, occurrences_sent, run_for
 from .processes import duplicates, executions, fleet, wait_for
@@ -108,31 +109,6 @@ def observer(server: RedisServer) -> RedisStore:
     so it reads a restarted server at once, where the beat's client first waits for its
     heartbeat to read the new epoch."""
     return RedisStore.from_url(server.url)
-
-
-class Worker:
-    """What a worker with the hooks does with every message on the broker, once each: start
-    its run by the message's token and, if the store lets it run, finish it (``executed``:
-    the (due, token) of every delivery that ran)."""
-
-    def __init__(self, store: RedisStore, broker: RedisServer, entry: str = "e") -> None:
-        self.store, self.broker, self.entry = store, broker, entry
-        self.taken = 0
-        self.executed: list[tuple[str, int]] = []
-
-    def step(self) -> None:
-        found = messages(self.broker)
-        for message in found[self.taken:]:
-            meta = message["claims"]
-            if not meta:
-                continue
-            dues = {iso(r.due): r.due for r in self.store.history(self.entry)}
-            due = dues.get(meta["due"])
-            if due is not None and self.store.start(
-                    Delivery(self.entry, due, meta["token"], WORKER)).ok:
-                self.executed.append((meta["due"], meta["token"]))
-                self.store.finish([Outcome(self.entry, due, meta["token"], RunState.DONE)])
-        self.taken = len(found)
 
 
 def published(broker: RedisServer) -> list[tuple[str, int]]:
@@ -231,7 +207,7 @@ def test_a_run_claimed_in_an_older_snapshot_and_sent_since_is_not_sent_again(
         s.tick()
         worker.step()
 
-    wait_for(lambda: victims and iso(victims[0].due) in {d for d, _ in worker.executed}, 10,
+    wait_for(lambda: victims and iso(victims[0].due) in {d for _, d, _ in worker.executed}, 10,
              "the first checked claim to be sent and run", interval=0.05, between=step)
     store_server.come_back(snap)
     deadline = time.monotonic() + 8  # noticed, settled (1.5 s), swept: well within
@@ -239,7 +215,7 @@ def test_a_run_claimed_in_an_older_snapshot_and_sent_since_is_not_sent_again(
         step()
         time.sleep(0.05)
     target = iso(victims[0].due)
-    runs_of_it = [t for d, t in worker.executed if d == target]
+    runs_of_it = [t for _, d, t in worker.executed if d == target]
     sends = [t for d, t in published(broker) if d == target]
     assert len(runs_of_it) == 1, (f"{target} executed {len(runs_of_it)} times (tokens"
                                   f" {runs_of_it}; published with tokens {sends})")

@@ -17,21 +17,24 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from beat_claims import health, inspect
+from beat_claims import health, inspect, unstarted
 from beat_claims.enums import RunState
 from beat_claims.runs import Owner
 from beat_claims.settings import Settings
 from beat_claims.stores import open_store
 from beat_claims.stores.base import (
     Check,
+    Claim,
     ClaimPlan,
     Delivery,
     EntrySeed,
+    Store,
     WorkerProcess,
 )
 from beat_claims.stores.redis import RedisStore
 from beat_claims.unstarted import Said
 
+from .any_store import StoreUnderTest
 from .conftest import RedisServer
 from .inprocess import make, make_app, settled
 from .processes import executions, fleet, wait_for
@@ -234,3 +237,78 @@ def test_a_beat_names_an_entry_again_only_after_the_repeat() -> None:
     said.said(["a"])
     assert said.unsaid(["a", "b"]) == ["b"]
     wait_for(lambda: said.unsaid(["a"]) == ["a"], 5, "the repeat to pass")
+
+
+def _open_runs(store: Store, beat: Owner, entry: str, n: int, start: bool) -> list[Claim]:
+    """``n`` runs of ``entry`` claimed, checked, marked sent (one batch each), and started
+    by a worker (long tasks) when ``start``."""
+    [state] = store.register([EntrySeed(entry, "every 60s")]).values()
+    dues = tuple(state.anchor + 1000 * (i + 1) for i in range(n))
+    [result] = store.claim(beat, [ClaimPlan(entry, state, dues)])
+    claims = list(result.claims)
+    store.check(beat, [Check(c, f"task-{entry}-{c.due}") for c in claims])
+    assert store.record_sent(beat, claims) == n
+    for c in claims:
+        if start:
+            assert store.start(Delivery(entry, c.due, c.token,
+                                        WorkerProcess("w@h", 1, "boot:1"))).ok
+    return claims
+
+
+def test_every_unstarted_run_is_found_behind_pages_of_started_ones(
+        any_store: StoreUnderTest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long tasks started before the unstarted run fill the first pages of open runs (the
+    oldest first): the read pages on (a page at a time, each run counted once) until it has
+    seen every open run older than the bound, and finds the unstarted ones."""
+    store = any_store.open()
+    beat = Owner("b" * 16, "beat-host", 4242, 1_796_000_000.0)
+    try:
+        store.heartbeat(beat, 60)
+        _open_runs(store, beat, "long", 7, start=True)
+        [quiet] = _open_runs(store, beat, "quiet", 1, start=False)
+        _open_runs(store, beat, "quiet-too", 2, start=False)
+        sent = store.now()
+        wait_for(lambda: store.now() > sent + 1100, 10, "the runs to be 1.1 s old")
+        calls: list[int] = []
+        real = store.open_runs
+
+        def open_runs(before: int, after: int | None = None, limit: int = 1000) -> Any:
+            calls.append(limit)
+            return real(before, after, limit)
+
+        store.open_runs = open_runs  # type: ignore[method-assign]
+        found = unstarted.read(store, store.now(), 1.0, 3)
+        assert [(u.entry, u.runs) for u in found.entries] == [("quiet", 1), ("quiet-too", 2)]
+        assert found.entries[0].oldest_due == quiet.due and found.complete, found
+        # (a page at a time; an instant that fills a page, read alone: ten pages at most)
+        assert calls and max(calls) <= 3 * unstarted.INSTANT_PAGES, calls
+        # (status and health read the same way)
+        monkeypatch.setattr(unstarted, "PAGE", 3, raising=False)
+        check = health.unstarted_check(store, store.now(), 1.0)
+        assert not check.ok and [i["entry"] for i in check.items] == ["quiet", "quiet-too"]
+        assert max(calls) <= 3 * unstarted.INSTANT_PAGES, calls
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("quiet", "complete"), [(8, True), (40, False)])
+def test_open_runs_sharing_one_instant_across_pages_are_each_counted_once(
+        server: RedisServer, quiet: int, complete: bool) -> None:
+    """Many runs marked in the same millisecond (here: every open run's instant in the
+    Redis store's index set to one): pages of 3 end inside it; the read counts each once
+    and misses none, reading that instant alone (ten pages' worth at most: beyond that it
+    says it is not complete)."""
+    store = RedisStore.from_url(server.url, "beat-claims")
+    beat = Owner("b" * 16, "beat-host", 4242, 1_796_000_000.0)
+    store.heartbeat(beat, 60)
+    _open_runs(store, beat, "long", 4, start=True)
+    _open_runs(store, beat, "quiet", quiet, start=False)
+    client = server.client()
+    instant = store.now() - 5000
+    for key in client.keys("{beat-claims:*}:open"):
+        client.zadd(key, dict.fromkeys(client.zrange(key, 0, -1), instant))
+    found = unstarted.read(store, store.now(), 1.0, 3)
+    if complete:
+        assert [(u.entry, u.runs) for u in found.entries] == [("quiet", quiet)], found
+    assert found.complete is complete, found
+    store.close()

@@ -193,12 +193,15 @@ class Claimer:
 
     def sync(self, names: Iterable[str]) -> None:
         """The schedule is now ``names``: register the entries not registered yet, forget
-        the ones gone (withdrawn in the store first: this beat no longer schedules them),
-        and rebuild the heap (bounds may have changed too)."""
+        the ones gone (withdrawn in the store first: this beat no longer schedules them,
+        and an operator's prune may remove them with their runs: what this beat wrote of
+        them is no longer asked after), and rebuild the heap (bounds may have changed
+        too)."""
         wanted = set(names)
         self._withdraw(set(self.states) - wanted)
         for gone in set(self.states) - wanted:
             del self.states[gone]
+            self.knowledge.forget(gone)
         new = sorted(wanted - set(self.states))
         if new:
             self.register(new)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..enums import RunState
 from ..runs import Run
-from ..stores.base import Claim, EntryRecord, EntrySeed, EntryState, Pause, Written
+from ..stores.base import Claim, EntryRecord, EntrySeed, EntryState, Pause, Written, Wrote
 
 #: After the store may have lost writes, new tokens start this far above the highest one
 #: seen: a beat that has since died may have handed out tokens nobody alive saw.
@@ -45,10 +45,14 @@ class Knowledge:
         #: last checked: the store may hold a later pause. Checked first.
         self.pauses_stale: set[str] = set()
         self._pause_turn = 0
-        #: The newest claim this beat made and the newest sent mark the store took from
-        #: it: at each heartbeat the store is asked whether it still holds them (one put
-        #: back from an older copy, whatever way, has lost them, whatever its epoch says).
+        #: The newest claim this beat made, the newest of its checks before publish that
+        #: let it publish, and the newest sent mark the store took from it: at each
+        #: heartbeat the store is asked whether it still holds them (one put back from an
+        #: older copy, whatever way, has lost them, whatever its epoch says). The check
+        #: counts apart from the mark: a copy put back between the two holds the run
+        #: claimed, refuses the mark, and still holds the claim and the mark before.
         self.newest_claim: Written | None = None
+        self.newest_checked: Written | None = None
         self.newest_sent: Written | None = None
 
     def learn(self, name: str, state: EntryState) -> str | None:
@@ -118,19 +122,35 @@ class Knowledge:
             known = self.entries.get(claim.entry)
             if known is not None and claim.token > known.token:
                 known.token = claim.token
-        if claims:
-            last = claims[-1]
+        last = self._newest(claims)
+        if last is not None:
             self.newest_claim = Written(last.entry, last.due, last.token)
+
+    def checked(self, claims: list[Claim]) -> None:
+        """The store's check before publish let this beat publish ``claims``."""
+        last = self._newest(claims)
+        if last is not None:
+            self.newest_checked = Written(last.entry, last.due, last.token, Wrote.CHECK)
 
     def marked_sent(self, claims: list[Claim]) -> None:
         """The store took the sent marks of ``claims`` (every one of them)."""
-        if claims:
-            last = claims[-1]
-            self.newest_sent = Written(last.entry, last.due, last.token, sent=True)
+        last = self._newest(claims)
+        if last is not None:
+            self.newest_sent = Written(last.entry, last.due, last.token, Wrote.SENT)
+
+    def _newest(self, claims: list[Claim]) -> Claim | None:
+        """The last of ``claims`` whose entry this beat still knows: a mark stored late (a
+        store error before it) of an entry forgotten since is not asked after."""
+        return next((c for c in reversed(claims) if c.entry in self.entries), None)
 
     def written(self) -> list[Written]:
-        """What the store must still hold of this beat's writes (see newest_claim)."""
-        return [w for w in (self.newest_claim, self.newest_sent) if w is not None]
+        """What the store must still hold of this beat's writes (see newest_claim): of two
+        writes about one run (its token), only the later one, which holds the other."""
+        newest: dict[tuple[str, int, int], Written] = {}
+        for w in (self.newest_claim, self.newest_checked, self.newest_sent):
+            if w is not None:
+                newest[(w.entry, w.due, w.token)] = w
+        return list(newest.values())
 
     def sent(self, claim: Claim, task_id: str, at: int) -> None:
         # If it has to be registered again, it is marked so: the store lost its outcome,
@@ -140,9 +160,14 @@ class Knowledge:
                                extra={"reseeded": True}))
 
     def forget(self, name: str) -> None:
+        """Forget what this beat knows of ``name`` (it left the schedule; the store holds
+        another anchor), and its newest writes of it: the store may remove the entry with
+        its runs (an operator's prune), which says nothing of the store's age."""
         self.entries.pop(name, None)
         if self.newest_claim is not None and self.newest_claim.entry == name:
             self.newest_claim = None
+        if self.newest_checked is not None and self.newest_checked.entry == name:
+            self.newest_checked = None
         if self.newest_sent is not None and self.newest_sent.entry == name:
             self.newest_sent = None
 
@@ -151,7 +176,7 @@ class Knowledge:
         has, with what it knows; the claims it held come back as due runs (nobody sent
         them), the runs it sent lately as sent (their messages may still be queued). The
         newest writes are forgotten: what is registered again replaces them."""
-        self.newest_claim = self.newest_sent = None
+        self.newest_claim = self.newest_checked = self.newest_sent = None
         runs: dict[str, list[Run]] = {}
         for claim in held:
             runs.setdefault(claim.entry, []).append(

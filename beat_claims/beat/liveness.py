@@ -11,7 +11,15 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..runs import Owner, iso, process_is_gone
-from ..stores.base import Heartbeat, LiveQuery, LiveRuns, OwnerStatus, Store, Written
+from ..stores.base import (
+    Heartbeat,
+    LiveQuery,
+    LiveRuns,
+    OwnerStatus,
+    Store,
+    Written,
+    Wrote,
+)
 from .clock import StoreClock
 
 #: How far the store's clock may be from this beat's reckoning of it at a heartbeat for the
@@ -30,9 +38,20 @@ JOIN_INTERVALS = 1.5
 JOIN_CONFIRM = 0.5
 
 
+#: Each of a beat's newest writes, as its log says it lost.
+WROTE = {Wrote.CLAIM: "claim", Wrote.CHECK: "check before publish", Wrote.SENT: "sent mark"}
+
+
 class StoreWentBack(Exception):
     """The store may have lost writes (a restart, a failover, a wipe, an older snapshot):
-    what this beat knows must be registered again before anything is claimed."""
+    what this beat knows must be registered again before anything is claimed.
+    ``epoch_begun``: the store began a new epoch itself (a restart, a failover, a wipe,
+    another beat that found it out), and settles: this beat only registers. Otherwise this
+    beat found it out from the data, and begins one (every live beat registers)."""
+
+    def __init__(self, why: str, epoch_begun: bool = False) -> None:
+        super().__init__(why)
+        self.epoch_begun = epoch_begun
 
 
 class Liveness:
@@ -52,6 +71,8 @@ class Liveness:
         self.renewed = float("-inf")
         self.lapsed = False
         self.epoch: str | None = None
+        #: The store's clock at the last heartbeat it answered (None: none yet).
+        self.last_now: int | None = None
         self.store_id = ""  # stamped on messages: workers compare it with their store's
         self.settle_until: int | None = None
         self.owners: tuple[OwnerStatus, ...] = ()
@@ -72,6 +93,10 @@ class Liveness:
         hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
                                   sweep=sweep, written=self.written())
         answered = time.monotonic()
+        # This beat's record, renewed less than a TTL ago, is forgotten by no store (a
+        # stopped beat's lapses; it is forgotten an hour after): a store without it is a
+        # copy taken before it started, whatever else it holds.
+        renewed_since = asked - self.renewed
         self._renewed(asked)
         # This beat's reckoning of the store's clock at the instant the store read it (the
         # middle of the round trip, as the clock takes it).
@@ -79,6 +104,14 @@ class Liveness:
         self.clock.set(hb.now, asked, answered)
         self.last = answered
         changed = self.epoch is not None and hb.epoch != self.epoch
+        # An epoch that began before this beat's last heartbeat, when the store showed
+        # another: the store went back to an earlier one (a copy put back in place keeps
+        # the epoch it was taken in), which settled long ago. It must settle again. (Taken
+        # wrongly, for one begun by a call the store answered at about the same instant,
+        # it costs one more epoch.)
+        earlier = (changed and self.last_now is not None and hb.epoch_since is not None
+                   and hb.epoch_since < self.last_now)
+        last_now, self.last_now = self.last_now, hb.now
         self.epoch = hb.epoch
         self.store_id = hb.store_id
         self.settle_until = hb.settle_until
@@ -88,12 +121,21 @@ class Liveness:
         in_step = abs(hb.now - expected) <= CLOCK_STEP_MS
         if sweep is not None and hb.live is not None and not changed and in_step:
             self.swept = (sweep, hb.live)
+        if earlier and not (resync or settling):
+            raise StoreWentBack(
+                f"the store's epoch went back to one that began at {iso(hb.epoch_since or 0)},"
+                f" before this beat's last heartbeat at {iso(last_now or 0)}: it was put back"
+                " from a copy of an earlier epoch")
         if hb.lost and not (resync or settling):
             lost = hb.lost[0]
             raise StoreWentBack(
                 f"the store no longer holds what this beat wrote ({lost.entry} due"
-                f" {iso(lost.due)}: its {'sent mark' if lost.sent else 'claim'}, token"
-                f" {lost.token}): it was put back from an older copy")
+                f" {iso(lost.due)}: its {WROTE[lost.kind]}, token {lost.token}): it was put"
+                " back from an older copy")
+        if not hb.owner_known and renewed_since <= self.ttl and not (resync or settling):
+            raise StoreWentBack(
+                f"the store no longer holds what this beat wrote (its heartbeat's record,"
+                f" renewed {renewed_since:.1f}s before): it was put back from an older copy")
         if not self.join.joined:
             self.join.step(hb, answered, owner_alive)
         return changed and not resync
@@ -123,7 +165,8 @@ class Liveness:
         """During a long burst of sends: keep looking alive, but only from this loop. A
         changed epoch stops the burst."""
         if time.monotonic() - self.last >= self.interval / 2 and self.beat():
-            raise StoreWentBack("the store's epoch changed during a burst of sends")
+            raise StoreWentBack("the store's epoch changed during a burst of sends",
+                                epoch_begun=True)
 
     def lapse(self) -> None:
         """Heartbeat again at the next chance (after an error, or a wake-up)."""

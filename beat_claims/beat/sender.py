@@ -205,6 +205,9 @@ class Sender:
             # held (they are registered again as due runs), and nothing is sent meanwhile.
             raise StoreWentBack(f"{len(missing)} run(s) this beat claimed are missing from"
                                 f" the store ({missing[0].entry} due {iso(missing[0].due)})")
+        # The store holds each of these handed over from here on, whatever comes of the
+        # publish: asked after at the next heartbeat, before any sent mark is.
+        self.knowledge.checked([r.claim for r in results if r.verdict is CheckVerdict.SEND])
         for check, result in zip(checks, results):
             claim = result.claim
             if result.verdict is CheckVerdict.SEND:

@@ -829,18 +829,28 @@ def follow(cursor: ChangeCursor | None, reads: Sequence[LogRead], limit: int
 
 
 # -- liveness -----------------------------------------------------------------------------
+class Wrote(str, Enum):
+    """What a beat wrote about a run, of which the store must still hold the trace (see
+    :class:`Written`). Each holds what the ones before it hold, and more."""
+
+    CLAIM = "claim"  # it claimed the run: the token was handed to it
+    CHECK = "check"  # its check before publish passed: the run is no longer only claimed
+    SENT = "sent"  # the store took its mark that the run was handed to the broker
+
+
 @dataclass(frozen=True)
 class Written:
-    """The newest write a beat made about a run: its claim (``sent`` False), or the mark
-    that it was handed to the broker (``sent`` True). At each heartbeat the beat asks the
-    store whether it still holds it: a store put back from an older copy, whatever way
-    (a file copied back, SQLite's backup API, a dump loaded again, an older RDB, keys
-    restored one by one), has lost it, whatever its epoch and identity say."""
+    """A newest write a beat made about a run: its claim, the check before publish that
+    let it publish the run, or the mark that it was handed to the broker (``kind``). At
+    each heartbeat the beat asks the store whether it still holds it: a store put back
+    from an older copy, whatever way (a file copied back, SQLite's backup API, a dump
+    loaded again, an older RDB, keys restored one by one), has lost it, whatever its epoch
+    and identity say."""
 
     entry: str
     due: int
     token: int
-    sent: bool = False
+    kind: Wrote = Wrote.CLAIM
 
 
 @dataclass(frozen=True)
@@ -877,6 +887,16 @@ class Heartbeat:
     """When the store last saw a heartbeat of any beat before this one (store clock, UTC
     ms; None: never). Kept with the epoch, never forgotten: a store restored from a copy
     shows the copy's."""
+    epoch_since: int | None = None
+    """When the epoch began (store clock, UTC ms; None: not known). A store put back in
+    place from a copy keeps the epoch the copy was taken in: one that began before the
+    beats' last heartbeats, while they saw another."""
+    owner_known: bool = True
+    """Whether the store held the caller's record before this heartbeat (alive, lapsed or
+    left: it is forgotten an hour after it lapsed). False at the caller's first heartbeat,
+    and in a store put back from a copy taken before it: a beat that heartbeated a moment
+    ago and is not known has found the store went back, whatever it holds of its other
+    writes (a beat that wrote nothing else yet: it only registered its entries)."""
 
 
 # -- worker processes' liveness -----------------------------------------------------------
@@ -982,13 +1002,15 @@ class Store(abc.ABC):
 
         ``written``: the newest writes the caller made; ``lost`` answers those the store no
         longer holds: no such entry, an entry whose token counter is below the write's
-        token, a run at the instant with a lower token, or (for a sent mark) the same token
-        still claimed, being sent or due. A run with a higher token, or in any later state,
-        holds it (one trimmed from the history is judged by the counter alone, and so is a
-        run with no token: never claimed, a backfill or a request put it there over what
-        the instant held); an entry or run whose record cannot be read is not judged.
+        token, a run at the instant with a lower token, for a check before publish the same
+        token still claimed, for a sent mark the same token still claimed, being sent, due
+        or waiting. A run with a higher token, or in any later state, holds it (a checked
+        run due again with its token was taken back after the check; one trimmed from the
+        history is judged by the counter alone, and so is a run with no token: never
+        claimed, a backfill or a request put it there over what the instant held); an entry
+        or run whose record cannot be read is not judged.
         Read just after the heartbeat is written (in the same atomic step where the
-        backend can)."""
+        backend can). ``owner_known``: whether the caller's record was there before."""
 
     @abc.abstractmethod
     def leave(self, owner: Owner) -> None:
@@ -1242,7 +1264,7 @@ __all__ = [
     "EntryRecord", "EntrySeed", "EntryState", "Heartbeat", "HeldRun", "LiveQuery", "LiveRuns",
     "OpenRun", "Outcome", "OwnerStatus", "Pause", "Reclaim", "Registrant", "Release",
     "RunRef", "SendAtOnce", "StartDecision", "Store", "StoreConfigurationError", "StoreError",
-    "WorkerProcess", "Written", "in_last_pause", "registrants_from_json",
+    "WorkerProcess", "Written", "Wrote", "in_last_pause", "registrants_from_json",
 ]
 __all__ += [
     "CHANGES_PER_MS",

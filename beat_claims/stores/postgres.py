@@ -137,6 +137,7 @@ from .base import (
     WorkerProcess,
     WriteStatus,
     Written,
+    Wrote,
     checked_writes,
     definition_result,
     follow,
@@ -155,7 +156,7 @@ logger = get_logger("celery.beat.claims")
 T = TypeVar("T")
 
 #: The layout's version. A change to a table or a function gets a new one and a migration.
-LAYOUT = 7
+LAYOUT = 8
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version). A function whose arguments change must be dropped
 #: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
@@ -209,6 +210,10 @@ ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS definition text,
   ADD COLUMN IF NOT EXISTS changed_at bigint, ADD COLUMN IF NOT EXISTS change_id text,
   ADD COLUMN IF NOT EXISTS changed_seq bigint;
 """,
+    # 8: heartbeat() looks for a check before publish among the caller's newest writes
+    # (each one says what was written: 'k'), and answers whether the caller's record was
+    # there before ('known') and when the epoch began ('since'): functions only.
+    7: "SELECT 1;",
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
 #: casts, EXECUTE FUNCTION triggers; tested on 15).
@@ -264,6 +269,7 @@ def _sql_names(schema: str) -> dict[str, str]:
     names.update({f"V_{verdict.name}": f"'{verdict.value}'" for verdict in CheckVerdict})
     names.update({f"S_{verdict.name}": f"'{verdict.value}'" for verdict in StartVerdict})
     names.update({f"W_{status.name}": f"'{status.value}'" for status in WriteStatus})
+    names.update({f"K_{kind.name}": f"'{kind.value}'" for kind in Wrote})
     names["CHANGES_PER_MS"] = str(CHANGES_PER_MS)
     names["TOMBSTONES_DROPPED"] = str(TOMBSTONES_DROPPED)
     names["DEFINED"] = "(version <> 0 OR definition IS NOT NULL)"
@@ -1456,8 +1462,9 @@ END $$;
 -- until settle_until; a caller still registering what it knows (p_settling) keeps a
 -- settling store so for p_ttl more. Owners lapsed long ago are forgotten. The store's id is
 -- made by the first heartbeat. The last heartbeat's instant is kept (beat_at, answered as
--- it was before this one), and the caller's newest writes (p_written: e, d, t, s) are
--- looked for as kept.lua does: 'lost' lists those the store no longer holds, by position.
+-- it was before this one), and the caller's newest writes (p_written: e, d, t, and k, what
+-- was written: Wrote) are looked for as kept.lua does: 'lost' lists those the store no
+-- longer holds, by position; 'known': whether the owner's record was there before.
 CREATE OR REPLACE FUNCTION {s}.heartbeat(p_owner text, p_info jsonb, p_ttl bigint,
                                          p_resync boolean, p_new text, p_forget bigint,
                                          p_settling boolean, p_store text, p_written jsonb)
@@ -1471,6 +1478,7 @@ DECLARE
   v_store text;
   v_last bigint;
   v_lost jsonb := '[]';
+  v_known boolean;
   v_item jsonb;
   v_n bigint;
   v_entry record;
@@ -1481,7 +1489,7 @@ BEGIN
   -- look dead sooner (its claims are taken back; fencing stops it), and a restart or a
   -- failover is a new epoch anyway.
   PERFORM set_config('synchronous_commit', 'off', true);
-  SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep;
+  SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep;
   v_new := NOT FOUND OR v_epoch.server <> v_server OR p_resync;
   IF v_new THEN
     PERFORM 1 FROM {s}.epoch FOR UPDATE;
@@ -1492,6 +1500,7 @@ BEGIN
     SELECT o.id FROM {s}.owners o WHERE o.expires_at < {s}.now_ms() - p_forget
       AND o.id <> p_owner ORDER BY o.expires_at LIMIT 100 FOR UPDATE SKIP LOCKED);
   PERFORM 1 FROM {s}.owners o WHERE o.id = p_owner FOR UPDATE;
+  v_known := FOUND;
   v_now := {s}.now_ms();  -- once the rows it writes are locked
   INSERT INTO {s}.owners AS o (id, info, expires_at) VALUES (p_owner, p_info, v_now + p_ttl)
     ON CONFLICT (id) DO UPDATE SET info = excluded.info, expires_at = excluded.expires_at;
@@ -1503,19 +1512,19 @@ BEGIN
       INTO v_until FROM {s}.owners o;
     INSERT INTO {s}.epoch (one, id, settle_until, since, server)
       VALUES (true, p_new, v_until, v_now, v_server) ON CONFLICT (one) DO NOTHING;
-    SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep FOR UPDATE;
+    SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep FOR UPDATE;
     -- Another heartbeat may have started the new epoch while this one waited.
     IF v_epoch.id <> p_new AND (v_epoch.server <> v_server OR p_resync) THEN
       UPDATE {s}.epoch SET id = p_new,
           settle_until = greatest(coalesce(settle_until, 0), v_until),
           since = v_now, server = v_server
-        RETURNING id, settle_until, server INTO v_epoch;
+        RETURNING id, settle_until, server, since INTO v_epoch;
     END IF;
   ELSIF p_settling AND v_epoch.settle_until > v_now
       AND v_epoch.settle_until < v_now + p_ttl THEN
     UPDATE {s}.epoch SET settle_until = v_now + p_ttl
       WHERE settle_until > v_now AND settle_until < v_now + p_ttl;
-    SELECT ep.id, ep.settle_until, ep.server INTO v_epoch FROM {s}.epoch ep;
+    SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep;
   END IF;
   SELECT i.id INTO v_store FROM {s}.ident i;
   IF NOT FOUND THEN
@@ -1538,14 +1547,16 @@ BEGIN
     v_token := coalesce({s}.int_of(v_run.record -> 'token'), 0);
     CONTINUE WHEN v_token = 0;  -- (never claimed: a backfill's or a request's run)
     IF v_token < (v_item ->> 't')::bigint OR (v_token = (v_item ->> 't')::bigint
-        AND (v_item ->> 's')::boolean
-        AND v_run.record ->> 'state' IN ({CLAIMED}, {SENDING}, {DUE}, {WAITING})) THEN
+        AND ((v_item ->> 'k' = {K_CHECK} AND v_run.record ->> 'state' = {CLAIMED})
+             OR (v_item ->> 'k' = {K_SENT}
+                 AND v_run.record ->> 'state' IN ({CLAIMED}, {SENDING}, {DUE}, {WAITING}))))
+    THEN
       v_lost := v_lost || to_jsonb(v_n);
     END IF;
   END LOOP;
-  RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id,
+  RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id, 'since', v_epoch.since,
     'settle', v_epoch.settle_until, 'server', v_server, 'store', v_store,
-    'last_beat', v_last, 'lost', v_lost,
+    'last_beat', v_last, 'lost', v_lost, 'known', v_known,
     'owners', (SELECT coalesce(jsonb_agg(jsonb_build_array(o.id, o.info, o.expires_at)),
                                '[]') FROM {s}.owners o));
 END $$;
@@ -2144,7 +2155,7 @@ class PostgresStore(Store):
                 f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [owner.id, Jsonb(owner.as_dict()), max(1, round(ttl * 1000)), resync,
                  uuid.uuid4().hex, FORGET_OWNERS_MS, settling, uuid.uuid4().hex,
-                 Jsonb([{"e": w.entry, "d": w.due, "t": w.token, "s": w.sent}
+                 Jsonb([{"e": w.entry, "d": w.due, "t": w.token, "k": w.kind.value}
                         for w in written])],
                 heartbeat=True)
         except psycopg.Error as exc:
@@ -2156,7 +2167,9 @@ class PostgresStore(Store):
                          settle_until=_maybe_int(reply.get("settle")),
                          owners=tuple(_owner_statuses(reply["owners"], now)),
                          lost=tuple(written[int(i)] for i in reply.get("lost") or ()),
-                         last_beat=_maybe_int(reply.get("last_beat")))
+                         last_beat=_maybe_int(reply.get("last_beat")),
+                         owner_known=bool(reply.get("known")),
+                         epoch_since=_maybe_int(reply.get("since")))
 
     def leave(self, owner: Owner) -> None:
         try:

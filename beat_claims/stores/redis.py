@@ -132,6 +132,7 @@ from .base import (
     WorkerProcess,
     WriteStatus,
     Written,
+    Wrote,
     checked_writes,
     definition_result,
     follow,
@@ -202,6 +203,7 @@ def _lua_names() -> str:
         table("CHECK", (v.value for v in CheckVerdict)),
         table("START", (v.value for v in StartVerdict)),
         table("WRITE", (v.value for v in WriteStatus)),
+        table("WROTE", (v.value for v in Wrote)),
         f"local LOST_KEEP_MS = {WEEK_MS}",
         f"local TOKENS_PER_MS = {TOKENS_PER_MS}",
         f"local CHANGES_PER_MS = {CHANGES_PER_MS}",
@@ -735,8 +737,8 @@ class RedisStore(Store):
             self._heartbeating.on = False
         reply = replies[0]
         _raise_if_error(reply)
-        now, epoch_id, settle, owners, alive, server, store_id, last_beat = \
-            self._json_reply(reply, 8)
+        now, epoch_id, settle, owners, alive, server, store_id, last_beat, known, since = \
+            self._json_reply(reply, 10)
         self._server = str(server) or None
         self._servers = frozenset(self._server.split(",")) if self._server else frozenset()
         if self.single_node:
@@ -754,12 +756,13 @@ class RedisStore(Store):
                          owners=tuple(_owner_statuses(owners, alive, int(now))),
                          live=self._sweep_reply(replies, combined),
                          lost=self._lost(written, kept),
-                         last_beat=int(last_beat) if last_beat else None)
+                         last_beat=int(last_beat) if last_beat else None,
+                         owner_known=known == "1", epoch_since=int(since) if since else None)
 
     def _kept_build(self, pipe: Pipeline, written: Sequence[Written]) -> None:
         for item in written:
             self._entry_script(pipe, "kept", item.entry, item.due, item.token,
-                               "1" if item.sent else "0")
+                               item.kind.value)
 
     @staticmethod
     def _lost(written: Sequence[Written], replies: Sequence[Any]) -> tuple[Written, ...]:

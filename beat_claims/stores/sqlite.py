@@ -133,6 +133,7 @@ from .base import (
     WorkerProcess,
     WriteStatus,
     Written,
+    Wrote,
     checked_writes,
     definition_result,
     follow,
@@ -474,6 +475,7 @@ def _statements(t: Tables) -> dict[str, str]:
         "owner_put": f"INSERT INTO {t.owners} (id, record, expires_at) VALUES (?, ?, ?)"
                      " ON CONFLICT (id) DO UPDATE SET record = excluded.record,"
                      " expires_at = excluded.expires_at",
+        "owner_known": f"SELECT 1 FROM {t.owners} WHERE id = ?",
         "owner_lapse": f"UPDATE {t.owners} SET expires_at = ? WHERE id = ?",
         "owners_forget": f"DELETE FROM {t.owners} WHERE expires_at < ?",
         "owners_all": f"SELECT id, record, expires_at FROM {t.owners} ORDER BY id",
@@ -1120,17 +1122,19 @@ class SQLiteStore(Store):
 
         def work(db: sqlite3.Connection) -> tuple[
                 int, str, int | None, list[Any], tuple[int, int] | None, str, int | None,
-                tuple[Written, ...]]:
-            """heartbeat.lua: the owner is alive for ttl more; the epoch changes when the
-            file has none, is another file, or on a resync, and then no beat claims until
-            every beat known alive has had its heartbeat to notice (settle_until). The
-            last heartbeat's instant is kept (beat_at), and the caller's newest writes
-            are looked for (kept.lua)."""
+                tuple[Written, ...], bool, int | None]:
+            """heartbeat.lua: the owner is alive for ttl more (and was known before, or
+            not); the epoch changes when the file has none, is another file, or on a
+            resync, and then no beat claims until every beat known alive has had its
+            heartbeat to notice (settle_until). The last heartbeat's instant is kept
+            (beat_at), and the caller's newest writes are looked for (kept.lua)."""
             q, now = self._sql, _now()
+            known = db.execute(q["owner_known"], (owner.id,)).fetchone() is not None
             db.execute(q["owner_put"], (owner.id, json.dumps(owner.as_dict()), now + ttl_ms))
             meta = {key: (row[0] if (row := db.execute(q["meta_get"], (key,)).fetchone())
                           else None) for key in ("epoch", "settle_until", "epoch_file",
-                                                 "beat_at")}
+                                                 "beat_at", "epoch_since")}
+            since = _maybe_int(meta["epoch_since"])
             last_beat = _maybe_int(meta["beat_at"])
             db.execute(q["meta_set"], ("beat_at", str(max(now, last_beat or now))))
             epoch, settle = meta["epoch"], _maybe_int(meta["settle_until"])
@@ -1146,6 +1150,7 @@ class SQLiteStore(Store):
                     until = min(latest, now + 10 * ttl_ms)
                 if settle is None or settle < until:
                     settle = until
+                since = now
                 for key, value in (("epoch", epoch), ("settle_until", str(settle)),
                                    ("epoch_since", str(now)), ("epoch_file", file)):
                     db.execute(q["meta_set"], (key, value))
@@ -1156,15 +1161,16 @@ class SQLiteStore(Store):
             db.execute(q["owners_forget"], (now - FORGET_OWNERS_MS,))
             lost = tuple(item for item in written if self._kept(db, item) is False)
             return (now, str(epoch), settle, db.execute(q["owners_all"]).fetchall(),
-                    self._db_file, self._store_id(db), last_beat, lost)
+                    self._db_file, self._store_id(db), last_beat, lost, known, since)
 
-        now, epoch, settle, rows, file_read, store_id, last_beat, lost = self._transaction(
-            work, heartbeat=True)
+        now, epoch, settle, rows, file_read, store_id, last_beat, lost, known, since = \
+            self._transaction(work, heartbeat=True)
         self._heartbeat_file = file_read
         owners = _owner_statuses(rows, now)
         self._warn_foreign_hosts(owners)
         return Heartbeat(now=now, epoch=epoch, settle_until=settle, owners=tuple(owners),
-                         store_id=store_id, lost=lost, last_beat=last_beat)
+                         store_id=store_id, lost=lost, last_beat=last_beat, owner_known=known,
+                         epoch_since=since)
 
     def _kept(self, db: sqlite3.Connection, item: Written) -> bool | None:
         """kept.lua: whether the store still holds the caller's write (None: a record that
@@ -1182,7 +1188,11 @@ class SQLiteStore(Store):
             return True  # never claimed (a backfill's or a request's run): the counter judged
         if token < item.token:
             return False
-        return not (token == item.token and item.sent
+        if token > item.token:
+            return True
+        if item.kind is Wrote.CHECK:
+            return run["state"] != _CLAIMED  # (due: taken back after the check)
+        return not (item.kind is Wrote.SENT
                     and run["state"] in (_CLAIMED, _SENDING, _DUE, _WAITING))
 
     def _store_id(self, db: sqlite3.Connection) -> str:

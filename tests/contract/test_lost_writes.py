@@ -2,7 +2,8 @@
 A store put back from an older copy, whatever way, keeps its epoch and identity; what it
 lost of the beat's writes is how the beat finds out. ``lost`` names the writes the store no
 longer holds (no such entry, a counter below the write's token, a run at the instant with a
-lower token, a sent mark whose run is still claimed, being sent or due with that token);
+lower token, a check before publish whose run is still claimed with that token, a sent mark
+whose run is still claimed, being sent, due or waiting with that token);
 a run taken over with a higher token, in a later state, or trimmed from the history holds
 them, and so does a run with no token (an operator's backfill replaced what the instant
 held: the counter judges); a record that cannot be read is not judged. ``last_beat`` is
@@ -26,6 +27,7 @@ from beat_claims.stores.base import (
     Store,
     StoreError,
     Written,
+    Wrote,
 )
 
 from .conftest import Backend
@@ -51,8 +53,12 @@ def claimed(c: Claim) -> Written:
     return Written(c.entry, c.due, c.token)
 
 
+def checked(c: Claim) -> Written:
+    return Written(c.entry, c.due, c.token, Wrote.CHECK)
+
+
 def marked(c: Claim) -> Written:
-    return Written(c.entry, c.due, c.token, sent=True)
+    return Written(c.entry, c.due, c.token, Wrote.SENT)
 
 
 def beat(store: Store, *written: Written) -> Heartbeat:
@@ -66,16 +72,33 @@ def put_back(store: Store, backend: Backend, older: Run) -> None:
 
 
 # -- held ---------------------------------------------------------------------------------
-def test_the_store_holds_a_claim_and_a_sent_mark_it_took(store: Store) -> None:
+def test_the_store_holds_a_claim_a_check_and_a_sent_mark_it_took(store: Store) -> None:
     held, sent = claims(store, A, 1000, 2000)
+    sending(store, A, sent)
+    assert beat(store, claimed(sent), checked(sent)).lost == ()
     send(store, A, sent)
     assert beat(store).lost == ()
-    assert beat(store, claimed(held), marked(sent)).lost == ()
+    assert beat(store, claimed(held), checked(sent), marked(sent)).lost == ()
     # A sent run that goes on to start and finish still holds its mark, and its claim.
     started(store, sent, process(1))
-    assert beat(store, claimed(sent), marked(sent)).lost == ()
+    assert beat(store, claimed(sent), checked(sent), marked(sent)).lost == ()
     assert store.finish([Outcome("e", sent.due, sent.token, RunState.DONE)]) == [True]
-    assert beat(store, claimed(held), claimed(sent), marked(sent)).lost == ()
+    assert beat(store, claimed(held), claimed(sent), checked(sent), marked(sent)).lost == ()
+
+
+def test_a_run_taken_back_after_its_check_holds_the_check(store: Store) -> None:
+    """Due again with its token (an operator's release, or a beat that took this one for
+    dead, while it published): the check was made, and the store holds it; the sent mark
+    the store then refused was never its to lose (see the beat's own test)."""
+    c = one_claim(store, A)
+    sending(store, A, c)
+    assert store.reclaim([Reclaim("e", c.due, None)], "alice@ops") == [True]
+    assert (run(store, c).state, run(store, c).token) == (RunState.DUE, c.token)
+    assert store.record_sent(A, [c]) == 0
+    assert beat(store, claimed(c), checked(c)).lost == ()
+    [again] = take(store, B)
+    assert beat(store, claimed(c), checked(c)).lost == ()
+    assert store.heartbeat(B, TTL, written=[claimed(again)]).lost == ()
 
 
 def test_a_run_another_beat_took_over_with_a_higher_token_holds_the_first_beat_s_writes(
@@ -200,6 +223,7 @@ def test_a_run_put_back_to_an_earlier_token_has_lost_the_later_claim(
 @pytest.mark.parametrize("back_to", ["claimed", "being sent", "due"])
 def test_a_run_put_back_to_before_its_sent_mark_has_lost_the_mark_not_the_claim(
         store: Store, backend: Backend, back_to: str) -> None:
+    """Put back to before its check too (claimed), it has lost the check as well."""
     c = one_claim(store, A)
     older = run(store, c)  # claimed
     sending(store, A, c)
@@ -210,9 +234,10 @@ def test_a_run_put_back_to_before_its_sent_mark_has_lost_the_mark_not_the_claim(
         older = Run(c.entry, c.due, RunState.DUE, token=c.token)
     assert older.state is {"claimed": RunState.CLAIMED, "being sent": RunState.SENDING,
                            "due": RunState.DUE}[back_to]
-    assert beat(store, claimed(c), marked(c)).lost == ()
+    assert beat(store, claimed(c), checked(c), marked(c)).lost == ()
     put_back(store, backend, older)
-    assert beat(store, claimed(c), marked(c)).lost == (marked(c),)
+    lost = (checked(c), marked(c)) if back_to == "claimed" else (marked(c),)
+    assert beat(store, claimed(c), checked(c), marked(c)).lost == lost
 
 
 # -- not judged ---------------------------------------------------------------------------
@@ -257,3 +282,29 @@ def test_a_store_restored_from_a_copy_answers_the_copy_s_last_beat(
 
     hb = poll(answer, 10, "the store to answer after the restart")
     assert hb is not None and hb.last_beat == copied.now
+
+
+# -- the caller's own record --------------------------------------------------------------
+def test_owner_known_says_whether_the_caller_s_record_was_there_before(
+        store: Store, backend: Backend) -> None:
+    """A store put back from a copy taken before a beat started has no record of it (the
+    beat may have written nothing else yet); one that stopped (left) is still known."""
+    assert store.heartbeat(A, TTL).owner_known is False
+    assert store.heartbeat(A, TTL).owner_known is True
+    assert store.heartbeat(B, TTL).owner_known is False
+    store.leave(A)
+    assert store.heartbeat(A, TTL).owner_known is True  # (started again, the same owner)
+    backend.wipe(store)
+    assert store.heartbeat(A, TTL).owner_known is False
+
+
+def test_epoch_since_is_when_the_epoch_began(store: Store) -> None:
+    """A store put back in place keeps the epoch of its copy: one that began before the
+    beats' last heartbeats (the beat's side: tests/test_store_put_back_noticed.py)."""
+    first = store.heartbeat(A, TTL)
+    assert first.epoch_since is not None and first.epoch_since <= first.now
+    later = store.heartbeat(B, TTL)
+    assert (later.epoch, later.epoch_since) == (first.epoch, first.epoch_since)
+    again = store.heartbeat(A, TTL, resync=True)
+    assert again.epoch != first.epoch
+    assert again.epoch_since is not None and later.now <= again.epoch_since <= again.now

@@ -47,6 +47,7 @@ from beat_claims.stores.base import (
     Release,
     WriteStatus,
     Written,
+    Wrote,
 )
 from beat_claims.stores.redis import (
     BUCKETS,
@@ -208,7 +209,8 @@ def exercise(store: RedisStore) -> None:
         store.record_sent(B, [again])
         # The heartbeat asks whether the store still holds a beat's newest writes (kept).
         store.heartbeat(A, 10, written=[Written(name, c3.due, c3.token),
-                                        Written(name, again.due, again.token, sent=True)])
+                                        Written(name, again.due, again.token, Wrote.CHECK),
+                                        Written(name, again.due, again.token, Wrote.SENT)])
         store.history(name)
         store.lookup_task(f"task-{name}")
     store.claim(A, [ClaimPlan("never-registered", None)])

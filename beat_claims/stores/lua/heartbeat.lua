@@ -17,7 +17,8 @@
 -- Returns, as one JSON string (one value for the client to read, not a dozen):
 -- [now, epoch id, settle until or '', owners (flat id, JSON), alive (flat id, expiry), the
 -- server's run id (the masters' on a cluster), the store's id, the last heartbeat before
--- this one or ''].
+-- this one or '', '1' when the owner's record was there before this heartbeat else '0',
+-- when the epoch began or ''].
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
 -- A key of the wrong kind here would stop every beat: it is replaced (the owners come
@@ -25,11 +26,11 @@ local ttl = tonumber(ARGV[3])
 for i, kind in ipairs({'hash', 'zset', 'hash', 'string'}) do
   if not key_is(KEYS[i], kind) then redis.call('DEL', KEYS[i]) end
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local known = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) == 0  -- (0: a field updated)
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 local server = ARGV[9] or string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
-local epoch = redis.call('HMGET', KEYS[3], 'id', 'settle_until', 'server', 'beat_at')
-local id, settle = epoch[1], tonumber(epoch[2])
+local epoch = redis.call('HMGET', KEYS[3], 'id', 'settle_until', 'server', 'beat_at', 'since')
+local id, settle, since = epoch[1], tonumber(epoch[2]), tonumber(epoch[5] or '')
 local last_beat = tonumber(epoch[4] or '')
 redis.call('HSET', KEYS[3], 'beat_at', fmt(math.max(now, last_beat or now)))
 if not id or epoch[3] ~= server or ARGV[4] == '1' then
@@ -42,6 +43,7 @@ if not id or epoch[3] ~= server or ARGV[4] == '1' then
     until_ = math.min(tonumber(latest[2]), now + 10 * ttl)
   end
   if not settle or settle < until_ then settle = until_ end
+  since = now
   redis.call('HSET', KEYS[3], 'id', id, 'settle_until', fmt(settle), 'since', fmt(now),
              'server', server)
 elseif ARGV[7] == '1' and settle and settle > now and settle < now + ttl then
@@ -61,4 +63,5 @@ end
 return cjson.encode({fmt(now), id, settle and fmt(settle) or '',
                      redis.call('HGETALL', KEYS[1]),
                      redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), server, store_id,
-                     last_beat and fmt(last_beat) or ''})
+                     last_beat and fmt(last_beat) or '', known and '1' or '0',
+                     since and fmt(since) or ''})

@@ -1,0 +1,212 @@
+"""A store that was never put back is never taken for an older copy.
+
+At each heartbeat a beat asks whether the store still holds its newest writes (its newest
+claim, its newest sent mark); a store that lost one of them was put back, and every beat
+then registers again what it knows, and nobody claims for a heartbeat TTL. A write the
+store no longer holds for another reason (its entry left the schedule and an operator's
+prune removed it; a claim given back, taken over, its reply lost) must not start that.
+Schedulers ticked in this process against a real store of each kind."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from beat_claims import operations
+from beat_claims.runs import Owner
+from beat_claims.scheduler import Scheduler
+from beat_claims.stores.base import Claim, Store, StoreError
+
+from .any_store import StoreUnderTest, Worker, went_back_lines
+from .conftest import RedisServer
+from .inprocess import beats, make, run_for
+from .processes import wait_for
+from .test_beats_follow_definitions import define
+
+LOGGER = "celery.beat.claims"
+#: An entry defined in the store, whose definition a test deletes.
+GONE = {"task": "t.noop", "schedule": {"every": 0.5}}
+
+
+def heartbeats(s: Scheduler, seconds: float) -> None:
+    """``s`` heartbeats at once, then ticks for ``seconds`` (a few more heartbeats)."""
+    s.liveness.lapse()
+    run_for(seconds, s)
+
+
+def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_back(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The beat's newest writes are of an entry its schedule then drops (its definition
+    deleted from the store); an operator's prune removes the entry and its runs. The store
+    never went back: the beat must not ask after those writes any more, nor take the store
+    for an older copy (a new epoch: the whole fleet registers again and claims nothing for
+    a heartbeat TTL)."""
+    app = any_store.app({"kept": {"task": "t.noop", "schedule": timedelta(hours=1)}})
+    s = make(app)
+    observer = any_store.open()
+    worker = Worker(observer, server)
+    try:
+        def step() -> None:
+            s.tick()
+            worker.step()
+
+        define(observer, app, "gone", GONE)
+        wait_for(lambda: len(worker.executed) >= 2, 10, "two runs of 'gone' sent and done",
+                 interval=0.02, between=step)
+        assert {w.entry for w in s.knowledge.written()} == {"gone"}
+        define(observer, app, "gone", None)
+        wait_for(lambda: "gone" not in s.claimer.states, 5, "the beat to drop 'gone'",
+                 interval=0.02, between=step)
+        wait_for(lambda: not [r for r in observer.history("gone")
+                              if r.state in operations.LIVE_STATES],
+                 5, "the runs of 'gone' to finish", interval=0.02, between=step)
+        pruned = operations.prune(observer, set(s.schedule), 0, remove=True)
+        assert pruned.removed == ("gone",), pruned
+        epoch = s.liveness.epoch
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            heartbeats(s, 1.5)
+        assert went_back_lines(caplog.records) == [], caplog.text
+        assert s.liveness.epoch == epoch
+    finally:
+        s.close()
+        observer.close()
+
+
+class LostReplies:
+    """The next call of each method named is made (the store acts on it), and its reply is
+    lost: the caller gets a StoreError, as after a timeout."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.pending: set[str] = set()
+        self.lost: list[str] = []
+
+    def lose(self, *names: str) -> None:
+        for name in names:
+            if name not in self.pending:
+                self.pending.add(name)
+                real = getattr(self.store, name)
+                setattr(self.store, name, self._losing(name, real))
+
+    def _losing(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = real(*args, **kwargs)
+            if name in self.pending:
+                self.pending.discard(name)
+                self.lost.append(name)
+                setattr(self.store, name, real)
+                raise StoreError(f"the reply to {name} was lost (test)")
+            return result
+
+        return call
+
+
+def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_its_store_for_an_older_copy(  # noqa: E501
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Two beats and a worker; one beat loses the reply to each of its writes (a claim,
+    the check before publish, a sent mark, a release, a take-back, a heartbeat); an
+    operator releases a claim being published; that beat stops and starts again (the same
+    owner); an entry leaves both schedules (its definition deleted) and is pruned. Nothing
+    of that is a store put back: no beat may say the store lost writes."""
+    schedule = {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
+                for i in range(3)}
+    app = any_store.app(schedule)
+    a, b = beats(app, app)
+    observer = any_store.open()
+    define(observer, app, "gone", GONE)
+    worker = Worker(observer, server)
+    lossy = LostReplies(a.store)
+    released: list[bool] = []
+    failing: list[str] = []
+    real_publish = a._publish
+
+    def publish(entry: Any, claim: Claim, task_id: str) -> Any:
+        if not released and claim.entry == "e1":  # an operator releases it meanwhile
+            released.append(operations.release(observer, claim.entry, claim.due,
+                                               "alice@ops").released)
+        if failing:  # this message cannot be sent: given back (due again), retried
+            raise ValueError(failing.pop())
+        return real_publish(entry, claim, task_id)
+
+    def step() -> None:
+        for s in (a, b):
+            s.tick()
+        worker.step()
+
+    def work_for(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            step()
+            time.sleep(0.02)
+
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    try:
+        a._publish = publish  # type: ignore[method-assign]
+        wait_for(lambda: released, 10, "an operator's release", interval=0.02, between=step)
+        assert released == [True]
+        # (a claim whose reply is lost is taken back by the beat's sweep: a take-back)
+        for names in (("claim", "reclaim"), ("check",), ("record_sent",), ("release",),
+                      ("heartbeat",)):
+            lossy.lose(*names)
+            a.claimer.check_with_claim = names != ("check",)
+            if names == ("release",):
+                failing.append("cannot serialize")
+            wait_for(lambda n=names: set(n) <= set(lossy.lost), 10,  # type: ignore[misc]
+                     f"the replies to {names} lost", interval=0.02, between=step)
+            a.liveness.lapse()
+            work_for(0.5)
+        a.close()  # (its held claims are given back)
+        work_for(2)  # started again at its next tick: the same owner
+        assert any(entry == "gone" for entry, _, _ in worker.executed)
+        define(observer, app, "gone", None)
+        wait_for(lambda: all("gone" not in s.claimer.states for s in (a, b)), 5,
+                 "the beats to drop 'gone'", interval=0.02, between=step)
+        wait_for(lambda: not [r for r in observer.history("gone")
+                              if r.state in operations.LIVE_STATES],
+                 10, "the runs of 'gone' to finish", interval=0.02, between=step)
+        assert operations.prune(observer, set(a.schedule), 0, remove=True).removed == (
+            "gone",)
+        for s in (a, b):
+            s.liveness.lapse()
+        work_for(2)
+    finally:
+        a.close()
+        b.close()
+        observer.close()
+    assert went_back_lines(caplog.records) == [], caplog.text
+
+
+def test_a_beat_back_from_a_stall_registers_in_an_epoch_begun_meanwhile_without_beginning_one(
+        any_store: StoreUnderTest, caplog: pytest.LogCaptureFixture) -> None:
+    """Another beat began a new epoch (it found the store went back) while this one was
+    stalled, and the store settled before it came back: that epoch began after this beat's
+    last heartbeat, so it is not an earlier one put back. The beat registers again what it
+    knows in it, and begins none of its own (which would make the whole fleet register
+    again, and claim nothing for a TTL)."""
+    app = any_store.app({"e": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}})
+    s = make(app)
+    observer = any_store.open()
+    resync = Owner("resync", "test", 1, 0.0)
+    try:
+        run_for(1, s)
+        begun = observer.heartbeat(resync, s.liveness.ttl, resync=True)
+        observer.leave(resync)
+        wait_for(lambda: observer.now() > (begun.settle_until or 0) + 200, 10,
+                 "the new epoch to settle while the beat is stalled")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            heartbeats(s, 1.5)
+        assert [line for line in went_back_lines(caplog.records)
+                if "epoch changed" not in line] == [], caplog.text
+        assert s.liveness.epoch == begun.epoch
+    finally:
+        s.close()
+        observer.close()

@@ -1,0 +1,190 @@
+"""A copy of the store put back in place is noticed, whatever it lacks and whenever it
+comes, and once noticed it is settled for.
+
+The copy keeps the store's epoch and identity (SQLite's backup API, a PostgreSQL
+data-only dump loaded again, every Redis key RESTOREd), so a beat learns it only from what
+the store no longer holds of its writes. Schedulers ticked in this process against a real
+store of each kind, a worker's part done from the broker's messages: nothing is sent
+twice, no token is used for two occurrences, and the beat says the store went back."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+import pytest
+
+from beat_claims.runs import Owner
+from beat_claims.scheduler import Scheduler
+from beat_claims.stores.base import Check, CheckResult, Claim
+
+from .any_store import (
+    StoreUnderTest,
+    Worker,
+    published,
+    sent_twice,
+    went_back_lines,
+)
+from .conftest import RedisServer
+from .inprocess import beats, joined, make
+from .processes import wait_for
+
+LOGGER = "celery.beat.claims"
+
+
+def ticking(worker: Worker, *schedulers: Scheduler) -> Callable[[], None]:
+    """One step of the fleet: each beat ticks, the worker runs what was published."""
+    def step() -> None:
+        for s in schedulers:
+            s.tick()
+        worker.step()
+
+    return step
+
+
+def work_for(seconds: float, step: Callable[[], None]) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        step()
+        time.sleep(0.02)
+
+
+def test_a_copy_put_back_between_the_check_and_the_sent_mark_is_noticed(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The copy is taken just before a check before publish (it holds the run claimed by
+    this beat), and put back just before that run's sent mark: the mark is refused (the
+    run is not handed over in the copy), and the copy still holds the beat's newest claim
+    (claimed) and its newest sent mark (the one before). The store lost the check that let
+    the beat publish: the beat must find it out, and must not take that run for a claim of
+    its own it forgot, to send again."""
+    app = any_store.app({"e": {"task": "t.noop", "schedule": timedelta(seconds=1)}})
+    s = make(app)
+    s.claimer.check_with_claim = False  # a claim, then its own check before publish
+    worker = Worker(any_store.open(), server)
+    step = ticking(worker, s)
+    copy = any_store.copy()
+    victim: list[Claim] = []
+    real_check, real_sent = s.store.check, s.store.record_sent
+
+    def check(owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
+        if not victim and len(published(server)) >= 2:
+            copy.take()
+            victim.extend(c.claim for c in checks)
+        return real_check(owner, checks)
+
+    def record_sent(owner: Owner, claims: Sequence[Claim]) -> int:
+        if victim and victim[0] in claims and copy.put_back is not None:
+            copy.put_back()
+            copy.put_back = None  # type: ignore[assignment]  # once
+        return real_sent(owner, claims)
+
+    s.store.check = check  # type: ignore[method-assign]  # the object the sender holds
+    s.store.record_sent = record_sent  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    try:
+        wait_for(lambda: copy.put_back is None, 15, "the copy put back before a sent mark",
+                 interval=0.02, between=step)
+        sent = len(published(server))
+        wait_for(lambda: went_back_lines(caplog.records), 5, "the beat to notice",
+                 interval=0.02, between=step)
+        work_for(3, step)  # settled, and claiming again
+        assert len(published(server)) > sent
+    finally:
+        s.close()
+    assert sent_twice(server) == {}, published(server)
+
+
+def test_a_copy_lacking_only_a_beat_s_registration_is_noticed(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The copy is taken while one beat runs; a second beat starts, registers its entry
+    (hourly: nothing falls due here, so it writes nothing else) and heartbeats; the copy
+    is put back. It lacks the second beat's heartbeat record and its registration of the
+    entry (and, but on Redis, whose RESTORE leaves the keys made since, the entry itself):
+    the beat must find that out at its next heartbeat, and register again what it knows
+    (every beat does, in a new epoch). Nothing of it is found out from the first beat,
+    whose records the copy holds."""
+    hourly = {"task": "t.noop", "schedule": timedelta(hours=1)}
+    a = make(any_store.app({"first": hourly}))
+    observer = any_store.open()
+    copy = any_store.copy()
+    copy.take()
+    b = joined(any_store.app({"second": hourly}), a)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    try:
+        assert b.knowledge.written() == []
+        [record] = observer.entries(["second"])
+        assert [r.owner for r in record.registrants or ()] == [b.owner.id]
+        copy.put_back()
+        b.liveness.lapse()
+        wait_for(lambda: went_back_lines(caplog.records), 5, "the beat to notice",
+                 interval=0.02, between=lambda: (a.tick(), b.tick()))
+        assert b.owner.id in [r.owner for r in observer.entries(["second"])[0].registrants
+                              or ()]
+    finally:
+        a.close()
+        b.close()
+        observer.close()
+
+
+#: An operator's client that starts a new epoch, as a beat that found the store went back
+#: does (it leaves at once: it is no beat).
+RESYNC = Owner("resync", "test", 1, 0.0)
+
+
+def test_a_copy_of_an_earlier_epoch_put_back_is_settled_for_once(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The copy is taken in one epoch; beat B sends more, then the store begins a new
+    epoch (both beats register again what they know, and forget their newest writes: what
+    they registered replaces them), and, while it settles, the copy is put back: its epoch
+    is the earlier one, which settled long ago, and it lacks the runs B sent since it was
+    taken. Beat A, which heartbeats first, must not take that epoch for a new one to
+    register in and claim at once (catch_up "all": it may send again the runs B sent,
+    before B registers them): the store must settle again, for every beat, and A claims
+    nothing before B has registered. Once it has, nobody notices anything any more."""
+    app = any_store.app({"e": {"task": "t.noop", "schedule": timedelta(seconds=0.5),
+                               "claims": {"catch_up": "all"}}},
+                        beat_claims_heartbeat_interval=1)  # a TTL of 3 s
+    a, b = beats(app, app)
+    observer = any_store.open()
+    worker = Worker(observer, server)
+    step = ticking(worker, a, b)
+    copy = any_store.copy()
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    try:
+        wait_for(lambda: len(published(server)) >= 2, 10, "runs before the copy",
+                 interval=0.02, between=step)
+        copy.take()
+        sent = len(published(server))
+        wait_for(lambda: len(published(server)) >= sent + 2, 5, "runs B sends after the copy",
+                 interval=0.02, between=ticking(worker, b))
+        observer.heartbeat(RESYNC, a.liveness.ttl, resync=True)
+        observer.leave(RESYNC)
+        wait_for(lambda: a.liveness.settling_for() > 0 and b.liveness.settling_for() > 0
+                 and not (a._went_back_why or b._went_back_why), 5,
+                 "both beats to register again in the new epoch", interval=0.02,
+                 between=step)
+        assert a.knowledge.written() == b.knowledge.written() == []
+        copy.put_back()
+        caplog.clear()
+        before = len(published(server))
+        a.liveness.lapse()
+        work_for(1.2, ticking(worker, a))  # A heartbeats first, B within its interval
+        assert went_back_lines(caplog.records), caplog.text
+        assert published(server)[before:] == [], "A claimed before B could register"
+        work_for(6, step)
+        noticed = went_back_lines(caplog.records)
+        assert 1 <= len(noticed) <= 2, noticed  # (each beat once, at most)
+        caplog.clear()
+        work_for(2, step)
+        assert went_back_lines(caplog.records) == []
+        assert a.liveness.epoch == b.liveness.epoch
+    finally:
+        a.close()
+        b.close()
+        observer.close()
+    assert sent_twice(server) == {}, published(server)
