@@ -40,6 +40,8 @@ from .urls import redact_url
 DEFAULT_PREFIX = "redbeat:"
 #: Keys asked for per SCAN step, and entries read and written per round trip.
 PAGE = 500
+#: The latest instant an entry's anchor or next run may be (UTC ms): the end of year 9999.
+LATEST_MS = 253402300799999
 #: Who the store records as having made the definitions.
 IMPORTED_BY = "claims import redbeat"
 
@@ -148,6 +150,12 @@ def convert(name: str, definition_json: str, meta_json: str | None, score: float
         anchor = _anchor(definition, score_ms, last_run)
         if anchor is not None:
             next_run = occurrences.next_after(definition.schedule.celery(), anchor, anchor)
+        if not all(0 <= ms <= LATEST_MS for ms in (anchor, next_run) if ms is not None):
+            # (RedBeat's clock, or a hand edit: a grid the store cannot keep)
+            definition, anchor, next_run = None, None, None
+            problem = ("its last_run_at puts its next run outside the instants the store"
+                       " keeps (1970 to 9999)")
+            last_run = None
     return RedBeatEntry(name=name, task=task, definition=definition, problem=problem,
                         next_run_ms=next_run, last_run_ms=last_run, anchor_ms=anchor,
                         score_ms=score_ms, static=static)
