@@ -336,7 +336,12 @@ class Scheduler(BaseScheduler):
             self.stored.refresh()
             self._recompose()
         self.stored.reloaded = False
-        self._own_written = True
+        if not self._own_written:
+            # Only now can this beat's beat_schedule differ from the store's (it just wrote
+            # its own over another beat's): said once, and reported with the heartbeats.
+            self._own_written = self.composition.own_written = True
+            self._recompose()
+            self._report_differences()
 
     def states_moved(self, names: list[str]) -> None:
         """Read again the definitions of those of ``names`` the store has one of (see

@@ -52,6 +52,9 @@ class Composition:
         #: The names of the beat's own entries that come from beat_schedule.
         self.configured: set[str] = set()
         self.chosen: dict[str, tuple[Key, Any]] = {}
+        #: This beat wrote its beat_schedule entries to the store (at start): until then a
+        #: stored CONFIG definition that differs is about to be replaced, not reported.
+        self.own_written = False
         self._logged: set[tuple[Any, ...]] = set()
 
     def set_local(self, entries: dict[str, Any], configured: set[str] | None = None) -> None:
@@ -108,7 +111,8 @@ class Composition:
             return None
         own = self.own.get(name)
         if known is not None and own is not None and origin is Origin.CONFIG:
-            if known.definition is not None and known.definition.digest() != own.digest():
+            if (self.own_written and known.definition is not None
+                    and known.definition.digest() != own.digest()):
                 self._once(("differs", name, known.stored.version), logging.WARNING,
                            "beat-claims: entry %r: this beat's beat_schedule differs from"
                            " the definition in the store (version %d, registered by %s);"
@@ -144,7 +148,9 @@ class Composition:
     def differing(self) -> dict[str, Known]:
         """This beat's beat_schedule entries whose stored CONFIG definition differs from
         its own (what ``claims health`` reports)."""
-        out = {}
+        out: dict[str, Known] = {}
+        if not self.own_written:
+            return out
         for name, own in self.own.items():
             known = self.stored.live(name)
             if (known is not None and known.stored.origin is Origin.CONFIG
