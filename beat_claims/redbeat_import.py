@@ -40,6 +40,8 @@ from .urls import redact_url
 DEFAULT_PREFIX = "redbeat:"
 #: Keys asked for per SCAN step, and entries read and written per round trip.
 PAGE = 500
+#: The latest instant an entry's anchor or next run may be (UTC ms): the end of year 9999.
+LATEST_MS = 253402300799999
 #: Who the store records as having made the definitions.
 IMPORTED_BY = "claims import redbeat"
 
@@ -132,7 +134,7 @@ def convert(name: str, definition_json: str, meta_json: str | None, score: float
     definition and the instant its store entry is anchored at."""
     task, problem, definition = "", "", None
     try:
-        raw = json.loads(definition_json, object_hook=_decode)
+        raw = _loads(definition_json)
         if not isinstance(raw, dict):
             raise _NotImportable("its definition is not a JSON object")
         task = str(raw["task"]) if isinstance(raw.get("task"), str) else ""
@@ -141,8 +143,6 @@ def convert(name: str, definition_json: str, meta_json: str | None, score: float
         problem = str(exc)
     except DefinitionError as exc:
         problem = str(exc)
-    except ValueError:
-        problem = "its definition is not valid JSON"
     last_run = _last_run_ms(meta_json)
     score_ms = _score_ms(score)
     anchor = next_run = None
@@ -150,6 +150,12 @@ def convert(name: str, definition_json: str, meta_json: str | None, score: float
         anchor = _anchor(definition, score_ms, last_run)
         if anchor is not None:
             next_run = occurrences.next_after(definition.schedule.celery(), anchor, anchor)
+        if not all(0 <= ms <= LATEST_MS for ms in (anchor, next_run) if ms is not None):
+            # (RedBeat's clock, or a hand edit: a grid the store cannot keep)
+            definition, anchor, next_run = None, None, None
+            problem = ("its last_run_at puts its next run outside the instants the store"
+                       " keeps (1970 to 9999)")
+            last_run = None
     return RedBeatEntry(name=name, task=task, definition=definition, problem=problem,
                         next_run_ms=next_run, last_run_ms=last_run, anchor_ms=anchor,
                         score_ms=score_ms, static=static)
@@ -174,6 +180,19 @@ class _Instant:
         self.when = when
 
 
+def _loads(text: str) -> Any:
+    """RedBeat's JSON, its datetimes and schedules decoded: :class:`_NotImportable` for a
+    record that cannot be read (a bad record is that entry's problem, not the import's)."""
+    try:
+        return json.loads(text, object_hook=_decode)
+    except _NotImportable:
+        raise
+    except RecursionError:
+        raise _NotImportable("its definition is nested too deeply to read") from None
+    except ValueError:
+        raise _NotImportable("its definition is not valid JSON") from None
+
+
 def _decode(obj: dict[str, Any]) -> Any:
     kind = obj.get("__type__")
     if kind is None:
@@ -185,6 +204,14 @@ def _decode(obj: dict[str, Any]) -> Any:
 
 
 def _datetime(fields: dict[str, Any]) -> datetime:
+    try:
+        return _read_datetime(fields)
+    except (ValueError, TypeError, KeyError, OverflowError):  # (an unknown zone: KeyError)
+        raise _NotImportable("it holds a datetime RedBeat's encoding does not give (its"
+                             " fields or its timezone cannot be read)") from None
+
+
+def _read_datetime(fields: dict[str, Any]) -> datetime:
     zone = fields.pop("timezone", "UTC")
     tz: Any
     if isinstance(zone, (int, float)):
@@ -252,8 +279,8 @@ def _last_run_ms(meta_json: str | None) -> int | None:
     if not meta_json:
         return None
     try:
-        meta = json.loads(meta_json, object_hook=_decode)
-    except (ValueError, TypeError, KeyError):
+        meta = _loads(meta_json)
+    except _NotImportable:
         return None
     last = meta.get("last_run_at") if isinstance(meta, dict) else None
     return to_ms(last.when) if isinstance(last, _Instant) else None

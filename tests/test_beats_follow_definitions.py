@@ -347,3 +347,24 @@ def test_a_stored_definition_that_cannot_be_read_is_logged_once_and_the_others_g
     assert len(named) == 1, errors
     assert "s3cr3t" not in caplog.text
     assert "broken" not in beat.schedule and not sent(server, "broken")
+
+
+def test_a_definition_made_again_at_the_same_version_after_a_wipe_is_sent_as_it_is_now(
+        server: RedisServer) -> None:
+    """The store lost everything and the entry was created again (an import, an operator):
+    its version is 1 again, with another definition. The beat sends the one the store holds,
+    never the one it read before the wipe under the same version."""
+    beat = make(app(server, server.url))
+    store = open_store(Settings(url=server.url), timeout=5.0)
+    define(store, beat.app, "again", {"task": "t.noop", "schedule": {"every": 1},
+                                      "args": ["before"]})
+    tick_until([beat], lambda: len(sent(server, "again")) >= 1, 10, "a send before the wipe")
+    server.client().flushdb()  # the store's database (the broker's is another)
+    assert define(store, beat.app, "again", {"task": "t.noop", "schedule": {"every": 1},
+                                             "args": ["after"]}).version == 1
+    wiped_at = store.now()
+    tick_until([beat], lambda: len([d for d, _ in sent(server, "again") if d > wiped_at]) >= 2,
+               15, "sends after the wipe")
+    late = [(iso(d), args) for d, args in sent(server, "again") if d > wiped_at]
+    assert all(args == ["after"] for _, args in late), late
+    store.close()

@@ -187,3 +187,29 @@ def test_a_mistake_is_one_line_naming_it_and_nothing_is_written(target: Target,
     assert "is defined in beat_schedule" in one_line(target("remove", "config", "--yes"))
     assert [d.version for d in target.store.definitions()] == [1]
 
+
+
+@pytest.mark.parametrize("kind", ["redis"])
+def test_a_stored_definition_that_cannot_be_read_is_listed_without_its_text(
+        target: Target, request: pytest.FixtureRequest) -> None:
+    """A record whose definition is no longer JSON (a bad restore, a hand edit) is listed
+    with its problem, naming the field: never with the text, which holds the arguments;
+    nor does one nested too deeply to parse stop the others being read."""
+    assert isinstance(target.store, RedisStore)
+    target.ok("add", "broken", "--task", "t.noop", "--every", "60",
+              "--args", json.dumps([SECRET]))
+    request.getfixturevalue("server").client().hset(
+        target.store.entry_keys("broken")[0], "definition", json.dumps([SECRET])[:-1])
+    [found] = target.store.definitions(["broken"])
+    assert found.corrupt and "definition" in found.corrupt, found
+    assert SECRET not in found.corrupt, found.corrupt
+    # Nested deeper than a JSON parser goes: that record's problem too, not the call's.
+    target.ok("add", "deep", "--task", "t.noop", "--every", "60")
+    request.getfixturevalue("server").client().hset(
+        target.store.entry_keys("deep")[0], "definition", "[" * 50_000 + "]" * 50_000)
+    assert "definition" in target.store.definitions(["deep"])[0].corrupt
+    for args in (("list",), ("list", "-j")):
+        ran = target(*args)
+        assert "broken" in ran.out and "definition" in ran.out, ran
+        assert "deep" in ran.out, ran
+        assert SECRET not in ran.out + ran.err, ran

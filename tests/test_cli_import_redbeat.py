@@ -4,6 +4,7 @@ it; run again, it creates nothing more. RedBeat's keys are written by celery-red
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
@@ -69,3 +70,52 @@ def test_redbeats_redis_unreachable_is_one_line_without_its_password(
         server: RedisServer) -> None:
     ran = cli(server, "import", "redbeat", "--url", "redis://:hunter2@127.0.0.1:1/0")
     assert ran.code == 1 and "hunter2" not in ran.err and "cannot be read" in ran.err, ran
+
+
+def _redbeat_datetime(**fields: object) -> dict[str, object]:
+    """A datetime as RedBeat's encoder writes it, with ``fields`` changed."""
+    return {"__type__": "datetime", "year": 2026, "month": 1, "day": 1, "hour": 0,
+            "minute": 0, "second": 0, "microsecond": 0, "timezone": "UTC", **fields}
+
+
+def test_a_redbeat_record_that_cannot_be_read_is_refused_and_the_others_are_imported(
+        server: RedisServer, redbeat_keys: None) -> None:
+    """A hand-edited or damaged RedBeat record (a datetime with a zone this host does not
+    know, a field its encoding never writes, a number JSON cannot make a date of, JSON
+    nested deeper than a parser goes, a ``last_run_at`` that cannot be read, or one that
+    puts the next run past the year 9999 or before 1970) is that entry's problem: listed
+    refused (the unreadable ``last_run_at`` alone: as if never run), and the import goes
+    on."""
+    client = redis.Redis.from_url(redbeat_url(server))
+    interval = {"__type__": "interval", "every": 60, "relative": False}
+
+    def entry(name: str, definition: str, meta: str | None = None) -> None:
+        client.hset(f"redbeat:{name}", mapping={"definition": definition,
+                                                 **({"meta": meta} if meta else {})})
+        client.zadd("redbeat::schedule", {f"redbeat:{name}": time.time() + 60})
+
+    def doc(kwargs: object) -> str:
+        return json.dumps({"name": "x", "task": "tasks.report", "schedule": interval,
+                           "args": [], "kwargs": kwargs, "options": {}, "enabled": True})
+
+    entry("unknown-zone", doc({"since": _redbeat_datetime(timezone="Mars/Olympus")}))
+    entry("odd-field", doc({"since": _redbeat_datetime(leap=1)}))
+    entry("infinite-year", doc({"since": _redbeat_datetime(year=float("inf"))}))
+    entry("too-deep", "[" * 100_000 + "]" * 100_000)
+    entry("bad-meta", doc({}), json.dumps({"last_run_at": _redbeat_datetime(
+        year=float("inf"))}))
+    # A last run whose next run no date reaches, and one before 1970.
+    entry("year-9999", doc({}), json.dumps({"last_run_at": _redbeat_datetime(
+        year=9999, month=12, day=31, hour=23, minute=59, second=30)}))
+    entry("year-1", doc({}), json.dumps({"last_run_at": _redbeat_datetime(year=1)}))
+    store_url = f"redis://:pw%2Fwith%40@127.0.0.1:{server.port}/0"
+    dry = cli(None, "import", "redbeat", "--url", redbeat_url(server), "-j",
+              BC_REDIS_URL=store_url, BC_BROKER_URL=store_url)
+    client.close()
+    assert dry.code == 0, dry
+    actions = {row["name"]: row["action"] for row in json.loads(dry.out)["entries"]}
+    assert actions == {"unknown-zone": "refused", "odd-field": "refused",
+                       "infinite-year": "refused", "too-deep": "refused",
+                       "bad-meta": "create", "year-9999": "refused", "year-1": "refused",
+                       "tenant-1-report": "create",
+                       "tenant-2-report": "create"}, actions

@@ -29,8 +29,10 @@ from .stored import Known, StoredEntries
 #: The origins every beat schedules.
 DYNAMIC = (Origin.API, Origin.REDBEAT)
 
-#: What a scheduled entry was built from: ("stored", version) or ("local", id(entry)).
-Key = tuple[str, int]
+#: What a scheduled entry was built from: ("stored", version, the stored JSON text) or
+#: ("local", id(entry), ""). The text too: a store that went back (wiped, an older copy
+#: put back) may hold another definition under a version this beat read before.
+Key = tuple[str, int, str]
 
 
 class Composition:
@@ -117,7 +119,7 @@ class Composition:
                            " the stored one is sent (every beat sends one grid)", name,
                            known.stored.version, known.stored.changed_by)
             return self._from_store(known)
-        return ("local", id(local)), lambda: local
+        return ("local", id(local), ""), lambda: local
 
     def _from_store(self, known: Known) -> tuple[Key, Any] | None:
         definition = known.definition
@@ -135,7 +137,7 @@ class Composition:
                            exc.field or "record", exc.problem or exc.message)
                 return None
 
-        return ("stored", known.stored.version), build
+        return ("stored", known.stored.version, known.stored.definition or ""), build
 
     def _shadowed(self, name: str, known: Known) -> None:
         self._once(("shadowed", name, known.stored.origin), logging.WARNING,

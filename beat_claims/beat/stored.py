@@ -57,8 +57,11 @@ class StoredEntries:
         for _ in range(CHANGE_PAGES_PER_HEARTBEAT):
             answer = self.store.changes(self.cursor, PAGE)
             if answer.reload:
+                # The cursor moves once every definition was read: a read that fails
+                # midway is told to reload again.
+                changed |= self._read_all()
                 self.cursor = answer.cursor
-                return changed | self._read_all()
+                return changed
             for record in answer.changed:
                 if self._take(record):
                     changed.add(record.name)
@@ -75,23 +78,26 @@ class StoredEntries:
         return changed
 
     def _read_all(self) -> set[str]:
-        self.reloaded = True
+        """Every definition, read into a new map that replaces the old one only once all
+        pages were read (a page that fails leaves what was known as it was)."""
         before = self.known
-        self.known = {}
+        known: dict[str, Known] = {}
         changed: set[str] = set()
         after = ""
         while True:
             page = self.store.definitions(None, after, PAGE)
             for record in page:
                 old = before.get(record.name)
-                self.known[record.name] = old if old is not None and old.stored == record \
+                known[record.name] = old if old is not None and old.stored == record \
                     else self._read(record)
                 if old is None or old.stored != record:
                     changed.add(record.name)
             if len(page) < PAGE:
                 break
             after = page[-1].name
-        return changed | (set(before) - set(self.known))
+        self.known = known
+        self.reloaded = True
+        return changed | (set(before) - set(known))
 
     def take(self, records: list[StoredDefinition]) -> set[str]:
         """Records read apart from the feed (the newest): the names whose record changed."""

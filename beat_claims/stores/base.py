@@ -709,19 +709,14 @@ def stored_definition(name: str, definition: Any, version: Any, origin: Any,
     number = _stored_whole(version)
     if number is None or number < 1:
         problems.append(f"version {_shown(version)}")
-    if isinstance(definition, bytes):
-        try:
-            definition = definition.decode("utf-8")
-        except UnicodeDecodeError:
-            definition = b""  # (not text: unreadable)
     if definition is not None:
-        try:
-            if not isinstance(definition, str):
-                raise ValueError(definition)
-            json.loads(definition)
-        except ValueError:
-            problems.append(f"definition {_shown(definition)}")
+        # (never the text itself: it holds the entry's arguments)
+        problem = _unreadable_text(definition)
+        if problem:
+            problems.append(f"definition ({problem})")
             definition = None
+        elif isinstance(definition, bytes):
+            definition = definition.decode("utf-8")
     try:
         kind = Origin(origin.decode() if isinstance(origin, bytes) else origin)
     except (ValueError, UnicodeDecodeError):
@@ -736,6 +731,25 @@ def stored_definition(name: str, definition: Any, version: Any, origin: Any,
                             number if number is not None and number >= 1 else 0, kind,
                             str(by or ""), at or 0, not corrupt and definition is None,
                             corrupt)
+
+
+def _unreadable_text(definition: Any) -> str:
+    """Why a stored definition is not JSON text ('' : it is), without a word of it."""
+    if isinstance(definition, bytes):
+        try:
+            definition = definition.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"not UTF-8 text at byte {exc.start}"
+    if not isinstance(definition, str):
+        return f"a {type(definition).__name__}, not text"
+    try:
+        json.loads(definition)
+    except RecursionError:
+        return "JSON nested too deeply"
+    except ValueError as exc:
+        where = f" at character {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
+        return f"not JSON{where}"
+    return ""
 
 
 def _stored_whole(value: Any) -> int | None:

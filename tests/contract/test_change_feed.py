@@ -239,3 +239,40 @@ def test_a_limit_out_of_bounds_is_refused_naming_it(store: Store, limit: int) ->
     assert store.definitions(limit=0) == []
     assert len(store.changes(cursor, MAX_PAGE).changed) == 0
 
+
+
+def test_a_reader_whose_reload_fails_midway_reads_every_definition_again_next_time(
+        store: Store, backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A beat that is told to reload (the store went back) and loses a page's reply while
+    it reads every definition again neither keeps the part it read as all there is nor
+    moves its cursor past the reload: the next read reloads, and it knows every entry."""
+    import logging
+
+    from beat_claims.beat import stored
+
+    monkeypatch.setattr(stored, "PAGE", 2)
+    names = [f"entry-{i}" for i in range(7)]
+    for name in names:
+        create(store, name)
+    put_back = backend.copy(store)
+    create(store, "written-after-the-copy")
+    reader = stored.StoredEntries(store, logging.getLogger("test"))
+    reader.refresh()
+    assert sorted(reader.known) == sorted([*names, "written-after-the-copy"])
+    put_back()
+    answered(store, lambda: store.changes(reader.cursor))
+    real, lost = store.definitions, [False]
+
+    def lose_the_second_page(*args: object, **kwargs: object) -> object:
+        answer = real(*args, **kwargs)  # type: ignore[arg-type]
+        if kwargs.get("after", args[1] if len(args) > 1 else "") and not lost[0]:
+            lost[0] = True
+            raise StoreError("the reply was lost")
+        return answer
+
+    monkeypatch.setattr(store, "definitions", lose_the_second_page)
+    with pytest.raises(StoreError):
+        reader.refresh()
+    assert lost[0]
+    reader.refresh()
+    assert sorted(reader.known) == sorted(names), sorted(reader.known)
