@@ -1,4 +1,4 @@
-"""Review of 7943109 (the scripts as one function library, FCALL): what FCALL changed.
+"""The Redis store's scripts as one function library (FCALL): what FCALL changed.
 
 Each test runs against a real redis-server the test owns (the configuration it sets must
 not leak into the session's server)."""

@@ -1,4 +1,4 @@
-"""Adversarial review of register's restore of sent runs over runs that ended without
+"""Register's restore of sent runs over runs that ended without
 running (4e1f88f), and of a pause whose instant cannot be read (7c9e29d), at the contract.
 
 Tests once marked ``xfail(strict=True, reason="review: ...")`` reproduced a problem found in the

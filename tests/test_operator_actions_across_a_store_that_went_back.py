@@ -1,4 +1,4 @@
-"""Final adversarial review with real beats: a pause, a resume and a backfill across a store
+"""A pause, a resume and a backfill, with real beats, across a store
 that was wiped or came back from an older snapshot.
 
 Schedulers are ticked in this process (tests/inprocess.py) against redis-servers the tests

@@ -1,4 +1,4 @@
-"""Review of the claim made ahead (b7d7595), fixed since: what it claimed must be handled as
+"""The claim made ahead: what it claimed is handled as
 everything else this beat holds when a burst stops half way. Real redis-server, real broker (db 1);
 only the publish is made to fail, and the claim thread's store call is made slow (the real
 store answers)."""

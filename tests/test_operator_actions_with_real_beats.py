@@ -1,4 +1,4 @@
-"""Review of pause/resume, backfill, overlap="buffer_one" and jitter with real beats.
+"""Pause/resume, backfill, overlap="buffer_one" and jitter with real beats.
 
 Schedulers ticked in this process (tests/inprocess.py) or real ``celery beat`` and
 ``celery worker`` processes (tests/processes.py), against the test's redis-server: nothing

@@ -1,4 +1,4 @@
-"""Review of the heartbeat that carries the sweep (one round trip for an idle beat): what
+"""The heartbeat that carries the sweep (one round trip for an idle beat): what
 its answer may and may not be used for, and what must never fail with it.
 
 * Whatever fails the sweep's part never fails the heartbeat: a Redis Cluster with a bucket's

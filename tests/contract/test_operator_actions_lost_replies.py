@@ -1,4 +1,4 @@
-"""Final adversarial review of pause/resume, backfill and overlap="buffer_one" (contract).
+"""Pause/resume, backfill and overlap="buffer_one" at the contract: lost replies and more.
 
 Tests marked ``xfail(strict=True, reason="review: ...")`` reproduce a problem found in the
 review; the others pin a property that holds and was not pinned elsewhere: lost replies on

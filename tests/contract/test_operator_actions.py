@@ -1,4 +1,4 @@
-"""Review of pause/resume, backfill and overlap="buffer_one" (adversarial).
+"""Pause/resume, backfill and overlap="buffer_one" at the contract.
 
 Each problem the review found has a test here that reproduced it (it was marked
 ``xfail(strict=True)`` until the stores were fixed, on every backend): a backfill the
