@@ -18,7 +18,7 @@ from beat_claims.stores.redis import RedisStore
 from .conftest import RedisServer
 from .test_cli import cli
 
-redbeat = pytest.importorskip("redbeat", reason="celery-redbeat (the bench extra)")
+redbeat = pytest.importorskip("redbeat", reason="celery-redbeat (the test extra)")
 from redbeat import RedBeatSchedulerEntry  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from beat_claims.stores.base import Store
 
 from ..conftest import RedisServer
 
-redbeat = pytest.importorskip("redbeat", reason="celery-redbeat (the bench extra)")
+redbeat = pytest.importorskip("redbeat", reason="celery-redbeat (the test extra)")
 from redbeat import RedBeatSchedulerEntry  # noqa: E402
 from redbeat.schedules import rrule  # noqa: E402
 
