@@ -12,14 +12,12 @@ import pytest
 import redis
 from celery import Celery
 from celery.schedules import crontab, schedule
+from redbeat import RedBeatSchedulerEntry
 
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
 from .test_cli import cli
-
-redbeat = pytest.importorskip("redbeat", reason="celery-redbeat (the test extra)")
-from redbeat import RedBeatSchedulerEntry  # noqa: E402
 
 
 def redbeat_url(server: RedisServer) -> str:

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule
+from redbeat import RedBeatSchedulerEntry
+from redbeat.schedules import rrule
 
 from beat_claims import occurrences, redbeat_import
 from beat_claims.definitions import validate
@@ -21,10 +23,6 @@ from beat_claims.runs import to_ms
 from beat_claims.stores.base import Store
 
 from ..conftest import RedisServer
-
-redbeat = pytest.importorskip("redbeat", reason="celery-redbeat (the test extra)")
-from redbeat import RedBeatSchedulerEntry  # noqa: E402
-from redbeat.schedules import rrule  # noqa: E402
 
 #: When RedBeat's entries last ran: now (their next run is to come), or long ago.
 NOW = datetime.now(timezone.utc)
