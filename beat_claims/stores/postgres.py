@@ -112,11 +112,13 @@ from .base import (
     DefinitionResult,
     DefinitionWrite,
     Delivery,
+    DueEntry,
     EntryRecord,
     EntrySeed,
     EntryState,
     Heartbeat,
     HeldRun,
+    IndexWrite,
     LiveQuery,
     LiveRuns,
     LogRead,
@@ -132,6 +134,7 @@ from .base import (
     StoreConfigurationError,
     StoredDefinition,
     StoreError,
+    Unindexed,
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
@@ -2465,6 +2468,17 @@ class PostgresStore(Store):
                                           for n, _ in taken), reload, complete)
 
     # -- reads ------------------------------------------------------------------------
+    # -- the due index (not yet on this backend) -----------------------------------------
+    def due(self, before: int, limit: int, after: tuple[int, str] | None = None
+            ) -> list[DueEntry]:
+        raise NotImplementedError
+
+    def index(self, writes: Sequence[IndexWrite]) -> list[bool]:
+        raise NotImplementedError
+
+    def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
+        raise NotImplementedError
+
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
         sql = (f"SELECT name, description, anchor, checkpoint, token, paused_at, paused_by,"
                f" paused_note, resumed_by, resumed_at, last_paused_at, registrants, horizon"

@@ -107,11 +107,13 @@ from .base import (
     DefinitionResult,
     DefinitionWrite,
     Delivery,
+    DueEntry,
     EntryRecord,
     EntrySeed,
     EntryState,
     Heartbeat,
     HeldRun,
+    IndexWrite,
     LiveQuery,
     LiveRuns,
     LogRead,
@@ -127,6 +129,7 @@ from .base import (
     StoreConfigurationError,
     StoredDefinition,
     StoreError,
+    Unindexed,
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
@@ -1343,6 +1346,17 @@ class RedisStore(Store):
                                                               0, True)
                         for name, _ in taken)
         return Changes(next_cursor, changed, reload, complete and whole)
+
+    # -- the due index (not yet on this backend) -----------------------------------------
+    def due(self, before: int, limit: int, after: tuple[int, str] | None = None
+            ) -> list[DueEntry]:
+        raise NotImplementedError
+
+    def index(self, writes: Sequence[IndexWrite]) -> list[bool]:
+        raise NotImplementedError
+
+    def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
+        raise NotImplementedError
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:

@@ -91,6 +91,7 @@ from ..runs import Owner, Run, iso
 from ..urls import redact_url
 from .base import (
     CHANGES_PER_MS,
+    DUE_AT_ONCE,
     TOKENS_PER_MS,
     TOMBSTONES_DROPPED,
     BackfillForgotten,
@@ -108,11 +109,13 @@ from .base import (
     DefinitionResult,
     DefinitionWrite,
     Delivery,
+    DueEntry,
     EntryRecord,
     EntrySeed,
     EntryState,
     Heartbeat,
     HeldRun,
+    IndexWrite,
     LiveQuery,
     LiveRuns,
     LogRead,
@@ -128,14 +131,18 @@ from .base import (
     StoreConfigurationError,
     StoredDefinition,
     StoreError,
+    Unindexed,
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
     WriteStatus,
     Written,
     Wrote,
+    checked_index_writes,
+    checked_plans,
     checked_writes,
     definition_result,
+    due_cursor,
     follow,
     in_last_pause,
     page_limit,
@@ -144,13 +151,14 @@ from .base import (
     stored_definition,
     worker_id,
     worker_ttl_ms,
+    written_next_due,
 )
 
 logger = get_logger("celery.beat.claims")
 
 #: The layout of the tables above. A file written by a newer version is refused; an older
 #: one is migrated.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: Beats that register new entries within this many ms of each other share the instant.
 ANCHOR_SHARED_MS = 2000
 #: How long a presumed-lost run is kept (for a late delivery).
@@ -189,6 +197,8 @@ _OPERATOR_COLUMNS = (("registrants", "TEXT"), ("horizon", "INTEGER"))
 _DEFINITION_COLUMNS = (("definition", "TEXT"), ("version", "INTEGER NOT NULL DEFAULT 0"),
                        ("origin", "TEXT"), ("changed_by", "TEXT"), ("changed_at", "INTEGER"),
                        ("change_id", "TEXT"), ("changed_seq", "INTEGER"))
+#: The entries table's column of schema 7: the entry's next due instant (the due index).
+_INDEX_COLUMNS = (("next_due", "INTEGER"),)
 _NUMBER_FIELDS = ("due", "token", "claimed_at", "sending_at", "sent_at", "started_at",
                   "finished_at", "released_at", "revived_at", "worker_pid", "retries",
                   "attempts", "reclaims", "deliveries", "waiting_at")
@@ -238,7 +248,7 @@ def _schema(t: Tables) -> list[str]:
         " token INTEGER, "
         + ", ".join(f"{name} {kind}" for name, kind
                     in _PAUSE_COLUMNS + _LAST_PAUSE_COLUMNS + _OPERATOR_COLUMNS
-                    + _DEFINITION_COLUMNS)
+                    + _DEFINITION_COLUMNS + _INDEX_COLUMNS)
         + ") WITHOUT ROWID",
         f"CREATE TABLE IF NOT EXISTS {t.runs} (entry TEXT NOT NULL, due INTEGER NOT NULL,"
         " record TEXT, kind TEXT, since INTEGER, owner TEXT, token INTEGER, busy INTEGER,"
@@ -299,6 +309,12 @@ def _migrations(t: Tables) -> dict[int, list[Migration]]:
         # 5 still connected name their columns: they go on (their prune does not know a
         # definition: stop them before entries get one).
         5: [lambda db: _add_columns(db, t.entries, _DEFINITION_COLUMNS)],
+        # The due index: NULL in every existing row (not indexed: a rebuild sweep pages
+        # through them, Store.unindexed, and indexes each). Processes of schema 6 still
+        # connected never write it: their claims leave it earlier than truth (a read), and
+        # their definition writes leave it as it was (the beats following the change feed
+        # index those entries again).
+        6: [lambda db: _add_columns(db, t.entries, _INDEX_COLUMNS)],
     }
 
 
@@ -316,6 +332,12 @@ def _definitions_schema(t: Tables) -> list[str]:
         f" WHERE {_DEFINED}",
         f'CREATE INDEX IF NOT EXISTS "{b}_entries_gone" ON {t.entries} (changed_at)'
         " WHERE definition IS NULL AND changed_seq IS NOT NULL AND version <> 0",
+        # The due index (schema 7): what is due, in (next_due, name) order; and what has
+        # no next_due at all, in name order (a rebuild sweep's pages).
+        f'CREATE INDEX IF NOT EXISTS "{b}_entries_next" ON {t.entries} (next_due, name)'
+        " WHERE next_due >= 0",
+        f'CREATE INDEX IF NOT EXISTS "{b}_entries_unindexed" ON {t.entries} (name)'
+        " WHERE next_due IS NULL",
         # An entry that leaves the store (a prune, an operator with the sqlite3 shell)
         # leaves the change log: its number is a dropped one (a reader behind it reloads).
         f'CREATE TRIGGER IF NOT EXISTS "{b}_entries_unlog" AFTER DELETE ON {t.entries}'
@@ -349,6 +371,15 @@ def _definition_statements(t: Tables) -> dict[str, str]:
                         " AND changed_seq IS NOT NULL AND version <> 0 AND changed_at < ?"
                         " ORDER BY changed_at LIMIT ?",
         "changes_unlog": f"UPDATE {t.entries} SET changed_seq = NULL WHERE name = ?",
+        "next_set": f"UPDATE {t.entries} SET next_due = ? WHERE name = ?",
+        "next_state": f"SELECT anchor, checkpoint, version FROM {t.entries} WHERE name = ?",
+        "next_due": f"SELECT name, next_due, anchor, checkpoint, token, version"
+                    f' FROM {t.entries} INDEXED BY "{t.base}_entries_next"'
+                    " WHERE next_due >= 0 AND next_due <= ? AND (next_due > ?"
+                    " OR (next_due = ? AND name > ?)) ORDER BY next_due, name LIMIT ?",
+        "next_missing": f"SELECT name FROM {t.entries}"
+                        f' INDEXED BY "{t.base}_entries_unindexed"'
+                        " WHERE next_due IS NULL AND name > ? ORDER BY name LIMIT ?",
     }
 
 
@@ -403,8 +434,10 @@ def _statements(t: Tables) -> dict[str, str]:
         "meta_add": f"INSERT INTO {t.meta} (key, value) VALUES (?, ?)"
                     " ON CONFLICT (key) DO NOTHING",
         "entry_get": f"SELECT anchor, checkpoint, token FROM {t.entries} WHERE name = ?",
-        "entry_put": f"INSERT INTO {t.entries} (name, description, anchor, checkpoint, token)"
-                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+        # (a new entry is indexed due at once: DUE_AT_ONCE)
+        "entry_put": f"INSERT INTO {t.entries} (name, description, anchor, checkpoint, token,"
+                     f" next_due) VALUES (?, ?, ?, ?, ?, {DUE_AT_ONCE})"
+                     " ON CONFLICT (name) DO UPDATE SET"
                      " description = excluded.description, anchor = excluded.anchor,"
                      " checkpoint = excluded.checkpoint, token = excluded.token",
         "entry_move": f"UPDATE {t.entries} SET checkpoint = ?, token = ? WHERE name = ?",
@@ -1366,7 +1399,7 @@ class SQLiteStore(Store):
 
     # -- beats: the life of a claim ----------------------------------------------------
     def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
-        return self._each("claim", list(plans), lambda db, now, plan: self._claim_one(
+        return self._each("claim", checked_plans(plans), lambda db, now, plan: self._claim_one(
             db, now, owner.id, plan), lambda plan, exc: ClaimResult(
             plan.entry, ClaimStatus.CORRUPT, detail=f"{type(exc).__name__}: {exc}"))
 
@@ -1422,6 +1455,9 @@ class SQLiteStore(Store):
                                                 "reason": action, "finished_at": now})
                     skipped.append((due, Reason(action)))
             checkpoint = cp
+            if plan.next_due is not None and (
+                    plan.version is None or plan.version == self._version(db, name)):
+                db.execute(q["next_set"], (plan.next_due, name))
         if plan.take_due:
             rows = sorted([(due, raw, _DUE) for due, raw in db.execute(
                 q["runs_due"], (name,)).fetchall()] + [(due, raw, _WAITING) for due, raw in
@@ -2009,8 +2045,44 @@ class SQLiteStore(Store):
             db.execute(q["entry_move"], (w.checkpoint, e["token"], name))
         db.execute(q["def_put"], (w.definition, version + 1, w.origin.value, w.by, now,
                                   w.change_id or None, self._next_seq(db, now), name))
+        db.execute(q["next_set"], (written_next_due(w), name))
         self._drop_tombstones(db, now)
         return answer(WriteStatus.OK)
+
+    def _version(self, db: sqlite3.Connection, entry: str) -> int | None:
+        """The entry's definition version (0: none; None: no entry, or unreadable)."""
+        row = db.execute(self._sql["next_state"], (entry,)).fetchone()
+        return _maybe_int(row[2]) if row is not None and _is_number(row[2]) else None
+
+    # -- the due index ------------------------------------------------------------------
+    def due(self, before: int, limit: int, after: tuple[int, str] | None = None
+            ) -> list[DueEntry]:
+        before, limit, after = due_cursor(before, limit, after)
+        low, name = after if after is not None else (-1, "")
+        rows = self._transaction(lambda db: db.execute(
+            self._sql["next_due"], (before, low, low, name, limit)).fetchall(), write=False)
+        return [DueEntry(str(name), int(next_due), _due_state(anchor, checkpoint, token),
+                         _maybe_int(version) or 0)
+                for name, next_due, anchor, checkpoint, token, version in rows]
+
+    def index(self, writes: Sequence[IndexWrite]) -> list[bool]:
+        def step(db: sqlite3.Connection, now: int, w: IndexWrite) -> bool:
+            row = db.execute(self._sql["next_state"], (w.name,)).fetchone()
+            if row is None or _maybe_int(row[0]) is None or (
+                    _maybe_int(row[0]), _maybe_int(row[1]), _maybe_int(row[2]) or 0) != (
+                    w.expected.anchor, w.expected.checkpoint, w.version):
+                return False
+            db.execute(self._sql["next_set"], (w.next_due, w.name))
+            return True
+
+        return self._each("index", checked_index_writes(writes), step,
+                          lambda w, exc: False)
+
+    def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
+        limit = page_limit(limit, 1)
+        names = [str(name) for (name,) in self._transaction(lambda db: db.execute(
+            self._sql["next_missing"], (cursor, limit)).fetchall(), write=False)]
+        return Unindexed(tuple(names), names[-1] if names else cursor, len(names) < limit)
 
     def _next_seq(self, db: sqlite3.Connection, now: int) -> int:
         """next_seq in the prelude: above the last number (and the newest in the log), at
@@ -2151,6 +2223,15 @@ class SQLiteStore(Store):
         rows = self._transaction(work, write=False)
         return WorkerLivenessRead(_now(), tuple(
             read_worker_record(p, row[0] if row else None) for p, row in zip(processes, rows)))
+
+
+def _due_state(anchor: Any, checkpoint: Any, token: Any) -> EntryState | None:
+    """An indexed entry's state as stored (None: a field cannot be read)."""
+    try:
+        a, c, k = _entry_int(anchor), _entry_int(checkpoint), _entry_int(token)
+    except ValueError:
+        return None
+    return None if a is None else EntryState(a, c, k or 0)
 
 
 def _entry_record(row: Sequence[Any]) -> EntryRecord:
