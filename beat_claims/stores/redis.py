@@ -207,7 +207,7 @@ SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
            "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat",
            "kept", "beats_alive", "registrant", "unregister", "define", "changes", "index",
-           "due")
+           "due", "states")
 
 
 def _lua_names() -> str:
@@ -295,7 +295,8 @@ def _sha(name: str) -> str:
 
 
 #: Scripts that only read: flagged so in the library (a server out of memory runs them).
-READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive", "changes", "due"})
+READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive", "changes", "due",
+                               "states"})
 
 
 @cache
@@ -1396,14 +1397,38 @@ class RedisStore(Store):
             names, instants, bad = self._json_reply(reply, 3)
             for key in bad:
                 self._note_bad_key(key)
-            found += [(int(due), n.encode(), n) for n, due in zip(names, instants)]
-        # (each group's answer is in order: merged, by name as the zsets order them)
-        chosen = sorted(found)[:limit]
-        rows = self._chunked(chosen, lambda pipe, item: pipe.hmget(
-            self.entry_keys(item[2])[0], ["anchor", "checkpoint", "token", "version"]))
-        return [DueEntry(n, due, _due_state(row), _maybe_int(row[3]) or 0
-                         if not isinstance(row, Exception) else 0)
-                for (due, _, n), row in zip(chosen, rows)]
+            for mine, dues in zip(names, instants):
+                found += [(int(float(due)), n.encode(), n)
+                          for n, due in zip(mine or (), dues or ())]
+        # (each bucket's answer is in order: merged, by name as the zsets order them)
+        chosen = [(due, n) for due, _, n in sorted(found)[:limit]]
+        states = self._states([n for _, n in chosen])
+        return [DueEntry(n, due, *states[n]) for due, n in chosen]
+
+    def _states(self, names: list[str]) -> dict[str, tuple[EntryState | None, int]]:
+        """Each entry's state and definition version (None: it cannot be read), read by
+        one script call per group of buckets (each bucket's keys in its own slot)."""
+        if not names:
+            return {}
+        by_bucket: dict[str, list[str]] = {}
+        for name in names:
+            by_bucket.setdefault(self._tag(name)[0], []).append(name)
+        calls = ([names] if self.single_node else list(by_bucket.values()))
+
+        def build(pipe: Pipeline) -> None:
+            for group in calls:
+                self._script(pipe, "states", [self.entry_keys(n)[0] for n in group],
+                             raw=True)
+
+        out: dict[str, tuple[EntryState | None, int]] = {}
+        for group, reply in zip(calls, self._round_trip(build)):
+            rows = (self._json_reply(reply, len(group)) if not isinstance(reply, Exception)
+                    else [reply] * len(group))
+            for name, row in zip(group, rows):
+                version = None if isinstance(row, Exception) else _maybe_int(
+                    row[3] or None)
+                out[name] = (_due_state(row), version or 0)
+        return out
 
     def index(self, writes: Sequence[IndexWrite]) -> list[bool]:
         writes = checked_index_writes(writes)
@@ -1602,14 +1627,15 @@ def _whole(text: str) -> int:
 
 
 def _due_state(row: Any) -> EntryState | None:
-    """An indexed entry's state from its fields (anchor, checkpoint, token, ...); None when
-    they cannot be read."""
+    """An indexed entry's state from its fields (anchor, checkpoint, token, ...; False or
+    None: absent); None when they cannot be read."""
     if isinstance(row, Exception):
         return None
-    anchor = _maybe_int(row[0])
-    if anchor is None or (row[1] is not None and _maybe_int(row[1]) is None):
+    anchor, checkpoint, token = (None if v is False else v for v in row[:3])
+    if _maybe_int(anchor) is None or (checkpoint is not None
+                                      and _maybe_int(checkpoint) is None):
         return None
-    return EntryState(anchor, _maybe_int(row[1]), _maybe_int(row[2]) or 0)
+    return EntryState(_maybe_int(anchor) or 0, _maybe_int(checkpoint), _maybe_int(token) or 0)
 
 
 def _scan_reply(reply: Any) -> tuple[int, dict[str, str]]:

@@ -32,7 +32,10 @@ find every run from the records alone.
                   a tombstone; version: 0 when it never had one; origin, changed_by,
                   changed_at; change_id: the last change's) and changed_seq (its place in
                   the change log: the sequence number of its last definition change;
-                  NULL: not in the log, or a tombstone past TOMBSTONE_KEPT_MS)
+                  NULL: not in the log, or a tombstone past TOMBSTONE_KEPT_MS); next_due
+                  (the due index: its next due instant, ms; NOT_DUE, -1: not due; NULL:
+                  never indexed), written in the transaction that moves the checkpoint or
+                  changes the definition
 ``P_runs``        (entry, due) -> record (JSON); index columns: kind (``due``,
                   ``waiting``, ``held``, ``open``; NULL once final or unreadable), since
                   (what the sweeps compare with their cutoffs), owner and token (held
@@ -47,7 +50,9 @@ find every run from the records alone.
 ================  ======================================================================
 
 Indexes: entries (changed_seq) where set (the change feed), (name) where it has or had a
-definition (definitions in name order), (changed_at) of the tombstones still in the log; runs (kind,
+definition (definitions in name order), (changed_at) of the tombstones still in the log,
+(next_due, name) where next_due >= 0 (what falls due), (name) where next_due is NULL (a
+rebuild sweep's pages); runs (kind,
 since) where kind is set (the sweeps: due, waiting, held, open runs, oldest first,
 whatever the number of entries); runs (entry, due) where kind is ``due``
 (what a claim takes), where kind is ``waiting`` (what overlap="buffer_one" keeps for
@@ -60,11 +65,12 @@ Schema versions: 1 (task ids kept a week), 2 (task ids go with their run; the st
 ended began: ``last_paused_at``), 5 (``P_workers``: worker processes' liveness, id ->
 record (JSON), expires_at; removed ``worker_records_kept`` after they lapse; an entry's
 registrants and history horizon), 6 (an entry's definition, its version and the change
-log). A file of an older schema is migrated when it is opened: from 1, task ids whose run
-is gone are removed; from 2, the entries table gets the pause's columns; from 3,
-``last_paused_at`` (NULL: no last pause); from 4, the workers table is made, and
-``registrants`` and ``horizon`` added (NULL: none recorded); from 5, the definition's
-columns (version 0: none) and the change log's indexes.
+log), 7 (the due index: next_due). A file of an older schema is migrated when it is
+opened: from 1, task ids whose run is gone are removed; from 2, the entries table gets the
+pause's columns; from 3, ``last_paused_at`` (NULL: no last pause); from 4, the workers
+table is made, and ``registrants`` and ``horizon`` added (NULL: none recorded); from 5,
+the definition's columns (version 0: none) and the change log's indexes; from 6,
+``next_due`` (NULL: never indexed, until a rebuild sweep indexes it) and its indexes.
 """
 
 from __future__ import annotations

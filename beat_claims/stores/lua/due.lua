@@ -1,11 +1,12 @@
--- What falls due: the entries of buckets' due indexes whose next due instant is at or
--- before ARGV[1], in (instant, name) order (names compared byte by byte, as the zsets
--- order them), the first ARGV[2] after (ARGV[3], ARGV[4]) (exclusive; ARGV[3] '' : from
--- the start). Each bucket is read by rank, a chunk at a time, and the buckets merged.
+-- What falls due: in each bucket's due index, the entries whose next due instant is at or
+-- before ARGV[1], in (instant, name) order (names byte by byte, as the zsets order them),
+-- the first ARGV[2] after (ARGV[3], ARGV[4]) (exclusive; ARGV[3] '' : from the start),
+-- read by rank (O(log N) to find the start, whatever the ties before it). The caller
+-- merges the buckets.
 -- KEYS: the buckets' due indexes (one bucket per call on a cluster, where each has its
--- own slot; all of them on one server). Returns, as one JSON string, [names, instants,
--- keys of the wrong kind].
-local before, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- own slot; all of them on one server). Returns, as one JSON string, [names of each key,
+-- instants of each key (as text), keys of the wrong kind].
+local limit = tonumber(ARGV[2])
 local after_due, after_name = tonumber(ARGV[3]), ARGV[4]
 
 -- a < b as the zsets order members: byte by byte (Lua's own < follows the locale).
@@ -34,46 +35,25 @@ local function start_of(key)
   return lo
 end
 
-local chunk = math.max(16, math.ceil(2 * limit / #KEYS))
-local cursors, bad = {}, {}
+local names, instants, bad = {}, {}, {}
 for _, key in ipairs(KEYS) do
   if key_is(key, 'zset') then
     local start = start_of(key)
-    local stop = redis.call('ZCOUNT', key, '-inf', ARGV[1])  -- ranks below it are due
+    local stop = math.min(redis.call('ZCOUNT', key, '-inf', ARGV[1]), start + limit)
+    local mine, dues = {}, {}
     if start < stop then
-      cursors[#cursors + 1] = {key = key, next = start, stop = stop, rows = {}, i = 1}
+      local rows = redis.call('ZRANGE', key, start, stop - 1, 'WITHSCORES')
+      for i = 1, #rows, 2 do
+        mine[#mine + 1] = rows[i]
+        dues[#dues + 1] = rows[i + 1]
+      end
     end
+    names[#names + 1] = mine
+    instants[#instants + 1] = dues
   else
     bad[#bad + 1] = key
+    names[#names + 1] = {}
+    instants[#instants + 1] = {}
   end
-end
-
--- The cursor's current member (name, instant), fetching its next chunk when needed; nil
--- when it is done.
-local function head(c)
-  if c.i > #c.rows then
-    if c.next >= c.stop then return nil end
-    local last = math.min(c.stop, c.next + chunk) - 1
-    c.rows, c.i = redis.call('ZRANGE', c.key, c.next, last, 'WITHSCORES'), 1
-    c.next = last + 1
-    if #c.rows == 0 then return nil end
-  end
-  return c.rows[c.i], tonumber(c.rows[c.i + 1])
-end
-
-local names, instants = {}, {}
-while #names < limit do
-  local best, best_name, best_due
-  for _, c in ipairs(cursors) do
-    local name, due = head(c)
-    if name and (best == nil or due < best_due
-                 or (due == best_due and bytes_less(name, best_name))) then
-      best, best_name, best_due = c, name, due
-    end
-  end
-  if best == nil or best_due > before then break end
-  names[#names + 1] = best_name
-  instants[#instants + 1] = fmt(best_due)
-  best.i = best.i + 2
 end
 return cjson.encode({names, instants, bad})
