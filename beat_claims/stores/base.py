@@ -45,7 +45,7 @@ import abc
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -994,6 +994,58 @@ def follow(cursor: ChangeCursor | None, reads: Sequence[LogRead], limit: int
                     name, name_seq))
     return (ChangeCursor(tuple(out)), [(member, seq) for seq, _, member in chosen], False,
             len(every) <= limit)
+
+
+# -- the due index: a rebuild sweep's page -------------------------------------------------
+@dataclass(frozen=True)
+class RebuildPage:
+    """What one page of a rebuild sweep did (:func:`rebuild_page`): the cursor to go on
+    from, whether the pass is complete, and the entries it indexed, found moved (their
+    writer indexed them, or will), and left (``next_due_of`` answered None, or a record
+    that cannot be read: another caller's, or the next pass's)."""
+
+    cursor: str
+    complete: bool
+    indexed: tuple[str, ...]
+    moved: tuple[str, ...]
+    left: tuple[str, ...]
+
+
+def rebuild_page(store: Store,
+                 next_due_of: Callable[[str, EntryRecord, StoredDefinition | None],
+                                       int | None],
+                 cursor: str = "", limit: int = 1000) -> RebuildPage:
+    """One page of a rebuild sweep: the next ``limit`` entries with no ``next_due`` at all
+    (:meth:`Store.unindexed` from ``cursor``), their state and definition read, each
+    one's next due instant computed by ``next_due_of(name, record, definition)`` (an
+    instant, :data:`NOT_DUE`, or None: this caller cannot tell, the entry is left), and
+    written by :meth:`Store.index`, conditional on the anchor, checkpoint and version it
+    was computed from (read apart: an entry that moved between the reads, or since, is
+    written nothing, and whoever moved it wrote its instant, or leaves it earlier than
+    truth). Three round trips and a write; safe to repeat (a lost reply: the same writes
+    again, or nothing)."""
+    page = store.unindexed(limit, cursor)
+    names = list(page.names)
+    records = {r.name: r for r in store.entries(names)} if names else {}
+    found = {d.name: d for d in store.definitions(names)} if names else {}
+    writes: list[IndexWrite] = []
+    left: list[str] = []
+    for name in names:
+        record, definition = records.get(name), found.get(name)
+        readable = record is not None and record.anchor is not None and not (
+            definition is not None and definition.corrupt)
+        next_due = next_due_of(name, record, definition) if readable and record else None
+        if next_due is None or record is None or record.anchor is None:
+            left.append(name)
+            continue
+        writes.append(IndexWrite(name, EntryState(record.anchor, record.checkpoint,
+                                                  record.token),
+                                 definition.version if definition else 0, next_due))
+    written = store.index(writes) if writes else []
+    return RebuildPage(page.cursor, page.complete,
+                       tuple(w.name for w, ok in zip(writes, written) if ok),
+                       tuple(w.name for w, ok in zip(writes, written) if not ok),
+                       tuple(left))
 
 
 # -- liveness -----------------------------------------------------------------------------

@@ -67,8 +67,11 @@ not in it either: a rebuild sweep pages through them (:meth:`RedisStore.unindexe
 ``HSCAN`` of ``{P}:entries`` a page) and indexes each.
 
 On a cluster the due index spreads over as many masters as the buckets do (``BUCKETS``
-hash tags, one slot each: up to 16 masters); :meth:`RedisStore.due` reads every bucket's
-first ``limit`` in one pass over them and merges them (on one server, in one script).
+hash tags, one slot each: up to 16 masters). :meth:`RedisStore.due` is two round trips:
+every bucket's first ``limit`` due (``due.lua``: the start found by rank, O(log N)
+whatever the ties before it; one script for every bucket on one server, one per bucket on
+a cluster, in one pass over the masters), merged by the client; then the chosen entries'
+states (``states.lua``, one call per bucket group).
 
 Records are JSON, never pickle. Names of states, reasons and policies reach the scripts
 as a table generated from :mod:`beat_claims.enums`.

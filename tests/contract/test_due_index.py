@@ -17,10 +17,13 @@ from beat_claims.stores.base import (
     ClaimStatus,
     DefinitionWrite,
     DueEntry,
+    EntryRecord,
     EntryState,
     IndexWrite,
     Store,
+    StoredDefinition,
     WriteStatus,
+    rebuild_page,
 )
 
 from .backend import Backend
@@ -254,6 +257,45 @@ def test_the_rebuild_sweep_pages_through_every_entry_without_next_due(
     assert (page.names, page.complete) == ((), True)
     assert {d.name for d in store.due(500, MAX_PAGE)} == (missing - {"deleted"}) | {
         n for n, d in states.items() if d.next_due <= 500 and n not in missing}
+
+
+def test_a_rebuild_sweep_indexes_what_it_can_compute_and_writes_nothing_over_a_move(
+        store: Store, backend: Backend) -> None:
+    names = ["moves", "mystery", "plain", "tombstone", "with-definition"]
+    register(store, "moves", "mystery", "plain")
+    define(store, "with-definition", 0, next_due=1)
+    define(store, "tombstone", 0, next_due=1)
+    define(store, "tombstone", 1, text=None)
+    for name in names:
+        backend.drop_next_due(store, name)
+    seen: dict[str, tuple[int | None, int]] = {}
+
+    def next_due_of(name: str, record: EntryRecord, definition: StoredDefinition | None
+                    ) -> int | None:
+        seen[name] = (record.checkpoint, definition.version if definition else 0)
+        if name == "mystery":
+            return None  # (not this caller's to tell: another beat's beat_schedule)
+        if name == "moves":  # another beat claims it meanwhile: it writes the instant
+            store.claim(B, [ClaimPlan(name, EntryState(record.anchor or 0, None),
+                                      ((record.anchor or 0) + 1000,), next_due=4242)])
+        if definition is not None and definition.deleted:
+            return NOT_DUE
+        return 777
+
+    indexed_, moved, left = [], [], []
+    cursor, complete = "", False
+    while not complete:
+        page = rebuild_page(store, next_due_of, cursor, limit=2)
+        indexed_ += page.indexed
+        moved += page.moved
+        left += page.left
+        cursor, complete = page.cursor, page.complete
+    assert sorted(indexed_) == ["plain", "tombstone", "with-definition"]
+    assert (moved, left) == (["moves"], ["mystery"])
+    assert seen["with-definition"] == (None, 1) and seen["tombstone"] == (None, 2)
+    assert [(d.name, d.next_due) for d in every_due(store, 5000)] == [
+        ("plain", 777), ("with-definition", 777), ("moves", 4242)]
+    assert store.unindexed(10).names == ("mystery",)
 
 
 def test_unindexed_refuses_a_limit_out_of_bounds(store: Store) -> None:
