@@ -192,8 +192,10 @@ def due_cursor(before: int, limit: int, after: tuple[int, str] | None
 class DueEntry:
     """One entry of the due index, as :meth:`Store.due` answers it: its ``next_due`` (UTC
     ms) as indexed, and the entry's state and definition version read with it (``state``
-    None: its record cannot be read; ``version`` 0: it has no definition), so that the
-    reader computes the occurrences and claims without a second read.
+    None: its record cannot be read, or is gone: an index written apart from its records,
+    Redis keys put back one by one, which :meth:`Store.index` of the entry cleans up;
+    ``version`` 0: it has no definition), so that the reader computes the occurrences and
+    claims without a second read.
 
     The index is written in the same atomic step as the entry's checkpoint, so in a store
     that was never put back it is exact or earlier than truth (a claim by a writer that
