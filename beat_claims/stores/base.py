@@ -400,7 +400,9 @@ class ClaimPlan:
     #: publish in the claim's own atomic step (see :class:`SendAtOnce`).
     send: SendAtOnce | None = None
     #: The entry's next due instant after what the plan claims and skips, as the caller
-    #: computed it from the definition (UTC ms, or :data:`NOT_DUE`): written to the due
+    #: computed it from the definition (UTC ms, or :data:`NOT_DUE`; for an entry a beat
+    #: looks at before or after the instant itself, jitter, the instant it looks at it
+    #: next: the index says when to read the entry, never what to claim): written to the due
     #: index in the claim's atomic step, only when its compare-and-set on the checkpoint
     #: passes (with ``expected``; a CONFLICT writes nothing) and, with ``version``, only
     #: while the entry's definition is at that version (else the index is left as it is:
