@@ -798,11 +798,13 @@ class Scheduler(BaseScheduler):
     def close(self) -> None:
         """Give back every claim not sent. Idempotent, and safe to re-enter from a signal.
 
-        Called from Celery's signal handler in the middle of a tick, it does nothing: the
-        handler raises SystemExit, the tick unwinds (no store call is cut in half), and
-        Celery calls close() again on its way out, which gives back.
+        Called from Celery's signal handler, it does nothing: the handler raises SystemExit,
+        the tick (if one was running) unwinds, no store call is cut in half, and Celery
+        calls close() again on its way out, which gives back. Nothing that waits (a store
+        call, the claim thread) runs inside a signal handler, where the code it interrupted
+        may hold what that would wait for.
         """
-        if self._closed or self._closing or self._in_tick:
+        if self._closed or self._closing or self._in_tick or _in_celery_stop_handler():
             return
         self._closing = True
         deferred = _hold_stop_signals()
@@ -893,10 +895,20 @@ def _built_by_celery_beat() -> bool:
     """Whether Celery's beat service is building this scheduler (``celery beat``, ``worker
     -B``, or its banner): a configuration error is then one line and an exit, not a
     traceback. Built by other code (a test, a script), the error is raised as it is."""
-    frame = sys._getframe(1)
+    return _called_from("celery.beat", "get_scheduler")
+
+
+def _in_celery_stop_handler() -> bool:
+    """Whether ``celery beat``'s SIGTERM/SIGINT handler is running (it closes the scheduler,
+    then raises SystemExit, and the service closes it again on its way out)."""
+    return _called_from("celery.apps.beat", "_sync")
+
+
+def _called_from(module: str, function: str) -> bool:
+    """Whether ``function`` of ``module`` is among the callers of the caller."""
+    frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_globals.get("__name__") == "celery.beat" and \
-                frame.f_code.co_name == "get_scheduler":
+        if frame.f_globals.get("__name__") == module and frame.f_code.co_name == function:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
