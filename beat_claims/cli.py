@@ -451,8 +451,15 @@ def health(ctx: click.Context, grace: float | None, beat: str | None, max_entrie
         if beat is not None:
             return fleet_health.beat(store, host, pid)
         schedules = _schedules(app)
+        policies = operations.policies(app, settings, list(schedules))
+        # Entries created at run time: every beat sends them (a dynamic definition
+        # shadows a beat_schedule entry of its name).
+        dynamic, dynamic_policies = inspect.dynamic_schedules(app, store, settings,
+                                                              max_entries)
+        schedules.update(dynamic)
+        policies.update(dynamic_policies)
         return fleet_health.fleet(
-            store, schedules, operations.policies(app, settings, list(schedules)),
+            store, schedules, policies,
             settings.policy, settings.overdue_after if grace is None else grace, max_entries,
             settings.unstarted_after)
 
