@@ -11,16 +11,18 @@ gets ``--rows`` (100,000) ``PeriodicTask`` rows due once a day (made with
    lately by id and date, the schedule tables) and the full comparison every
    ``FULL_READ_EVERY`` (every enabled row's columns).
 2. Two ``celery beat -S beat_claims.contrib.django.DatabaseScheduler`` processes (the test
-   site's app, ``tests/djangosite``; store and broker on a private redis-server). Once
+   site's app, ``tests/djangosite``, with the default heartbeat and loop interval of 5 s:
+   ``bench/django_rows_settings.py``; store and broker on a private redis-server). Once
    both read the rows: ``target``'s interval is changed to 2 s with ``save()``,
-   ``to-disable`` disabled with ``save()``, ``to-delete`` deleted. Reported: the time
-   from ``save()`` to the first message of ``target`` published after it (the broker's
-   queue is polled every 20 ms: nobody consumes), the rows each beat says it read, and
+   ``to-disable`` disabled with ``save()``, ``to-delete`` deleted (``target``'s arguments
+   changed too: its messages by the new definition are told apart). Reported: the time
+   from ``save()`` to the first message of ``target`` with the new definition's arguments
+   (the broker's queue is polled every 20 ms: nobody consumes), the rows each beat says it read, and
    each beat's CPU from the save until the change was applied, less the same time idle.
 3. ``--compare`` (default on): one ``celery beat -S
    django_celery_beat.schedulers:DatabaseScheduler`` on the same rows (one: it has no
    coordination), once its schedule is read (its CPU at rest): ``target``'s interval
-   changed to 3 s with ``save()``, and the same figures.
+   changed to 3 s (and its arguments) with ``save()``, and the same figures.
 
 The last line is one JSON document with every figure.
 
@@ -33,6 +35,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -60,7 +63,7 @@ READ = re.compile(r"database rows \(the change marker moved\): read (\d+) change
 def _django(db_name: str, redis_url: str) -> dict[str, str]:
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.djangosite.settings",
+        "DJANGO_SETTINGS_MODULE": "bench.django_rows_settings",
         "BC_DJANGO_DB_NAME": db_name,
         "BC_REDIS_URL": redis_url,
         "BC_BROKER_URL": redis_url.rsplit("/", 1)[0] + "/1",
@@ -130,8 +133,10 @@ class Broker:
         self.client = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/1")
         self.seen = self.client.llen("celery")
 
-    def first_after(self, name: str, after: float, timeout: float) -> float | None:
-        """When the first message of ``name`` published after ``after`` was seen."""
+    def first_after(self, name: str, args: list[Any], after: float, timeout: float
+                    ) -> float | None:
+        """When the first message of ``name`` with ``args`` (those of its new definition)
+        published after ``after`` was seen."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             length = self.client.llen("celery")
@@ -140,8 +145,11 @@ class Broker:
                 self.seen = length
                 now = time.time()
                 for raw in fresh:
-                    headers = json.loads(raw)["headers"]
-                    if headers.get("periodic_task_name") == name and now >= after:
+                    message = json.loads(raw)
+                    if message["headers"].get("periodic_task_name") != name:
+                        continue
+                    body = json.loads(base64.b64decode(message["body"]))
+                    if body[0] == args and now >= after:
                         return now
             time.sleep(0.02)
         return None
@@ -224,14 +232,17 @@ def _beat_claims(env: dict[str, str], redis_url: str, rows: int, workdir: Path,
             _wait(lambda log=log: f"read {rows + 3} enabled rows" in log.read_text(), timeout,
                   "the beats to read the rows")
         read_at_start = time.time() - started
+        for log in logs:
+            _wait(lambda log=log: "entries registered; claiming" in log.read_text(), timeout,
+                  "the beats to register the entries")
         _at_rest(beats, timeout)
         registered = time.time() - started
         broker = Broker(redis_url)
         cpu_before = _cpu(beats)
-        saved = _save("target", every=2)
+        saved = _save("target", every=2, args="[2]")
         _save("to-disable", enabled=False)
         PeriodicTask.objects.get(name="to-delete").delete()
-        sent = broker.first_after("target", saved, timeout)
+        sent = broker.first_after("target", [2], saved, timeout)
         _wait(lambda: all("entry to-delete: no longer scheduled" in log.read_text()
                           for log in logs), timeout, "both beats to apply the changes")
         window = time.time() - saved
@@ -267,8 +278,8 @@ def _django_celery_beat(env: dict[str, str], redis_url: str, rows: int, workdir:
         at_rest = time.time() - started
         broker = Broker(redis_url)
         cpu_before = _cpu(beats)
-        saved = _save("target", every=3)
-        sent = broker.first_after("target", saved, timeout)
+        saved = _save("target", every=3, args="[3]")
+        sent = broker.first_after("target", [3], saved, timeout)
         window = time.time() - saved
         cpu_after = _cpu(beats)
         time.sleep(window)

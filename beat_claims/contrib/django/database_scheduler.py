@@ -76,6 +76,7 @@ _ROW_FIELDS = ("id", "name", "task", "args", "kwargs", "queue", "exchange", "rou
                "interval_id", "crontab_id", "solar_id", "clocked_id", "date_changed",
                "last_run_at", "total_run_count")
 _ONE_OFF = _ROW_FIELDS.index("one_off")
+_CLOCKED = _ROW_FIELDS.index("clocked_id")
 _SCHEDULE_KINDS = ("interval", "crontab", "solar", "clocked")
 #: ``last_run_at``/``total_run_count`` are written back at most this often (one-off rows are
 #: disabled at the next tick).
@@ -132,8 +133,8 @@ class _Changes:
 
 def _digest(values: tuple[Any, ...]) -> int:
     """A row's _ROW_FIELDS values, as one number (compared within this process)."""
-    core = values[:-2]
-    return hash((core, values[-2:] if values[_ONE_OFF] else None))
+    one_off = values[_ONE_OFF] or values[_CLOCKED] is not None  # (a clocked row is one-off)
+    return hash((values[:-2], values[-2:] if one_off else None))
 
 
 def _row_digest(row: Any) -> int:
