@@ -10,8 +10,9 @@ before publishing it (a claim made just before its publish may carry that check:
 :class:`beat_claims.stores.base.SendAtOnce`).
 
 The schedule is the beat's own entries (``beat_schedule``; a schedule source's, through
-:meth:`Scheduler.set_local`) composed with the entries' definitions in the store
-(:mod:`beat_claims.beat.composition`), read at start and followed at each heartbeat
+:meth:`Scheduler.set_local`, or :meth:`Scheduler.change_local` for a few of them)
+composed with the entries' definitions in the store (:mod:`beat_claims.beat.composition`),
+read at start and followed at each heartbeat
 through the store's change feed (:mod:`beat_claims.beat.stored`). A claim is sent with the
 entry it was claimed with, whatever changed since (``pinned``).
 """
