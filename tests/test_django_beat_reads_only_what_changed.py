@@ -28,7 +28,9 @@ from .conftest import RedisServer
 from .processes import wait_for
 from .test_django_beat import dues_of, every, executions, row, site, site_env
 
-#: Rows in the table: as many as keep the test within a minute on two cores.
+#: Rows in the table: as many as keep the test within a minute on two cores shared with
+#: other work (about 30 s). At 20,000 and 30,000, with the test site's 1 s heartbeat, the
+#: beats stalled for seconds after registering every row (docs/benchmarks.md).
 ROWS = 10000
 #: A beat's "read N changed rows" line (DatabaseScheduler._refresh).
 READ = re.compile(r"database rows \(the change marker moved\): read (\d+) changed rows of"
