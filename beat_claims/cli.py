@@ -454,8 +454,11 @@ def health(ctx: click.Context, grace: float | None, beat: str | None, max_entrie
         policies = operations.policies(app, settings, list(schedules))
         # Entries created at run time: every beat sends them (a dynamic definition
         # shadows a beat_schedule entry of its name).
-        dynamic, dynamic_policies = inspect.dynamic_schedules(app, store, settings,
-                                                              max_entries)
+        try:
+            dynamic, dynamic_policies = inspect.dynamic_schedules(app, store, settings,
+                                                                  max_entries)
+        except StoreError:  # the store check below says so
+            dynamic, dynamic_policies = {}, {}
         schedules.update(dynamic)
         policies.update(dynamic_policies)
         return fleet_health.fleet(
