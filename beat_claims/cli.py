@@ -159,6 +159,13 @@ def status_table(doc: dict[str, Any]) -> str:
     waiting = [e["name"] for e in doc["entries"] if e.get("unstarted")]
     if waiting and after is not None:
         lines.append(f"WARNING: {fleet_unstarted.summary(waiting, after)}")
+    differing = [e for e in doc["entries"] if e.get("beat_schedule_differs_in")]
+    if differing:
+        lines.append(f"WARNING: {len(differing)} entry(ies) defined otherwise in the"
+                     " beat_schedule of live beats (each occurrence is sent by the store's"
+                     " definition): " + "; ".join(
+                         f"{e['name']} in {', '.join(e['beat_schedule_differs_in'])}"
+                         for e in differing[:10]))
     lines.append(f"{'ENTRY':30} {'NEXT DUE':26} {'LAST':10} {'LAST DUE':26} CLAIMS  COUNTS")
     for e in doc["entries"]:
         last = e["last_run"] or {}
@@ -168,6 +175,8 @@ def status_table(doc: dict[str, Any]) -> str:
         if paused:
             counts = (f"PAUSED since {paused['at']} by {paused['by']}"
                       + (f" ({paused['note']})" if paused["note"] else "") + f"; {counts}")
+        if e.get("beat_schedule_differs_in"):
+            counts = f"DIFFERS in {len(e['beat_schedule_differs_in'])} beat(s); {counts}"
         waits = e.get("unstarted")
         if waits:
             counts = (f"NOT STARTED: {waits['runs']} run(s) sent, the oldest"
@@ -442,8 +451,18 @@ def health(ctx: click.Context, grace: float | None, beat: str | None, max_entrie
         if beat is not None:
             return fleet_health.beat(store, host, pid)
         schedules = _schedules(app)
+        policies = operations.policies(app, settings, list(schedules))
+        # Entries created at run time: every beat sends them (a dynamic definition
+        # shadows a beat_schedule entry of its name).
+        try:
+            dynamic, dynamic_policies = inspect.dynamic_schedules(app, store, settings,
+                                                                  max_entries)
+        except StoreError:  # the store check below says so
+            dynamic, dynamic_policies = {}, {}
+        schedules.update(dynamic)
+        policies.update(dynamic_policies)
         return fleet_health.fleet(
-            store, schedules, operations.policies(app, settings, list(schedules)),
+            store, schedules, policies,
             settings.policy, settings.overdue_after if grace is None else grace, max_entries,
             settings.unstarted_after)
 

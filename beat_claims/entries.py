@@ -384,26 +384,34 @@ class Entries:
                 raise DefinedInBeatSchedule(name, refused[name])
 
     def config_entries(self, names: builtins.list[str],
-                        stored: Mapping[str, StoredDefinition] | None = None
-                        ) -> dict[str, str]:
-        """Which of ``names`` a ``beat_schedule`` defines, and how it is known: a live
-        definition the beats wrote from it (origin config), or no definition and live beats
-        that registered it."""
+                       stored: Mapping[str, StoredDefinition] | None = None
+                       ) -> dict[str, str]:
+        """Which of ``names`` a live beat's ``beat_schedule`` defines, and how it is known:
+        a definition the beats wrote from it (origin config) that a live beat registered,
+        or no definition and live beats that registered it. A beat_schedule definition no
+        live beat registers (its entry left every deploy) is the operators' to remove;
+        one whose registrants cannot be read is refused (nothing unseen is changed)."""
         if stored is None or any(n not in stored for n in names):
             stored = {d.name: d for d in self.store.definitions(names)}
-        out = {d.name: "its definition came from a beat's beat_schedule"
-               for d in stored.values() if d.name in names and not d.deleted
-               and d.origin is Origin.CONFIG}
+        config = {d.name for d in stored.values() if d.name in names and not d.deleted
+                  and d.origin is Origin.CONFIG}
         bare = [n for n in names if n not in stored]
-        if not bare:
+        out: dict[str, str] = {}
+        if not bare and not config:
             return out
-        records = [r for r in self.store.entries(bare) if r.registrants]
-        if records:
-            alive = {o.owner.id: o for o in self.store.owners() if o.alive}
-            for record in records:
-                beats = _live_registrants(record, alive)
-                if beats:
-                    out[record.name] = f"registered by the live beat(s) {', '.join(beats)}"
+        records = {r.name: r for r in self.store.entries(sorted(config) + bare)}
+        alive = {o.owner.id: o for o in self.store.owners() if o.alive}
+        for name in sorted(config):
+            record = records.get(name)
+            if record is None or record.registrants is None:
+                out[name] = "its definition came from a beat's beat_schedule"
+            elif beats := _live_registrants(record, alive):
+                out[name] = (f"its definition came from the beat_schedule of the live"
+                             f" beat(s) {', '.join(beats)}")
+        for name in bare:
+            record = records.get(name)
+            if record is not None and (beats := _live_registrants(record, alive)):
+                out[name] = f"registered by the live beat(s) {', '.join(beats)}"
         return out
 
 

@@ -7,7 +7,8 @@ Six checks, each read from the store alone (nothing is written):
   its process is still there: :func:`beat_claims.beat.liveness.owner_alive`);
 * **claims**: no claim is held longer than its entry's ``reclaim_after`` (a beat that
   claimed and neither sent nor gave it back, and that no sweep took it from);
-* **overdue**: no entry of the app's schedule that is not paused has its next occurrence
+* **overdue**: no entry of the app's schedule (with the entries created at run time:
+  see :func:`beat_claims.inspect.dynamic_schedules`) that is not paused has its next occurrence
   after the store's checkpoint more than the grace in the past, and no run due again
   (released, taken back, requested, backfilled) of any entry, in this app's schedule or
   not, has waited longer than the grace for a beat to claim it;

@@ -19,7 +19,7 @@ from .beat.stored import PAGE
 from .definitions import DefinitionError, validate
 from .enums import Origin, RunState
 from .runs import Owner, Run, iso
-from .settings import Settings
+from .settings import ConfigurationError, Policy, Settings
 from .stores import open_store as _open_store
 from .stores.base import EntryRecord, Store, StoredDefinition
 
@@ -133,6 +133,31 @@ def stored_definitions(store: Store) -> dict[str, StoredDefinition]:
         if len(page) < PAGE:
             return out
         after = page[-1].name
+
+
+def dynamic_schedules(app: Celery, store: Store, settings: Settings, limit: int
+                      ) -> tuple[dict[str, Any], dict[str, Policy]]:
+    """The schedules and policies of the enabled dynamic definitions (created at run time:
+    every beat sends them), the first ``limit`` by name: a probe's bounded look at them."""
+    schedules: dict[str, Any] = {}
+    policies: dict[str, Policy] = {}
+    after = ""
+    while len(schedules) < limit:
+        page = store.definitions(None, after, PAGE)
+        for stored in page:
+            followed = _followed(app, stored, False)
+            if followed is None or len(schedules) >= limit:
+                continue
+            schedules[stored.name] = followed
+            try:
+                claims = validate(stored.name, stored.definition).claims
+                policies[stored.name] = settings.policy_for(stored.name, claims or None)
+            except (DefinitionError, ConfigurationError):
+                policies[stored.name] = settings.policy
+        if len(page) < PAGE:
+            break
+        after = page[-1].name
+    return schedules, policies
 
 
 def _followed(app: Celery, stored: StoredDefinition | None, local: bool) -> Any:

@@ -10,8 +10,9 @@ before publishing it (a claim made just before its publish may carry that check:
 :class:`beat_claims.stores.base.SendAtOnce`).
 
 The schedule is the beat's own entries (``beat_schedule``; a schedule source's, through
-:meth:`Scheduler.set_local`) composed with the entries' definitions in the store
-(:mod:`beat_claims.beat.composition`), read at start and followed at each heartbeat
+:meth:`Scheduler.set_local`, or :meth:`Scheduler.change_local` for a few of them)
+composed with the entries' definitions in the store (:mod:`beat_claims.beat.composition`),
+read at start and followed at each heartbeat
 through the store's change feed (:mod:`beat_claims.beat.stored`). A claim is sent with the
 entry it was claimed with, whatever changed since (``pinned``).
 """
@@ -26,6 +27,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery, signals
@@ -98,6 +100,18 @@ class ClaimsEntry(ScheduleEntry):
     def editable_fields_equal(self, other: Any) -> bool:
         return bool(super().editable_fields_equal(other)) and (
             self.claims == getattr(other, "claims", None))
+
+
+def _policy_bounds(policies: list[Policy], bounds: PolicyBounds | None = None
+                   ) -> PolicyBounds:
+    """The shortest windows over ``policies`` (and ``bounds``, when given)."""
+    reclaim = [p.reclaim_after for p in policies]
+    timeouts = [p.run_timeout for p in policies if p.run_timeout is not None]
+    if bounds is not None:
+        reclaim.append(bounds.reclaim_after)
+        if bounds.run_timeout is not None:
+            timeouts.append(bounds.run_timeout)
+    return PolicyBounds(min(reclaim), min(timeouts) if timeouts else None)
 
 
 def _rebuild_entry(cls: type, args: tuple[Any, ...], claims: Any) -> ClaimsEntry:
@@ -173,6 +187,8 @@ class Scheduler(BaseScheduler):
         self._registered_once = False
         self._own_written = False  # this beat's beat_schedule written to the store at start
         self._feed_down = False  # the definitions' change feed failed at the last heartbeat
+        #: Entries changed since the claimer last took them in (Claimer.update).
+        self._to_update: set[str] = set()
         self._closed = False
         self._closing = False
         self._in_tick = False
@@ -257,13 +273,47 @@ class Scheduler(BaseScheduler):
             else:
                 schedule[name] = entry
 
-    def _refuse_bad_names(self) -> None:
-        """An entry whose name cannot be stored is left out, named once; the others run."""
-        for name in list(self.schedule):
-            problem = entry_name_problem(name)
+    def _refuse_bad_names(self, names: Iterable[str] | None = None) -> None:
+        """An entry whose name cannot be stored is left out, named once; the others run.
+        (``names``: those alone are looked at.)"""
+        for name in list(self.schedule if names is None else names):
+            problem = entry_name_problem(name) if name in self.schedule else None
             if problem is not None:
                 logger.error("beat-claims: %s; this entry is not scheduled", problem)
                 del self.schedule[name]
+
+    def _read_policies_of(self, names: set[str]) -> None:
+        """What :meth:`_read_policies` does, for ``names`` alone (an entry gone keeps its
+        policy while a claim of it is pinned). The shortest windows over every policy are
+        walked again only when one of the policies replaced held one of them."""
+        pinned = {ref.entry: entry for ref, entry in self.pinned.items() if ref.entry in names}
+        policies: dict[str, Policy | None] = {}
+        for name in sorted(names):
+            entry = self.schedule.get(name, pinned.get(name))
+            if entry is None:
+                policies[name] = None
+                continue
+            if name in self.schedule:
+                try:
+                    occurrences.next_after(entry.schedule, 0, 0)
+                except occurrences.UnsupportedSchedule as exc:
+                    raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
+            policies[name] = self.settings.policy_for(name, getattr(entry, "claims", None))
+        replaced = [p for p in (self.policies.get(name) for name in policies) if p is not None]
+        for name, policy in policies.items():
+            if policy is None:
+                self.policies.pop(name, None)
+            else:
+                self.policies[name] = policy
+        default, bounds = self.settings.policy, self.policy_bounds
+        if any((p.reclaim_after == bounds.reclaim_after < default.reclaim_after)
+               or (p.run_timeout is not None and p.run_timeout == bounds.run_timeout
+                   and (default.run_timeout is None or p.run_timeout < default.run_timeout))
+               for p in replaced):
+            self.policy_bounds = _policy_bounds([default, *self.policies.values()])
+        else:
+            self.policy_bounds = _policy_bounds(
+                [default, *(p for p in policies.values() if p is not None)], bounds)
 
     def _read_policies(self) -> None:
         # (a pinned claim's entry may have left the schedule: it is judged by its policy)
@@ -278,11 +328,7 @@ class Scheduler(BaseScheduler):
                 raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
         self.policies.clear()
         self.policies.update(policies)
-        timeouts = [p.run_timeout for p in [self.settings.policy, *policies.values()]
-                    if p.run_timeout is not None]
-        self.policy_bounds = PolicyBounds(
-            min(p.reclaim_after for p in [self.settings.policy, *policies.values()]),
-            min(timeouts) if timeouts else None)
+        self.policy_bounds = _policy_bounds([self.settings.policy, *policies.values()])
 
     def entries_changed(self) -> None:
         """The schedule was changed in place (a schedule source that is edited while beat
@@ -300,6 +346,38 @@ class Scheduler(BaseScheduler):
         self.composition.set_local(entries, configured)
         if self.stored.loaded:
             self._recompose()
+
+    def change_local(self, changed: dict[str, Any], removed: Iterable[str] = ()) -> None:
+        """Some of this beat's own entries changed: ``changed`` (name -> entry, added or
+        changed) and ``removed`` (names gone). What :meth:`set_local` and
+        :meth:`entries_changed` do for the whole schedule, for these names alone: composed
+        with the store's definitions, policies read, registered, withdrawn or put back on
+        the heap at the next tick. The work is in proportion to the change, not to the
+        schedule (one row changed among 100,000). An entry of ``beat_schedule`` changed
+        this way is composed again as a whole."""
+        gone = set(removed) - set(changed)
+        names = set(changed) | gone
+        if names & self.composition.configured:
+            local = {n: e for n, e in self.composition.local.items() if n not in gone}
+            self.set_local({**local, **changed}, self.composition.configured - gone)
+            return
+        self.composition.change_local(changed, gone)
+        if self.stored.loaded:
+            self._recompose(names)
+            return
+        # (composed with the store's definitions once they are read, at the first tick)
+        for name in gone:
+            self.schedule.pop(name, None)
+        self.schedule.update(changed)
+        self._entries_changed_some(names)
+
+    def _entries_changed_some(self, names: set[str]) -> None:
+        """What :meth:`entries_changed` does, for ``names`` alone: the claimer takes them
+        in at the next tick (:meth:`Claimer.update`), before it claims."""
+        self._refuse_bad_names(names)
+        self._read_policies_of(names)
+        if self._ready:
+            self._to_update |= names
 
     def _follow_definitions(self) -> None:
         """Read what changed in the store's definitions (everything, the first time) and
@@ -363,21 +441,35 @@ class Scheduler(BaseScheduler):
         if differs != self.liveness.owner.schedule_differs:
             self.liveness.owner = dataclasses.replace(self.owner, schedule_differs=differs)
 
-    def _recompose(self) -> None:
-        """The schedule from this beat's own entries and the store's definitions. An
-        entry whose definition changed or went keeps, for each claim this beat holds of it,
-        the entry that claim was made with: the claim is sent with it."""
-        old = dict(self.schedule)
-        new = self.composition.compose()
-        changed = {name for name in set(old) | set(new) if old.get(name) is not new.get(name)}
+    def _recompose(self, names: set[str] | None = None) -> None:
+        """The schedule from this beat's own entries and the store's definitions (``names``:
+        those alone are composed again). An entry whose definition changed or went keeps,
+        for each claim this beat holds of it, the entry that claim was made with: the claim
+        is sent with it."""
+        if names is None:
+            old = dict(self.schedule)
+            new = self.composition.compose()
+            candidates = set(old) | set(new)
+        else:
+            old = {name: self.schedule[name] for name in names if name in self.schedule}
+            new = self.composition.compose_some(names)
+            candidates = names
+        changed = {name for name in candidates if old.get(name) is not new.get(name)}
         if not changed:
             return
         held = [*self.holdings.held.values(), *self.holdings.checked]
         for claim in held:
             if claim.entry in changed and claim.entry in old and claim.ref not in self.pinned:
                 self.pinned[claim.ref] = old[claim.entry]
-        self.schedule.clear()
-        self.schedule.update(new)
+        if names is None:
+            self.schedule.clear()
+            self.schedule.update(new)
+        else:
+            for name in changed:
+                if name in new:
+                    self.schedule[name] = new[name]
+                else:
+                    self.schedule.pop(name, None)
         hows = {name: "now scheduled" if name not in old else (
             "changed" if name in new else "no longer scheduled") for name in sorted(changed)}
         if len(hows) <= LOGGED_CHANGES:
@@ -387,7 +479,10 @@ class Scheduler(BaseScheduler):
             counts = Counter(hows.values())
             logger.info("beat-claims: %d entries changed (%s)", len(hows),
                         ", ".join(f"{n} {how}" for how, n in sorted(counts.items())))
-        self.entries_changed()
+        if names is None:
+            self.entries_changed()
+        else:
+            self._entries_changed_some(changed)
 
     def _prune_pinned(self) -> None:
         """Forget the pinned entries of claims no longer held (sent, given back, skipped);
@@ -524,8 +619,13 @@ class Scheduler(BaseScheduler):
             return max(0.05, min(self.liveness.joining_for(), self.max_interval))
         if not self._ready:
             self._write_own()
+            self._to_update.clear()  # (the whole schedule is taken in)
             self.claimer.sync(self.schedule)
             self._ready = True
+        if self._to_update:
+            names = set(self._to_update)
+            self.claimer.update(names)
+            self._to_update -= names
             if not self._registered_once:
                 # A stop signal's handler (Celery's raises SystemExit) run inside a
                 # finalizer of this collection would be ignored: it waits until after.
@@ -798,11 +898,13 @@ class Scheduler(BaseScheduler):
     def close(self) -> None:
         """Give back every claim not sent. Idempotent, and safe to re-enter from a signal.
 
-        Called from Celery's signal handler in the middle of a tick, it does nothing: the
-        handler raises SystemExit, the tick unwinds (no store call is cut in half), and
-        Celery calls close() again on its way out, which gives back.
+        Called from Celery's signal handler, it does nothing: the handler raises SystemExit,
+        the tick (if one was running) unwinds, no store call is cut in half, and Celery
+        calls close() again on its way out, which gives back. Nothing that waits (a store
+        call, the claim thread) runs inside a signal handler, where the code it interrupted
+        may hold what that would wait for.
         """
-        if self._closed or self._closing or self._in_tick:
+        if self._closed or self._closing or self._in_tick or _in_celery_stop_handler():
             return
         self._closing = True
         deferred = _hold_stop_signals()
@@ -893,10 +995,20 @@ def _built_by_celery_beat() -> bool:
     """Whether Celery's beat service is building this scheduler (``celery beat``, ``worker
     -B``, or its banner): a configuration error is then one line and an exit, not a
     traceback. Built by other code (a test, a script), the error is raised as it is."""
-    frame = sys._getframe(1)
+    return _called_from("celery.beat", "get_scheduler")
+
+
+def _in_celery_stop_handler() -> bool:
+    """Whether ``celery beat``'s SIGTERM/SIGINT handler is running (it closes the scheduler,
+    then raises SystemExit, and the service closes it again on its way out)."""
+    return _called_from("celery.apps.beat", "_sync")
+
+
+def _called_from(module: str, function: str) -> bool:
+    """Whether ``function`` of ``module`` is among the callers of the caller."""
+    frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_globals.get("__name__") == "celery.beat" and \
-                frame.f_code.co_name == "get_scheduler":
+        if frame.f_globals.get("__name__") == module and frame.f_code.co_name == function:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False

@@ -93,9 +93,22 @@ class Fleet:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                stacks = self.stacks(proc)
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
-                raise AssertionError(f"{proc.args} did not stop on signal {sig}") from None
+                raise AssertionError(f"{proc.args} did not stop on signal {sig} within"
+                                     f" {timeout}s; its log ends:\n{stacks}") from None
+
+    def stacks(self, proc: subprocess.Popen[bytes]) -> str:
+        """The end of a live process's log after it wrote every thread's stack to it (the
+        test app registers faulthandler on SIGUSR2)."""
+        before = len(self.log(proc))
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and "File " not in self.log(proc)[before:]:
+            time.sleep(0.05)
+        return self.log(proc)[-6000:]
 
     def close(self) -> None:
         for proc in self.procs:

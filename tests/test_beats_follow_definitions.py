@@ -254,6 +254,12 @@ def test_a_beat_whose_beat_schedule_differs_is_shown_by_status_and_health(
     here = f"{first.owner.host}:{first.owner.pid}"
     assert entry["beat_schedule_differs_in"] == [here], entry
     assert entry["next_due"] is not None
+    from beat_claims.cli import status_table
+    table = status_table(doc)
+    assert "WARNING: 1 entry(ies) defined otherwise in the beat_schedule of live beats" \
+        in table and f"rolling in {here}" in table, table
+    [row] = [line for line in table.splitlines() if line.startswith("rolling ")]
+    assert "DIFFERS in 1 beat(s)" in row, table
     settings = Settings.from_app(operator)
     report = health.fleet(store, {}, {}, settings.policy, 30.0)
     [check] = [c for c in report.checks if c.name == "schedules"]

@@ -454,6 +454,16 @@ def test_an_entry_defined_in_beat_schedule_is_refused_and_changed_there(
         entries.create("registered", "proj.t", 5)
     assert [d.name for d in store.definitions()] == ["from-config"]
     assert store.definitions(["from-config"]) == [config.current]
+    store.register([EntrySeed("from-config")], A)
+    with pytest.raises(DefinedInBeatSchedule, match=re.escape(
+            "(its definition came from the beat_schedule of the live beat(s)"
+            " contract-host:1001)")):
+        entries.delete("from-config")
+    # Once no live beat registers it (it left every deploy), it is the operators' to remove.
+    store.leave(A)
+    entries.delete("from-config", config.version)
+    assert store.definitions(["from-config"])[0].deleted
+    store.heartbeat(A, 60)
     # An entry of the API that a beat registered (it schedules it) is the API's.
     made = entries.create("dynamic", "proj.t", 60)
     store.register([EntrySeed("dynamic")], A)

@@ -18,9 +18,10 @@ import pytest
 from celery.schedules import schedule
 
 from beat_claims import health, occurrences
-from beat_claims.enums import RunState
+from beat_claims.definitions import validate
+from beat_claims.enums import Origin, RunState
 from beat_claims.settings import Policy
-from beat_claims.stores.base import EntrySeed, Reclaim
+from beat_claims.stores.base import DefinitionWrite, EntrySeed, Reclaim, WriteStatus
 
 from .conftest import RedisServer, free_port
 from .processes import wait_for
@@ -203,3 +204,21 @@ def test_a_beat_killed_on_this_host_is_dead_at_once_for_its_own_probe_status_and
         assert unknown["failed"] == ["beat"], unknown
         bad = t.cli("health", "--beat", "web-1:", schedule=SCHEDULE)
         assert bad.code == 2 and "--beat" in bad.err and "HOST:PID" in bad.err, bad
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+def test_an_entry_created_at_run_time_is_overdue_like_one_of_beat_schedule(
+        target: Target) -> None:
+    """Every beat sends a dynamic entry, whatever its beat_schedule: the probe examines it
+    too (the first --max-entries of them by name)."""
+    t = target
+    definition = validate("made-at-run-time", {"task": "proj.record",
+                                               "schedule": {"every": 1}}).to_json()
+    [made] = t.store.write_definitions([DefinitionWrite("made-at-run-time", definition, 0,
+                                                        Origin.API, "ops")])
+    assert made.status is WriteStatus.OK, made
+    anchor = t.store.register([EntrySeed("made-at-run-time")])["made-at-run-time"].anchor
+    wait_for(lambda: t.store.now() > anchor + 2500, 10, "the entry to be 1.5 s late")
+    doc = report(t.cli("health", "--grace", "1", "-j", schedule={}), 1)
+    assert [(i["entry"], i["kind"]) for i in items(doc, "overdue")] == [
+        ("made-at-run-time", "not claimed")], doc

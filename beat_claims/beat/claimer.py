@@ -142,6 +142,10 @@ class Claimer:
         #: their definitions are read again first (EntrySource.states_moved).
         self.moved: set[str] = set()
         self.heap: list[tuple[int, str]] = []
+        #: Each entry's place on the heap (the instant it was pushed at): a place on the
+        #: heap that is not it is stale (the entry was pushed again, or went), and is
+        #: dropped when it comes up, so that moving one entry costs O(log N), not a rebuild.
+        self.slots: dict[str, int] = {}
         self.skips = SkipLog(logger)
         self._noted: set[tuple[str, str]] = set()
         self._pool: ThreadPoolExecutor | None = None  # the claim thread (claim_chunks)
@@ -161,11 +165,11 @@ class Claimer:
         if seeds is None:
             seeds = [self._seed(name, repair) for name in names]
         states = self.store.register(seeds, self.owner)
-        known_before = {seed.name for seed in seeds if seed.name in self.states}
         for seed in seeds:
             state = states.get(seed.name)
             if state is None:
                 self.refused.add(seed.name)  # the store said why (logged there)
+                self.slots.pop(seed.name, None)  # (off the heap until registered)
                 continue
             self.refused.discard(seed.name)
             known = self.knowledge.entries.get(seed.name)
@@ -178,10 +182,7 @@ class Claimer:
             self.knowledge.learn(seed.name, state)
             self.states[seed.name] = state
             self.moved.add(seed.name)
-        if known_before:  # their old places on the heap go
-            self.heap = [(due, name) for due, name in self.heap if name not in known_before]
-            heapq.heapify(self.heap)
-        for name in states:
+        for name in states:  # (their old places on the heap, if any, are now stale)
             self.push(name)
 
     def retry_refused(self) -> None:
@@ -206,8 +207,26 @@ class Claimer:
         if new:
             self.register(new)
         self.heap = []
+        self.slots = {}
         for name in sorted(wanted & set(self.states)):
             self.push(name)
+
+    def update(self, names: Iterable[str]) -> None:
+        """Some entries of the schedule changed (``names``: added, changed or gone): what
+        :meth:`sync` does, for them alone (a few rows of a large database changed: the work
+        is in proportion to the change, not to the schedule)."""
+        names = set(names)
+        gone = {n for n in names if n in self.states and n not in self.source.schedule}
+        self._withdraw(gone)
+        for name in gone:
+            del self.states[name]
+            self.knowledge.forget(name)
+            self.slots.pop(name, None)
+        new = sorted(n for n in names if n in self.source.schedule and n not in self.states)
+        if new:
+            self.register(new)
+        for name in sorted(names - gone - set(new)):
+            self.push(name)  # (bounds and schedule may have changed)
 
     def register_again(self) -> None:
         """Be recorded again as the registrant of the entries this beat schedules (after
@@ -237,9 +256,12 @@ class Claimer:
         self.states.clear()
         self.refused.clear()
         self.heap = []
+        self.slots = {}
 
     def push(self, name: str) -> None:
-        """Put ``name`` on the heap at its next occurrence after its checkpoint."""
+        """Put ``name`` on the heap at its next occurrence after its checkpoint (its place
+        before, if any, is stale from now on)."""
+        self.slots.pop(name, None)
         state = self.states.get(name)
         if state is None or name not in self.source.schedule:
             return
@@ -265,7 +287,11 @@ class Claimer:
                           " run of %r (%s: %s); it is not scheduled", name,
                           type(exc).__name__, exc)
                 return
+        self.slots[name] = at
         heapq.heappush(self.heap, (at, name))
+        if len(self.heap) > 2 * len(self.slots) + 1000:  # mostly stale places: compacted
+            self.heap = [(t, n) for n, t in self.slots.items()]
+            heapq.heapify(self.heap)
 
     # -- jitter -----------------------------------------------------------------------
     # A jittered occurrence is sent at due + its offset (the same on every beat). Offsets
@@ -345,16 +371,21 @@ class Claimer:
         """The entries whose next instant has come, each once, in due order."""
         due: dict[str, None] = {}
         while self.heap and self.heap[0][0] <= now:
-            _, name = heapq.heappop(self.heap)
+            at, name = heapq.heappop(self.heap)
+            if self.slots.get(name) != at:
+                continue  # a stale place
+            del self.slots[name]  # (pushed again once handled)
             if name in self.source.schedule:
                 due[name] = None
         return list(due)
 
     def due_count(self, now: int) -> int:
         """How many entries have an occurrence due (for a reminder during an outage)."""
-        return sum(1 for due, _ in self.heap if due <= now)
+        return sum(1 for at in self.slots.values() if at <= now)
 
     def next_due(self) -> int | None:
+        while self.heap and self.slots.get(self.heap[0][1]) != self.heap[0][0]:
+            heapq.heappop(self.heap)  # a stale place
         return self.heap[0][0] if self.heap else None
 
     # -- claiming ---------------------------------------------------------------------

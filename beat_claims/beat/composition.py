@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
@@ -75,24 +76,50 @@ class Composition:
                 own[name] = found
         self.own = own
 
+    def change_local(self, changed: dict[str, Any], removed: Iterable[str]) -> None:
+        """Some of this beat's own entries changed (``changed``: added or changed, by
+        name; ``removed``: gone), none of them from ``beat_schedule``: what
+        :meth:`set_local` does, for them alone."""
+        for name in removed:
+            self.local.pop(name, None)
+        self.local.update(changed)
+
     def compose(self) -> dict[str, Any]:
         chosen: dict[str, tuple[Key, Any]] = {}
         names = set(self.local) | {name for name, k in self.stored.known.items()
                                    if k.stored.origin in DYNAMIC}
         for name in sorted(names):
-            picked = self._pick(name)
-            if picked is None:
-                continue
-            key, build = picked
-            previous = self.chosen.get(name)
-            if previous is not None and previous[0] == key:
-                chosen[name] = previous
-                continue
-            entry = build()
-            if entry is not None:
-                chosen[name] = (key, entry)
+            picked = self._choose(name)
+            if picked is not None:
+                chosen[name] = picked
         self.chosen = chosen
         return {name: entry for name, (_, entry) in chosen.items()}
+
+    def compose_some(self, names: Iterable[str]) -> dict[str, Any]:
+        """What :meth:`compose` answers for ``names`` alone (those not scheduled are left
+        out); the others' choices are kept as they are."""
+        out: dict[str, Any] = {}
+        for name in sorted(set(names)):
+            picked = self._choose(name)
+            if picked is None:
+                self.chosen.pop(name, None)
+            else:
+                self.chosen[name] = picked
+                out[name] = picked[1]
+        return out
+
+    def _choose(self, name: str) -> tuple[Key, Any] | None:
+        """The key and entry ``name`` is scheduled by (the entry chosen before when what it
+        is built from did not change); None when this beat does not schedule it."""
+        picked = self._pick(name)
+        if picked is None:
+            return None
+        key, build = picked
+        previous = self.chosen.get(name)
+        if previous is not None and previous[0] == key:
+            return previous
+        entry = build()
+        return None if entry is None else (key, entry)
 
     def _pick(self, name: str) -> tuple[Key, Any] | None:
         """What ``name`` is scheduled by: (its key, a function building its entry); None

@@ -5,9 +5,18 @@
 The entries are the enabled ``PeriodicTask`` rows (interval, crontab with its own timezone,
 solar, clocked), keyed by name, plus the project's ``beat_schedule`` (which wins on a name
 clash). The store stays the truth: every occurrence is claimed there before it is sent, as
-with the plain Scheduler; the database only says what the entries are. The rows are read
-again when django-celery-beat's change marker (``PeriodicTasks``) moves, checked at most
-every ``max_interval`` seconds, and in full every five minutes whatever the marker says.
+with the plain Scheduler; the database only says what the entries are.
+
+All the enabled rows are read once, at start. Then, when django-celery-beat's change marker
+(``PeriodicTasks``) moves (checked at most every ``max_interval`` seconds), only what
+changed is read and applied (:meth:`Scheduler.change_local`: the work is in proportion to
+the change, not to the number of rows): the rows whose ``date_changed`` is at or after the
+newest one seen less CHANGE_MARGIN, the rows enabled or gone (the ids of the enabled rows,
+compared with those known), and the rows of a schedule (interval, crontab, solar, clocked)
+that changed (those tables, compared with what was read). Every FULL_READ_EVERY seconds,
+whatever the marker says, every enabled row's columns are compared with what was read
+(``QuerySet.update()`` moves neither the marker nor ``date_changed``), and the rows that
+differ are read and applied.
 
 Row fields map onto the scheduler's hooks: ``start_time`` and ``expires`` are ``bounds()``;
 ``one_off`` bounds the entry to its first occurrence (so with many beats it runs once); a
@@ -24,9 +33,10 @@ by entry name.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 from json import JSONDecodeError
 from typing import Any
@@ -44,9 +54,30 @@ from ...stores.base import Claim
 
 logger = get_logger("celery.beat.claims")
 
-#: The rows are read in full this often even when the change marker did not move (a change
-#: made with ``QuerySet.update()`` does not move it), as django-celery-beat does.
+#: Every enabled row is compared with what was read this often, even when the change marker
+#: did not move (a change made with ``QuerySet.update()`` does not move it), as
+#: django-celery-beat reads them all: its columns only, read in full where they differ.
 FULL_READ_EVERY = 300.0
+#: At a move of the change marker, the rows whose ``date_changed`` is this close to the
+#: newest one seen (or later) are looked at again (by id and date: read in full only when
+#: their date is not the one read). ``date_changed`` is set by the clock of the process that
+#: saves the row, when it saves it, and the row is seen only once its transaction commits: a
+#: row saved by a host whose clock is behind another's, or committed after a later one, has
+#: an older date than the newest seen. A minute covers clocks kept by NTP (milliseconds
+#: apart) and a request's transaction; a row outside it is read at the next full comparison.
+CHANGE_MARGIN = timedelta(seconds=60)
+#: Rows read by primary key in one query.
+READ_CHUNK = 1000
+#: What makes a row's entry, as ``values_list`` gives it, for comparing rows without
+#: reading them whole (``last_run_at`` and ``total_run_count`` last: the beats write them
+#: back, so they count only for a one-off row, whose state they are).
+_ROW_FIELDS = ("id", "name", "task", "args", "kwargs", "queue", "exchange", "routing_key",
+               "priority", "headers", "expires", "expire_seconds", "one_off", "start_time",
+               "interval_id", "crontab_id", "solar_id", "clocked_id", "date_changed",
+               "last_run_at", "total_run_count")
+_ONE_OFF = _ROW_FIELDS.index("one_off")
+_CLOCKED = _ROW_FIELDS.index("clocked_id")
+_SCHEDULE_KINDS = ("interval", "crontab", "solar", "clocked")
 #: ``last_run_at``/``total_run_count`` are written back at most this often (one-off rows are
 #: disabled at the next tick).
 WRITE_BACK_EVERY = 5.0
@@ -78,6 +109,44 @@ class _ToArm:
 
     date_changed: datetime
     last_run_at: int
+
+
+@dataclass(frozen=True)
+class _Known:
+    """An enabled row as last read (scheduled or not)."""
+
+    name: str
+    date_changed: datetime
+    digest: int  # of its _ROW_FIELDS
+    schedule: tuple[str, Any]  # (kind, id) of its schedule row
+
+
+@dataclass
+class _Changes:
+    """What one read found changed: rows read whole, rows gone (pk)."""
+
+    rows: list[Any]
+    gone: set[Any]
+    enabled: int  # enabled rows in the table
+    how: str
+
+
+def _digest(values: tuple[Any, ...]) -> int:
+    """A row's _ROW_FIELDS values, as one number (compared within this process)."""
+    one_off = values[_ONE_OFF] or values[_CLOCKED] is not None  # (a clocked row is one-off)
+    return hash((values[:-2], values[-2:] if one_off else None))
+
+
+def _row_digest(row: Any) -> int:
+    return _digest(tuple(getattr(row, field) for field in _ROW_FIELDS))
+
+
+def _schedule_key(row: Any) -> tuple[str, Any]:
+    for kind in _SCHEDULE_KINDS:
+        pk = getattr(row, f"{kind}_id")
+        if pk is not None:
+            return kind, pk
+    return "", None
 
 
 @dataclass
@@ -254,13 +323,17 @@ class DatabaseScheduler(Scheduler):
         self._entry_claims: dict[str, dict[str, Any]] = {}
         self._stamp: Any = None  # PeriodicTasks.last_change() at the last read
         self._loaded = False
+        self._known: dict[Any, _Known] = {}  # every enabled row read, by pk
+        self._disabled: dict[Any, datetime] = {}  # disabled rows read lately: date_changed
+        self._schedules: dict[tuple[str, Any], tuple[Any, ...]] = {}  # schedule rows read
+        self._newest: datetime | None = None  # the newest date_changed read
         self._last_full_read = float("-inf")
         self._next_check = 0.0
         self._next_write = 0.0
         self._sent: dict[Any, _Sent] = {}  # row pk -> runs to write back
         self._to_disable: set[Any] = set()  # one-off rows found already run
         self._to_arm: dict[Any, _ToArm] = {}  # one-off rows enabled again without a save
-        self._first: dict[tuple[str, int, int | None], int | None] = {}
+        self._first: dict[str, dict[tuple[int, int | None], int | None]] = {}
         self._db_down_since: float | None = None
         self._noted: set[tuple[str, str]] = set()  # row problems already logged
         self._in_db = False
@@ -280,57 +353,196 @@ class DatabaseScheduler(Scheduler):
         self._refresh(force=True)
 
     def _refresh(self, force: bool = False) -> None:
-        """Read the rows again if they changed (or in full every FULL_READ_EVERY seconds);
-        on a database error keep the last known entries and log once per outage."""
+        """Read what changed in the rows if the change marker moved (or compare them all,
+        every FULL_READ_EVERY seconds); every row the first time. On a database error keep
+        the last known entries and log once per outage."""
         self._next_check = time.monotonic() + self.max_interval
         PeriodicTask, PeriodicTasks = _models()
         self._in_db = True
+        started = time.monotonic()
         try:
             _close_stale_connections()
             stamp = PeriodicTasks.last_change()
-            full = force or not self._loaded or (
-                time.monotonic() - self._last_full_read >= FULL_READ_EVERY)
-            if not full and stamp == self._stamp:
+            full = force or time.monotonic() - self._last_full_read >= FULL_READ_EVERY
+            changes: _Changes | None = None
+            if not self._loaded:
+                rows = list(PeriodicTask.objects.enabled().order_by("name"))
+                schedules = self._schedule_rows()
+            elif full or stamp != self._stamp:
+                changes = self._read_changes(PeriodicTask, full)
+            else:
                 self._database_up()
                 return
-            rows = list(PeriodicTask.objects.enabled().order_by("name"))
         except Exception as exc:
             self._database_down(exc)
             return
         finally:
             self._in_db = False
         self._database_up()
-        if stamp != self._stamp and self._loaded:
-            logger.info("beat-claims: the database schedule changed; reading it again")
         self._stamp = stamp
-        self._last_full_read = time.monotonic()
+        if full or changes is None:
+            self._last_full_read = time.monotonic()
+        if changes is None:
+            self._load(rows, schedules)
+            return
+        applied = self._apply_changes(changes)
+        level = logging.INFO if changes.rows or changes.gone else logging.DEBUG
+        logger.log(level, "beat-claims: database rows (%s): read %d changed rows of %d"
+                   " enabled, %d gone; %d entries changed (%.3fs)", changes.how,
+                   len(changes.rows), changes.enabled, len(changes.gone), applied,
+                   time.monotonic() - started)
+
+    def _schedule_rows(self) -> dict[tuple[str, Any], tuple[Any, ...]]:
+        """Every row of the schedule tables (interval, crontab, solar, clocked): a row
+        saved there moves the marker, and changes the entries of the rows that use it."""
+        PeriodicTask, _ = _models()
+        out: dict[tuple[str, Any], tuple[Any, ...]] = {}
+        for kind in _SCHEDULE_KINDS:
+            model = PeriodicTask._meta.get_field(kind).related_model
+            for values in model.objects.values_list():
+                out[(kind, values[0])] = values
+        return out
+
+    def _read_changes(self, PeriodicTask: Any, full: bool) -> _Changes:
+        """The rows that changed since the last read, read whole, and those gone: by
+        date_changed and the enabled rows' ids at a move of the marker; by comparing every
+        enabled row's columns (``full``)."""
+        schedules = self._schedule_rows()
+        moved = {key for key in set(schedules) | set(self._schedules)
+                 if schedules.get(key) != self._schedules.get(key)}
+        enabled = PeriodicTask.objects.filter(enabled=True)
+        known = self._known
+        if full:
+            digests = {values[0]: _digest(values)
+                       for values in enabled.values_list(*_ROW_FIELDS)}
+            ids = set(digests)
+            to_read = {pk for pk, digest in digests.items()
+                       if pk not in known or known[pk].digest != digest}
+            how = "compared in full"
+        else:
+            ids = set(enabled.values_list("id", flat=True))
+            since = self._since()
+            to_read = ids - set(known)  # enabled by update(), or created by bulk_create
+            for pk, changed in PeriodicTask.objects.filter(
+                    date_changed__gte=since).values_list("id", "date_changed"):
+                seen = known[pk].date_changed if pk in known else self._disabled.get(pk)
+                if seen != changed:
+                    to_read.add(pk)
+            self._disabled = {pk: d for pk, d in self._disabled.items() if d >= since}
+            how = "the change marker moved"
+        if moved:
+            to_read |= {pk for pk, k in known.items() if k.schedule in moved}
+        rows: list[Any] = []
+        wanted = sorted(to_read, key=str)
+        for start in range(0, len(wanted), READ_CHUNK):
+            rows.extend(PeriodicTask.objects.filter(pk__in=wanted[start:start + READ_CHUNK])
+                        .prefetch_related(*_SCHEDULE_KINDS))
+        read = {row.pk for row in rows}
+        self._schedules = schedules
+        gone = {pk for pk in known if pk not in ids or (pk in to_read and pk not in read)}
+        return _Changes(rows, gone - read, len(ids), how)
+
+    def _since(self) -> datetime:
+        """Rows changed at or after this are looked at again (CHANGE_MARGIN): the newest
+        date_changed read, or now when that is later (a host whose clock is ahead)."""
+        from django.conf import settings
+        from django.utils import timezone
+
+        now = timezone.now()
+        if not getattr(settings, "USE_TZ", False):
+            now = timezone.make_naive(now, timezone.get_default_timezone())
+        newest = now if self._newest is None else min(self._newest, now)
+        return newest - CHANGE_MARGIN
+
+    def _seen(self, row: Any) -> None:
+        changed = row.date_changed
+        if changed is not None and (self._newest is None or changed > self._newest):
+            self._newest = changed
+
+    def _take(self, row: Any) -> tuple[ClaimsEntry, RowBounds] | None:
+        """One row read whole: kept as known, and its entry when it is to be scheduled."""
+        self._seen(row)
+        self._to_arm.pop(row.pk, None)
+        if not row.enabled:
+            self._known.pop(row.pk, None)
+            self._disabled[row.pk] = row.date_changed
+            return None
+        self._disabled.pop(row.pk, None)
+        self._known[row.pk] = _Known(row.name, row.date_changed, _row_digest(row),
+                                     _schedule_key(row))
+        if row.name in self._static:
+            self._note(row.name, "shadowed", "beat-claims: PeriodicTask %r has the name of"
+                       " a beat_schedule entry: the beat_schedule entry is used", row.name)
+            return None
+        try:
+            entry, row_bounds = entry_from_row(row, self.app, self._entry_claims.get(row.name))
+        except Exception as exc:
+            self._note(row.name, f"{row.date_changed}", "beat-claims: PeriodicTask %r is"
+                       " not scheduled: %s", row.name, exc)
+            return None
+        state = one_off_state(row, row_bounds, entry.schedule)
+        if state is OneOffState.RAN:
+            self._to_disable.add(row.pk)  # as django-celery-beat does with such rows
+            return None
+        if state is OneOffState.ENABLED_AGAIN:
+            # Not run until armed: every beat then reads the same instant.
+            self._to_arm[row.pk] = _ToArm(row.date_changed, _ms(row.last_run_at) or 0)
+            return None
+        return entry, row_bounds
+
+    def _load(self, rows: list[Any], schedules: dict[tuple[str, Any], tuple[Any, ...]]
+              ) -> None:
+        """Every enabled row, read at start (or once the database answers)."""
         self._loaded = True
+        self._known = {}
+        self._to_arm = {}
+        self._schedules = schedules
         entries: dict[str, ClaimsEntry] = {}
         bounds: dict[str, RowBounds] = {}
-        self._to_arm = {}
         for row in rows:
-            if row.name in self._static:
-                self._note(row.name, "shadowed", "beat-claims: PeriodicTask %r has the name of"
-                           " a beat_schedule entry: the beat_schedule entry is used", row.name)
-                continue
-            try:
-                entry, row_bounds = entry_from_row(row, self.app,
-                                                   self._entry_claims.get(row.name))
-            except Exception as exc:
-                self._note(row.name, f"{row.date_changed}", "beat-claims: PeriodicTask %r is"
-                           " not scheduled: %s", row.name, exc)
-                continue
-            state = one_off_state(row, row_bounds, entry.schedule)
-            if state is OneOffState.RAN:
-                self._to_disable.add(row.pk)  # as django-celery-beat does with such rows
-                continue
-            if state is OneOffState.ENABLED_AGAIN:
-                # Not run until armed: every beat then reads the same instant.
-                self._to_arm[row.pk] = _ToArm(row.date_changed, _ms(row.last_run_at) or 0)
-                continue
-            entries[row.name] = entry
-            bounds[row.name] = row_bounds
+            taken = self._take(row)
+            if taken is not None:
+                entries[row.name], bounds[row.name] = taken
         self._apply(entries, bounds)
+        logger.info("beat-claims: read %d enabled rows of the database", len(rows))
+
+    def _apply_changes(self, changes: _Changes) -> int:
+        """Apply the rows read and those gone to the schedule, these entries alone; how
+        many entries changed."""
+        removed: set[str] = set()
+        for pk in changes.gone:
+            self._to_arm.pop(pk, None)
+            known = self._known.pop(pk, None)
+            if known is not None:
+                removed.add(known.name)
+        for row in changes.rows:
+            known = self._known.get(row.pk)
+            if known is not None:
+                removed.add(known.name)  # (renamed, disabled: added again below if not)
+        changed: dict[str, ClaimsEntry] = {}
+        bounds: dict[str, RowBounds] = {}
+        for row in changes.rows:
+            taken = self._take(row)
+            if taken is not None:
+                changed[row.name], bounds[row.name] = taken
+        current = self.composition.local
+        for name in list(changed):
+            if (name in current and self._rows.get(name) == bounds[name]
+                    and current[name].editable_fields_equal(changed[name])):
+                del changed[name]  # read again, the same (within CHANGE_MARGIN, say)
+                removed.discard(name)
+        removed = {name for name in removed - set(changed) - set(self._static)
+                   if name in self._rows}
+        if not changed and not removed:
+            return 0
+        for name in removed:
+            del self._rows[name]
+            self._first.pop(name, None)
+        for name in changed:
+            self._rows[name] = bounds[name]
+            self._first.pop(name, None)
+        self.change_local(changed, removed)
+        return len(changed) + len(removed)
 
     def _apply(self, entries: dict[str, ClaimsEntry], bounds: dict[str, RowBounds]) -> None:
         """Replace the schedule's contents in place if anything differs, and tell the base
@@ -400,12 +612,13 @@ class DatabaseScheduler(Scheduler):
         if state is None:
             return None
         lower = max((t for t in (row.not_before, row.armed_at) if t is not None), default=None)
-        key = (name, state.anchor, lower)
-        if key not in self._first:
+        key = (state.anchor, lower)
+        firsts = self._first.setdefault(name, {})
+        if key not in firsts:
             after = -1 if lower is None else lower - 1
-            self._first[key] = occurrences.next_after(self.schedule[name].schedule,
-                                                      state.anchor, after)
-        return self._first[key]
+            firsts[key] = occurrences.next_after(self.schedule[name].schedule, state.anchor,
+                                                 after)
+        return firsts[key]
 
     # -- the loop ---------------------------------------------------------------------
     def tick(self, *args: Any, **kwargs: Any) -> float:
