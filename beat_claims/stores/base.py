@@ -28,6 +28,15 @@ What the contract promises, and every backend's contract suite checks
   read; the new version, the skips it plans, the checkpoint it moves and the entry's place
   in the change feed are written in one atomic step, so a change is never lost, never
   applied twice (its change id), and every reader of the feed sees it or is told to reload.
+* **The due index follows the checkpoint.** Each
+  entry's ``next_due`` (UTC ms) is written in the same atomic step as what it follows from
+  (the claim whose checkpoint compare-and-set passed, the definition write, a sweep's
+  :meth:`Store.index` conditional on the checkpoint and version it was computed from), and
+  :meth:`Store.due` reads it in (``next_due``, name) order. What is claimed is always
+  computed from the entry's checkpoint and claimed by compare-and-set on it, never from
+  the index: so an index that is wrong can delay an occurrence, never send one twice. See
+  :class:`DueEntry` for what an index older or newer than the records costs, and who
+  repairs it.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import abc
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -119,6 +128,126 @@ class EntryState:
     anchor: int
     checkpoint: int | None
     token: int = 0
+
+
+# -- the due index ------------------------------------------------------------------------
+#: ``next_due`` of an entry that is not due at all (its definition deleted or disabled, or
+#: a schedule with no occurrence left): out of the due index, and not unindexed either.
+NOT_DUE = -1
+#: ``next_due`` a store writes where the writer does not know it (a new entry registered,
+#: a definition written without one): due at once, so the next :meth:`Store.due` answers
+#: it and its reader computes the real instant (an index earlier than truth costs a read).
+DUE_AT_ONCE = 0
+
+
+def index_value(next_due: Any, what: str = "next_due") -> int:
+    """``next_due`` as a store writes it (a whole number of UTC ms >= 0, or
+    :data:`NOT_DUE`); else ValueError naming it, before anything is written."""
+    if not _whole_number(next_due) or not (next_due >= 0 or next_due == NOT_DUE) or (
+            next_due >= 2 ** 53):
+        raise ValueError(f"{what} {next_due!r}: must be an instant (whole UTC ms >= 0) or"
+                         f" NOT_DUE ({NOT_DUE})")
+    return int(next_due)
+
+
+def checked_plans(plans: Sequence[ClaimPlan]) -> list[ClaimPlan]:
+    """``plans`` as a list, once every ``next_due`` and ``version`` is one a store can
+    write; else ValueError naming the first that is not, before anything is written."""
+    out = list(plans)
+    for p in out:
+        if p.next_due is not None:
+            index_value(p.next_due, f"the claim of {p.entry!r:.80}: next_due")
+        if p.version is not None and (not _whole_number(p.version) or p.version < 0):
+            raise ValueError(f"the claim of {p.entry!r:.80}: version {p.version!r}: must"
+                             f" be a definition version >= 0")
+    return out
+
+
+def checked_index_writes(writes: Sequence[IndexWrite]) -> list[IndexWrite]:
+    """``writes`` as a list, once each is one a store can write (ValueError else)."""
+    out = list(writes)
+    for w in out:
+        index_value(w.next_due, f"the index of {w.name!r:.80}: next_due")
+        if not _whole_number(w.version) or w.version < 0:
+            raise ValueError(f"the index of {w.name!r:.80}: version {w.version!r}: must be"
+                             f" a definition version >= 0")
+    return out
+
+
+def due_cursor(before: int, limit: int, after: tuple[int, str] | None
+               ) -> tuple[int, int, tuple[int, str] | None]:
+    """:meth:`Store.due`'s arguments, checked where they enter (ValueError naming one)."""
+    if not _whole_number(before):
+        raise ValueError(f"before {before!r}: must be an instant (whole UTC ms)")
+    limit = page_limit(limit, 1)
+    if after is not None:
+        due, name = after
+        if not _whole_number(due) or not isinstance(name, str):
+            raise ValueError(f"after {after!r}: must be (next_due, name) as answered")
+        after = (int(due), name)
+    return int(before), limit, after
+
+
+@dataclass(frozen=True)
+class DueEntry:
+    """One entry of the due index, as :meth:`Store.due` answers it: its ``next_due`` (UTC
+    ms) as indexed, and the entry's state and definition version read with it (``state``
+    None: its record cannot be read, or is gone: an index written apart from its records,
+    Redis keys put back one by one, which :meth:`Store.index` of the entry cleans up;
+    ``version`` 0: it has no definition), so that the reader computes the occurrences and
+    claims without a second read.
+
+    The index is written in the same atomic step as the entry's checkpoint, so in a store
+    that was never put back it is exact or earlier than truth (a claim by a writer that
+    did not compute it leaves it where it was: earlier). A store put back from an older
+    copy holds the index the copy held, consistent with the copy's records (the same
+    atomic writes: on Redis one slot per bucket, on SQL one row); beats then raise
+    checkpoints they know (register), which leaves the index earlier than truth. Either
+    way the reader computes from the checkpoint and claims by compare-and-set on it:
+
+    * an index **earlier** than truth costs one read: the reader finds nothing due yet,
+      and writes the real instant back (:meth:`Store.index`, or its next claim does);
+    * an index **later** than truth (a copy of keys restored one by one from different
+      instants, a definition written by a version that does not know the index) delays
+      the entry's occurrences until the indexed instant, never sends one twice. It is
+      repaired by whoever writes the entry next (a claim, a definition write) and by the
+      beats: one that follows the change feed indexes every entry whose definition
+      changed, and one that finds the store went back (a new epoch) indexes every entry
+      again (:meth:`Store.index`, paged by :meth:`Store.definitions`): the delay is bounded
+      by that sweep's period.
+    """
+
+    name: str
+    next_due: int
+    state: EntryState | None
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class IndexWrite:
+    """A sweep's (re)indexing of one entry: ``next_due`` (UTC ms >= 0, or
+    :data:`NOT_DUE`) as computed from the entry's anchor and checkpoint (``expected``;
+    its token is not compared) and from the definition at ``version`` (0: none). Written
+    only if the store still holds that anchor, checkpoint and version: asked again after
+    a lost reply it writes the same value again, and after anything moved it writes
+    nothing."""
+
+    name: str
+    expected: EntryState
+    version: int
+    next_due: int
+
+
+@dataclass(frozen=True)
+class Unindexed:
+    """A page of entries that have no ``next_due`` at all (written before the store kept
+    the index, or by a version that does not know it): what a rebuild sweep indexes.
+    ``cursor``: what to ask with next (opaque; "" starts over); ``complete``: the pass
+    over every entry is done (the last page)."""
+
+    names: tuple[str, ...]
+    cursor: str
+    complete: bool
 
 
 @dataclass(frozen=True)
@@ -270,6 +399,16 @@ class ClaimPlan:
     #: The caller publishes the new occurrences at once: a backend may check them before
     #: publish in the claim's own atomic step (see :class:`SendAtOnce`).
     send: SendAtOnce | None = None
+    #: The entry's next due instant after what the plan claims and skips, as the caller
+    #: computed it from the definition (UTC ms, or :data:`NOT_DUE`; for an entry a beat
+    #: looks at before or after the instant itself, jitter, the instant it looks at it
+    #: next: the index says when to read the entry, never what to claim): written to the due
+    #: index in the claim's atomic step, only when its compare-and-set on the checkpoint
+    #: passes (with ``expected``; a CONFLICT writes nothing) and, with ``version``, only
+    #: while the entry's definition is at that version (else the index is left as it is:
+    #: a definition write indexed the entry itself). None: the index is left as it is.
+    next_due: int | None = None
+    version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -588,6 +727,12 @@ class DefinitionWrite:
     skip: tuple[tuple[int, Reason], ...] = ()
     checkpoint: int | None = None
     expected_checkpoint: int | None = None
+    #: The entry's first due instant under the new definition after the change (UTC ms,
+    #: or :data:`NOT_DUE`: disabled, no occurrence left), computed by the caller: written
+    #: to the due index with the change. None: not known, indexed :data:`DUE_AT_ONCE`
+    #: (the next beat to read what is due computes it). A delete always takes the entry
+    #: out of the index.
+    next_due: int | None = None
 
 
 @dataclass(frozen=True)
@@ -691,7 +836,20 @@ def _write_problem(w: DefinitionWrite, history_limit: int) -> str:
                           ("expected_checkpoint", w.expected_checkpoint)):
         if instant is not None and not _whole_number(instant):
             return f"{what} {instant!r}: must be an instant in UTC ms"
+    if w.next_due is not None:
+        try:
+            index_value(w.next_due)
+        except ValueError as exc:
+            return str(exc)
     return ""
+
+
+def written_next_due(w: DefinitionWrite) -> int:
+    """What a definition write puts in the due index: out of it for a delete, else its
+    ``next_due``, or :data:`DUE_AT_ONCE` when it names none."""
+    if w.definition is None:
+        return NOT_DUE
+    return DUE_AT_ONCE if w.next_due is None else w.next_due
 
 
 def _whole_number(value: Any) -> bool:
@@ -840,6 +998,58 @@ def follow(cursor: ChangeCursor | None, reads: Sequence[LogRead], limit: int
                     name, name_seq))
     return (ChangeCursor(tuple(out)), [(member, seq) for seq, _, member in chosen], False,
             len(every) <= limit)
+
+
+# -- the due index: a rebuild sweep's page -------------------------------------------------
+@dataclass(frozen=True)
+class RebuildPage:
+    """What one page of a rebuild sweep did (:func:`rebuild_page`): the cursor to go on
+    from, whether the pass is complete, and the entries it indexed, found moved (their
+    writer indexed them, or will), and left (``next_due_of`` answered None, or a record
+    that cannot be read: another caller's, or the next pass's)."""
+
+    cursor: str
+    complete: bool
+    indexed: tuple[str, ...]
+    moved: tuple[str, ...]
+    left: tuple[str, ...]
+
+
+def rebuild_page(store: Store,
+                 next_due_of: Callable[[str, EntryRecord, StoredDefinition | None],
+                                       int | None],
+                 cursor: str = "", limit: int = 1000) -> RebuildPage:
+    """One page of a rebuild sweep: the next ``limit`` entries with no ``next_due`` at all
+    (:meth:`Store.unindexed` from ``cursor``), their state and definition read, each
+    one's next due instant computed by ``next_due_of(name, record, definition)`` (an
+    instant, :data:`NOT_DUE`, or None: this caller cannot tell, the entry is left), and
+    written by :meth:`Store.index`, conditional on the anchor, checkpoint and version it
+    was computed from (read apart: an entry that moved between the reads, or since, is
+    written nothing, and whoever moved it wrote its instant, or leaves it earlier than
+    truth). Three round trips and a write; safe to repeat (a lost reply: the same writes
+    again, or nothing)."""
+    page = store.unindexed(limit, cursor)
+    names = list(page.names)
+    records = {r.name: r for r in store.entries(names)} if names else {}
+    found = {d.name: d for d in store.definitions(names)} if names else {}
+    writes: list[IndexWrite] = []
+    left: list[str] = []
+    for name in names:
+        record, definition = records.get(name), found.get(name)
+        readable = record is not None and record.anchor is not None and not (
+            definition is not None and definition.corrupt)
+        next_due = next_due_of(name, record, definition) if readable and record else None
+        if next_due is None or record is None or record.anchor is None:
+            left.append(name)
+            continue
+        writes.append(IndexWrite(name, EntryState(record.anchor, record.checkpoint,
+                                                  record.token),
+                                 definition.version if definition else 0, next_due))
+    written = store.index(writes) if writes else []
+    return RebuildPage(page.cursor, page.complete,
+                       tuple(w.name for w, ok in zip(writes, written) if ok),
+                       tuple(w.name for w, ok in zip(writes, written) if not ok),
+                       tuple(left))
 
 
 # -- liveness -----------------------------------------------------------------------------
@@ -1218,6 +1428,31 @@ class Store(abc.ABC):
         clock may come in any order on the Redis store (each of its buckets keeps its own
         log)."""
 
+    # the due index
+    @abc.abstractmethod
+    def due(self, before: int, limit: int, after: tuple[int, str] | None = None
+            ) -> list[DueEntry]:
+        """The indexed entries whose ``next_due`` is at or before ``before``, in
+        (``next_due``, name) order (names by code point), the first ``limit`` (1 to
+        :data:`MAX_PAGE`: ValueError else) after ``after`` (exclusive; None: from the
+        start): page with the last answered (``next_due``, name). Each with its state and
+        definition version (:class:`DueEntry`). Reads only. Entries :data:`NOT_DUE` and
+        entries not indexed are never answered."""
+
+    @abc.abstractmethod
+    def index(self, writes: Sequence[IndexWrite]) -> list[bool]:
+        """(Re)index entries (a sweep, a reader that found an entry not due yet): each
+        item one compare-and-set on the anchor, checkpoint and definition version it was
+        computed from (:class:`IndexWrite`). Per item: written or not (moved, or no such
+        entry)."""
+
+    @abc.abstractmethod
+    def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
+        """A page of the entries the store holds (registered or defined, tombstones too)
+        that have no ``next_due`` at all, in a pass over every entry that ``cursor``
+        continues ("" starts one). At most ``limit`` names (1 to :data:`MAX_PAGE`:
+        ValueError else); a page may hold fewer, or none, before the pass is complete."""
+
     # reads
     @abc.abstractmethod
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
@@ -1273,12 +1508,52 @@ class Store(abc.ABC):
 
 
 __all__ = [
-    "BackfillForgotten", "BackfillRefused", "BackfillResult", "Check", "CheckResult",
-    "CheckVerdict", "Claim", "ClaimPlan", "ClaimResult", "ClaimStatus", "Delivery",
-    "EntryRecord", "EntrySeed", "EntryState", "Heartbeat", "HeldRun", "LiveQuery", "LiveRuns",
-    "OpenRun", "Outcome", "OwnerStatus", "Pause", "Reclaim", "Registrant", "Release",
-    "RunRef", "SendAtOnce", "StartDecision", "Store", "StoreConfigurationError", "StoreError",
-    "WorkerProcess", "Written", "Wrote", "in_last_pause", "registrants_from_json",
+    "DUE_AT_ONCE",
+    "NOT_DUE",
+    "BackfillForgotten",
+    "BackfillRefused",
+    "BackfillResult",
+    "Check",
+    "CheckResult",
+    "CheckVerdict",
+    "Claim",
+    "ClaimPlan",
+    "ClaimResult",
+    "ClaimStatus",
+    "Delivery",
+    "DueEntry",
+    "EntryRecord",
+    "EntrySeed",
+    "EntryState",
+    "Heartbeat",
+    "HeldRun",
+    "IndexWrite",
+    "LiveQuery",
+    "LiveRuns",
+    "OpenRun",
+    "Outcome",
+    "OwnerStatus",
+    "Pause",
+    "Reclaim",
+    "Registrant",
+    "Release",
+    "RunRef",
+    "SendAtOnce",
+    "StartDecision",
+    "Store",
+    "StoreConfigurationError",
+    "StoreError",
+    "Unindexed",
+    "WorkerProcess",
+    "Written",
+    "Wrote",
+    "checked_index_writes",
+    "checked_plans",
+    "due_cursor",
+    "in_last_pause",
+    "index_value",
+    "registrants_from_json",
+    "written_next_due",
 ]
 __all__ += [
     "CHANGES_PER_MS",

@@ -19,7 +19,9 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
                ``origin``, ``changed_by``, ``changed_at``; ``change_id``: the last
                change's) and ``changed_seq`` (its place in the change log: the number of its
                last definition change; NULL: not in the log, or a tombstone past
-               TOMBSTONE_KEPT_MS)
+               TOMBSTONE_KEPT_MS); ``next_due``, the due index (its next due instant, ms;
+               NOT_DUE, -1: not due; NULL: never indexed), written in the transaction that
+               moves the checkpoint or changes the definition
 ``changes``    the change log's sequence (one row, locked by every definition write until it
                commits: numbers are committed in their order): seq (the last number handed
                out), dropped (the newest number of an entry that left the log: a tombstone
@@ -38,7 +40,7 @@ Layout: a schema of its own, named from ``beat_claims_key_prefix`` (``beat-claim
 functions      one per transition (register, claim, check, sent, release, reclaim, start,
                requeue, finish, request, backfill, pause, resume, forget, heartbeat,
                register_as: register and note the registrant, unregister, define: a batch
-               of definition writes) and
+               of definition writes, index: a batch of conditional next_due writes) and
                their helpers (trim, anchor_instant, busy: what the overlap policies wait
                for, paused_for: whether a pause skips an instant, index_run: the trigger
                that computes a run's index columns)
@@ -46,7 +48,9 @@ functions      one per transition (register, claim, check, sent, release, reclai
 
 Partial indexes on ``runs`` (``since`` where due / waiting / held / open, ``(entry, due)`` where not
 final, ``(entry, lost_at)`` where lost) keep sweeps and claims cheap whatever the number of
-entries: they read only the runs that need a beat.
+entries: they read only the runs that need a beat. On ``entries``, ``(next_due, name
+COLLATE "C")`` where indexed (what falls due, a page at a time) and ``(name COLLATE "C")``
+where ``next_due`` is NULL (a rebuild sweep's pages) do the same for the due index.
 
 Semantics are the Lua scripts', transition by transition (``stores/lua``), with the entry's
 row as the mutex of the entry and its runs: every transition first locks the rows of the
@@ -95,6 +99,8 @@ from ..runs import Owner, Run, iso
 from ..urls import raise_redacted, redact_text, redact_url
 from .base import (
     CHANGES_PER_MS,
+    DUE_AT_ONCE,
+    NOT_DUE,
     TOKENS_PER_MS,
     TOMBSTONES_DROPPED,
     BackfillForgotten,
@@ -112,11 +118,13 @@ from .base import (
     DefinitionResult,
     DefinitionWrite,
     Delivery,
+    DueEntry,
     EntryRecord,
     EntrySeed,
     EntryState,
     Heartbeat,
     HeldRun,
+    IndexWrite,
     LiveQuery,
     LiveRuns,
     LogRead,
@@ -132,14 +140,18 @@ from .base import (
     StoreConfigurationError,
     StoredDefinition,
     StoreError,
+    Unindexed,
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
     WriteStatus,
     Written,
     Wrote,
+    checked_index_writes,
+    checked_plans,
     checked_writes,
     definition_result,
+    due_cursor,
     follow,
     page_limit,
     read_worker_record,
@@ -147,6 +159,7 @@ from .base import (
     stored_definition,
     worker_id,
     worker_ttl_ms,
+    written_next_due,
     written_worker_record,
 )
 from .redis import ANCHOR_SHARED_MS, FORGET_OWNERS_MS, WEEK_MS
@@ -156,7 +169,7 @@ logger = get_logger("celery.beat.claims")
 T = TypeVar("T")
 
 #: The layout's version. A change to a table or a function gets a new one and a migration.
-LAYOUT = 8
+LAYOUT = 9
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version). A function whose arguments change must be dropped
 #: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
@@ -214,6 +227,13 @@ ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS definition text,
     # (each one says what was written: 'k'), and answers whether the caller's record was
     # there before ('known') and when the epoch began ('since'): functions only.
     7: "SELECT 1;",
+    # 9: the due index: an entry's next due instant (next_due: NULL in every existing row,
+    # not indexed: a rebuild sweep pages through them, Store.unindexed, and indexes each),
+    # its indexes (created by the DDL installed after the migrations), claim() and
+    # define() writing it, index() (functions).
+    8: """
+ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS next_due bigint;
+""",
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
 #: casts, EXECUTE FUNCTION triggers; tested on 15).
@@ -271,6 +291,7 @@ def _sql_names(schema: str) -> dict[str, str]:
     names.update({f"W_{status.name}": f"'{status.value}'" for status in WriteStatus})
     names.update({f"K_{kind.name}": f"'{kind.value}'" for kind in Wrote})
     names["CHANGES_PER_MS"] = str(CHANGES_PER_MS)
+    names["DUE_AT_ONCE"], names["NOT_DUE"] = str(DUE_AT_ONCE), str(NOT_DUE)
     names["TOMBSTONES_DROPPED"] = str(TOMBSTONES_DROPPED)
     names["DEFINED"] = "(version <> 0 OR definition IS NOT NULL)"
     names["OVERLAP_SKIP"] = f"'{Overlap.SKIP.value}'"
@@ -363,7 +384,8 @@ CREATE TABLE IF NOT EXISTS {s}.entries (
   changed_by text,
   changed_at bigint,
   change_id text,
-  changed_seq bigint);
+  changed_seq bigint,
+  next_due bigint);
 CREATE TABLE IF NOT EXISTS {s}.runs (
   entry_id bigint NOT NULL REFERENCES {s}.entries (id),
   due bigint NOT NULL,
@@ -615,9 +637,10 @@ BEGIN
   IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_seeds) x
              WHERE NOT EXISTS (SELECT 1 FROM {s}.entries e WHERE e.name = x ->> 'e')) THEN
     v_anchor := {s}.anchor_instant();
-    INSERT INTO {s}.entries (name, description, anchor, checkpoint, token)
+    -- (a new entry is indexed due at once: its reader computes when it is due)
+    INSERT INTO {s}.entries (name, description, anchor, checkpoint, token, next_due)
       SELECT x ->> 'e', coalesce(x ->> 'desc', ''), coalesce((x ->> 'a')::bigint, v_anchor),
-             (x ->> 'c')::bigint, coalesce((x ->> 't')::bigint, 0)
+             (x ->> 'c')::bigint, coalesce((x ->> 't')::bigint, 0), {DUE_AT_ONCE}
         FROM jsonb_array_elements(p_seeds) x ORDER BY x ->> 'e'
       ON CONFLICT (name) DO NOTHING;
   END IF;
@@ -697,6 +720,8 @@ DECLARE
   v_paused_at bigint;
   v_last_paused bigint;
   v_resumed bigint;
+  v_version bigint;
+  v_next_due bigint;
   v_busy boolean;
   v_action text;
   v_row record;
@@ -725,9 +750,10 @@ BEGIN
     WHERE r.entry_id = ANY(v_ids) AND r.live_state IN ({DUE}, {WAITING}));
   v_with_bad := ARRAY(SELECT DISTINCT r.entry_id FROM {s}.runs r
     WHERE r.entry_id = ANY(v_ids) AND NOT r.readable);
-  FOR v_plan, v_id, v_anchor, v_checkpoint, v_token0, v_paused_at, v_last_paused, v_resumed IN
+  FOR v_plan, v_id, v_anchor, v_checkpoint, v_token0, v_paused_at, v_last_paused, v_resumed,
+      v_version, v_next_due IN
       SELECT x.value, e.id, e.anchor, e.checkpoint, e.token, e.paused_at, e.last_paused_at,
-             e.resumed_at
+             e.resumed_at, e.version, e.next_due
       FROM jsonb_array_elements(p_plans)
       WITH ORDINALITY x (value, n) LEFT JOIN {s}.entries e ON e.name = x.value ->> 'e'
       ORDER BY x.n LOOP
@@ -827,7 +853,14 @@ BEGIN
       SELECT coalesce(jsonb_agg(r.due ORDER BY r.due), '[]') INTO v_unreadable
         FROM {s}.runs r WHERE r.entry_id = v_id AND NOT r.readable;
     END IF;
-    IF v_token <> v_token0 OR v_cp IS DISTINCT FROM v_checkpoint THEN
+    -- The next due instant the plan computed ('n'), with the checkpoint it moved: only
+    -- after its compare-and-set passed, and while the definition is at its version ('v').
+    IF (v_plan ->> 'x')::boolean AND v_plan ->> 'n' IS NOT NULL
+        AND (v_plan ->> 'v' IS NULL OR (v_plan ->> 'v')::bigint = v_version) THEN
+      v_next_due := (v_plan ->> 'n')::bigint;
+      UPDATE {s}.entries SET token = v_token, checkpoint = v_cp, next_due = v_next_due
+        WHERE id = v_id;
+    ELSIF v_token <> v_token0 OR v_cp IS DISTINCT FROM v_checkpoint THEN
       UPDATE {s}.entries SET token = v_token, checkpoint = v_cp WHERE id = v_id;
     END IF;
     v_claimed_ids := array_append(v_claimed_ids, v_id);
@@ -1688,8 +1721,8 @@ BEGIN
              WHERE (x ->> 'v')::bigint = 0 AND x ->> 'xc' IS NULL
                AND NOT EXISTS (SELECT 1 FROM {s}.entries e WHERE e.name = x ->> 'e')) THEN
     v_anchor := {s}.anchor_instant();
-    INSERT INTO {s}.entries (name, anchor)
-      SELECT x ->> 'e', v_anchor FROM jsonb_array_elements(p_items) x
+    INSERT INTO {s}.entries (name, anchor, next_due)
+      SELECT x ->> 'e', v_anchor, {DUE_AT_ONCE} FROM jsonb_array_elements(p_items) x
         WHERE (x ->> 'v')::bigint = 0 AND x ->> 'xc' IS NULL ORDER BY x ->> 'e'
       ON CONFLICT (name) DO NOTHING;
   END IF;
@@ -1735,7 +1768,11 @@ BEGIN
                             ELSE e.checkpoint END,
           definition = v_item ->> 'd', version = e.version + 1, origin = v_item ->> 'o',
           changed_by = v_item ->> 'b', changed_at = v_now,
-          change_id = nullif(v_item ->> 'id', ''), changed_seq = v_seq
+          change_id = nullif(v_item ->> 'id', ''), changed_seq = v_seq,
+          -- (a writer that names no next due instant, one of layout 8 included: due at
+          -- once; a delete: not due)
+          next_due = CASE WHEN v_item ->> 'd' IS NULL THEN {NOT_DUE}
+                          ELSE coalesce((v_item ->> 'nd')::bigint, {DUE_AT_ONCE}) END
         WHERE e.id = v_e.id;
       v_status := {W_OK};
     END IF;
@@ -1762,8 +1799,42 @@ END $$;
 """
 
 
+# The due index (layout 9): each entry's next due instant (next_due: ms; NOT_DUE when not
+# due; NULL when never indexed), in (next_due, name) order where indexed, and in name order
+# where never indexed (a rebuild sweep's pages). Names by code point (COLLATE "C"), as the
+# Redis and SQLite stores order them.
+_INDEX_DDL = """
+CREATE INDEX IF NOT EXISTS entries_next ON {s}.entries (next_due, (name COLLATE "C"))
+  WHERE next_due >= 0;
+CREATE INDEX IF NOT EXISTS entries_unindexed ON {s}.entries ((name COLLATE "C"))
+  WHERE next_due IS NULL;
+
+-- index.lua, for a batch [{{e, a, c, v, n}}] naming distinct entries: each entry's next
+-- due instant n, written only if it still has the anchor a, checkpoint c (null: none) and
+-- definition version v it was computed from. Returns a list of booleans: written or not.
+CREATE OR REPLACE FUNCTION {s}.index(p_items jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  v_done text[];
+BEGIN
+  {LOCK_ITEMS_ENTRIES}
+  WITH done AS (
+    UPDATE {s}.entries e SET next_due = (x ->> 'n')::bigint
+      FROM jsonb_array_elements(p_items) x
+      WHERE e.name = x ->> 'e' AND e.anchor = (x ->> 'a')::bigint
+        AND e.checkpoint IS NOT DISTINCT FROM (x ->> 'c')::bigint
+        AND e.version = (x ->> 'v')::bigint
+      RETURNING e.name)
+  SELECT coalesce(array_agg(name), ARRAY[]::text[]) INTO v_done FROM done;
+  RETURN (SELECT coalesce(jsonb_agg(x.value ->> 'e' = ANY(v_done) ORDER BY x.n), '[]')
+          FROM jsonb_array_elements(p_items) WITH ORDINALITY x (value, n));
+END $$;
+"""
+
+
 def _ddl(schema: str) -> str:
-    return (_DDL + _WORKERS_DDL + _DEFINITIONS_DDL).format_map(_sql_names(schema))
+    return (_DDL + _WORKERS_DDL + _DEFINITIONS_DDL + _INDEX_DDL).format_map(
+        _sql_names(schema))
 
 
 # -- connections -----------------------------------------------------------------------
@@ -1931,6 +2002,16 @@ class PostgresStore(Store):
             f" WHERE r.live_state IN ('{RunState.SENT.value}', '{RunState.STARTED.value}')"
             f" AND r.since < %(before)s {{after}}"
             f" ORDER BY r.since, r.due, e.name COLLATE \"C\" LIMIT %(limit)s")
+
+        self._sql_due = (
+            f"SELECT name, next_due, anchor, checkpoint, token, version FROM {s}.entries"
+            f" WHERE next_due >= 0 AND next_due <= %(before)s"
+            f" AND (next_due, name COLLATE \"C\") > (%(low)s, %(name)s COLLATE \"C\")"
+            f" ORDER BY next_due, name COLLATE \"C\" LIMIT %(limit)s")
+        self._sql_unindexed = (
+            f"SELECT name FROM {s}.entries WHERE next_due IS NULL"
+            f" AND name COLLATE \"C\" > %s COLLATE \"C\" ORDER BY name COLLATE \"C\""
+            f" LIMIT %s")
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "beat-claims", history_limit: int = 100,
@@ -2213,7 +2294,7 @@ class PostgresStore(Store):
                                           self.history_limit])
             return [_claim_result(plan.entry, reply) for plan, reply in zip(chunk, replies)]
 
-        return self._batch(list(plans), call, lambda plan, exc: ClaimResult(
+        return self._batch(checked_plans(plans), call, lambda plan, exc: ClaimResult(
             plan.entry, ClaimStatus.CORRUPT, detail=f"{type(exc).__name__}: {exc}"),
             key=lambda plan: plan.entry)
 
@@ -2465,6 +2546,31 @@ class PostgresStore(Store):
                                           for n, _ in taken), reload, complete)
 
     # -- reads ------------------------------------------------------------------------
+    # -- the due index ----------------------------------------------------------------
+    def due(self, before: int, limit: int, after: tuple[int, str] | None = None
+            ) -> list[DueEntry]:
+        before, limit, after = due_cursor(before, limit, after)
+        low, name = after if after is not None else (-1, "")
+        rows = self._execute(self._sql_due, {"before": before, "low": low, "name": name,
+                                             "limit": limit})
+        return [DueEntry(str(n), int(d), EntryState(int(a), c, int(k)), int(v))
+                for n, d, a, c, k, v in rows]
+
+    def index(self, writes: Sequence[IndexWrite]) -> list[bool]:
+        def call(chunk: list[IndexWrite]) -> list[Any]:
+            [(replies,)] = self._execute(f"SELECT {self._s}.index(%s)", [Jsonb([
+                {"e": w.name, "a": w.expected.anchor, "c": w.expected.checkpoint,
+                 "v": w.version, "n": w.next_due} for w in chunk])])
+            return [bool(r) for r in replies]
+
+        return self._batch(checked_index_writes(writes), call, lambda w, exc: False,
+                           key=lambda w: w.name)
+
+    def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
+        limit = page_limit(limit, 1)
+        names = [str(n) for (n,) in self._execute(self._sql_unindexed, [cursor, limit])]
+        return Unindexed(tuple(names), names[-1] if names else cursor, len(names) < limit)
+
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
         sql = (f"SELECT name, description, anchor, checkpoint, token, paused_at, paused_by,"
                f" paused_note, resumed_by, resumed_at, last_paused_at, registrants, horizon"
@@ -2567,14 +2673,15 @@ def _plan(plan: ClaimPlan) -> dict[str, Any]:
     return {"e": plan.entry, "x": expected is not None,
             "a": expected.anchor if expected else None,
             "c": expected.checkpoint if expected else None,
-            "f": plan.token_floor, "t": plan.take_due, "s": steps}
+            "f": plan.token_floor, "t": plan.take_due, "s": steps,
+            "n": plan.next_due, "v": plan.version}
 
 
 def _definition_item(w: DefinitionWrite) -> dict[str, Any]:
     return {"e": w.name, "d": w.definition, "v": w.expected_version, "o": w.origin.value,
             "b": w.by, "id": w.change_id, "s": [[due, reason.value] for due, reason
                                                 in sorted(w.skip)],
-            "cp": w.checkpoint, "xc": w.expected_checkpoint}
+            "cp": w.checkpoint, "xc": w.expected_checkpoint, "nd": written_next_due(w)}
 
 
 def _write_result(w: DefinitionWrite, reply: dict[str, Any]) -> DefinitionResult:

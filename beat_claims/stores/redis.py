@@ -13,7 +13,8 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
                                 its history horizon (horizon: the newest instant trimmed);
                                 its definition (definition: JSON text, absent in a
                                 tombstone; version, origin, changed_by, changed_at; the
-                                last change's id: change_id)
+                                last change's id: change_id); its next due instant
+                                (next_due: ms, or -1 when not due; absent: never indexed)
 ``{P:NN}:r:D``          hash    its runs: due (ms) -> JSON record
 ``{P:NN}:h:D``          zset    its history: due -> due (``history_limit`` kept)
 ``{P:NN}:d:D``          zset    its runs due again: due -> due (what a claim takes)
@@ -24,6 +25,9 @@ so they are records, not hints: a sweep finds every run that needs a beat from t
 ``{P:NN}:held``         zset    its claims: "owner|token|due|name" -> claimed or checked at
 ``{P:NN}:open``         zset    its runs sent or started: "due|name" -> last active at
 ``{P:NN}:t``            hash    task ids of its runs that started: id -> entry, due, token
+``{P:NN}:next``         zset    its due index: name -> next due instant (ms), entries not
+                                due (-1) and never indexed left out; written with the
+                                entry's next_due field by the same script
 ``{P:NN}:changes``      zset    its change log: name -> sequence number of the entry's last
                                 definition change (one member per entry; a tombstone leaves
                                 it ``TOMBSTONE_KEPT_MS`` after its delete, a pruned entry
@@ -51,6 +55,23 @@ The definition fields and keys came with beat-claims 0.2's definitions: a reader
 layout before them reads the same keys and fields the same way (and never the new ones),
 so ``{P}:layout`` stays "2" (a prune of that version does not know definitions, and would
 remove an entry that has one: prune with this one).
+
+The due index (``next_due`` and ``{P:NN}:next``) came after them, and is additive in the
+same way, so ``{P}:layout`` stays "2": a version before it reads nothing of it, and moving
+the number would not stop it (its register sets "2" again). What such a version writes
+leaves the index as it was: its claims move a checkpoint past the indexed instant (an
+index earlier than truth: a read), its definition writes leave the instant of the old
+definition (repaired by the beats that follow the change feed), its new entries have no
+next_due (found by :meth:`RedisStore.unindexed`). Entries written before the index are
+not in it either: a rebuild sweep pages through them (:meth:`RedisStore.unindexed`, one
+``HSCAN`` of ``{P}:entries`` a page) and indexes each.
+
+On a cluster the due index spreads over as many masters as the buckets do (``BUCKETS``
+hash tags, one slot each: up to 16 masters). :meth:`RedisStore.due` is two round trips:
+every bucket's first ``limit`` due (``due.lua``: the start found by rank, O(log N)
+whatever the ties before it; one script for every bucket on one server, one per bucket on
+a cluster, in one pass over the masters), merged by the client; then the chosen entries'
+states (``states.lua``, one call per bucket group).
 
 Records are JSON, never pickle. Names of states, reasons and policies reach the scripts
 as a table generated from :mod:`beat_claims.enums`.
@@ -107,11 +128,13 @@ from .base import (
     DefinitionResult,
     DefinitionWrite,
     Delivery,
+    DueEntry,
     EntryRecord,
     EntrySeed,
     EntryState,
     Heartbeat,
     HeldRun,
+    IndexWrite,
     LiveQuery,
     LiveRuns,
     LogRead,
@@ -127,14 +150,18 @@ from .base import (
     StoreConfigurationError,
     StoredDefinition,
     StoreError,
+    Unindexed,
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
     WriteStatus,
     Written,
     Wrote,
+    checked_index_writes,
+    checked_plans,
     checked_writes,
     definition_result,
+    due_cursor,
     follow,
     page_limit,
     read_worker_record,
@@ -142,6 +169,7 @@ from .base import (
     stored_definition,
     worker_id,
     worker_ttl_ms,
+    written_next_due,
     written_worker_record,
 )
 from .redis_client import ClusterClient, RedisOptions, connect
@@ -181,7 +209,8 @@ _OUTAGE_CODES = ("NOREPLICAS", "BUSY", "MISCONF", "READONLY", "LOADING", "MASTER
 SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "open",
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
            "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat",
-           "kept", "beats_alive", "registrant", "unregister", "define", "changes")
+           "kept", "beats_alive", "registrant", "unregister", "define", "changes", "index",
+           "due", "states")
 
 
 def _lua_names() -> str:
@@ -269,7 +298,8 @@ def _sha(name: str) -> str:
 
 
 #: Scripts that only read: flagged so in the library (a server out of memory runs them).
-READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive", "changes"})
+READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive", "changes", "due",
+                               "states"})
 
 
 @cache
@@ -456,7 +486,11 @@ class RedisStore(Store):
         tag, d = self._tag(entry)
         return [f"{tag}:e:{d}", f"{tag}:r:{d}", f"{tag}:h:{d}", f"{tag}:d:{d}",
                 f"{tag}:b:{d}", f"{tag}:x:{d}", f"{tag}:due", f"{tag}:held", f"{tag}:open",
-                f"{tag}:t"]
+                f"{tag}:t", f"{tag}:next"]
+
+    def index_key(self, entry: str) -> str:
+        """The due index of the entry's bucket (zset: name -> next due instant)."""
+        return f"{self._tag(entry)[0]}:next"
 
     def definition_keys(self, entry: str) -> list[str]:
         """The keys of a definition script: the entry's, then its bucket's change log,
@@ -901,6 +935,8 @@ class RedisStore(Store):
 
     # -- beats: the life of a claim ----------------------------------------------------
     def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
+        plans = checked_plans(plans)
+
         def build(pipe: Pipeline, plan: ClaimPlan) -> None:
             args: list[Any] = [owner.id]
             if plan.expected is None:
@@ -916,9 +952,10 @@ class RedisStore(Store):
                      send.overlap.value if send else "", len(steps)]
             for step in steps:
                 args += step
+            args += ["" if plan.next_due is None else plan.next_due,
+                     "" if plan.version is None else plan.version]
             self._entry_script(pipe, "claim", plan.entry, *args)
 
-        plans = list(plans)
         return [_claim_result(plan.entry, reply)
                 for plan, reply in zip(plans, self._chunked(plans, build))]
 
@@ -1250,7 +1287,8 @@ class RedisStore(Store):
                      "1" if w.definition is None else "0", w.origin.value, w.by, w.change_id,
                      "" if w.checkpoint is None else w.checkpoint,
                      "" if w.expected_checkpoint is None else w.expected_checkpoint,
-                     self.history_limit, self.tombstones_kept_ms, len(w.skip), *steps, raw=True)
+                     self.history_limit, self.tombstones_kept_ms, len(w.skip), *steps,
+                     written_next_due(w), raw=True)
 
     def _write_result(self, w: DefinitionWrite, reply: Any) -> DefinitionResult:
         """define.lua's reply; one that cannot be read (an error: a key of the wrong kind)
@@ -1343,6 +1381,95 @@ class RedisStore(Store):
                                                               0, True)
                         for name, _ in taken)
         return Changes(next_cursor, changed, reload, complete and whole)
+
+    # -- the due index ----------------------------------------------------------------
+    def due(self, before: int, limit: int, after: tuple[int, str] | None = None
+            ) -> list[DueEntry]:
+        before, limit, after = due_cursor(before, limit, after)
+        groups = self._bucket_groups()
+        low, name = ("", "") if after is None else (str(after[0]), after[1])
+
+        def build(pipe: Pipeline) -> None:
+            for group in groups:
+                keys = [self._bucket_keys(b, "next")[0] for b in group]
+                self._script(pipe, "due", keys, before, limit, low, name, raw=True)
+
+        found: list[tuple[int, bytes, str]] = []
+        for reply in self._round_trip(build):
+            _raise_if_error(reply)
+            names, instants, bad = self._json_reply(reply, 3)
+            for key in bad:
+                self._note_bad_key(key)
+            for mine, dues in zip(names, instants):
+                found += [(int(float(due)), n.encode(), n)
+                          for n, due in zip(mine or (), dues or ())]
+        # (each bucket's answer is in order: merged, by name as the zsets order them)
+        chosen = [(due, n) for due, _, n in sorted(found)[:limit]]
+        states = self._states([n for _, n in chosen])
+        return [DueEntry(n, due, *states[n]) for due, n in chosen]
+
+    def _states(self, names: list[str]) -> dict[str, tuple[EntryState | None, int]]:
+        """Each entry's state and definition version (None: it cannot be read), read by
+        one script call per group of buckets (each bucket's keys in its own slot)."""
+        if not names:
+            return {}
+        by_bucket: dict[str, list[str]] = {}
+        for name in names:
+            by_bucket.setdefault(self._tag(name)[0], []).append(name)
+        calls = ([names] if self.single_node else list(by_bucket.values()))
+
+        def build(pipe: Pipeline) -> None:
+            for group in calls:
+                self._script(pipe, "states", [self.entry_keys(n)[0] for n in group],
+                             raw=True)
+
+        out: dict[str, tuple[EntryState | None, int]] = {}
+        for group, reply in zip(calls, self._round_trip(build)):
+            rows = (self._json_reply(reply, len(group)) if not isinstance(reply, Exception)
+                    else [reply] * len(group))
+            for name, row in zip(group, rows):
+                version = None if isinstance(row, Exception) else _maybe_int(
+                    row[3] or None)
+                out[name] = (_due_state(row), version or 0)
+        return out
+
+    def index(self, writes: Sequence[IndexWrite]) -> list[bool]:
+        writes = checked_index_writes(writes)
+        replies = self._chunked(writes, lambda pipe, w: self._entry_script(
+            pipe, "index", w.name, w.expected.anchor,
+            "" if w.expected.checkpoint is None else w.expected.checkpoint, w.version,
+            w.next_due))
+        return [reply == 1 for reply in replies]
+
+    def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
+        """One HSCAN of the registry of every entry (``{P}:entries``) a call, from
+        ``cursor`` ("SCAN:DIGEST": the scan's cursor, and the entry answered last from its
+        batch when a page ended inside it); each entry it names whose record has no
+        next_due is answered. The pass is HSCAN's: an entry that stays unindexed through it
+        is answered at least once (maybe twice)."""
+        limit = page_limit(limit, 1)
+        scan_text, _, last = cursor.partition(":")
+        scan = int(scan_text) if scan_text.isdigit() else 0
+        reply = self._round_trip(lambda pipe: pipe.execute_command(
+            "HSCAN", self._registry, scan, "COUNT", limit))[0]
+        _raise_if_error(reply)
+        following, pairs = _scan_reply(reply)
+        if last in pairs:  # (the rest of a batch a page ended inside)
+            items = list(pairs.items())
+            pairs = dict(items[[d for d, _ in items].index(last) + 1:])
+        batch = list(pairs.items())
+        rows = self._chunked(batch, lambda pipe, item: pipe.hmget(
+            self.entry_keys(item[1])[0], ["anchor", "next_due"]))
+        names: list[str] = []
+        for (d, name), row in zip(batch, rows):
+            if isinstance(row, Exception) or row[0] is None or row[1] is not None:
+                continue  # (gone, not an entry, or indexed)
+            if len(names) == limit:
+                return Unindexed(tuple(names), f"{scan}:{last}", False)
+            names.append(name)
+            last = d
+        return Unindexed(tuple(names), "" if following == 0 else f"{following}:",
+                         following == 0)
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
@@ -1500,6 +1627,26 @@ def _whole(text: str) -> int:
         if not number.is_integer():
             raise
         return int(number)
+
+
+def _due_state(row: Any) -> EntryState | None:
+    """An indexed entry's state from its fields (anchor, checkpoint, token, ...; False or
+    None: absent); None when they cannot be read."""
+    if isinstance(row, Exception):
+        return None
+    anchor, checkpoint, token = (None if v is False else v for v in row[:3])
+    if _maybe_int(anchor) is None or (checkpoint is not None
+                                      and _maybe_int(checkpoint) is None):
+        return None
+    return EntryState(_maybe_int(anchor) or 0, _maybe_int(checkpoint), _maybe_int(token) or 0)
+
+
+def _scan_reply(reply: Any) -> tuple[int, dict[str, str]]:
+    """HSCAN's reply (as redis-py parses it, or raw): the next cursor, and field -> value."""
+    following, found = reply
+    if not isinstance(found, dict):
+        found = dict(zip(found[::2], found[1::2]))
+    return int(following), {str(k): str(v) for k, v in found.items()}
 
 
 def _claim_result(entry: str, reply: Any) -> ClaimResult:

@@ -32,7 +32,10 @@ find every run from the records alone.
                   a tombstone; version: 0 when it never had one; origin, changed_by,
                   changed_at; change_id: the last change's) and changed_seq (its place in
                   the change log: the sequence number of its last definition change;
-                  NULL: not in the log, or a tombstone past TOMBSTONE_KEPT_MS)
+                  NULL: not in the log, or a tombstone past TOMBSTONE_KEPT_MS); next_due
+                  (the due index: its next due instant, ms; NOT_DUE, -1: not due; NULL:
+                  never indexed), written in the transaction that moves the checkpoint or
+                  changes the definition
 ``P_runs``        (entry, due) -> record (JSON); index columns: kind (``due``,
                   ``waiting``, ``held``, ``open``; NULL once final or unreadable), since
                   (what the sweeps compare with their cutoffs), owner and token (held
@@ -47,7 +50,9 @@ find every run from the records alone.
 ================  ======================================================================
 
 Indexes: entries (changed_seq) where set (the change feed), (name) where it has or had a
-definition (definitions in name order), (changed_at) of the tombstones still in the log; runs (kind,
+definition (definitions in name order), (changed_at) of the tombstones still in the log,
+(next_due, name) where next_due >= 0 (what falls due), (name) where next_due is NULL (a
+rebuild sweep's pages); runs (kind,
 since) where kind is set (the sweeps: due, waiting, held, open runs, oldest first,
 whatever the number of entries); runs (entry, due) where kind is ``due``
 (what a claim takes), where kind is ``waiting`` (what overlap="buffer_one" keeps for
@@ -60,11 +65,12 @@ Schema versions: 1 (task ids kept a week), 2 (task ids go with their run; the st
 ended began: ``last_paused_at``), 5 (``P_workers``: worker processes' liveness, id ->
 record (JSON), expires_at; removed ``worker_records_kept`` after they lapse; an entry's
 registrants and history horizon), 6 (an entry's definition, its version and the change
-log). A file of an older schema is migrated when it is opened: from 1, task ids whose run
-is gone are removed; from 2, the entries table gets the pause's columns; from 3,
-``last_paused_at`` (NULL: no last pause); from 4, the workers table is made, and
-``registrants`` and ``horizon`` added (NULL: none recorded); from 5, the definition's
-columns (version 0: none) and the change log's indexes.
+log), 7 (the due index: next_due). A file of an older schema is migrated when it is
+opened: from 1, task ids whose run is gone are removed; from 2, the entries table gets the
+pause's columns; from 3, ``last_paused_at`` (NULL: no last pause); from 4, the workers
+table is made, and ``registrants`` and ``horizon`` added (NULL: none recorded); from 5,
+the definition's columns (version 0: none) and the change log's indexes; from 6,
+``next_due`` (NULL: never indexed, until a rebuild sweep indexes it) and its indexes.
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ from ..runs import Owner, Run, iso
 from ..urls import redact_url
 from .base import (
     CHANGES_PER_MS,
+    DUE_AT_ONCE,
     TOKENS_PER_MS,
     TOMBSTONES_DROPPED,
     BackfillForgotten,
@@ -108,11 +115,13 @@ from .base import (
     DefinitionResult,
     DefinitionWrite,
     Delivery,
+    DueEntry,
     EntryRecord,
     EntrySeed,
     EntryState,
     Heartbeat,
     HeldRun,
+    IndexWrite,
     LiveQuery,
     LiveRuns,
     LogRead,
@@ -128,14 +137,18 @@ from .base import (
     StoreConfigurationError,
     StoredDefinition,
     StoreError,
+    Unindexed,
     WorkerLiveness,
     WorkerLivenessRead,
     WorkerProcess,
     WriteStatus,
     Written,
     Wrote,
+    checked_index_writes,
+    checked_plans,
     checked_writes,
     definition_result,
+    due_cursor,
     follow,
     in_last_pause,
     page_limit,
@@ -144,13 +157,14 @@ from .base import (
     stored_definition,
     worker_id,
     worker_ttl_ms,
+    written_next_due,
 )
 
 logger = get_logger("celery.beat.claims")
 
 #: The layout of the tables above. A file written by a newer version is refused; an older
 #: one is migrated.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: Beats that register new entries within this many ms of each other share the instant.
 ANCHOR_SHARED_MS = 2000
 #: How long a presumed-lost run is kept (for a late delivery).
@@ -189,6 +203,8 @@ _OPERATOR_COLUMNS = (("registrants", "TEXT"), ("horizon", "INTEGER"))
 _DEFINITION_COLUMNS = (("definition", "TEXT"), ("version", "INTEGER NOT NULL DEFAULT 0"),
                        ("origin", "TEXT"), ("changed_by", "TEXT"), ("changed_at", "INTEGER"),
                        ("change_id", "TEXT"), ("changed_seq", "INTEGER"))
+#: The entries table's column of schema 7: the entry's next due instant (the due index).
+_INDEX_COLUMNS = (("next_due", "INTEGER"),)
 _NUMBER_FIELDS = ("due", "token", "claimed_at", "sending_at", "sent_at", "started_at",
                   "finished_at", "released_at", "revived_at", "worker_pid", "retries",
                   "attempts", "reclaims", "deliveries", "waiting_at")
@@ -238,7 +254,7 @@ def _schema(t: Tables) -> list[str]:
         " token INTEGER, "
         + ", ".join(f"{name} {kind}" for name, kind
                     in _PAUSE_COLUMNS + _LAST_PAUSE_COLUMNS + _OPERATOR_COLUMNS
-                    + _DEFINITION_COLUMNS)
+                    + _DEFINITION_COLUMNS + _INDEX_COLUMNS)
         + ") WITHOUT ROWID",
         f"CREATE TABLE IF NOT EXISTS {t.runs} (entry TEXT NOT NULL, due INTEGER NOT NULL,"
         " record TEXT, kind TEXT, since INTEGER, owner TEXT, token INTEGER, busy INTEGER,"
@@ -299,6 +315,12 @@ def _migrations(t: Tables) -> dict[int, list[Migration]]:
         # 5 still connected name their columns: they go on (their prune does not know a
         # definition: stop them before entries get one).
         5: [lambda db: _add_columns(db, t.entries, _DEFINITION_COLUMNS)],
+        # The due index: NULL in every existing row (not indexed: a rebuild sweep pages
+        # through them, Store.unindexed, and indexes each). Processes of schema 6 still
+        # connected never write it: their claims leave it earlier than truth (a read), and
+        # their definition writes leave it as it was (the beats following the change feed
+        # index those entries again).
+        6: [lambda db: _add_columns(db, t.entries, _INDEX_COLUMNS)],
     }
 
 
@@ -316,6 +338,12 @@ def _definitions_schema(t: Tables) -> list[str]:
         f" WHERE {_DEFINED}",
         f'CREATE INDEX IF NOT EXISTS "{b}_entries_gone" ON {t.entries} (changed_at)'
         " WHERE definition IS NULL AND changed_seq IS NOT NULL AND version <> 0",
+        # The due index (schema 7): what is due, in (next_due, name) order; and what has
+        # no next_due at all, in name order (a rebuild sweep's pages).
+        f'CREATE INDEX IF NOT EXISTS "{b}_entries_next" ON {t.entries} (next_due, name)'
+        " WHERE next_due >= 0",
+        f'CREATE INDEX IF NOT EXISTS "{b}_entries_unindexed" ON {t.entries} (name)'
+        " WHERE next_due IS NULL",
         # An entry that leaves the store (a prune, an operator with the sqlite3 shell)
         # leaves the change log: its number is a dropped one (a reader behind it reloads).
         f'CREATE TRIGGER IF NOT EXISTS "{b}_entries_unlog" AFTER DELETE ON {t.entries}'
@@ -349,6 +377,15 @@ def _definition_statements(t: Tables) -> dict[str, str]:
                         " AND changed_seq IS NOT NULL AND version <> 0 AND changed_at < ?"
                         " ORDER BY changed_at LIMIT ?",
         "changes_unlog": f"UPDATE {t.entries} SET changed_seq = NULL WHERE name = ?",
+        "next_set": f"UPDATE {t.entries} SET next_due = ? WHERE name = ?",
+        "next_state": f"SELECT anchor, checkpoint, version FROM {t.entries} WHERE name = ?",
+        "next_due": f"SELECT name, next_due, anchor, checkpoint, token, version"
+                    f' FROM {t.entries} INDEXED BY "{t.base}_entries_next"'
+                    " WHERE next_due >= 0 AND next_due <= ? AND (next_due > ?"
+                    " OR (next_due = ? AND name > ?)) ORDER BY next_due, name LIMIT ?",
+        "next_missing": f"SELECT name FROM {t.entries}"
+                        f' INDEXED BY "{t.base}_entries_unindexed"'
+                        " WHERE next_due IS NULL AND name > ? ORDER BY name LIMIT ?",
     }
 
 
@@ -403,8 +440,10 @@ def _statements(t: Tables) -> dict[str, str]:
         "meta_add": f"INSERT INTO {t.meta} (key, value) VALUES (?, ?)"
                     " ON CONFLICT (key) DO NOTHING",
         "entry_get": f"SELECT anchor, checkpoint, token FROM {t.entries} WHERE name = ?",
-        "entry_put": f"INSERT INTO {t.entries} (name, description, anchor, checkpoint, token)"
-                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+        # (a new entry is indexed due at once: DUE_AT_ONCE)
+        "entry_put": f"INSERT INTO {t.entries} (name, description, anchor, checkpoint, token,"
+                     f" next_due) VALUES (?, ?, ?, ?, ?, {DUE_AT_ONCE})"
+                     " ON CONFLICT (name) DO UPDATE SET"
                      " description = excluded.description, anchor = excluded.anchor,"
                      " checkpoint = excluded.checkpoint, token = excluded.token",
         "entry_move": f"UPDATE {t.entries} SET checkpoint = ?, token = ? WHERE name = ?",
@@ -1366,7 +1405,7 @@ class SQLiteStore(Store):
 
     # -- beats: the life of a claim ----------------------------------------------------
     def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
-        return self._each("claim", list(plans), lambda db, now, plan: self._claim_one(
+        return self._each("claim", checked_plans(plans), lambda db, now, plan: self._claim_one(
             db, now, owner.id, plan), lambda plan, exc: ClaimResult(
             plan.entry, ClaimStatus.CORRUPT, detail=f"{type(exc).__name__}: {exc}"))
 
@@ -1422,6 +1461,9 @@ class SQLiteStore(Store):
                                                 "reason": action, "finished_at": now})
                     skipped.append((due, Reason(action)))
             checkpoint = cp
+            if plan.next_due is not None and (
+                    plan.version is None or plan.version == self._version(db, name)):
+                db.execute(q["next_set"], (plan.next_due, name))
         if plan.take_due:
             rows = sorted([(due, raw, _DUE) for due, raw in db.execute(
                 q["runs_due"], (name,)).fetchall()] + [(due, raw, _WAITING) for due, raw in
@@ -2009,8 +2051,44 @@ class SQLiteStore(Store):
             db.execute(q["entry_move"], (w.checkpoint, e["token"], name))
         db.execute(q["def_put"], (w.definition, version + 1, w.origin.value, w.by, now,
                                   w.change_id or None, self._next_seq(db, now), name))
+        db.execute(q["next_set"], (written_next_due(w), name))
         self._drop_tombstones(db, now)
         return answer(WriteStatus.OK)
+
+    def _version(self, db: sqlite3.Connection, entry: str) -> int | None:
+        """The entry's definition version (0: none; None: no entry, or unreadable)."""
+        row = db.execute(self._sql["next_state"], (entry,)).fetchone()
+        return _maybe_int(row[2]) if row is not None and _is_number(row[2]) else None
+
+    # -- the due index ------------------------------------------------------------------
+    def due(self, before: int, limit: int, after: tuple[int, str] | None = None
+            ) -> list[DueEntry]:
+        before, limit, after = due_cursor(before, limit, after)
+        low, name = after if after is not None else (-1, "")
+        rows = self._transaction(lambda db: db.execute(
+            self._sql["next_due"], (before, low, low, name, limit)).fetchall(), write=False)
+        return [DueEntry(str(name), int(next_due), _due_state(anchor, checkpoint, token),
+                         _maybe_int(version) or 0)
+                for name, next_due, anchor, checkpoint, token, version in rows]
+
+    def index(self, writes: Sequence[IndexWrite]) -> list[bool]:
+        def step(db: sqlite3.Connection, now: int, w: IndexWrite) -> bool:
+            row = db.execute(self._sql["next_state"], (w.name,)).fetchone()
+            if row is None or _maybe_int(row[0]) is None or (
+                    _maybe_int(row[0]), _maybe_int(row[1]), _maybe_int(row[2]) or 0) != (
+                    w.expected.anchor, w.expected.checkpoint, w.version):
+                return False
+            db.execute(self._sql["next_set"], (w.next_due, w.name))
+            return True
+
+        return self._each("index", checked_index_writes(writes), step,
+                          lambda w, exc: False)
+
+    def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
+        limit = page_limit(limit, 1)
+        names = [str(name) for (name,) in self._transaction(lambda db: db.execute(
+            self._sql["next_missing"], (cursor, limit)).fetchall(), write=False)]
+        return Unindexed(tuple(names), names[-1] if names else cursor, len(names) < limit)
 
     def _next_seq(self, db: sqlite3.Connection, now: int) -> int:
         """next_seq in the prelude: above the last number (and the newest in the log), at
@@ -2151,6 +2229,15 @@ class SQLiteStore(Store):
         rows = self._transaction(work, write=False)
         return WorkerLivenessRead(_now(), tuple(
             read_worker_record(p, row[0] if row else None) for p, row in zip(processes, rows)))
+
+
+def _due_state(anchor: Any, checkpoint: Any, token: Any) -> EntryState | None:
+    """An indexed entry's state as stored (None: a field cannot be read)."""
+    try:
+        a, c, k = _entry_int(anchor), _entry_int(checkpoint), _entry_int(token)
+    except ValueError:
+        return None
+    return None if a is None else EntryState(a, c, k or 0)
 
 
 def _entry_record(row: Sequence[Any]) -> EntryRecord:

@@ -38,6 +38,9 @@ class Backend:
     """``copy(store)``: a copy of the store's data taken now; calling what it returns puts
     the store back to that copy (a restore from an older copy: whatever was written since
     is gone), as an operator would with the backend's own tools."""
+    drop_next_due: Callable[[Store, str], None]
+    """``drop_next_due(store, entry)``: the entry has no ``next_due`` at all, as a store of
+    the layout before the due index holds it (or one written by such a version)."""
     round_trips: Callable[[Store], Callable[[], int]]
     """``round_trips(store)``: from now on, count the store's round trips to its server
     (Redis pipelines, PostgreSQL statements, SQLite transactions); what it returns reads

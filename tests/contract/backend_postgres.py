@@ -143,6 +143,11 @@ def _pg_corrupt_run(store: Store, entry: str, due: int, raw: str) -> None:
     assert cur.rowcount == 1, f"no run of {entry!r} at {due}"
 
 
+def _pg_drop_next_due(store: Store, entry: str) -> None:
+    admin().execute(sql.SQL("UPDATE {} SET next_due = NULL WHERE name = %s").format(
+        _table(store, "entries")), [entry])
+
+
 def _pg_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -> None:
     assert field in ("anchor", "checkpoint", "token", "registrants", "horizon", "definition",
                      "version", "origin", "changed_by", "changed_at"), field
@@ -218,4 +223,5 @@ BACKEND = Backend(open=_pg_open, reopen=_pg_reopen, corrupt_run=_pg_corrupt_run,
                   corrupt_entry_field=_pg_corrupt_entry_field, wipe=_pg_wipe,
                   restart=_pg_restart,
                   corrupt_worker_record=_pg_corrupt_worker_record, copy=_pg_copy,
+                  drop_next_due=_pg_drop_next_due,
                   round_trips=lambda store: counting(store, "_execute"))

@@ -57,6 +57,12 @@ def _redis_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -
     s.client.hset(s.entry_keys(entry)[0], field, raw)
 
 
+def _redis_drop_next_due(store: Store, entry: str) -> None:
+    s = _redis(store)
+    s.client.hdel(s.entry_keys(entry)[0], "next_due")
+    s.client.zrem(s.index_key(entry), entry)
+
+
 def _redis_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) -> None:
     s = _redis(store)
     s.client.set(s.worker_key(process), raw, keepttl=True)
@@ -116,4 +122,5 @@ BACKEND = Backend(open=_redis_open, reopen=_redis_reopen, corrupt_run=_redis_cor
                   corrupt_entry_field=_redis_corrupt_entry_field, wipe=_redis_wipe,
                   restart=_redis_restart,
                   corrupt_worker_record=_redis_corrupt_worker_record, copy=_redis_copy,
+                  drop_next_due=_redis_drop_next_due,
                   round_trips=lambda store: counting(store, "_round_trip"))

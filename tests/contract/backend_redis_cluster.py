@@ -421,6 +421,12 @@ def _cluster_corrupt_entry_field(store: Store, entry: str, field: str, raw: str)
     _clusters[s].raw().hset(s.entry_keys(entry)[0], field, raw)
 
 
+def _cluster_drop_next_due(store: Store, entry: str) -> None:
+    s = _store(store)
+    _clusters[s].raw().hdel(s.entry_keys(entry)[0], "next_due")
+    _clusters[s].raw().zrem(s.index_key(entry), entry)
+
+
 def _cluster_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) -> None:
     s = _store(store)
     _clusters[s].raw().set(s.worker_key(process), raw, keepttl=True)
@@ -453,4 +459,5 @@ BACKEND = Backend(open=_cluster_open, reopen=_cluster_reopen,
                   corrupt_entry_field=_cluster_corrupt_entry_field, wipe=_cluster_wipe,
                   restart=_cluster_restart,
                   corrupt_worker_record=_cluster_corrupt_worker_record, copy=_cluster_copy,
+                  drop_next_due=_cluster_drop_next_due,
                   round_trips=lambda store: counting(store, "_round_trip"))

@@ -69,6 +69,12 @@ def _sqlite_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) 
         db.execute(f"UPDATE {s.tables.entries} SET {field} = ? WHERE name = ?", (raw, entry))
 
 
+def _sqlite_drop_next_due(store: Store, entry: str) -> None:
+    s = _sqlite(store)
+    with _raw(s) as db:
+        db.execute(f"UPDATE {s.tables.entries} SET next_due = NULL WHERE name = ?", (entry,))
+
+
 def _sqlite_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) -> None:
     s = _sqlite(store)
     with _raw(s) as db:
@@ -120,4 +126,5 @@ BACKEND = Backend(open=_sqlite_open, reopen=_sqlite_reopen, corrupt_run=_sqlite_
                   corrupt_entry_field=_sqlite_corrupt_entry_field, wipe=_sqlite_wipe,
                   restart=_sqlite_restart,
                   corrupt_worker_record=_sqlite_corrupt_worker_record, copy=_sqlite_copy,
+                  drop_next_due=_sqlite_drop_next_due,
                   round_trips=lambda store: counting(store, "_transaction"))

@@ -23,6 +23,7 @@ from beat_claims.stores.base import (
     Delivery,
     EntrySeed,
     EntryState,
+    IndexWrite,
     LiveQuery,
     Store,
     StoreError,
@@ -208,6 +209,42 @@ def migrated_entry_takes_a_definition(store: Store, state: EntryState) -> None:
     store.heartbeat(A, 60)
     assert store.forget(["e"]) == []  # a live definition
 
+
+
+def migrated_entry_is_indexed_by_the_rebuild_sweep(store: Store, state: EntryState) -> None:
+    """An entry registered (and claimed up to anchor + 1000) before its store was migrated
+    to the layout with the due index: it has no next_due (not due, but found by the
+    rebuild sweep's pass), until the sweep indexes it; entries made since are indexed."""
+    assert store.due(2 ** 52, 10) == []
+    page = store.unindexed(10)
+    assert (page.names, page.complete) == (("e",), True)
+    assert store.index([IndexWrite("e", EntryState(state.anchor, state.anchor + 1000), 0,
+                                   state.anchor + 2000)]) == [True]
+    register(store, "f")
+    assert [(d.name, d.next_due) for d in store.due(state.anchor + 2000, 10)] == [
+        ("f", 0), ("e", state.anchor + 2000)]
+    assert store.unindexed(10).names == ()
+
+
+def a_claim_whose_reply_is_lost_wrote_its_next_due_once(
+        store: Store, lossy: Store, proxy: Proxy, pattern: str, name: str = "e") -> None:
+    """Through ``lossy`` (another client of ``store``, through ``proxy``), a claim with the
+    entry's next due instant whose reply is lost (its request contains ``pattern``)
+    raises, and the server ran it: the instant was written with the checkpoint; the claim
+    asked again conflicts, and writes nothing."""
+    state = register(store, name)[name]
+    item = ClaimPlan(name, state, (state.anchor + 1000,), next_due=state.anchor + 2000)
+    lossy.entries([name])  # connected before the fault
+    proxy.drop_reply_to(pattern)
+    with pytest.raises(StoreError):
+        lossy.claim(A, [item])
+    assert proxy.pending() == 0
+    [again] = lossy.claim(A, [item])
+    assert again.status is ClaimStatus.CONFLICT
+    assert again.state is not None and again.state.checkpoint == state.anchor + 1000
+    [d] = store.due(state.anchor + 2000, 10)
+    assert (d.name, d.next_due, d.state) == (name, state.anchor + 2000, again.state)
+    assert store.due(state.anchor + 1999, 10) == []
 
 
 def a_definition_write_whose_reply_is_lost_is_written_once(

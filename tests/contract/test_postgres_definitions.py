@@ -1,5 +1,6 @@
 """PostgreSQL only: a definition write whose reply is lost (a real TCP proxy in front of
-the server throws the reply away after the statement committed) is written once; and the
+the server throws the reply away after the statement committed) is written once (and a
+claim's next due instant with its checkpoint, once); and the
 change log's numbers are committed in their order (a write waits for another one's commit
 before it numbers its own changes), so a reader never passes a number a later commit
 brings."""
@@ -20,7 +21,10 @@ from beat_claims.stores.postgres import PostgresStore
 from ..faults import proxy
 from ..processes import wait_for
 from .backend_postgres import PORT, address, admin, fresh_store
-from .helpers import a_definition_write_whose_reply_is_lost_is_written_once
+from .helpers import (
+    a_claim_whose_reply_is_lost_wrote_its_next_due_once,
+    a_definition_write_whose_reply_is_lost_is_written_once,
+)
 
 
 @pytest.fixture
@@ -29,13 +33,19 @@ def pg(request: pytest.FixtureRequest) -> Iterator[PostgresStore]:
         yield store
 
 
-def test_a_definition_write_whose_reply_was_lost_is_written_once(pg: PostgresStore) -> None:
+#: Each write whose reply is lost: what must hold, and the function it calls.
+LOST = {"definition write": (a_definition_write_whose_reply_is_lost_is_written_once, "define"),
+        "claim's next due": (a_claim_whose_reply_is_lost_wrote_its_next_due_once, "claim")}
+
+
+@pytest.mark.parametrize("write", sorted(LOST))
+def test_a_write_whose_reply_was_lost_is_written_once(pg: PostgresStore, write: str) -> None:
+    holds, function = LOST[write]
     with proxy(int(PORT)) as p:
         lossy = PostgresStore.from_url(address(pg).replace(f":{PORT}/", f":{p.port}/"),
                                        pg.prefix)
         try:
-            a_definition_write_whose_reply_is_lost_is_written_once(
-                pg, lossy, p, f'"{pg.schema}".define(')
+            holds(pg, lossy, p, f'"{pg.schema}".{function}(')
         finally:
             lossy.close()
 

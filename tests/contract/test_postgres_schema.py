@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +17,13 @@ from beat_claims.stores.base import ClaimStatus, EntrySeed, StoreConfigurationEr
 from beat_claims.stores.postgres import LAYOUT, PostgresStore, schema_name
 
 from .backend_postgres import HOST, PORT, address, admin, database, fresh_store
-from .helpers import A, claim, migrated_entry_takes_a_definition, register
+from .helpers import (
+    A,
+    claim,
+    migrated_entry_is_indexed_by_the_rebuild_sweep,
+    migrated_entry_takes_a_definition,
+    register,
+)
 
 
 @pytest.fixture
@@ -179,13 +185,35 @@ def test_a_schema_of_layout_6_is_migrated_and_its_entries_get_definitions_from_t
     admin().execute(sql.SQL("DROP TABLE {}.changes").format(s))
     admin().execute(sql.SQL("DROP FUNCTION {}.define(jsonb, integer, bigint)").format(s))
     admin().execute(sql.SQL("DROP FUNCTION {}.unlog()").format(s))
-    admin().execute(sql.SQL("UPDATE {}.version SET version = 6").format(s))
+    migrated_from(pg, 6, lambda store: migrated_entry_takes_a_definition(store, state))
+
+
+def test_a_schema_of_layout_8_is_migrated_and_its_entries_wait_for_the_rebuild_sweep(
+        pg: PostgresStore) -> None:
+    """Layout 9 keeps the due index (next_due): the entries registered before have none
+    (unindexed: the rebuild sweep's pass finds them), and are indexed from then on."""
+    state = register(pg, "e")["e"]
+    claim(pg, A, state, state.anchor + 1000)
+    pg.close()
+    s = sql.Identifier(pg.schema)
+    # As layout 8 left it: no next_due column (its indexes go with it), no index().
+    admin().execute(sql.SQL("ALTER TABLE {}.entries DROP COLUMN next_due").format(s))
+    admin().execute(sql.SQL("DROP FUNCTION {}.index(jsonb)").format(s))
+    migrated_from(pg, 8, lambda store: migrated_entry_is_indexed_by_the_rebuild_sweep(store, state))
+
+
+def migrated_from(pg: PostgresStore, layout: int, holds: Callable[[PostgresStore], None]
+                  ) -> None:
+    """The schema (its tables and functions as of ``layout``) marked of that layout, opened
+    by a store: ``holds`` of it, and the schema is of this layout."""
+    s = sql.Identifier(pg.schema)
+    admin().execute(sql.SQL("UPDATE {}.version SET version = %s").format(s), [layout])
     store = PostgresStore.from_url(address(pg), pg.prefix)
     try:
-        migrated_entry_takes_a_definition(store, state)
+        holds(store)
         [(version,)] = admin().execute(sql.SQL("SELECT version FROM {}.version").format(
             s)).fetchall()
-        assert version == LAYOUT >= 7
+        assert version == LAYOUT > layout
     finally:
         store.close()
 

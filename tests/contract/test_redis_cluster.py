@@ -38,11 +38,12 @@ from beat_claims.settings import Settings
 from beat_claims.stores import open_store
 from beat_claims.stores.base import (
     ClaimStatus,
+    IndexWrite,
     Outcome,
     StoreConfigurationError,
     StoreError,
 )
-from beat_claims.stores.redis import SCRIPTS, RedisStore, _sha, function_name, library_name
+from beat_claims.stores.redis import BUCKETS, SCRIPTS, RedisStore, _sha, function_name, library_name
 from beat_claims.stores.redis_client import (
     ClusterClient,
     RedisOptions,
@@ -54,10 +55,12 @@ from ..conftest import RedisServer, free_port
 from ..faults import Proxy, proxy
 from ..inprocess import make, make_app, occurrences_sent, run_for
 from ..processes import wait_for
+from .backend import counting
 from .backend_redis_cluster import ClusterServers, NodeServer, bucket_masters, cluster, other_master
 from .helpers import (
     A,
     B,
+    a_claim_whose_reply_is_lost_wrote_its_next_due_once,
     above_clock,
     claim,
     delivery,
@@ -280,6 +283,51 @@ def test_a_reply_lost_after_a_master_ran_the_batch_is_an_outage_and_nothing_runs
         assert sorted((h.entry, h.token) for h in held) == sorted((n, floor + 1)
                                                                   for n in names)
     finally:
+        store.close()
+
+
+# -- the due index -----------------------------------------------------------------------
+def test_what_falls_due_is_merged_from_every_bucket_on_every_master(
+        store: RedisStore, cluster_servers: ClusterServers) -> None:
+    """One due index per bucket (its slot: spread over the masters); a page of what falls
+    due is every bucket's first, merged in (instant, name) order, one pass over them."""
+    names = [f"due-{i:03d}" for i in range(96)]
+    states = register(store, *names)
+    where = master_of(store, cluster_servers)
+    assert {where[n] for n in names} == {n.port for n in cluster_servers.nodes}
+    assert len({store._tag(n)[0] for n in names}) == BUCKETS
+    instants = {n: 1000 + 1000 * (i % 5) for i, n in enumerate(names)}  # ties: 5 instants
+    assert store.index([IndexWrite(n, states[n], 0, t) for n, t in instants.items()]) == [
+        True] * len(names)
+    expected = sorted((t, n) for n, t in instants.items() if t <= 4000)
+    trips = counting(store, "_round_trip")
+    page, after, got = 10, None, []
+    while True:
+        found = store.due(4000, page, after)
+        got += [(d.next_due, d.name) for d in found]
+        if len(found) < page:
+            break
+        after = (found[-1].next_due, found[-1].name)
+    assert got == expected
+    # Each page: the buckets' due indexes in one pass, the entries' states in another.
+    assert trips() == 2 * (len(expected) // page + 1)
+
+
+def test_a_claim_whose_reply_was_lost_wrote_its_next_due_once(
+        cluster_servers: ClusterServers, lossy: tuple[Proxy, NodeServer]) -> None:
+    """The claim ran on the master and its reply was lost: its next_due was written with its
+    checkpoint; the claim asked again conflicts and writes nothing."""
+    p, node = lossy
+    store = new_store(cluster_servers, prefix="bc-cluster-probe")
+    lossy_store = through(new_store(cluster_servers, RedisOptions(timeout=0.5,
+                                                                  connect_timeout=0.5),
+                                    prefix="bc-cluster-probe"), p, node)
+    try:
+        [name] = names_on(store, cluster_servers, node, prefix="lost")
+        a_claim_whose_reply_is_lost_wrote_its_next_due_once(
+            store, lossy_store, p, function_name("claim"), name)
+    finally:
+        lossy_store.close()
         store.close()
 
 

@@ -41,6 +41,7 @@ from beat_claims.stores.base import (
     ClaimStatus,
     DefinitionWrite,
     EntrySeed,
+    IndexWrite,
     LiveQuery,
     Outcome,
     Reclaim,
@@ -95,7 +96,7 @@ def test_the_keys_of_an_entry_share_one_hash_slot() -> None:
         buckets = set()
         for name in [*ODD_NAMES, *(f"entry-{i}" for i in range(200))]:
             keys = store.entry_keys(name)
-            assert len(keys) == 10 and len(set(keys)) == 10
+            assert len(keys) == 11 and len(set(keys)) == 11
             assert len({key_slot(k.encode()) for k in keys}) == 1, (prefix, name, keys)
             buckets.add(keys[-1])
         assert len(buckets) == BUCKETS  # the entries are spread over every bucket
@@ -214,6 +215,10 @@ def exercise(store: RedisStore) -> None:
         store.history(name)
         store.lookup_task(f"task-{name}")
     store.claim(A, [ClaimPlan("never-registered", None)])
+    # The due index: claimed with the next instant, read, indexed again, swept.
+    indexed = store.due(now(store) + 1, 100)
+    store.index([IndexWrite(d.name, d.state, d.version, 1) for d in indexed[:3] if d.state])
+    store.unindexed(10)
     store.live_runs(query(C, live=(A,), held_before=now(store) + 1, dead_before=now(store)))
     store.open_runs(before=now(store) + 1)
     store.entries()

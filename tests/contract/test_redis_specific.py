@@ -1,6 +1,8 @@
 """Redis only: how the Redis store talks to its server (the library or the scripts the
 server lost, a server that takes no functions, a call that could not connect, the shared
-anchoring instant across clients)."""
+anchoring instant across clients); a member of a bucket's due index whose entry is gone
+(keys put back one by one) is answered without a state, and leaves the index at its
+entry's next index write."""
 
 from __future__ import annotations
 
@@ -11,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from beat_claims.stores.base import CheckVerdict, ClaimStatus, EntrySeed, StoreError
+from beat_claims.stores.base import (
+    CheckVerdict,
+    ClaimStatus,
+    EntrySeed,
+    EntryState,
+    IndexWrite,
+    StoreError,
+)
 from beat_claims.stores.redis import RedisStore, _NotRun, library_name
 
 from ..conftest import RedisServer, own_redis
@@ -266,3 +275,14 @@ def test_an_answer_of_the_claim_older_than_half_an_interval_is_asked_again(
     assert sent and len(set(sent)) == len(sent)
     assert sum(asked) >= len(sent), (asked, sent)
     s.close()
+
+
+def test_a_due_index_member_whose_entry_is_gone_leaves_the_index_at_its_next_write(
+        redis_store: RedisStore) -> None:
+    state = register(redis_store, "e", "f")["e"]
+    redis_store.client.delete(redis_store.entry_keys("e")[0])  # (its index member stays)
+    found = {d.name: d for d in redis_store.due(redis_store.now(), 10)}
+    assert found["e"].state is None and found["f"].state is not None
+    assert redis_store.index([IndexWrite("e", state, 0, 5)]) == [False]
+    assert [d.name for d in redis_store.due(redis_store.now(), 10)] == ["f"]
+    assert redis_store.index([IndexWrite("e", EntryState(1, None), 0, 5)]) == [False]

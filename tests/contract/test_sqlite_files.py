@@ -45,6 +45,7 @@ from .helpers import (
     claim,
     claims,
     delivery,
+    migrated_entry_is_indexed_by_the_rebuild_sweep,
     migrated_entry_takes_a_definition,
     now,
     one_claim,
@@ -343,6 +344,18 @@ def test_a_file_of_schema_3_is_migrated_and_keeps_the_last_pause_from_then_on(
         store.close()
 
 
+def _opened_as_of_schema(db_path: str, version: int, caplog: pytest.LogCaptureFixture
+                         ) -> SQLiteStore:
+    """The file (its tables already made as of ``version``) marked of that schema, opened:
+    it says it migrated it to the next."""
+    raw(db_path, f"UPDATE beat_claims_meta SET value = '{version}' WHERE key = 'version'")
+    caplog.set_level(logging.WARNING, logger="celery.beat.claims")
+    store = SQLiteStore.from_url(f"sqlite:///{db_path}")
+    assert any(f"migrated from schema version {version} to {version + 1}" in r.getMessage()
+               for r in caplog.records)
+    return store
+
+
 def test_a_file_of_schema_4_is_migrated_and_records_registrants_from_then_on(
         db_path: str, caplog: pytest.LogCaptureFixture) -> None:
     """Schema 5 keeps an entry's registrants and history horizon: NULL for the entries
@@ -354,12 +367,8 @@ def test_a_file_of_schema_4_is_migrated_and_records_registrants_from_then_on(
     # As schema 4 left it: neither column.
     raw(db_path, "ALTER TABLE beat_claims_entries DROP COLUMN registrants")
     raw(db_path, "ALTER TABLE beat_claims_entries DROP COLUMN horizon")
-    raw(db_path, "UPDATE beat_claims_meta SET value = '4' WHERE key = 'version'")
-    caplog.set_level(logging.WARNING, logger="celery.beat.claims")
-    store = SQLiteStore.from_url(url)
+    store = _opened_as_of_schema(db_path, 4, caplog)
     try:
-        assert any("migrated from schema version 4 to 5" in r.getMessage()
-                   for r in caplog.records)
         [record] = store.entries(["e"])
         assert (record.anchor, record.registrants, record.history_horizon) == (
             anchor, None, None)
@@ -389,16 +398,32 @@ def test_a_file_of_schema_5_is_migrated_and_its_entries_get_definitions_from_the
     for column in ("definition", "version", "origin", "changed_by", "changed_at",
                    "change_id", "changed_seq"):
         raw(db_path, f"ALTER TABLE beat_claims_entries DROP COLUMN {column}")
-    raw(db_path, "UPDATE beat_claims_meta SET value = '5' WHERE key = 'version'")
-    caplog.set_level(logging.WARNING, logger="celery.beat.claims")
-    store = SQLiteStore.from_url(url)
+    store = _opened_as_of_schema(db_path, 5, caplog)
     try:
-        assert any("migrated from schema version 5 to 6" in r.getMessage()
-                   for r in caplog.records)
         migrated_entry_takes_a_definition(store, state)
         caplog.clear()
         SQLiteStore.from_url(url).close()
         assert not any("migrated" in r.getMessage() for r in caplog.records)
+    finally:
+        store.close()
+
+
+def test_a_file_of_schema_6_is_migrated_and_its_entries_wait_for_the_rebuild_sweep(
+        db_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Schema 7 keeps the due index (next_due): the entries registered before have none
+    (unindexed: the rebuild sweep's pass finds them), and are indexed from then on."""
+    url = f"sqlite:///{db_path}"
+    store = SQLiteStore.from_url(url)
+    state = register(store, "e")["e"]
+    claim(store, A, state, state.anchor + 1000)
+    store.close()
+    # As schema 6 left it: no next_due column, nor its indexes.
+    for index in ("next", "unindexed"):
+        raw(db_path, f"DROP INDEX beat_claims_entries_{index}")
+    raw(db_path, "ALTER TABLE beat_claims_entries DROP COLUMN next_due")
+    store = _opened_as_of_schema(db_path, 6, caplog)
+    try:
+        migrated_entry_is_indexed_by_the_rebuild_sweep(store, state)
     finally:
         store.close()
 

@@ -4,7 +4,7 @@
 -- Entry scripts get the entry's keys in this order (see entry_keys in redis.py):
 --   1 entry hash, 2 runs hash, 3 history zset, 4 its due zset, 5 its busy zset,
 --   6 lost zset, 7 bucket due zset, 8 bucket held zset, 9 bucket open zset,
---   10 bucket task-id hash
+--   10 bucket task-id hash, 11 bucket due index (zset: name -> next due instant)
 -- and the entry's name as ARGV[1]. Every change of a run's state goes through put_run(),
 -- which keeps the run's record and all its indexes in one place.
 
@@ -24,7 +24,25 @@ end
 local function entry_keys(keys, name)
   return {entry = keys[1], runs = keys[2], history = keys[3], due_e = keys[4],
           busy_e = keys[5], lost = keys[6], due = keys[7], held = keys[8], open = keys[9],
-          tasks = keys[10], name = name}
+          tasks = keys[10], next = keys[11], name = name}
+end
+
+-- The entry's next due instant in the due index (the entry's next_due field and its
+-- bucket's zset, written together): a whole number of ms >= 0, or -1 (NOT_DUE: out of
+-- the zset; the field says it was computed). '' leaves both as they are.
+local function set_next(K, value)
+  if value == '' then return end
+  redis.call('HSET', K.entry, 'next_due', value)
+  if tonumber(value) < 0 then
+    redis.call('ZREM', K.next, K.name)
+  else
+    redis.call('ZADD', K.next, value, K.name)
+  end
+end
+
+-- Whether the entry's definition version is ``expected`` ('' : not checked).
+local function version_is(K, expected)
+  return expected == '' or (redis.call('HGET', K.entry, 'version') or '0') == expected
 end
 
 local NUMBER_FIELDS = {due = true, token = true, claimed_at = true, sending_at = true,
@@ -540,7 +558,7 @@ end
 -- that left the log).
 local function definition_keys(keys, name)
   local K = entry_keys(keys, name)
-  K.log, K.named, K.gone, K.seq = keys[11], keys[12], keys[13], keys[14]
+  K.log, K.named, K.gone, K.seq = keys[12], keys[13], keys[14], keys[15]
   return K
 end
 

@@ -10,7 +10,9 @@
 -- KEYS: the entry's keys. ARGV: name, owner, expected anchor ('' = no new occurrences),
 -- expected checkpoint ('' none), token floor, take due runs ('1'/'0'), history limit,
 -- overlap policy to check new claims with ('' = do not check them), n, then n triples
--- (due, 'claim' or a skip reason, task id: '' unless checked).
+-- (due, 'claim' or a skip reason, task id: '' unless checked), then the entry's next due
+-- instant ('' = leave the due index as it is) and the definition version it was computed
+-- from ('' = not checked): written with the checkpoint, only if the compare-and-set passed.
 -- Returns one string of ';'-separated fields (a flat reply costs the client far less to
 -- read than nested arrays): 'ok;anchor;checkpoint;token;claimed;skipped;existing;taken;
 -- unreadable;checked', each list ','-separated (claimed: due, token pairs; skipped: due,
@@ -88,6 +90,8 @@ if ARGV[3] ~= '' then
     cp_text = fmt(cp)
     redis.call('HSET', K.entry, 'checkpoint', cp_text)
   end
+  local n = tonumber(ARGV[9])
+  if version_is(K, ARGV[11 + 3 * n]) then set_next(K, ARGV[10 + 3 * n]) end
 end
 if take_due then
   for _, due in ipairs(dues) do

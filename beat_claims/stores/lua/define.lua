@@ -10,7 +10,7 @@
 -- KEYS: the entry's definition keys. ARGV: name, anchor for a new entry, expected version,
 -- definition, delete ('1'/'0'), origin, by, change id ('' none), checkpoint ('' leave it),
 -- expected checkpoint ('' not checked), history limit, tombstones kept (ms), n, then n
--- pairs (due, skip reason), by due.
+-- pairs (due, skip reason), by due, then the entry's next due instant (-1 for a delete).
 -- Returns, as one JSON string: [status, detail, anchor ('' none), checkpoint, token, and the
 -- stored definition ('' when the write is written: the caller has it), version, origin,
 -- changed by, changed at (false: none)].
@@ -78,6 +78,7 @@ if ARGV[8] ~= '' then
 else
   redis.call('HDEL', K.entry, 'change_id')
 end
+set_next(K, ARGV[14 + 2 * tonumber(ARGV[13])])
 redis.call('ZADD', K.log, fmt(next_seq(K, now)), ARGV[1])
 redis.call('ZADD', K.named, 0, ARGV[1])
 drop_tombstones(K, now - tonumber(ARGV[12]))

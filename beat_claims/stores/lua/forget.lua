@@ -24,5 +24,6 @@ for _, raw in ipairs(redis.call('HVALS', K.runs)) do
 end
 unlog(K, ARGV[1])
 redis.call('ZREM', K.named, ARGV[1])
+redis.call('ZREM', K.next, ARGV[1])
 redis.call('DEL', K.entry, K.runs, K.history, K.due_e, K.busy_e, K.lost)
 return 1

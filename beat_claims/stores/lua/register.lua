@@ -21,6 +21,7 @@ end
 if not e.anchor then
   e.anchor = tonumber(ARGV[4] ~= '' and ARGV[4] or ARGV[3])
   redis.call('HSET', K.entry, 'anchor', fmt(e.anchor))
+  set_next(K, '0')  -- (a new entry is due at once: its reader computes when it is due)
 end
 local floor = tonumber(ARGV[5])
 if floor and (e.checkpoint == nil or e.checkpoint < floor) then
