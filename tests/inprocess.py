@@ -67,7 +67,7 @@ def beats(*apps: Celery) -> list[Scheduler]:
     return made
 
 
-def settled(*schedulers: Scheduler, timeout: float = 15,
+def settled(*schedulers: Scheduler, timeout: float = 60,
             running: tuple[Scheduler, ...] = ()) -> None:
     """Tick each scheduler until the store has settled and it claims; the ``running`` ones
     are made to heartbeat whenever one waits to join (see :func:`joined`)."""
@@ -75,7 +75,10 @@ def settled(*schedulers: Scheduler, timeout: float = 15,
     for s in schedulers:
         while not (s._ready and s.liveness.settling_for() == 0):
             if time.monotonic() > deadline:
-                raise AssertionError("the store did not settle")
+                raise AssertionError(
+                    f"the store did not settle within {timeout}s: ready={s._ready},"
+                    f" settling for {s.liveness.settling_for()}s, joined={s.liveness.join.joined}"
+                    f" (waiting for {sorted(s.liveness.join.waiting_for)})")
             wait = s.tick()
             waited = [o for o in running if o.owner.id in s.liveness.join.waiting_for]
             for other in waited:

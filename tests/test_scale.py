@@ -19,7 +19,7 @@ from beat_claims.enums import RunState
 from beat_claims.scheduler import Scheduler
 
 from .conftest import RedisServer, seed_settled_epoch
-from .inprocess import beats, make, make_app, occurrences_sent
+from .inprocess import make, make_app, occurrences_sent, settled
 from .processes import wait_for
 
 N = 3_000
@@ -51,36 +51,57 @@ def test_a_large_schedule_due_at_once_is_sent_once_by_two_beats(server: RedisSer
     # (grace: both beats tick in this one process; on a slow machine, first occurrences
     # claimed later than it would be recorded skipped for catch-up, as they should be)
     app = make_app(server, entries, beat_claims_heartbeat_interval=2,
-                   beat_claims_catch_up_grace=30)
-    a, b = beats(app, app)
+                   beat_claims_catch_up_grace=120)
     broker = server.client(db=1)
-    worst: list[float] = []  # of the ticks that sent 100 messages or more: CPU s a message
+    # CPU seconds and messages of the ticks that sent something, from the first (how the
+    # burst is split into ticks depends on the load: the first beat may send part of it
+    # while the second joins, or two beats share it in ticks of a few dozen)
+    spent_sending: list[float] = []
+    sent_in_ticks: list[int] = []
+
+    def measured(s: Scheduler) -> Scheduler:
+        real = s.tick
+
+        def tick(*args: Any, **kwargs: Any) -> float:
+            before, started = broker.llen("celery"), time.thread_time()
+            wait = real(*args, **kwargs)
+            spent, published = time.thread_time() - started, broker.llen("celery") - before
+            if published:
+                spent_sending.append(spent)
+                sent_in_ticks.append(published)
+            return wait
+
+        s.tick = tick  # type: ignore[method-assign]
+        return s
+
+    a = measured(Scheduler(app=app))
+    settled(a)
+    b = measured(Scheduler(app=app))
+    settled(b, running=(a,))
 
     def tick_both() -> None:
         for s in (a, b):
-            before, started = broker.llen("celery"), time.thread_time()
             s.tick()
-            spent, published = time.thread_time() - started, broker.llen("celery") - before
-            if published >= 100:  # (a tick that sent a few says little of the cost a run)
-                worst.append(spent / published)
 
     def entries_sent() -> int:
         return len({entry for entry, _ in occurrences_sent(server)})
 
-    wait_for(lambda: entries_sent() == N, 60, f"all {N} entries to be sent", interval=0.02,
+    wait_for(lambda: entries_sent() == N, 120, f"all {N} entries to be sent", interval=0.02,
              between=tick_both)
     sent = Counter(occurrences_sent(server))
     assert {k: n for k, n in sent.items() if n > 1} == {}
     sample = sorted(entries)[:: N // 100]
     firsts = [min(a.store.history(name), key=lambda r: r.due) for name in sample]
     assert [r for r in firsts if r.state is not RunState.SENT] == []
-    # The cost of a run in a large tick, not its wall time nor its whole CPU time (both grow
-    # with the load of the other test processes on a 2-core CI machine: a tick of this
-    # burst took 16 s, then 21.8 CPU s): 1-3 ms a message usually, 7 ms on a loaded CI VM;
-    # a tick whose cost per run grew with the burst would pass 50 ms. (The heartbeat through
-    # a long tick is the next test's.)
-    assert worst, "the burst was sent in ticks of at least 100 messages"
-    assert max(worst) < 0.05, f"a tick spent {max(worst) * 1000:.1f} ms of CPU a message"
+    # The cost of a run in the ticks that sent the burst, not their wall time nor the
+    # process's whole CPU time (both grow with the load of the other test processes on a
+    # 2-core CI machine): 1-3 ms a message usually, 7 ms on a loaded CI VM, a tick's fixed
+    # cost (heartbeat, sweep) included; a cost per run that grew with the burst would pass
+    # 50 ms. (The heartbeat through a long tick is the next test's.)
+    assert sum(sent_in_ticks) >= N, sent_in_ticks
+    per_message = sum(spent_sending) / sum(sent_in_ticks)
+    assert per_message < 0.05, (f"the ticks that sent spent {per_message * 1000:.1f} ms of"
+                                f" CPU a message, in ticks of {sent_in_ticks}")
     a.close()
     b.close()
 
