@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -164,11 +164,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 #: The files whose tests take longest (seconds a test, about, with ``-n 4`` on two cores;
-#: measured with ``--durations``), longest first. Their tests are collected first, so under
-#: ``./scripts/test`` (``--dist loadgroup --no-loadscope-reorder``: each test a unit of
-#: its own, handed to the next free worker in this order) the longest start first and
-#: spread over the workers, and short ones fill in at the end, rather than a long one
-#: starting last. Ordering only: a file missing here (or a wrong figure) runs as before.
+#: measured with ``--durations``), longest first. Their tests are collected first, and
+#: under ``./scripts/test`` (``--dist loadfile --no-loadscope-reorder``) each of them is a
+#: unit of its own: handed to the next free worker in this order, so the longest start
+#: first, spread over the workers, and short ones fill in at the end rather than a long one
+#: starting last. Every other file stays one unit (one worker runs it whole: its
+#: module-scoped fixtures are set up once). Ordering only: a file missing here (or a wrong
+#: figure) runs as before.
 LONG_FIRST = {
     "tests/test_schedule_changes_at_run_time.py": 70,
     "tests/test_chaos.py": 60,
@@ -190,19 +192,32 @@ LONG_FIRST = {
 }
 
 
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest tests first (``LONG_FIRST``; the order within a file is kept), before
     pytest-django's own (stable) sort puts the tests of its database first, in Django's
-    order, which this keeps. A file
-    with a module-scoped fixture stays one unit under ``--dist loadgroup`` (one worker runs
-    all its tests), so that fixture is set up once, not once per worker."""
-    items.sort(key=lambda item: -LONG_FIRST.get(item.nodeid.split("::", 1)[0], 0))
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d.scope == "module" for found in defs for d in found):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    order, which this keeps."""
+    items.sort(key=lambda item: -LONG_FIRST.get(_file(item.nodeid), 0))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, except that each test of a ``LONG_FIRST`` file is a unit of its
+    own (see there). (Not ``--dist loadgroup`` with ``xdist_group`` marks: with pytest 9,
+    pytest-xdist 3.8 cannot add the group to a test's id, and ignores the marks.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongOnesApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = _file(nodeid)
+            return nodeid if path in LONG_FIRST else path
+
+    return LongOnesApart(config, log)
 
 
 @pytest.hookimpl(trylast=True)
