@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -161,82 +161,6 @@ def tmp_dir(tmp_path: Path) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
-
-
-#: The files whose tests take longest: seconds a test, about (with ``-n 4`` on two cores,
-#: measured with ``--durations``). Their tests are collected first, longest first (the
-#: order within a file kept), and under ``./scripts/test`` (``--dist loadfile
-#: --no-loadscope-reorder``, see ``pytest_xdist_make_scheduler``) each test goes to the
-#: next free worker in that order: the long ones start first, spread over the workers, and
-#: short ones fill in at the end rather than a long one starting last. Ordering only: a
-#: file missing here (or a wrong figure) runs as before.
-LONG_FIRST = {
-    "tests/test_schedule_changes_at_run_time.py": 70,
-    "tests/test_chaos.py": 60,
-    "tests/test_scale.py": 35,
-    "tests/test_store_put_back.py": 32,
-    "tests/test_django_cli.py": 31,
-    "tests/test_integration_fleet.py": 29,
-    "tests/test_cli_entries.py": 21,
-    "tests/test_example_no_redis.py": 21,
-    "tests/test_operating.py": 18,
-    "tests/test_hard_cases.py": 17,
-    "tests/test_operator_actions_with_real_beats.py": 15,
-    "tests/test_worker_outcomes.py": 14,
-    "tests/test_store_went_back.py": 13,
-    "tests/test_heartbeat_sweep_in_step.py": 13,
-    "tests/test_worker_liveness.py": 12,
-    "tests/test_stop_gives_back.py": 11,
-    "tests/test_clock.py": 11,
-    "tests/test_store_put_back_noticed.py": 8,
-    "tests/test_operator_actions_across_a_store_that_went_back.py": 8,
-    "tests/test_bounded_work.py": 8,
-    "tests/test_store_never_put_back.py": 7,
-    "tests/test_cli_operations.py": 7,
-    "tests/test_health.py": 7,
-    "tests/test_lost_replies.py": 6,
-    "tests/test_django_beat.py": 6,
-    "tests/test_claim_ahead.py": 6,
-    "tests/test_joining.py": 6,
-    "tests/test_worker_off_the_happy_path.py": 5,
-    "tests/test_beats_follow_definitions.py": 5,
-}
-#: Files whose tests share a module-scoped fixture (a fleet run once for them all, a server
-#: of their own): one worker runs each whole, so that fixture is set up once.
-KEEP_WHOLE = {
-    "tests/test_secrets_stay_in_the_task.py",
-    "tests/test_redis_client.py",
-    "tests/contract/test_redis_cluster.py",
-}
-
-
-def _file(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest tests first (``LONG_FIRST``; the order within a file is kept), before
-    pytest-django's own (stable) sort puts the tests of its database first, in Django's
-    order, which this keeps."""
-    items.sort(key=lambda item: -LONG_FIRST.get(_file(item.nodeid), 0))
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile`` as the suite wants it: each test a unit of its own, handed to the
-    next free worker in the order collected (``LONG_FIRST``), except the ``KEEP_WHOLE``
-    files, a unit each. (Not ``--dist loadgroup`` with ``xdist_group`` marks: with pytest
-    9, pytest-xdist 3.8 cannot add the group to a test's id, and ignores the marks.)"""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class LongFirst(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = _file(nodeid)
-            return path if path in KEEP_WHOLE else nodeid
-
-    return LongFirst(config, log)
 
 
 @pytest.hookimpl(trylast=True)
