@@ -8,12 +8,17 @@ of the definition in force at that instant (and carries that definition's argume
 each is sent once, every instant of the grid in force was sent or recorded skipped, and
 the skipped ones are recorded with the reason ``changed`` or ``disabled``. The crontab's
 one instant is the next whole minute: the test lasts from 15 to 75 s, by when it starts.
-Each store: Redis, SQLite, PostgreSQL; the broker is the test's redis-server, whose
-messages are counted (no worker)."""
+Each store: Redis, SQLite, PostgreSQL, at once (a fleet of three beats on each), so that
+the one wait for a whole minute serves all three; each store's fleet has a redis-server
+of its own as its broker, whose messages are counted (no worker), and each store is
+checked alone (a failure names it)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +30,7 @@ from beat_claims.runs import iso
 from beat_claims.settings import Settings
 from beat_claims.stores import Store, open_store
 
-from .conftest import RedisServer
+from .conftest import RedisServer, own_redis
 from .processes import fleet, wait_for
 from .test_beats_follow_definitions import define, once_each, sent
 from .test_integration_fleet import claims_url, watch
@@ -61,82 +66,131 @@ def grid_instants(schedule: dict[str, Any], anchor: int, after: int, upto: int) 
     return set(range(first, upto + 1, step))
 
 
-@pytest.mark.parametrize("kind", ["redis", "sqlite", "postgres"])
+KINDS = ("redis", "sqlite", "postgres")
+
+
+@dataclass
+class Scenario:
+    """The scenario on one store: its fleet's three beats, the broker whose messages are
+    counted, and the instants of the changes made there (each store's own)."""
+
+    kind: str
+    broker: RedisServer
+    store: Store
+    beats: list[Any]
+    changes: list[int] = field(default_factory=lambda: [0])  # the first: from the first send
+    toggles: list[int] = field(default_factory=list)
+
+
 def test_three_beats_follow_an_entry_through_four_definitions_and_a_disable(
-        kind: str, server: RedisServer, tmp_path: Path) -> None:
-    with claims_url(kind, server, tmp_path) as url, \
-            fleet(url, server.broker_url(), tmp_path, {}, BC_EXEC_URL=server.url) as f:
-        beats = [f.beat() for _ in range(3)]
-        store = open_store(Settings(url=url), timeout=5.0)
-        app = Celery("acceptance", set_as_current=False)  # UTC, as the beats' app
-        phases = [{"every": 2}, {"every": 3}, {"crontab": {"minute": "*"}}, {"every": 2}]
-        tags = ["two", "three", "cron", "two-again"]
-        for proc in beats:
-            f.wait_log(proc, "entries registered; claiming", 40)
-        define(store, app, GRID, spec(phases[0], tags[0]))
-        define(store, app, TOGGLED, spec({"every": 1}, "on"))
-        wait_for(lambda: len(sent(server, GRID)) >= 2, 20, "two sends of the first grid")
-        began = store.now()
+        server: RedisServer, tmp_path: Path) -> None:
+    """The scenario on the three stores at once (a fleet of three beats on each, a broker
+    each), so that one wait for a whole minute serves them all; each is checked alone."""
+    app = Celery("acceptance", set_as_current=False)  # UTC, as the beats' app
+    phases: list[dict[str, Any]] = [{"every": 2}, {"every": 3},
+                                    {"crontab": {"minute": "*"}}, {"every": 2}]
+    tags = ["two", "three", "cron", "two-again"]
+    with contextlib.ExitStack() as stack:
+        runs, fleets = [], []
+        for kind in KINDS:
+            where = tmp_path / kind
+            where.mkdir()
+            broker = server if kind == "redis" else stack.enter_context(own_redis())
+            url = stack.enter_context(claims_url(kind, broker, where))
+            f = stack.enter_context(fleet(url, broker.broker_url(), where, {},
+                                          BC_EXEC_URL=broker.url))
+            store = open_store(Settings(url=url), timeout=5.0)
+            stack.callback(store.close)
+            runs.append(Scenario(kind, broker, store, [f.beat() for _ in range(3)]))
+            fleets.append(f)
+        procs = [proc for run in runs for proc in run.beats]
+        for f, run in zip(fleets, runs):
+            for proc in run.beats:
+                f.wait_log(proc, "entries registered; claiming", 60)
+        for run in runs:
+            define(run.store, app, GRID, spec(phases[0], tags[0]))
+            define(run.store, app, TOGGLED, spec({"every": 1}, "on"))
+        for run in runs:
+            wait_for(partial(_grid_sent, run.broker, 2), 20,
+                     f"two sends of the first grid ({run.kind})")
+        clock = runs[0].store
+        began = clock.now()
         # The crontab's instant: the first whole minute at least 12 s away.
         minute = (began + 12_000) // 60_000 * 60_000 + 60_000
-        changes = [0]  # (the first definition: from the first send on)
-        toggles: list[int] = []
-        until(store, minute - 8000, beats)
-        changes.append(_checkpoint(define(store, app, GRID, spec(phases[1], tags[1]))))
-        until(store, minute - 7000, beats)  # the other entry: disabled for 2.5 s
-        toggles.append(_checkpoint(define(store, app, TOGGLED, spec({"every": 1}, "off",
-                                                                    False))))
-        until(store, minute - 4500, beats)
-        toggles.append(_checkpoint(define(store, app, TOGGLED, spec({"every": 1},
-                                                                    "on-again"))))
-        until(store, minute - 3000, beats)
-        changes.append(_checkpoint(define(store, app, GRID, spec(phases[2], tags[2]))))
-        until(store, minute + 2000, beats)
-        changes.append(_checkpoint(define(store, app, GRID, spec(phases[3], tags[3]))))
-        until(store, minute + 2000 + LAST_PHASE, beats)
-        end = store.now() - 2500  # what is due by then has been sent (or skipped)
-        wait_for(lambda: max(d for d, _ in sent(server, GRID)) > end, 10,
-                 "the last grid's sends")
 
-        anchor = store.entries([GRID])[0].anchor
-        assert anchor is not None
-        bounds = [*changes[1:], None]
-        got = once_each(server, GRID)
-        skipped = {r.due: r.reason for r in store.history(GRID)
-                   if r.state is RunState.SKIPPED}
-        for due, args in got:
-            i = next(k for k, upper in enumerate(bounds) if upper is None or due <= upper)
-            assert on_grid(phases[i], anchor, due) and args == [tags[i]], (
-                f"{iso(due)} sent with {args}, in force: {tags[i]} {phases[i]}")
-        sent_at = {due for due, _ in got}
-        first_sent = min(sent_at)
-        for i, phase in enumerate(phases):
-            lower = changes[i] if i else first_sent - 1
-            upper = min(bounds[i] or end, end)
-            want = grid_instants(phase, anchor, lower, upper)
-            missing = sorted(want - sent_at - set(skipped))
-            assert not missing, f"{tags[i]}: neither sent nor skipped: {[iso(d) for d in missing]}"
-        assert set(skipped.values()) <= {Reason.CHANGED}, skipped
-        assert any(iso(minute) == iso(d) for d in sent_at), "the crontab's instant was not sent"
+        def at(when: int, name: str, obj: dict[str, Any], into: str) -> None:
+            until(clock, when, procs)
+            for run in runs:
+                getattr(run, into).append(_checkpoint(define(run.store, app, name, obj)))
 
-        t_got = once_each(server, TOGGLED)
-        off, on = toggles
-        assert not [iso(d) for d, _ in t_got if off < d <= on], "sent while disabled"
-        t_skipped = {r.due: r.reason for r in store.history(TOGGLED)
-                     if r.state is RunState.SKIPPED}
-        t_anchor = store.entries([TOGGLED])[0].anchor
-        assert t_anchor is not None
-        while_off = grid_instants({"every": 1}, t_anchor, off, on)
-        assert while_off and all(t_skipped.get(d) is Reason.DISABLED for d in while_off), (
-            sorted(while_off), t_skipped)
-        assert set(t_skipped.values()) <= {Reason.CHANGED, Reason.DISABLED}, t_skipped
-        t_sent = {d for d, _ in t_got}
-        t_want = grid_instants({"every": 1}, t_anchor, min(t_sent) - 1, end)
-        t_missing = sorted(t_want - t_sent - set(t_skipped))
-        assert not t_missing, [iso(d) for d in t_missing]
-        counts = Counter(a[0] for _, a in t_got)
-        assert counts["on"] and counts["on-again"] and not counts["off"], counts
-        store.close()
+        at(minute - 8000, GRID, spec(phases[1], tags[1]), "changes")
+        # The other entry: disabled for 2.5 s.
+        at(minute - 7000, TOGGLED, spec({"every": 1}, "off", False), "toggles")
+        at(minute - 4500, TOGGLED, spec({"every": 1}, "on-again"), "toggles")
+        at(minute - 3000, GRID, spec(phases[2], tags[2]), "changes")
+        at(minute + 2000, GRID, spec(phases[3], tags[3]), "changes")
+        until(clock, minute + 2000 + LAST_PHASE, procs)
+        end = clock.now() - 2500  # what is due by then has been sent (or skipped)
+        for run in runs:
+            wait_for(partial(_grid_sent, run.broker, 1, end), 10,
+                     f"the last grid's sends ({run.kind})")
+
+        failed = []
+        for run in runs:
+            try:
+                _followed(run, phases, tags, minute, end)
+            except AssertionError as exc:
+                failed.append(f"{run.kind}: {exc}")
+        assert not failed, "\n".join(failed)
+
+
+def _grid_sent(broker: RedisServer, count: int, after: int = 0) -> bool:
+    """At least ``count`` sends of the grid entry, the last one due after ``after``."""
+    dues = [due for due, _ in sent(broker, GRID)]
+    return len(dues) >= count and max(dues) > after
+
+
+def _followed(run: Scenario, phases: list[dict[str, Any]], tags: list[str], minute: int,
+              end: int) -> None:
+    """What one store's fleet sent and recorded skipped, against the definitions in force."""
+    store, changes = run.store, run.changes
+    anchor = store.entries([GRID])[0].anchor
+    assert anchor is not None
+    bounds = [*changes[1:], None]
+    got = once_each(run.broker, GRID)
+    skipped = {r.due: r.reason for r in store.history(GRID) if r.state is RunState.SKIPPED}
+    for due, args in got:
+        i = next(k for k, upper in enumerate(bounds) if upper is None or due <= upper)
+        assert on_grid(phases[i], anchor, due) and args == [tags[i]], (
+            f"{iso(due)} sent with {args}, in force: {tags[i]} {phases[i]}")
+    sent_at = {due for due, _ in got}
+    first_sent = min(sent_at)
+    for i, phase in enumerate(phases):
+        lower = changes[i] if i else first_sent - 1
+        upper = min(bounds[i] or end, end)
+        want = grid_instants(phase, anchor, lower, upper)
+        missing = sorted(want - sent_at - set(skipped))
+        assert not missing, f"{tags[i]}: neither sent nor skipped: {[iso(d) for d in missing]}"
+    assert set(skipped.values()) <= {Reason.CHANGED}, skipped
+    assert any(iso(minute) == iso(d) for d in sent_at), "the crontab's instant was not sent"
+
+    t_got = once_each(run.broker, TOGGLED)
+    off, on = run.toggles
+    assert not [iso(d) for d, _ in t_got if off < d <= on], "sent while disabled"
+    t_skipped = {r.due: r.reason for r in store.history(TOGGLED)
+                 if r.state is RunState.SKIPPED}
+    t_anchor = store.entries([TOGGLED])[0].anchor
+    assert t_anchor is not None
+    while_off = grid_instants({"every": 1}, t_anchor, off, on)
+    assert while_off and all(t_skipped.get(d) is Reason.DISABLED for d in while_off), (
+        sorted(while_off), t_skipped)
+    assert set(t_skipped.values()) <= {Reason.CHANGED, Reason.DISABLED}, t_skipped
+    t_sent = {d for d, _ in t_got}
+    t_want = grid_instants({"every": 1}, t_anchor, min(t_sent) - 1, end)
+    t_missing = sorted(t_want - t_sent - set(t_skipped))
+    assert not t_missing, [iso(d) for d in t_missing]
+    counts = Counter(a[0] for _, a in t_got)
+    assert counts["on"] and counts["on-again"] and not counts["off"], counts
 
 
 def _checkpoint(result: Any) -> int:

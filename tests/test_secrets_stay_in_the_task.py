@@ -106,8 +106,10 @@ def drive(kind: str, server: RedisServer, tmp: Path, conf: dict[str, Any],
     done = Finished(kind, url, server, open_store(Settings(url=url)), conf)
     control = Celery("control", set_as_current=False, broker=server.broker_url())
     client = server.client()
+    # A 0.5 s heartbeat: the beat reads the result backend (the "recovered" path) every
+    # ten heartbeat intervals (beat_claims/beat/recovery.py), 5 s here.
     f = Fleet(server.url, server.broker_url(), tmp, schedule(paths), **done.env,
-              BC_RESULT_BACKEND=f"redis://127.0.0.1:{server.port}/2")
+              BC_RESULT_BACKEND=f"redis://127.0.0.1:{server.port}/2", BC_HEARTBEAT="0.5")
     with running(f):
         f.worker(concurrency=4)
         if "recovered" in paths:

@@ -46,6 +46,9 @@ POLL = INTERVAL / 4
 VISIBILITY = 2
 #: What a loaded machine (other engineers' suites on two cores) may add to a bound.
 MARGIN = 2.0
+#: How long a starter's task is busy at most: the test ends it (``Sent.release``) once the
+#: redelivery was judged, rather than after a fixed time long enough for a loaded machine.
+BUSY = 60
 
 
 class Sent:
@@ -75,6 +78,14 @@ class Sent:
 
     def record(self) -> Run:
         return next(r for r in self.store.history(self.entry) if r.due == self.due)
+
+    def release(self, server: RedisServer) -> None:
+        """End the task published with ``busy()``'s arguments (``proj.slow``)."""
+        server.client().set(f"release:{self.entry}", 1)
+
+    def busy(self) -> list[Any]:
+        """``proj.slow``'s arguments: busy until :meth:`release` (at most ``BUSY`` s)."""
+        return [BUSY, self.entry]
 
 
 @pytest.fixture(params=["redis", "postgres"])
@@ -123,12 +134,13 @@ def _evidence(f: Fleet, sent: Sent, server: RedisServer) -> str:
 
 def _alive_and_busy(server: RedisServer, tmp_path: Path, url: str, pool: str,
                     task: str = "proj.slow", **conf: Any) -> None:
-    """The starter (``pool``, node on host A) runs a 20 s task; the broker redelivers its
-    message to a worker on host B: refused there, the body runs once, one start."""
+    """The starter (``pool``, node on host A) runs a task, busy until the redelivery was
+    judged; the broker redelivers its message to a worker on host B: refused there, the
+    body runs once, one start."""
     sent = Sent(_store(url), f"busy-{pool}")
     with _fleet(server, tmp_path, url, **conf) as f:
         _worker(f, "w1@hostA", pool)
-        sent.publish(server, task, [20])
+        sent.publish(server, task, sent.busy())
         [first] = wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
         second = _worker(f, "w2@hostB")
         wait_for(lambda: "refusing delivery" in f.log(second)
@@ -138,6 +150,7 @@ def _alive_and_busy(server: RedisServer, tmp_path: Path, url: str, pool: str,
         received = _rows(server, sent.entry, "received")
         assert [r["hostname"] for r in received] == ["w1@hostA", "w2@hostB"], received
         assert "is alive" in f.log(second), _evidence(f, sent, server)
+        sent.release(server)
         wait_for(lambda: sent.record().state is RunState.DONE, 40, "the run to end")
         run = sent.record()
     assert len(_rows(server, sent.entry)) == 1 and len(_rows(server, sent.entry, "end")) == 1
@@ -220,7 +233,7 @@ def test_a_gevent_starter_whose_task_never_yields_is_taken_for_gone_after_its_tt
     store = _store(server.url)
     sent = Sent(store, "spins")
     with _fleet(server, tmp_path, server.url) as f:
-        _worker(f, "w1@hostA", "gevent")
+        spinner = _worker(f, "w1@hostA", "gevent")
         sent.publish(server, "proj.spin", [6 * TTL])
         [first] = wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
         second = _worker(f, "w2@hostB")
@@ -232,6 +245,8 @@ def test_a_gevent_starter_whose_task_never_yields_is_taken_for_gone_after_its_tt
         assert not [r for r in _rows(server, sent.entry, "end")
                     if r["hostname"] == "w1@hostA" and r["at"] < runs[0]["at"]]
         assert first["hostname"] == "w1@hostA"
+        # (Stopped with SIGKILL: a warm shutdown would wait for the spin to end.)
+        f.stop(spinner, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(("option", "conf"), [
@@ -253,7 +268,7 @@ def test_a_time_limit_of_the_workers_command_line_ends_the_judgement_first_and_r
         starter = f.worker("-n", "w1@hostA", pool="solo", concurrency=1, BC_CONF=json.dumps(
             _conf(server.url, beat_claims_worker_heartbeat_interval=60)))
         f.wait_log(starter, "ready.", 60)
-        sent.publish(server, "proj.slow", [12])
+        sent.publish(server, "proj.slow", sent.busy())
         wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
         second = f.worker("-n", "w2@hostB", option, "3", pool="prefork", concurrency=1)
         f.wait_log(second, "ready.", 60)
@@ -261,6 +276,7 @@ def test_a_time_limit_of_the_workers_command_line_ends_the_judgement_first_and_r
                  or len(_rows(server, sent.entry)) > 1
                  or "Hard time limit" in f.log(second), 30,
                  "the broker's redelivery to be judged on w2")
+        sent.release(server)
         wait_for(lambda: sent.record().state.final or len(_rows(server, sent.entry)) > 1,
                  40, "the run to end")
         evidence = _evidence(f, sent, server)
@@ -299,7 +315,7 @@ def test_a_busy_starter_of_the_same_hostname_in_another_pid_namespace_is_alive(
         starter = f.worker("-n", f"w1@{host}", pool="solo", concurrency=1,
                            wrap=OWN_PID_NAMESPACE)
         f.wait_log(starter, "ready.", 60)
-        sent.publish(server, "proj.slow", [12])
+        sent.publish(server, "proj.slow", sent.busy())
         [first] = wait_for(lambda: _rows(server, sent.entry), 30, "the task to start on w1")
         assert first["pid"] == 1, first  # (the starter is its namespace's first process)
         second = _worker(f, f"w2@{host}")
@@ -309,5 +325,6 @@ def test_a_busy_starter_of_the_same_hostname_in_another_pid_namespace_is_alive(
         evidence = _evidence(f, sent, server)
         assert len(_rows(server, sent.entry)) == 1, evidence
         assert "is alive" in f.log(second), evidence
+        sent.release(server)
         wait_for(lambda: sent.record().state is RunState.DONE, 40, "the run to end")
     assert sent.record().worker == f"w1@{host}"

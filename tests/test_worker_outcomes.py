@@ -17,10 +17,18 @@ from celery import Celery
 from beat_claims.runs import RunState, iso, task_id_for
 from beat_claims.stores.redis import RedisStore
 
-from .conftest import RedisServer
+from .conftest import RedisServer, seed_settled_epoch
 from .processes import ROOT, executions, fleet, wait_for
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def settled(server: RedisServer) -> None:
+    """Each test's beat starts on a store that has run a while (its epoch settled), so it
+    claims at once: these tests are about the worker's side, not about a new store's settle
+    period of one heartbeat TTL (tests/test_store_went_back.py, tests/contract)."""
+    seed_settled_epoch(server)
 
 
 def final_runs(store: RedisStore, entry: str) -> list[Any]:
@@ -191,8 +199,10 @@ def test_outcomes_recovered_from_the_result_backend_when_workers_lack_the_hooks(
     store = RedisStore.from_url(server.url, "beat-claims")
     schedule = {"ok": {"every": 1}, "boom": {"every": 1, "task": "fail"}}
     backend = f"redis://127.0.0.1:{server.port}/2"
+    # A 0.5 s heartbeat: the beat's passes over the result backend are ten heartbeat
+    # intervals apart (beat_claims/beat/recovery.py), 5 s here; the test waits for two.
     with fleet(server.url, server.broker_url(), tmp_path, schedule,
-               BC_RESULT_BACKEND=backend) as f:
+               BC_RESULT_BACKEND=backend, BC_HEARTBEAT="0.5") as f:
         f.worker(BC_NO_INSTALL="1")
         beat = f.beat()
         ok = first_final(store, "ok", 40)

@@ -174,10 +174,15 @@ def flaky(self: Any) -> str:
 
 
 @app.task(bind=True, name="proj.slow")
-def slow(self: Any, seconds: float = 5.0) -> str:
+def slow(self: Any, seconds: float = 5.0, release: str | None = None) -> str:
+    """Busy for ``seconds`` (sleeping); with ``release``, ended sooner once the test sets
+    the key ``release:<release>`` in the executions' Redis (a busy task the test ends as
+    soon as it has seen what it waited for, with a long ``seconds`` as the bound)."""
     _note(self, "run")
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        if release is not None and _store.exists(f"release:{release}"):
+            break
         time.sleep(0.05)
     _note(self, "end")
     return "slept"
