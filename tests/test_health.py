@@ -156,10 +156,11 @@ def test_a_run_due_again_that_no_beat_takes_is_overdue_whatever_schedule_the_pro
 @pytest.mark.parametrize("target", ["redis"], indirect=True)
 def test_a_beat_killed_on_this_host_is_dead_at_once_for_its_own_probe_status_and_health(
         target: Target, tmp_path: Path) -> None:
-    # Two beats on this host with a 10 s heartbeat (their records lapse 30 s after the last
-    # one): one is killed with SIGKILL and says nothing; its pid is gone on this host.
+    # Two beats on this host with a 30 s heartbeat (their records lapse 90 s after the last
+    # one: six CLI processes at once take a while on a loaded 2-core machine): one is
+    # killed with SIGKILL and says nothing; its pid is gone on this host.
     t = target
-    with t.fleet(tmp_path, SCHEDULE, BC_HEARTBEAT="10") as f:
+    with t.fleet(tmp_path, SCHEDULE, BC_HEARTBEAT="30") as f:
         one, two = f.beat(), f.beat()
         wait_for(lambda: {o.owner.pid for o in t.store.owners() if o.alive}
                  >= {one.pid, two.pid}, 40, "both beats to heartbeat")
