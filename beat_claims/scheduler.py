@@ -400,7 +400,7 @@ class Scheduler(BaseScheduler):
             self._feed_down = False
             logger.warning("beat-claims: the definitions' change feed can be read again")
         self._prune_pinned()
-        if first:
+        if first or (changed and self.stored.reloaded):  # (read again: written again too)
             self._recompose()
         elif changed:  # those alone: the work is in proportion to the change
             self._recompose(changed)
