@@ -36,7 +36,7 @@ from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
 
 from . import occurrences
-from .beat.claimer import Claimer, PolicyBounds, usable_cores
+from .beat.claimer import REGISTER_CHUNK, Claimer, PolicyBounds, usable_cores
 from .beat.clock import StoreClock
 from .beat.composition import Composition
 from .beat.config_writes import write_own
@@ -69,9 +69,6 @@ from .stores.base import (
 
 logger = get_logger("celery.beat.claims")
 
-#: Entries registered again per call after the store went back (the heartbeat is renewed,
-#: and the store kept settling, between two calls).
-RESYNC_CHUNK = 2000
 #: Entries whose change of schedule is logged one by one (more: one line, counted).
 LOGGED_CHANGES = 10
 #: Later than any instant in the store's records (UTC ms, within what every store holds).
@@ -154,7 +151,8 @@ class Scheduler(BaseScheduler):
         self.liveness = Liveness(self.store, self.owner, interval, self.clock,
                                  written=self.knowledge.written)
         self.claimer = Claimer(self.store, self.owner, self.settings, self, self.knowledge,
-                               self.holdings, self.metrics, logger)
+                               self.holdings, self.metrics, logger,
+                               keep_alive=self.liveness.keep_alive)
         self.sender = Sender(self.store, self.owner, self.settings, self.policies,
                              self.holdings, self.knowledge, self.liveness, self.clock,
                              lambda claim, task_id: self._publish_claim(claim, task_id),
@@ -163,7 +161,9 @@ class Scheduler(BaseScheduler):
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
         self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
         self.stored = StoredEntries(self.store, logger)
+        self.stored.between = self.liveness.keep_alive
         self.composition = Composition(app, self.stored, logger)
+        self.composition.between = self.liveness.keep_alive
         #: Claims held when their entry's definition changed (or went): each is sent with
         #: the entry it was claimed with (one definition per occurrence).
         self.pinned: dict[RunRef, Any] = {}
@@ -400,8 +400,10 @@ class Scheduler(BaseScheduler):
             self._feed_down = False
             logger.warning("beat-claims: the definitions' change feed can be read again")
         self._prune_pinned()
-        if changed or first:
+        if first or (changed and self.stored.reloaded):  # (read again: written again too)
             self._recompose()
+        elif changed:  # those alone: the work is in proportion to the change
+            self._recompose(changed)
         self._report_differences()
 
     def _write_own(self) -> None:
@@ -411,11 +413,13 @@ class Scheduler(BaseScheduler):
         if not self.stored.reloaded:
             return
         wrote = write_own(self.store, self.app, self.composition.own, self.stored.known,
-                          self.owner.id, logger, replace=not self._own_written)
+                          self.owner.id, logger, replace=not self._own_written,
+                          between=self.liveness.keep_alive)
         if wrote:
             self.stored.refresh()
         self.stored.reloaded = False
         self._own_written = self.composition.own_written = True
+        self.liveness.keep_alive()  # (composing a large schedule takes a while)
         self._recompose()
         self._report_differences()
 
@@ -429,9 +433,11 @@ class Scheduler(BaseScheduler):
         known = [name for name in names if name in self.stored.known]
         changed: set[str] = set()
         for start in range(0, len(known), PAGE):
+            if start:  # (every entry moved after a registration: many pages)
+                self.liveness.keep_alive()
             changed |= self.stored.take(self.store.definitions(known[start:start + PAGE]))
         if changed:
-            self._recompose()
+            self._recompose(changed)
 
     def _report_differences(self) -> None:
         """Write with the heartbeats which entries of this beat's beat_schedule differ from
@@ -639,6 +645,8 @@ class Scheduler(BaseScheduler):
                         len(self.claimer.states))
         self._settle_logged = False
         self._registered_once = True
+        if self.claimer.again:  # after a lapse: a chunk a tick, between the claims
+            self.claimer.register_again_next()
         if heartbeat:  # the epoch is the one this beat knows, and the store has settled
             self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS))
         began = self.clock.now()
@@ -709,10 +717,12 @@ class Scheduler(BaseScheduler):
         may have dropped it from the registrants of its entries, as a dead beat. It
         registers them again, so that an operator's prune and run now see that it schedules
         them (nothing else changes: the store merges what it knows, as at any
-        registration)."""
+        registration): a chunk each tick from here on (Claimer.register_again_next), the
+        heartbeat renewed and what falls due claimed in between, so that registering a
+        large schedule again is not a lapse again."""
         if self.liveness.lapsed:
+            self.liveness.lapsed = False
             self.claimer.register_again()
-        self.liveness.lapsed = False
 
     def _claim_ahead(self) -> bool:
         """Claiming the next chunk in a thread hides the store's time only when a core is
@@ -745,6 +755,8 @@ class Scheduler(BaseScheduler):
         return since >= interval or (early and since >= interval / 2)
 
     def _sleep_for(self) -> float:
+        if self.claimer.again:  # registering again after a lapse: the next chunk at once
+            return 0.0
         wait = self.max_interval
         for nxt in (self.claimer.next_due(), self.holdings.next_send()):
             if nxt is not None:
@@ -782,9 +794,9 @@ class Scheduler(BaseScheduler):
         # long as this beat is still registering: a large schedule takes a while).
         self.liveness.beat(resync=not self._epoch_begun)
         while self._resync_seeds:
-            chunk = self._resync_seeds[:RESYNC_CHUNK]
+            chunk = self._resync_seeds[:REGISTER_CHUNK]
             self.claimer.register([seed.name for seed in chunk], chunk)
-            del self._resync_seeds[:RESYNC_CHUNK]
+            del self._resync_seeds[:REGISTER_CHUNK]
             self.liveness.beat(settling=True)
         self._restore_pauses()
         self._resync_seeds = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..definitions import Definition, DefinitionError, validate
@@ -47,27 +48,36 @@ class StoredEntries:
         #: change feed said to: the store may have gone back).
         self.reloaded = False
         self._logged: set[tuple[str, int, str]] = set()
+        #: Called between two pages read (the beat renews its heartbeat: ten pages of
+        #: 20,000 definitions just written took 3 s, the TTL of a 1 s heartbeat).
+        self.between: Callable[[], None] = lambda: None
+        #: Names changed in pages read by a refresh that ``between`` cut short (the store
+        #: went back): answered by the next refresh, as the cursor has moved past them.
+        self._unanswered: set[str] = set()
 
     def refresh(self) -> set[str]:
         """Read what changed since the last read (everything, the first time or when the
         feed says to); the names whose record changed."""
         if not self.loaded:
             return self._reload()
-        changed: set[str] = set()
-        for _ in range(CHANGE_PAGES_PER_HEARTBEAT):
+        changed = self._unanswered
+        for page in range(CHANGE_PAGES_PER_HEARTBEAT):
+            if page:
+                self.between()
             answer = self.store.changes(self.cursor, PAGE)
             if answer.reload:
                 # The cursor moves once every definition was read: a read that fails
                 # midway is told to reload again.
                 changed |= self._read_all()
                 self.cursor = answer.cursor
-                return changed
+                break
             for record in answer.changed:
                 if self._take(record):
                     changed.add(record.name)
             self.cursor = answer.cursor
             if answer.complete:
                 break
+        self._unanswered = set()
         return changed
 
     def _reload(self) -> set[str]:
@@ -85,6 +95,8 @@ class StoredEntries:
         changed: set[str] = set()
         after = ""
         while True:
+            if after:
+                self.between()
             page = self.store.definitions(None, after, PAGE)
             for record in page:
                 old = before.get(record.name)
