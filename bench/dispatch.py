@@ -10,6 +10,13 @@ Workloads
 * ``idle_<N>``: N entries (``--idle-entries``, 10,000; 50,000 for the large idle case)
   none of which is due for an hour. Figures: CPU seconds per minute of the beat processes
   over ``--idle-seconds`` (60), peak RSS (setup included) and RSS at the end of the window.
+* ``dynamic_<N>``: N entries created through each scheduler's run-time API before one beat
+  starts (``--dynamic-entries 10000,100000``; ``bench/dynamic.py``, whose docstring has the
+  method): RedBeat's ``RedBeatSchedulerEntry(...).save()``, beat-claims'
+  ``Entries(app).bulk_create`` (``beat_claims_1`` on each ``--store``), none due for an
+  hour, and a few due soon that the beat must send once. Figures: create seconds, the
+  store's bytes per entry, the beat's startup (spawn until ready to claim), peak RSS and
+  idle CPU per minute over ``--idle-seconds``; ratios beat-claims / RedBeat.
 
 Schedulers (``--schedulers``, ``--beats``, ``--at-commit``)
 -----------------------------------------------------------
@@ -105,6 +112,8 @@ Usage::
         --store redis,sqlite,postgres                          # beat-claims on each store
     python bench/dispatch.py --entries 0 --idle-entries 50000 --schedulers redbeat,beat_claims \\
         --beats 1 --at-commit 1bad067                          # the large idle case
+    python bench/dispatch.py --entries 0 --idle-entries 0 --dynamic-entries 10000,100000 \\
+        --schedulers redbeat,beat_claims --beats 1 --redbeat-create both  # run-time entries
 
 The last line printed is one JSON document with every figure (docs/benchmarks.md).
 """
@@ -1600,6 +1609,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="dynamic: RedBeat's entries are saved one by one as its API does;"
                          " 'both' also times the same commands pipelined 500 entries a"
                          " round trip (save)")
+    ap.add_argument("--dynamic-start", choices=("restarted", "cold"), default="restarted",
+                    help="dynamic: the beat-claims beat starts as a restarted beat does (the"
+                         " store heartbeated just before by a process that is gone), or"
+                         " 'cold': on a store without a heartbeat since the bulk create"
+                         " (restarted)")
     ap.add_argument("--dynamic-create-timeout", type=float, default=3600.0,
                     help="dynamic: seconds the creation of the N entries may take (3600)")
     ap.add_argument("--dynamic-soon-timeout", type=float, default=60.0,
@@ -1717,6 +1731,7 @@ def main(argv: list[str] | None = None) -> int:
                     "dynamic_soon": args.dynamic_soon,
                     "dynamic_beat_max": args.dynamic_beat_max,
                     "redbeat_create": args.redbeat_create,
+                    "dynamic_start": args.dynamic_start,
                     "schedulers": kinds, "beats": args.beats, "repeat": args.repeat,
                     "stores": stores,
                     "at_commits": [src.tag for src in sources if src.tag],
