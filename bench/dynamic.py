@@ -418,8 +418,9 @@ def run_dynamic(case: Case, n: int, soon_lead: float, args: argparse.Namespace,
                            "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
     for server in (store, broker):
         server.client.flushall()
-    cfg = {**_base_cfg(case, [], store, broker, workdir, None, run_id, args.setup_timeout,
-                       args.pg),  # (a new SQLite file; the PostgreSQL database emptied)
+    profile = args.profile if case.scheduler in args.profile_schedulers else None
+    cfg = {**_base_cfg(case, [], store, broker, workdir, profile, run_id,
+                       args.setup_timeout, args.pg),  # (a new SQLite file; PostgreSQL emptied)
            "interval": IDLE_INTERVAL, "last_run_at": time.time(), "idle": True,
            "dynamic": True, "n": n, "soon": args.dynamic_soon, "soon_lead": soon_lead,
            "redbeat_create": args.redbeat_create, "dynamic_start": args.dynamic_start,
