@@ -111,7 +111,7 @@ FIGURES = ("create_seconds", "create_us_per_entry", "create_seconds_pipeline",
            "soon_lag_ms_max", "other_cpu_seconds")
 RUN_FIELDS = ("status", *FIGURES, "prime_seconds", "soon_lead", "soon_sent",
               "soon_due_before_ready", "unexpected_sends", "duplicates", "beat_started",
-              "startup_marks",
+              "startup_marks", "store_commands_by_name",
               "store_bytes", "loadavg_before", "loadavg_after", "error", "errors",
               "warnings")
 
@@ -495,6 +495,8 @@ def run_dynamic(case: Case, n: int, soon_lead: float, args: argparse.Namespace,
     if case.store == "redis":
         delta = _command_delta(stats_before, stats_after, {})
         out["store_commands_per_minute"] = round(sum(delta.values()) * per_minute, 1)
+        # (commands run inside Lua scripts count: INFO commandstats)
+        out["store_commands_by_name"] = dict(sorted(delta.items()))
     good = (len(results) == 1 and not out["errors"] and out["soon_sent"] == args.dynamic_soon
             and not out["duplicates"] and not out["unexpected_sends"])
     out["status"] = "ok" if good else "error"
