@@ -26,7 +26,8 @@ redis-server):
    bulk ended, are created the same way (beat-claims: a ``clocked`` schedule; RedBeat: an
    interval of an hour whose ``last_run_at`` is one hour before that instant): the beat
    must send each exactly once. ``create_seconds`` is the time of the N entries' calls
-   only (the items are built before the clock starts).
+   only (the items are built before the clock starts); ``create_cpu_seconds`` the
+   creator's own CPU time in them (the store server's is not counted).
    With ``--dynamic-start restarted`` (the default) the creator then heartbeats once in
    beat-claims' store as a beat of its own and exits: the beat started next finds the
    store as a restarted beat does (its last heartbeat recent, no beat alive) and joins at
@@ -41,7 +42,9 @@ redis-server):
    ``beat_init``, ticks) and ticked as ``Service.start`` does (sleeping what ``tick()``
    returns) until it is ready: beat-claims when it logs ``entries registered; claiming``
    (the time of that log record), RedBeat at the end of its first tick after taking its
-   lock. ``startup_after_import_seconds`` counts from the moment the beat had imported
+   lock. ``startup_cpu_seconds`` is the CPU time the beat process used until then (its
+   ``time.process_time()``: what the machine's other load changes least).
+   ``startup_after_import_seconds`` counts from the moment the beat had imported
    everything and read its configuration; ``startup_marks`` gives, in seconds after the
    spawn, the end of each beat-claims tick until ready and when it logged its definitions
    read and composed (``loaded``), ``joining``, ``settling`` and ``ready``.
@@ -103,7 +106,8 @@ PIPELINE_CHUNK = 500
 #: beat-claims' goal for a beat's startup and peak RSS whatever N (the due index).
 GOAL_STARTUP_SECONDS = 2.0
 GOAL_RSS_MB = 100.0  # megabytes (10^6 bytes)
-FIGURES = ("create_seconds", "create_us_per_entry", "create_seconds_pipeline",
+FIGURES = ("create_seconds", "create_us_per_entry", "create_cpu_seconds",
+           "create_seconds_pipeline", "startup_cpu_seconds",
            "creator_peak_rss_mib", "store_bytes_per_entry", "store_bytes_per_entry_running",
            "startup_seconds", "startup_after_import_seconds", "ready_ticks",
            "rss_ready_mib", "peak_rss_mib", "rss_end_mib", "cpu_seconds_per_minute",
@@ -186,7 +190,8 @@ def setup(kind: str, sched: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     t0 = time.time()
     ready, ticks, marks = _tick_until_ready(kind, sched, t0 + cfg["setup_timeout"])
     out = {"first_tick": (t0, t0), "registered_tick": (t0, t0), "setup_ticks": ticks,
-           "ready_at": ready, "rss_ready_kib": _vm_kib("VmRSS") or 0, "marks": marks}
+           "ready_at": ready, "rss_ready_kib": _vm_kib("VmRSS") or 0, "marks": marks,
+           "cpu_ready": time.process_time()}
     if sched.should_sync():
         sched._do_sync()
     return out
@@ -205,20 +210,21 @@ def _prime(app: Any, cfg: dict[str, Any]) -> float:
     return round(time.time() - t0, 3)
 
 
-def _create_beat_claims(app: Any, names: list[str]) -> float:
-    """beat-claims' API: one ``bulk_create`` of every entry (seconds of that call)."""
+def _create_beat_claims(app: Any, names: list[str]) -> tuple[float, float]:
+    """beat-claims' API: one ``bulk_create`` of every entry (seconds of that call, and the
+    CPU seconds of this process in it)."""
     from beat_claims.entries import Entries
 
     items = [{"name": name, "task": TASK, "schedule": {"every": IDLE_INTERVAL},
               "args": [name]} for name in names]
     with Entries(app, by="bench") as entries:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         results = entries.bulk_create(items)
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     failed = [r for r in results if r.error is not None]
     if failed:
         raise RuntimeError(f"{len(failed)} entries not created: {failed[0].error}")
-    return seconds
+    return seconds, cpu
 
 
 def _soon_beat_claims(app: Any, names: list[str], at: float) -> None:
@@ -240,12 +246,12 @@ def _redbeat_entries(app: Any, names: list[str], last_run_at: datetime | None) -
         yield RedBeatSchedulerEntry(name, TASK, every, args=[name], app=app, **extra)
 
 
-def _create_redbeat(app: Any, names: list[str]) -> float:
+def _create_redbeat(app: Any, names: list[str]) -> tuple[float, float]:
     """RedBeat's API: each entry built and saved (``save()``: one pipeline each)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for entry in _redbeat_entries(app, names, None):
         entry.save()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def _soon_redbeat(app: Any, names: list[str], at: float) -> None:
@@ -333,12 +339,13 @@ def _creator(kind: str, src: str | None, cfg: dict[str, Any], out_q: Any, go: An
             out["create_seconds_pipeline"] = round(_redbeat_pipelined(cfg, names), 3)
         create, make_soon = ((_create_beat_claims, _soon_beat_claims) if kind == "beat_claims"
                              else (_create_redbeat, _soon_redbeat))
-        seconds = create(app, names)
+        seconds, cpu = create(app, names)
         soon_at = time.time() + cfg["soon_lead"]
         make_soon(app, soon, soon_at)
         if kind == "beat_claims" and cfg.get("dynamic_start") == "restarted":
             _heartbeat_as_a_stopped_beat(app)
-        out.update({"create_seconds": round(seconds, 3), "soon_at": soon_at,
+        out.update({"create_seconds": round(seconds, 3), "create_cpu_seconds": round(cpu, 3),
+                    "soon_at": soon_at,
                     "creator_peak_rss_kib": _peak_rss_kib()})
         out_q.put(("created", out))
     except Exception:
@@ -430,6 +437,7 @@ def run_dynamic(case: Case, n: int, soon_lead: float, args: argparse.Namespace,
         return {**out, "status": "error", "error": created}
     out["create_seconds"] = created["create_seconds"]
     out["create_us_per_entry"] = round(1e6 * created["create_seconds"] / n, 1)
+    out["create_cpu_seconds"] = created.get("create_cpu_seconds")
     if "create_seconds_pipeline" in created:
         out["create_seconds_pipeline"] = created["create_seconds_pipeline"]
     out["creator_peak_rss_mib"] = round(created["creator_peak_rss_kib"] / 1024, 1)
@@ -450,6 +458,7 @@ def run_dynamic(case: Case, n: int, soon_lead: float, args: argparse.Namespace,
     beats.go.set()
     out.update({"startup_seconds": round(r["ready_at"] - spawned, 3),
                 "startup_after_import_seconds": round(r["ready_at"] - r["setup_started"], 3),
+                "startup_cpu_seconds": round(r["cpu_ready"], 3),
                 "ready_ticks": r["setup_ticks"],
                 "startup_marks": {k: round(t - spawned, 3) for k, t in r["marks"].items()},
                 "rss_ready_mib": round(r["rss_ready_kib"] / 1024, 1)})
@@ -543,7 +552,8 @@ COMPARED = (("startup_seconds", "startup"), ("peak_rss_mib", "rss"),
             ("cpu_seconds_per_minute", "idle_cpu"),
             ("store_bytes_per_entry", "store_bytes"),
             ("store_bytes_per_entry_running", "store_bytes_running"),
-            ("create_seconds", "create"))
+            ("startup_cpu_seconds", "startup_cpu"), ("create_seconds", "create"),
+            ("create_cpu_seconds", "create_cpu"))
 
 
 def ratios_and_goals(results: dict[str, dict[str, Any]], sizes: list[int]
@@ -585,7 +595,7 @@ def print_table(summary: dict[str, Any], cases: list[Case]) -> None:
         return
     results = summary["results"]
     hdr = (f"{'workload':15} {'scheduler':38} {'status':>9} {'create s':>9} {'pipe s':>7}"
-           f" {'B/entry':>8} {'B/e run':>8} {'startup s':>9} {'RSS MiB':>8}"
+           f" {'B/entry':>8} {'B/e run':>8} {'startup s':>9} {'CPU s':>6} {'RSS MiB':>8}"
            f" {'ready MiB':>9} {'CPU s/min':>9} {'soon':>5}")
     print()
     print(hdr)
@@ -603,6 +613,7 @@ def print_table(summary: dict[str, Any], cases: list[Case]) -> None:
                   f" {_fmt(r['store_bytes_per_entry'], '.0f'):>8}"
                   f" {_fmt(r['store_bytes_per_entry_running'], '.0f'):>8}"
                   f" {_fmt(r['startup_seconds'], '.2f'):>9}"
+                  f" {_fmt(r['startup_cpu_seconds'], '.2f'):>6}"
                   f" {_fmt(r['peak_rss_mib'], '.0f'):>8} {_fmt(r['rss_ready_mib'], '.0f'):>9}"
                   f" {_fmt(r['cpu_seconds_per_minute'], '.3f'):>9} {soon:>5}")
 
