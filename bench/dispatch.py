@@ -1662,9 +1662,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a beat may take to be ready (300); beat-claims on a fresh"
                          " store waits one heartbeat TTL (15 s) before it registers")
     ap.add_argument("--profile", metavar="DIR", default=None,
-                    help="cProfile each beat of a burst or an idle window from the start"
-                         " of ticking; writes DIR/<run>-<beat>.prof and prints the top"
-                         " functions to stderr")
+                    help="cProfile each beat of a burst, an idle window or a dynamic run"
+                         " from the start of ticking (a dynamic run: once ready); writes"
+                         " DIR/<run>-<beat>.prof and prints the top functions to stderr")
     ap.add_argument("--profile-schedulers", default="beat_claims",
                     help="schedulers to profile with --profile (beat_claims)")
     ap.add_argument("--dump", metavar="DIR", default=None,
