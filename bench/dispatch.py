@@ -10,6 +10,13 @@ Workloads
 * ``idle_<N>``: N entries (``--idle-entries``, 10,000; 50,000 for the large idle case)
   none of which is due for an hour. Figures: CPU seconds per minute of the beat processes
   over ``--idle-seconds`` (60), peak RSS (setup included) and RSS at the end of the window.
+* ``dynamic_<N>``: N entries created through each scheduler's run-time API before one beat
+  starts (``--dynamic-entries 10000,100000``; ``bench/dynamic.py``, whose docstring has the
+  method): RedBeat's ``RedBeatSchedulerEntry(...).save()``, beat-claims'
+  ``Entries(app).bulk_create`` (``beat_claims_1`` on each ``--store``), none due for an
+  hour, and a few due soon that the beat must send once. Figures: create seconds, the
+  store's bytes per entry, the beat's startup (spawn until ready to claim), peak RSS and
+  idle CPU per minute over ``--idle-seconds``; ratios beat-claims / RedBeat.
 
 Schedulers (``--schedulers``, ``--beats``, ``--at-commit``)
 -----------------------------------------------------------
@@ -105,6 +112,8 @@ Usage::
         --store redis,sqlite,postgres                          # beat-claims on each store
     python bench/dispatch.py --entries 0 --idle-entries 50000 --schedulers redbeat,beat_claims \\
         --beats 1 --at-commit 1bad067                          # the large idle case
+    python bench/dispatch.py --entries 0 --idle-entries 0 --dynamic-entries 10000,100000 \\
+        --schedulers redbeat,beat_claims --beats 1 --redbeat-create both  # run-time entries
 
 The last line printed is one JSON document with every figure (docs/benchmarks.md).
 """
@@ -131,6 +140,9 @@ import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
+
+if __package__ in (None, ""):  # run as a script: bench/ (bench.dynamic) from this checkout
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 QUEUE = "celery"
 TASK = "bench.noop"
@@ -573,6 +585,8 @@ def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, 
             import redbeat  # noqa: F401
         if store_kind == "postgres":
             counters.count_postgres()
+        from bench.dynamic import setup as dynamic_setup  # (before the clock starts)
+
         module = version = None
         if kind == "beat_claims":
             import beat_claims
@@ -585,7 +599,10 @@ def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, 
         t_setup = time.time()
         app = _make_app(cfg)
         service, sched = _build(kind, app, cfg["workdir"], index)
-        setup = _setup(kind, sched, cfg)
+        if cfg.get("dynamic"):  # entries created at run time: ready when it can claim
+            setup = dynamic_setup(kind, sched, cfg)
+        else:
+            setup = _setup(kind, sched, cfg)
         out_q.put(("ready", index, {
             **setup, "setup_started": t_setup, "ready": time.time(),
             "sent_during_setup": len(counters.publishes)}))
@@ -1440,8 +1457,9 @@ def print_tables(summary: dict[str, Any], cases: list[Case]) -> None:
     hdr = (f"{'workload':11} {'scheduler':38} {'status':>9} {'time s':>8} {'min..max':>15}"
            f" {'p50 ms':>8} {'p99 ms':>8} {'CPU s':>7} {'RSS MiB':>8} {'cmds st/br':>13}"
            f" {'RT st/br':>13} {'RT/run':>7} {'sends per beat':>16} {'exact':>5}")
-    print(hdr)
-    print("-" * len(hdr))
+    if summary["options"]["entries"]:
+        print(hdr)
+        print("-" * len(hdr))
     for n in summary["options"]["entries"]:
         w = f"due_{n}"
         for case in cases:
@@ -1488,6 +1506,9 @@ def print_tables(summary: dict[str, Any], cases: list[Case]) -> None:
                   f" {_fmt(r['ticks_per_minute'], '.1f'):>10}"
                   f" {_fmt(r['peak_rss_mib'], '.0f'):>8} {_fmt(r.get('rss_end_mib'), '.0f'):>8}"
                   f" {_fmt(r.get('setup_seconds'), '.1f'):>8}")
+    from bench.dynamic import print_table
+
+    print_table(summary, cases)
     print()
     print("ratios (beat-claims / other; time unless marked _cpu; below 1: beat-claims is"
           " faster):")
@@ -1566,9 +1587,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--entries", type=_int_list, default=[1000, 5000, 10000],
                     help="due-burst sizes, comma-separated (1000,5000,10000); 0: no burst")
     ap.add_argument("--idle-entries", type=int, default=10000,
-                    help="entries of the idle schedule (10000)")
+                    help="entries of the idle schedule (10000); 0: no idle workload")
     ap.add_argument("--idle-seconds", type=float, default=60.0,
                     help="idle measurement window; 0 skips the idle workload (60)")
+    ap.add_argument("--dynamic-entries", type=_int_list, default=[],
+                    help="dynamic_<N>: N entries created through each scheduler's run-time"
+                         " API before one beat starts (beat_claims_1 on each --store,"
+                         " RedBeat), comma-separated (none); the beat's idle window is"
+                         " --idle-seconds (bench/dynamic.py)")
+    ap.add_argument("--dynamic-soon", type=int, default=3,
+                    help="dynamic: entries due once soon after the beat is ready, which it"
+                         " must send (3)")
+    ap.add_argument("--dynamic-soon-lead", type=float, default=None,
+                    help="dynamic: seconds from the end of the bulk create to the soon"
+                         " entries' instant (default: a guess, then 1.5 x the startup"
+                         " measured + 5 s)")
+    ap.add_argument("--dynamic-beat-max", type=int, default=10**9,
+                    help="dynamic: above this N no beat is started (only the create time and"
+                         " the store's bytes per entry are measured)")
+    ap.add_argument("--redbeat-create", choices=("save", "both"), default="save",
+                    help="dynamic: RedBeat's entries are saved one by one as its API does;"
+                         " 'both' also times the same commands pipelined 500 entries a"
+                         " round trip (save)")
+    ap.add_argument("--dynamic-start", choices=("restarted", "cold"), default="restarted",
+                    help="dynamic: the beat-claims beat starts as a restarted beat does (the"
+                         " store heartbeated just before by a process that is gone), or"
+                         " 'cold': on a store without a heartbeat since the bulk create"
+                         " (restarted)")
+    ap.add_argument("--dynamic-create-timeout", type=float, default=3600.0,
+                    help="dynamic: seconds the creation of the N entries may take (3600)")
+    ap.add_argument("--dynamic-soon-timeout", type=float, default=60.0,
+                    help="dynamic: seconds after the soon entries' instant (or the beat's"
+                         " readiness) to wait for them (60)")
     ap.add_argument("--schedulers", default=",".join(SCHEDULERS),
                     help=f"comma-separated subset of {','.join(SCHEDULERS)}")
     ap.add_argument("--beats", type=_int_list, default=[1, 2, 4],
@@ -1612,9 +1662,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a beat may take to be ready (300); beat-claims on a fresh"
                          " store waits one heartbeat TTL (15 s) before it registers")
     ap.add_argument("--profile", metavar="DIR", default=None,
-                    help="cProfile each beat of a burst or an idle window from the start"
-                         " of ticking; writes DIR/<run>-<beat>.prof and prints the top"
-                         " functions to stderr")
+                    help="cProfile each beat of a burst, an idle window or a dynamic run"
+                         " from the start of ticking (a dynamic run: once ready); writes"
+                         " DIR/<run>-<beat>.prof and prints the top functions to stderr")
     ap.add_argument("--profile-schedulers", default="beat_claims",
                     help="schedulers to profile with --profile (beat_claims)")
     ap.add_argument("--dump", metavar="DIR", default=None,
@@ -1622,6 +1672,8 @@ def main(argv: list[str] | None = None) -> int:
                          " DIR/<run>-lead<lead>.json")
     ap.add_argument("--quiet", action="store_true", help="print only the JSON line")
     args = ap.parse_args(argv)
+    from bench import dynamic
+
     if args.max_steal < 0:
         args.max_steal = None
     kinds = [k.strip() for k in args.schedulers.split(",") if k.strip()]
@@ -1637,6 +1689,11 @@ def main(argv: list[str] | None = None) -> int:
     args.entries = [n for n in args.entries if n != 0]
     if args.repeat < 1 or any(b < 1 for b in args.beats) or any(n < 1 for n in args.entries):
         ap.error("--repeat, --beats and --entries must be positive")
+    if any(n < 1 for n in args.dynamic_entries) or args.dynamic_soon < 0:
+        ap.error("--dynamic-entries must be positive, --dynamic-soon not negative")
+    if args.dynamic_entries and args.idle_seconds <= 0 and \
+            min(args.dynamic_entries) <= args.dynamic_beat_max:
+        ap.error("--dynamic-entries: the beat's idle window (--idle-seconds) must be positive")
     revs = [r.strip() for text in args.at_commit for r in text.split(",") if r.strip()]
     if args.without_tree and not revs:
         ap.error("--without-tree needs --at-commit")
@@ -1655,9 +1712,10 @@ def main(argv: list[str] | None = None) -> int:
              for on in (stores if k == "beat_claims" else ["redis"])
              for src in (sources if k == "beat_claims" else [Source()])
              for b in (args.beats if k == "beat_claims" else [1])]
-    idle_key = f"idle_{args.idle_entries}" if args.idle_seconds > 0 else None
-    if not args.entries and not idle_key:
-        ap.error("nothing to run: --entries 0 and --idle-seconds 0")
+    idle_key = (f"idle_{args.idle_entries}" if args.idle_seconds > 0 and args.idle_entries > 0
+                else None)
+    if not args.entries and not idle_key and not args.dynamic_entries:
+        ap.error("nothing to run: --entries 0, no idle workload and no --dynamic-entries")
     import beat_claims
 
     args.beat_claims_path = os.path.dirname(os.path.abspath(beat_claims.__file__))
@@ -1669,6 +1727,11 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(sources),
         "options": {"entries": args.entries, "idle_entries": args.idle_entries,
                     "idle_seconds": args.idle_seconds, "idle_workload": idle_key,
+                    "dynamic_entries": args.dynamic_entries,
+                    "dynamic_soon": args.dynamic_soon,
+                    "dynamic_beat_max": args.dynamic_beat_max,
+                    "redbeat_create": args.redbeat_create,
+                    "dynamic_start": args.dynamic_start,
                     "schedulers": kinds, "beats": args.beats, "repeat": args.repeat,
                     "stores": stores,
                     "at_commits": [src.tag for src in sources if src.tag],
@@ -1681,8 +1744,10 @@ def main(argv: list[str] | None = None) -> int:
     workloads: list[tuple[str, int]] = [("due", n) for n in args.entries]
     if idle_key:
         workloads.append(("idle", args.idle_entries))
+    workloads += [("dynamic", n) for n in args.dynamic_entries]
     runs: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
     leads: dict[tuple[str, int], float] = {}
+    soon_leads: dict[tuple[str, int], float] = {}
     store, broker = RedisServer("store"), RedisServer("broker")
     args.pg = PostgresDatabase() if "postgres" in stores and "beat_claims" in kinds else None
     if args.pg is not None:
@@ -1693,11 +1758,19 @@ def main(argv: list[str] | None = None) -> int:
             for kind, n in workloads:
                 w = f"{kind}_{n}"
                 for case in cases:
+                    if kind == "dynamic" and not dynamic.runs_case(case):
+                        continue
                     run_id = f"{case.key}-{w}-{rep + 1}"
                     if not args.quiet:
                         print(f"[{rep + 1}/{args.repeat} {time.time() - t_start:6.0f}s]"
                               f" {w} {case.label} ...", file=sys.stderr, flush=True)
-                    if kind == "idle":
+                    if kind == "dynamic":
+                        lead = (args.dynamic_soon_lead or soon_leads.get((case.key, n))
+                                or dynamic.first_soon_lead(case, n))
+                        run = dynamic.run_dynamic(case, n, lead, args, store, broker, workdir,
+                                                  run_id)
+                        soon_leads[(case.key, n)] = dynamic.next_soon_lead(run) or lead
+                    elif kind == "idle":
                         run = run_idle(case, n, args.idle_seconds, args, store, broker,
                                        workdir, run_id)
                     else:
@@ -1737,7 +1810,10 @@ def main(argv: list[str] | None = None) -> int:
                             "store_server_cpu_seconds", "broker_server_cpu_seconds",
                             "gc_seconds", "gc_full_collections", "steal_seconds",
                             "peak_rss_mib", "rss_end_mib",
-                            "published_per_beat", "exactly_n",
+                            "published_per_beat", "exactly_n", "create_seconds",
+                            "create_seconds_pipeline", "store_bytes_per_entry",
+                            "store_bytes_per_entry_running", "startup_seconds",
+                            "rss_ready_mib", "soon_sent", "soon_due_before_ready",
                             "error") if k in run}
                         print(f"    {shown}", file=sys.stderr, flush=True)
     finally:
@@ -1748,13 +1824,17 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     results: dict[str, dict[str, Any]] = collections.defaultdict(dict)
     for (key, w), case_runs in runs.items():
-        results[key][w] = summarise(case_runs, idle=w.startswith("idle"))
+        results[key][w] = (dynamic.summarise(case_runs) if w.startswith("dynamic")
+                           else summarise(case_runs, idle=w.startswith("idle")))
     summary["results"] = dict(results)
     for tag, seen in args.imported.items():
         if tag in summary["versions"]["beat_claims_at_commits"]:
             summary["versions"]["beat_claims_at_commits"][tag].update(seen)
     summary["ratios"], summary["goals"] = ratios_and_goals(
         results, args.entries, idle_key, args.timeout, sources[0].tag if sources else "")
+    dynamic_ratios, dynamic_goals = dynamic.ratios_and_goals(results, args.dynamic_entries)
+    summary["ratios"].update(dynamic_ratios)
+    summary["goals"].update(dynamic_goals)
     summary["wall_seconds"] = round(time.time() - t_start, 1)
     summary["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if not args.quiet:
