@@ -1,0 +1,260 @@
+"""The store's due index follows what the beats' heaps hold, on every store: each claim
+writes the instant its beat's heap will hold next (a jittered entry's wake, NOT_DUE once
+an entry is past its ``until``), a change of a definition writes the new definition's
+first instant, and the beats' sweeps index what nobody else did (an entry registered but
+never claimed yet, an index wiped) within a bounded number of heartbeats, whatever
+replies are lost.
+
+"The heap's instant" of an entry is read from a beat that schedules it and whose state of
+it is the store's (another beat may have claimed since this one looked): what its heap
+holds (``Claimer.slots``), or NOT_DUE where it holds nothing, and NOT_DUE for an entry no
+beat schedules (a disabled dynamic entry)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from celery import Celery
+from celery.schedules import crontab
+
+from beat_claims.entries import Entries
+from beat_claims.scheduler import Scheduler
+from beat_claims.stores.base import NOT_DUE, Store
+from beat_claims.stores.redis import RedisStore, function_name
+
+from .any_store import StoreUnderTest
+from .conftest import RedisServer
+from .faults import Proxy, proxy
+from .inprocess import make_app, occurrences_sent, settled
+from .processes import wait_for
+
+#: Heartbeats within which the sweeps index every entry again after the index was wiped:
+#: a rebuild pass waits 10 sweeps at most after one that found nothing (REBUILD_PAUSE),
+#: then indexes a page (every entry here) in its first sweep.
+REBUILD_HEARTBEATS = 20
+HEARTBEAT = 0.5
+#: The ``until`` bound of the entry "bounded" (UTC ms; set by each test).
+BOUND: dict[str, int] = {"until": 2 ** 53 - 1}
+
+
+class BoundedScheduler(Scheduler):
+    """A schedule source with an end date (as a database row's ``expires``): the entry
+    "bounded" has no occurrence after ``BOUND["until"]``."""
+
+    def bounds(self, name: str) -> tuple[int | None, int | None]:
+        if name == "bounded":
+            return None, BOUND["until"]
+        return super().bounds(name)
+
+
+SCHEDULE: dict[str, Any] = {
+    "every-1s": {"task": "t.noop", "schedule": timedelta(seconds=1)},
+    "every-3s": {"task": "t.noop", "schedule": timedelta(seconds=3)},
+    "each-minute": {"task": "t.noop", "schedule": crontab(minute="*")},
+    "jittered": {"task": "t.noop", "schedule": timedelta(seconds=2),
+                 "options": {}, "claims": {"jitter": 1.5}},
+    "bounded": {"task": "t.noop", "schedule": timedelta(seconds=1)},
+}
+
+
+def fleet_of_two(app: Celery) -> list[Scheduler]:
+    """Two beats on one store, the second joining the first (tests/inprocess.py beats)."""
+    first = BoundedScheduler(app=app)
+    settled(first)
+    second = BoundedScheduler(app=app)
+    settled(second, running=(first,))
+    return [first, second]
+
+
+def tick(*beats: Scheduler) -> None:
+    for s in beats:
+        s.tick()
+
+
+def run_for(seconds: float, *beats: Scheduler) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        waits = [s.tick() for s in beats]
+        time.sleep(min([0.05, *waits]))
+
+
+def index_of(store: Store) -> dict[str, int | None]:
+    """Every entry's next_due as the store holds it: an instant, NOT_DUE, or None (not
+    indexed at all)."""
+    indexed: dict[str, int] = {}
+    after: tuple[int, str] | None = None
+    while True:
+        page = store.due(2 ** 53 - 1, 1000, after)
+        indexed.update((d.name, d.next_due) for d in page)
+        if len(page) < 1000:
+            break
+        after = (page[-1].next_due, page[-1].name)
+    unindexed: set[str] = set()
+    cursor = ""
+    while True:
+        found = store.unindexed(1000, cursor)
+        unindexed |= set(found.names)
+        cursor = found.cursor
+        if found.complete:
+            break
+    return {r.name: indexed.get(r.name, None if r.name in unindexed else NOT_DUE)
+            for r in store.entries()}
+
+
+def heaps_of(store: Store, beats: list[Scheduler]) -> dict[str, int | None]:
+    """Each entry's instant on the heap of a beat that schedules it and holds the store's
+    state of it (None: no beat holds the store's state yet); NOT_DUE where no beat
+    schedules it."""
+    out: dict[str, int | None] = {}
+    for record in store.entries():
+        scheduling = [s for s in beats if record.name in s.schedule]
+        if not scheduling:
+            out[record.name] = NOT_DUE
+            continue
+        out[record.name] = None
+        for s in scheduling:
+            state = s.claimer.states.get(record.name)
+            if state is not None and (state.anchor, state.checkpoint) == (
+                    record.anchor, record.checkpoint):
+                out[record.name] = s.claimer.slots.get(record.name, NOT_DUE)
+                break
+    return out
+
+
+def index_follows_heaps(store: Store, beats: list[Scheduler], timeout: float) -> float:
+    """Tick the beats until the store's index holds, for every entry, what the heaps hold
+    (the seconds it took); else fail with both."""
+    began = time.monotonic()
+    deadline = began + timeout
+    while True:
+        index, heaps = index_of(store), heaps_of(store, beats)
+        if index == heaps:
+            return time.monotonic() - began
+        if time.monotonic() > deadline:
+            differs = {name: {"index": index.get(name), "heap": heaps.get(name)}
+                       for name in sorted(set(index) | set(heaps))
+                       if index.get(name) != heaps.get(name)}
+            raise AssertionError(f"the due index differs from the beats' heaps after"
+                                 f" {timeout}s: {differs}")
+        tick(*beats)
+        time.sleep(0.02)
+
+
+def app_for(target: StoreUnderTest, url: str | None = None) -> Celery:
+    return make_app(target.server, SCHEDULE, beat_claims_url=url or target.url,
+                    beat_claims_heartbeat_interval=HEARTBEAT)
+
+
+def define_dynamic(app: Celery, store: Store) -> Entries:
+    """A disabled dynamic entry and one every 10s, written through the API."""
+    entries = Entries(app, store=store, by="test")
+    entries.create("dyn-disabled", "t.noop", timedelta(seconds=2), enabled=False)
+    entries.create("dyn", "t.noop", timedelta(seconds=10))
+    return entries
+
+
+@pytest.fixture
+def observer(any_store: StoreUnderTest) -> Iterator[Store]:
+    store = any_store.open()
+    yield store
+    store.close()
+
+
+def test_after_a_mixed_schedule_the_index_holds_what_the_heaps_hold(
+        any_store: StoreUnderTest, observer: Store) -> None:
+    app = app_for(any_store)
+    beats = fleet_of_two(app)
+    BOUND["until"] = observer.now() + 2500
+    entries = define_dynamic(app, observer)
+    run_for(3, *beats)
+    entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=7))
+    run_for(9, *beats)  # (the changed entry is claimed once by its new schedule)
+    index_follows_heaps(observer, beats, timeout=5)
+    index = index_of(observer)
+    assert index["bounded"] == NOT_DUE and index["dyn-disabled"] == NOT_DUE, index
+    sent = {entry for entry, _ in occurrences_sent(any_store.server)}
+    assert {"every-1s", "jittered", "bounded", "dyn"} <= sent, sent
+    for s in beats:
+        s.close()
+
+
+def wipe_index(target: StoreUnderTest, store: Store) -> None:
+    """The due index gone, as in a store written before it: Redis, every bucket's
+    ``{P:NN}:next`` zset and every entry's next_due field deleted; SQL, next_due NULL."""
+    names = [r.name for r in store.entries()]
+    if target.kind == "redis":
+        assert isinstance(store, RedisStore)
+        client = target.server.client()
+        zsets = list(client.scan_iter(match=f"{{{store.prefix}:*}}:next"))
+        assert zsets, "no index to wipe"
+        client.delete(*zsets)
+        for name in names:
+            client.hdel(store.entry_keys(name)[0], "next_due")
+    elif target.kind == "sqlite":
+        path = target.url.removeprefix("sqlite:///")
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE beat_claims_entries SET next_due = NULL")
+    else:
+        with psycopg.connect(target.url, autocommit=True) as db:
+            db.execute("UPDATE beat_claims.entries SET next_due = NULL")
+    assert set(n for n, at in index_of(store).items() if at is None) == set(names)
+
+
+def test_a_wiped_index_is_rebuilt_within_a_bounded_number_of_heartbeats(
+        any_store: StoreUnderTest, observer: Store) -> None:
+    app = app_for(any_store)
+    beats = fleet_of_two(app)
+    BOUND["until"] = observer.now() + 1500
+    define_dynamic(app, observer)
+    run_for(3, *beats)
+    wipe_index(any_store, observer)
+    took = index_follows_heaps(observer, beats, timeout=REBUILD_HEARTBEATS * HEARTBEAT)
+    assert all(at is not None for at in index_of(observer).values())
+    print(f"the index was rebuilt in {took:.1f}s ({took / HEARTBEAT:.0f} heartbeats)")
+    for s in beats:
+        s.close()
+
+
+@pytest.fixture
+def lossy(server: RedisServer) -> Iterator[Proxy]:
+    with proxy(server.port) as p:
+        yield p
+
+
+@pytest.mark.parametrize("lost", ["index", "claim", "define"])
+def test_a_lost_reply_to_an_index_write_is_harmless(
+        server: RedisServer, lossy: Proxy, lost: str, tmp_path: Any) -> None:
+    """The reply to a sweep's index write, a claim's (which writes next_due) or a
+    definition write's lost: the beats go on, the index ends as the heaps hold, nothing is
+    sent twice."""
+    target = StoreUnderTest("redis", server.url, server)
+    observer = target.open()
+    app = app_for(target, lossy.url())
+    beats = fleet_of_two(app)
+    BOUND["until"] = observer.now() + 1500
+    entries = define_dynamic(app, observer)
+    run_for(1, *beats)
+    if lost == "index":
+        wipe_index(target, observer)  # (a rebuild pass: the sweeps' index writes)
+        lossy.drop_reply_to(function_name("index"))
+    elif lost == "claim":
+        lossy.drop_reply_to(function_name("claim"))
+    else:
+        lossy.drop_reply_to(function_name("define"))
+        lossy_entries = Entries(app, store=beats[0].store, by="test")
+        lossy_entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=7))
+    wait_for(lambda: lossy.pending() == 0, REBUILD_HEARTBEATS * HEARTBEAT, "the lost reply",
+             between=lambda: tick(*beats))
+    run_for(2, *beats)
+    index_follows_heaps(observer, beats, timeout=REBUILD_HEARTBEATS * HEARTBEAT)
+    sent = occurrences_sent(server)
+    assert len(sent) == len(set(sent)), sent
+    for s in beats:
+        s.close()
+    observer.close()
