@@ -24,6 +24,7 @@ from celery import Celery
 from celery.schedules import crontab
 
 from beat_claims.entries import Entries
+from beat_claims.occurrences import jitter_offset
 from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import NOT_DUE, Store
 from beat_claims.stores.redis import RedisStore, function_name
@@ -32,7 +33,7 @@ from .any_store import StoreUnderTest
 from .conftest import RedisServer
 from .faults import Proxy, proxy
 from .inprocess import make_app, occurrences_sent, settled
-from .processes import wait_for
+from .processes import fleet, wait_for
 
 #: Heartbeats within which the sweeps index every entry again after the index was wiped:
 #: a rebuild pass waits 10 sweeps at most after one that found nothing (REBUILD_PAUSE),
@@ -258,3 +259,75 @@ def test_a_lost_reply_to_an_index_write_is_harmless(
     for s in beats:
         s.close()
     observer.close()
+
+
+#: The schedule of the real beats (tests/proj/app.py): periods in seconds, a crontab each
+#: minute, a jittered entry (jitter below its period: it wakes at its next occurrence plus
+#: that occurrence's offset).
+PROCESS_SCHEDULE: dict[str, Any] = {
+    "every-1s": {"every": 1},
+    "every-3s": {"every": 3},
+    "each-minute": {"cron": "*"},
+    "jittered": {"every": 2, "claims": {"jitter": 1}},
+}
+
+
+def computed(store: Store, periods: dict[str, int]) -> dict[str, int | None]:
+    """Each entry's next instant after its checkpoint as the store holds it, computed here
+    from its schedule (``periods``: the interval entries' periods, ms): what a beat's heap
+    holds for that state."""
+    out: dict[str, int | None] = {}
+    for record in store.entries():
+        if record.anchor is None:
+            out[record.name] = None
+            continue
+        after = record.checkpoint if record.checkpoint is not None else record.anchor
+        if record.name == "dyn-disabled":
+            out[record.name] = NOT_DUE
+        elif record.name == "each-minute":
+            out[record.name] = (after // 60_000 + 1) * 60_000
+        else:
+            period = periods[record.name]
+            first = record.anchor + ((after - record.anchor) // period + 1) * period
+            out[record.name] = first + (jitter_offset(record.name, first, 1.0)
+                                        if record.name == "jittered" else 0)
+    return out
+
+
+@pytest.mark.integration
+def test_real_beats_keep_the_index_as_their_heaps(server: RedisServer, broker: RedisServer,
+                                                  tmp_path: Any) -> None:
+    """Two ``celery beat`` processes: after they ran the schedule, with a dynamic entry
+    changed from 10s to 7s and a disabled one, each entry's next_due is its next instant
+    after the store's checkpoint (NOT_DUE for the disabled one)."""
+    app = make_app(server, {}, beat_claims_url=server.url)
+    store = StoreUnderTest("redis", server.url, server).open()
+    periods = {"every-1s": 1000, "every-3s": 3000, "jittered": 2000, "dyn": 10_000}
+    with fleet(server.url, broker.broker_url(), tmp_path, PROCESS_SCHEDULE,
+               BC_HEARTBEAT=str(HEARTBEAT)) as f:
+        beats = [f.beat(), f.beat()]
+        for beat in beats:
+            f.wait_log(beat, "entries registered; claiming", 30)
+        entries = define_dynamic(app, store)
+        wait_for(lambda: any(r.entry == "dyn" for r in store.history("dyn")) or None, 20,
+                 "a run of the dynamic entry")
+        entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=7))
+        periods["dyn"] = 7000
+        changed = store.now()
+        wait_for(lambda: any(r.due > changed for r in store.history("dyn")) or None, 20,
+                 "a run of the dynamic entry by its new schedule")
+        last: dict[str, Any] = {}
+
+        def follows() -> bool:
+            last["index"], last["computed"] = index_of(store), computed(store, periods)
+            return last["index"] == last["computed"]
+
+        try:
+            wait_for(follows, 10, "the index to hold every entry's next instant")
+        except AssertionError:
+            differs = {name: {"index": last["index"].get(name),
+                              "computed": last["computed"].get(name)}
+                       for name in sorted(last["index"])
+                       if last["index"].get(name) != last["computed"].get(name)}
+            raise AssertionError(f"the due index differs: {differs}") from None
+    store.close()
