@@ -163,8 +163,7 @@ class Scheduler(BaseScheduler):
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
         self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
         self.stored = StoredEntries(self.store, logger)
-        self.index_keeper = IndexKeeper(self.store, self, self.claimer, self.stored,
-                                        self.clock, logger)
+        self.index_keeper = IndexKeeper(self.store, self, self.claimer, self.stored, logger)
         self.composition = Composition(app, self.stored, logger)
         #: Claims held when their entry's definition changed (or went): each is sent with
         #: the entry it was claimed with (one definition per occurrence).
@@ -404,7 +403,7 @@ class Scheduler(BaseScheduler):
         self._prune_pinned()
         if changed or first:
             self._recompose()
-            self.index_keeper.definitions_changed(changed)
+            self.index_keeper.reindex(changed)
         self._report_differences()
 
     def _write_own(self) -> None:
@@ -637,10 +636,12 @@ class Scheduler(BaseScheduler):
             self._write_own()
             self._to_update.clear()  # (the whole schedule is taken in)
             self.claimer.sync(self.schedule)
+            self.index_keeper.reindex(self.claimer.states)  # (registered: due at once)
             self._ready = True
         if self._to_update:
             names = set(self._to_update)
             self.claimer.update(names)
+            self.index_keeper.reindex(names & set(self.claimer.states))
             self._to_update -= names
             if not self._registered_once:
                 # A stop signal's handler (Celery's raises SystemExit) run inside a

@@ -36,9 +36,10 @@ from .inprocess import make_app, occurrences_sent, settled
 from .processes import fleet, wait_for
 
 #: Heartbeats within which the sweeps index every entry again after the index was wiped:
-#: a rebuild pass waits 10 sweeps at most after one that found nothing (REBUILD_PAUSE),
-#: then indexes a page (every entry here) in its first sweep.
-REBUILD_HEARTBEATS = 20
+#: a rebuild pass waits 30 sweeps at most after one that found nothing (REBUILD_PAUSE in
+#: beat_claims/beat/sweeper.py; a sweep at least every heartbeat interval), then indexes a
+#: page (every entry here) in its first sweep.
+REBUILD_HEARTBEATS = 36
 HEARTBEAT = 0.5
 #: The ``until`` bound of the entry "bounded" (UTC ms; set by each test).
 BOUND: dict[str, int] = {"until": 2 ** 53 - 1}

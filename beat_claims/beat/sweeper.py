@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 
 from ..definitions import DefinitionError, validate
 from ..enums import Reason, RunState
@@ -44,12 +45,13 @@ from .stored import StoredEntries
 
 #: Open runs looked at per sweep for a presumption of loss (the next ones at the next).
 LOST_BATCH = 1000
-#: Entries one sweep indexes at most in each of the due index's three looks (see
+#: Entries one sweep indexes at most in each of the due index's two looks (see
 #: :class:`IndexKeeper`): one page of each a sweep.
 INDEX_PAGE = 1000
 #: Sweeps between two rebuild passes at least, once a pass had nothing to index (a pass
-#: then waits as many sweeps as it took pages, so that it costs half the sweeps at most).
-REBUILD_PAUSE = 10
+#: then waits as many sweeps as it took pages, if more: it costs half the sweeps at most).
+#: An index wiped is rebuilt within that many sweeps and a pass.
+REBUILD_PAUSE = 30
 
 
 def next_cursor(runs: list[OpenRun], limit: int) -> int | None:
@@ -225,57 +227,61 @@ class Sweeper:
 
 class IndexKeeper:
     """Keeps the store's due index true (see :class:`~beat_claims.stores.base.DueEntry`)
-    where claims and definition writes did not: each sweep, at most one page of each of
+    where claims and definition writes did not, at most one page of each a sweep:
 
-    * the entries whose definition the change feed reported (a writer that does not
-      compute ``next_due`` indexes the entry due at once, or later than the truth),
+    * the entries to index again (:meth:`reindex`): those this beat registered (a new
+      entry is indexed due at once), those whose definition the change feed reported (a
+      writer that does not compute ``next_due`` indexes the entry due at once, or later
+      than the truth), and after the store went back (a new epoch) every entry this beat
+      schedules;
     * a rebuild pass over the entries with no ``next_due`` at all (a store migrated to the
       index, an index wiped): passes follow one another until one indexes nothing, then
-      start again after a pause (:data:`REBUILD_PAUSE`), and at once after the store went
-      back (a new epoch);
-    * the entries the index says are due now that this beat computes are due later (an
-      entry registered, or a definition written by a writer that did not know: due at
-      once), from where the last page stopped.
+      start again after :data:`REBUILD_PAUSE` sweeps (or as many as the last pass took
+      pages, if more), and at once after the store went back.
 
-    Each write is :meth:`Store.index`, conditional on the state and definition version it
-    was computed from, and computed as the beat's heap is (:meth:`Claimer.next_at`) from
-    the definition this beat schedules the entry by: an entry this beat does not schedule
+    An idle beat asks nothing more of the store between two passes. Each write is
+    :meth:`Store.index`, conditional on the state and definition version it was computed
+    from, and computed as the beat's heap is (:meth:`Claimer.next_at`) from the
+    definition this beat schedules the entry by: an entry this beat does not schedule
     (another beat's own) is left to the beat that does, but for a dynamic entry that is
     disabled (no beat schedules it: NOT_DUE)."""
 
     def __init__(self, store: Store, source: EntrySource, claimer: Claimer,
-                 stored: StoredEntries, clock: StoreClock, logger: logging.Logger) -> None:
+                 stored: StoredEntries, logger: logging.Logger) -> None:
         self.store = store
         self.source = source
         self.claimer = claimer
         self.stored = stored
-        self.clock = clock
         self.logger = logger
-        #: Entries the change feed reported, to index again.
-        self.changed: set[str] = set()
+        #: Entries to index again at the next sweeps, a page each.
+        self.pending: set[str] = set()
+        self._everything = False  # every entry this beat schedules, at the next sweep
         self._cursor = ""  # the rebuild pass's
         self._passing = True  # a pass at start: entries written before the index
         self._pass_indexed = 0
         self._pass_pages = 0
         self._pause = 0  # sweeps left before the next pass
-        self._due_after: tuple[int, str] | None = None
 
-    def definitions_changed(self, names: set[str]) -> None:
-        self.changed |= names
+    def reindex(self, names: Iterable[str]) -> None:
+        """Index ``names`` again at the next sweeps (one page a sweep)."""
+        self.pending.update(names)
 
     def store_went_back(self) -> None:
-        """Every entry is looked at again: a rebuild pass from the start."""
+        """Every entry is looked at again: those this beat schedules (once it registered
+        them again), and a rebuild pass from the start."""
+        self._everything = True
         self._start_pass()
-        self._due_after = None
 
     def _start_pass(self) -> None:
         self._cursor, self._passing = "", True
         self._pass_indexed = self._pass_pages = self._pause = 0
 
     def sweep(self) -> None:
-        self._index_changed()
+        if self._everything:
+            self._everything = False
+            self.pending.update(self.claimer.states)
+        self._index_pending()
         self._rebuild()
-        self._index_early()
 
     def next_due_of(self, name: str, state: EntryState, version: int,
                     definition: StoredDefinition | None = None) -> int | None:
@@ -314,11 +320,11 @@ class IndexKeeper:
                                 definition.version if definition is not None else 0,
                                 definition)
 
-    def _index_changed(self) -> None:
-        if not self.changed:
+    def _index_pending(self) -> None:
+        if not self.pending:
             return
-        names = sorted(self.changed)[:INDEX_PAGE]
-        self.changed.difference_update(names)
+        names = sorted(self.pending)[:INDEX_PAGE]
+        self.pending.difference_update(names)
         records = {r.name: r for r in self.store.entries(names)}
         definitions = {d.name: d for d in self.store.definitions(names)}
         writes = []
@@ -355,18 +361,3 @@ class IndexKeeper:
         else:
             self._passing = False
             self._pause = max(REBUILD_PAUSE, self._pass_pages)
-
-    def _index_early(self) -> None:
-        now = self.clock.now()
-        page = self.store.due(now, INDEX_PAGE, self._due_after)
-        self._due_after = ((page[-1].next_due, page[-1].name) if len(page) == INDEX_PAGE
-                           else None)
-        writes = []
-        for entry in page:
-            if entry.state is None:
-                continue
-            at = self.next_due_of(entry.name, entry.state, entry.version)
-            if at is not None and (at == NOT_DUE or at > now) and at != entry.next_due:
-                writes.append(IndexWrite(entry.name, entry.state, entry.version, at))
-        if writes:
-            self.store.index(writes)
