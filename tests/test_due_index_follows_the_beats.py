@@ -26,7 +26,7 @@ from celery.schedules import crontab
 from beat_claims.entries import Entries
 from beat_claims.occurrences import jitter_offset
 from beat_claims.scheduler import Scheduler
-from beat_claims.stores.base import NOT_DUE, Store
+from beat_claims.stores.base import NOT_DUE, EntryState, IndexWrite, Store
 from beat_claims.stores.redis import RedisStore, function_name
 
 from .any_store import StoreUnderTest
@@ -148,8 +148,9 @@ def index_follows_heaps(store: Store, beats: list[Scheduler], timeout: float) ->
         time.sleep(0.02)
 
 
-def app_for(target: StoreUnderTest, url: str | None = None) -> Celery:
-    return make_app(target.server, SCHEDULE, beat_claims_url=url or target.url,
+def app_for(target: StoreUnderTest, url: str | None = None,
+            schedule: dict[str, Any] | None = None) -> Celery:
+    return make_app(target.server, schedule or SCHEDULE, beat_claims_url=url or target.url,
                     beat_claims_heartbeat_interval=HEARTBEAT)
 
 
@@ -221,6 +222,36 @@ def test_a_wiped_index_is_rebuilt_within_a_bounded_number_of_heartbeats(
     print(f"the index was rebuilt in {took:.1f}s ({took / HEARTBEAT:.0f} heartbeats)")
     for s in beats:
         s.close()
+
+
+def test_after_a_new_epoch_an_index_later_than_the_truth_is_repaired(
+        server: RedisServer) -> None:
+    """An entry indexed an hour later than its next instant (keys restored from different
+    instants, say) and not due for an hour: the beats that find a new epoch index every
+    entry they schedule again."""
+    target = StoreUnderTest("redis", server.url, server)
+    observer = target.open()
+    assert isinstance(observer, RedisStore)
+    hourly = {"hourly": {"task": "t.noop", "schedule": timedelta(hours=1)}}
+    beats = fleet_of_two(app_for(target, schedule={**SCHEDULE, **hourly}))
+    index_follows_heaps(observer, beats, timeout=REBUILD_HEARTBEATS * HEARTBEAT)
+    [record] = observer.entries(["hourly"])
+    assert record.anchor is not None
+    truth = index_of(observer)["hourly"]
+    assert truth is not None and truth > 0
+    later = truth + 3_600_000
+    state = EntryState(record.anchor, record.checkpoint, record.token)
+    [definition] = observer.definitions(["hourly"])  # (its beat_schedule definition)
+    assert observer.index([IndexWrite("hourly", state, definition.version, later)]) == [True]
+    assert index_of(observer)["hourly"] == later
+    server.client().delete(f"{{{observer.prefix}}}:epoch")  # (a new epoch, as a wipe's)
+    wait_for(lambda: all(s._went_back_why is None and s._ready for s in beats)
+             and index_of(observer)["hourly"] == truth, REBUILD_HEARTBEATS * HEARTBEAT,
+             "the entry indexed at its next instant again", between=lambda: tick(*beats))
+    index_follows_heaps(observer, beats, timeout=REBUILD_HEARTBEATS * HEARTBEAT)
+    for s in beats:
+        s.close()
+    observer.close()
 
 
 @pytest.fixture
