@@ -546,7 +546,7 @@ def import_redbeat(ctx: click.Context, url: str | None, key_prefix: str | None, 
         store = inspect.open_store(app)
         entries = list(redbeat_import.read(client, prefix, str(app.timezone)))
         rows = redbeat_import.plan(store, entries)
-        return redbeat_import.apply(store, rows) if yes else rows
+        return redbeat_import.apply(store, rows, app=app) if yes else rows
 
     try:
         rows = _run(ctx, run)

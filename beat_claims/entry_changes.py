@@ -41,9 +41,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from . import occurrences
+from . import next_due, occurrences
 from .definitions import Definition, DefinitionError, validate
 from .enums import Origin, Reason
+from .settings import Settings
 from .stores.base import (
     DefinitionResult,
     DefinitionWrite,
@@ -100,18 +101,29 @@ class _Position(Protocol):
 
 def plan_change(change: EntryChange, stored: StoredDefinition | None,
                 position: _Position | None, now: int, app: Celery, history_limit: int,
-                origin: Origin, by: str) -> DefinitionWrite:
+                origin: Origin, by: str, settings: Settings | None = None
+                ) -> DefinitionWrite:
     """The write that makes ``change`` at the store's clock ``now``, from what the store
     holds of the entry: its definition (``stored``; None: never had one) and its anchor and
-    checkpoint (``position``; None, or no anchor: the store has no such entry). Pure."""
+    checkpoint (``position``; None, or no anchor: the store has no such entry). Pure.
+
+    Its ``next_due`` (the due index) is the new definition's first instant after the
+    checkpoint the write leaves, as every beat computes it (``settings``: the app's, for
+    the policy's defaults; None: not known, the entry is indexed due at once)."""
     text = None if change.definition is None else change.definition.to_json()
     exists = position is not None and position.anchor is not None
     old = _old_definition(change, stored)
-    if not exists or (old is not None and change.definition is not None
-                      and _sends_the_same(old, change.definition)):
+    if not exists:  # created, anchored at the store's clock: at ``now`` or just after
         return DefinitionWrite(change.name, text, change.expected_version, origin, by,
-                               change.change_id)
+                               change.change_id,
+                               next_due=_next_due(change, app, now, now, settings))
     assert position is not None and position.anchor is not None
+    if (old is not None and change.definition is not None
+            and _sends_the_same(old, change.definition)):  # the checkpoint stays
+        after = position.checkpoint if position.checkpoint is not None else position.anchor
+        return DefinitionWrite(change.name, text, change.expected_version, origin, by,
+                               change.change_id, next_due=_next_due(
+                                   change, app, position.anchor, after, settings))
     skip: tuple[tuple[int, Reason], ...] = ()
     if old is not None:
         disabled = not old.enabled or (change.definition is not None
@@ -120,8 +132,21 @@ def plan_change(change: EntryChange, stored: StoredDefinition | None,
         after = position.checkpoint if position.checkpoint is not None else position.anchor
         skip = tuple((due, reason) for due in _due(old, change.name, app, position.anchor,
                                                    after, now, history_limit))
+    moved_to = now if position.checkpoint is None else max(now, position.checkpoint)
     return DefinitionWrite(change.name, text, change.expected_version, origin, by,
-                           change.change_id, skip, now, position.checkpoint)
+                           change.change_id, skip, now, position.checkpoint,
+                           next_due=_next_due(change, app, position.anchor, moved_to,
+                                              settings))
+
+
+def _next_due(change: EntryChange, app: Celery, anchor: int, after: int,
+              settings: Settings | None) -> int | None:
+    """The changed entry's next due instant after ``after`` (None: a delete, which the
+    store takes out of the index, or one that cannot be computed here)."""
+    if change.definition is None:
+        return None
+    return next_due.of_definition(change.name, change.definition, app, anchor, after,
+                                  settings)
 
 
 def _old_definition(change: EntryChange, stored: StoredDefinition | None
@@ -178,13 +203,18 @@ def _apply_chunk(store: Store, chunk: Sequence[EntryChange], origin: Origin, by:
     answers: dict[int, DefinitionResult] = {}
     pending = list(range(len(chunk)))
     limit = store.history_limit
+    try:
+        settings: Settings | None = Settings.from_app(app)
+    except Exception:  # (every change is then indexed due at once)
+        settings = None
     for _ in range(1 + CHECKPOINT_RETRIES):
         names = list(dict.fromkeys(chunk[i].name for i in pending))
         stored = {d.name: d for d in store.definitions(names)}
         positions = {e.name: e for e in store.entries(names)}
         now = store.now()
         writes = [plan_change(chunk[i], stored.get(chunk[i].name),
-                              positions.get(chunk[i].name), now, app, limit, origin, by)
+                              positions.get(chunk[i].name), now, app, limit, origin, by,
+                              settings)
                   for i in pending]
         again = []
         for i, result in zip(pending, _write(store, writes)):

@@ -27,13 +27,15 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import redis
+from celery import Celery
 
-from . import occurrences
+from . import next_due, occurrences
 from .definitions import Definition, DefinitionError, Every, validate
 from .enums import ImportAction as Action
 from .enums import Origin
 from .runs import iso, to_ms
-from .stores.base import DefinitionWrite, EntrySeed, Store, WriteStatus
+from .settings import Settings
+from .stores.base import DefinitionWrite, EntrySeed, EntryState, Store, WriteStatus
 from .urls import redact_url
 
 #: RedBeat's default key prefix (its setting ``redbeat_key_prefix``).
@@ -336,21 +338,26 @@ def plan(store: Store, entries: Sequence[RedBeatEntry]) -> list[PlannedImport]:
     return rows
 
 
-def apply(store: Store, rows: Sequence[PlannedImport], by: str = IMPORTED_BY
-          ) -> list[PlannedImport]:
+def apply(store: Store, rows: Sequence[PlannedImport], by: str = IMPORTED_BY,
+          app: Celery | None = None) -> list[PlannedImport]:
     """Create the definitions ``rows`` plan (action ``create``); each entry anchored first
     (an entry the store has seen keeps its anchor), then its definition written as a create
-    (version 0: an entry defined meanwhile is left alone, ``exists``). Run again after a
-    failure or a lost reply, it creates only what is missing. Returns the rows as done."""
+    (version 0: an entry defined meanwhile is left alone, ``exists``), indexed at its first
+    instant after the state it was anchored at (computed with ``app``'s settings; without
+    it, due at once: the beats compute it). Run again after a failure or a lost reply, it
+    creates only what is missing. Returns the rows as done."""
     todo = [r for r in rows if r.action is Action.CREATE and r.entry.definition is not None]
     done = {r.entry.name: r for r in rows if r not in todo}
+    settings = None if app is None else Settings.from_app(app)
     for start in range(0, len(todo), PAGE):
         chunk = todo[start:start + PAGE]
-        store.register([EntrySeed(r.entry.name, anchor=r.entry.anchor_ms,
-                                  checkpoint=r.entry.anchor_ms) for r in chunk])
+        states = store.register([EntrySeed(r.entry.name, anchor=r.entry.anchor_ms,
+                                           checkpoint=r.entry.anchor_ms) for r in chunk])
         writes = [DefinitionWrite(name=r.entry.name, definition=r.entry.definition.to_json(),
                                   expected_version=0, origin=Origin.REDBEAT, by=by,
-                                  change_id=uuid.uuid4().hex)
+                                  change_id=uuid.uuid4().hex,
+                                  next_due=_next_due(r.entry.name, r.entry.definition,
+                                                     states.get(r.entry.name), app, settings))
                   for r in chunk if r.entry.definition is not None]
         for r, result in zip(chunk, store.write_definitions(writes)):
             if result.status is WriteStatus.OK:
@@ -363,6 +370,16 @@ def apply(store: Store, rows: Sequence[PlannedImport], by: str = IMPORTED_BY
                                                    f"the store answered {result.status.value}"
                                                    f" {result.detail}".rstrip())
     return [done[r.entry.name] for r in rows]
+
+
+def _next_due(name: str, definition: Definition, state: EntryState | None,
+              app: Celery | None, settings: Settings | None) -> int | None:
+    """The imported entry's first instant after the state it was registered at (None:
+    not known here, indexed due at once)."""
+    if state is None or app is None:
+        return None
+    after = state.checkpoint if state.checkpoint is not None else state.anchor
+    return next_due.of_definition(name, definition, app, state.anchor, after, settings)
 
 
 def connect(url: str, timeout: float = 5.0) -> redis.Redis:

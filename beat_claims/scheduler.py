@@ -48,7 +48,7 @@ from .beat.outage import MAX_BACKOFF, Outage
 from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
 from .beat.stored import PAGE, StoredEntries
-from .beat.sweeper import Sweeper
+from .beat.sweeper import IndexKeeper, Sweeper
 from .enums import Overlap, Reason
 from .exception_text import entry_exception, frames
 from .metrics import Metrics
@@ -162,6 +162,7 @@ class Scheduler(BaseScheduler):
         self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
         self.stored = StoredEntries(self.store, logger)
         self.stored.between = self.liveness.keep_alive
+        self.index_keeper = IndexKeeper(self.store, self, self.claimer, self.stored, logger)
         self.composition = Composition(app, self.stored, logger)
         self.composition.between = self.liveness.keep_alive
         #: Claims held when their entry's definition changed (or went): each is sent with
@@ -404,6 +405,8 @@ class Scheduler(BaseScheduler):
             self._recompose()
         elif changed:  # those alone: the work is in proportion to the change
             self._recompose(changed)
+        if changed or first:
+            self.index_keeper.reindex(changed)
         self._report_differences()
 
     def _write_own(self) -> None:
@@ -534,6 +537,19 @@ class Scheduler(BaseScheduler):
         source with start times or expiry dates overrides this."""
         return None, None
 
+    def version_of(self, name: str) -> int | None:
+        """The version of the stored definition ``name`` is scheduled by; for an entry of
+        this beat's own, the version of what the store holds under its name (0: nothing):
+        a claim indexes the entry only while the store holds that version (a definition
+        written meanwhile indexed it). None before the definitions were read."""
+        if not self.stored.loaded:
+            return None
+        chosen = self.composition.chosen.get(name)
+        if chosen is not None and chosen[0][0] == "stored":
+            return chosen[0][1]
+        known = self.stored.known.get(name)
+        return 0 if known is None else known.stored.version
+
     # -- the loop ---------------------------------------------------------------------
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if self._closed:
@@ -627,10 +643,12 @@ class Scheduler(BaseScheduler):
             self._write_own()
             self._to_update.clear()  # (the whole schedule is taken in)
             self.claimer.sync(self.schedule)
+            self.index_keeper.reindex(self.claimer.states)  # (registered: due at once)
             self._ready = True
         if self._to_update:
             names = set(self._to_update)
             self.claimer.update(names)
+            self.index_keeper.reindex(names & set(self.claimer.states))
             self._to_update -= names
             if not self._registered_once:
                 # A stop signal's handler (Celery's raises SystemExit) run inside a
@@ -658,6 +676,7 @@ class Scheduler(BaseScheduler):
             if self.claimer.refused:
                 self.claimer.retry_refused()
             self.sweeper.sweep(pick_up=not broker_down)
+            self.index_keeper.sweep()
             if self.recovery.due():
                 self.recovery.run()
         if broker_down:
@@ -784,6 +803,7 @@ class Scheduler(BaseScheduler):
             self.holdings.clear()
             self.claimer.reset()
             self.sweeper.store_went_back()
+            self.index_keeper.store_went_back()
             self._ready = False
             logger.warning("beat-claims: the store may have lost writes (%s): registering"
                            " again what this beat knows of its %d entries (%d claim(s) held,"

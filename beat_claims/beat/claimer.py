@@ -22,9 +22,11 @@ from .. import occurrences
 from ..catch_up import plan
 from ..enums import Overlap, Reason
 from ..metrics import Metrics
+from ..next_due import JITTER_WALK, horizon, next_instant
 from ..runs import Owner, iso, task_id_for
 from ..settings import Policy, Settings
 from ..stores.base import (
+    NOT_DUE,
     Claim,
     ClaimPlan,
     ClaimResult,
@@ -48,9 +50,6 @@ CLAIM_CHUNK = 100
 REGISTER_CHUNK = 500
 #: Compare-and-set conflicts retried in one tick (another beat claimed meanwhile).
 CONFLICT_RETRIES = 5
-#: Occurrences of a jittered entry looked at in one plan, or to find when it next wakes:
-#: the bound of those walks. Hitting it delays occurrences (logged), never skips one.
-JITTER_WALK = 1000
 
 
 def usable_cores() -> int:
@@ -89,6 +88,10 @@ class EntrySource(Protocol):
     policy_bounds: PolicyBounds
 
     def bounds(self, name: str) -> tuple[int | None, int | None]: ...
+
+    def version_of(self, name: str) -> int | None:
+        """The version of the stored definition ``name`` is scheduled by (0: the store
+        holds none of it); None when not known."""
 
     def states_moved(self, names: list[str]) -> None:
         """The store's state of ``names`` moved under this beat (another's claim, or a
@@ -156,6 +159,8 @@ class Claimer:
         #: their definitions are read again first (EntrySource.states_moved).
         self.moved: set[str] = set()
         self.heap: list[tuple[int, str]] = []
+        #: Next instants a claim's plan computed, for the push after it (see next_at).
+        self._next_kept: dict[str, tuple[Any, tuple[Any, ...], int]] = {}
         #: Each entry's place on the heap (the instant it was pushed at): a place on the
         #: heap that is not it is stale (the entry was pushed again, or went), and is
         #: dropped when it comes up, so that moving one entry costs O(log N), not a rebuild.
@@ -232,6 +237,7 @@ class Claimer:
         for gone in set(self.states) - wanted:
             del self.states[gone]
             self.knowledge.forget(gone)
+            self._next_kept.pop(gone, None)
         new = sorted(wanted - set(self.states))
         if new:
             self.register(new)
@@ -251,6 +257,7 @@ class Claimer:
             del self.states[name]
             self.knowledge.forget(name)
             self.slots.pop(name, None)
+            self._next_kept.pop(name, None)
         new = sorted(n for n in names if n in self.source.schedule and n not in self.states)
         if new:
             self.register(new)
@@ -297,6 +304,7 @@ class Claimer:
         self.states.clear()
         self.refused.clear()
         self.again = []
+        self._next_kept.clear()
         self.heap = []
         self.slots = {}
 
@@ -308,65 +316,45 @@ class Claimer:
         if state is None or name not in self.source.schedule:
             return
         try:
-            nxt = occurrences.next_after(self.source.schedule[name].schedule, state.anchor,
-                                         self.after(name, state))
+            at = self.next_at(name, state)
         except Exception as exc:
             self.note(name, "next", logging.ERROR, "beat-claims: cannot compute the next run"
                       " of %r (%s: %s); it is not scheduled", name, type(exc).__name__, exc)
             return
-        if nxt is None:
-            return  # the schedule has no more occurrences (a one-off time that has passed)
-        until = self.source.bounds(name)[1]
-        if until is not None and nxt > until:
-            return
-        policy = self.source.policies[name]
-        at = nxt
-        if policy.jitter:
-            try:
-                at = self._wake(name, state.anchor, nxt, until, policy)
-            except Exception as exc:
-                self.note(name, "next", logging.ERROR, "beat-claims: cannot compute the next"
-                          " run of %r (%s: %s); it is not scheduled", name,
-                          type(exc).__name__, exc)
-                return
+        if at == NOT_DUE:
+            return  # no more occurrences (a one-off time that has passed), or past its end
         self.slots[name] = at
         heapq.heappush(self.heap, (at, name))
         if len(self.heap) > 2 * len(self.slots) + 1000:  # mostly stale places: compacted
             self.heap = [(t, n) for n, t in self.slots.items()]
             heapq.heapify(self.heap)
 
+    def next_at(self, name: str, state: EntryState, keep: bool = False) -> int:
+        """Where :meth:`push` puts ``name`` for ``state``: its next occurrence after the
+        checkpoint (a jittered entry: when it next wakes), or NOT_DUE: none left, or past
+        its ``until`` bound. What the due index holds for the entry. Raises what the
+        schedule raises. With ``keep`` (a claim's plan computed it for the state after the
+        claim), the next call for the same entry, state, bounds and policy (the push after
+        the claim) answers it without computing it again (a crontab's next instant costs
+        some 0.2 ms)."""
+        entry = self.source.schedule[name]
+        given = (state.anchor, self.after(name, state), self.source.bounds(name)[1],
+                 self.source.policies[name])
+        kept = self._next_kept.pop(name, None)
+        if kept is not None and kept[0] is entry and kept[1] == given:
+            return kept[2]
+        at = next_instant(name, entry.schedule, *given)
+        if keep:
+            self._next_kept[name] = (entry, given, at)
+        return at
+
     # -- jitter -----------------------------------------------------------------------
     # A jittered occurrence is sent at due + its offset (the same on every beat). Offsets
     # differ, so a later occurrence may be sent before an earlier one; the checkpoint only
     # moves forward, so to claim it the earlier ones are claimed with it and held until
-    # their own instant, at most ``_horizon`` ahead of it (half the entry's reclaim_after:
+    # their own instant, at most ``horizon`` ahead of it (half the entry's reclaim_after:
     # no beat takes back a claim held that long). An occurrence further out holds the
     # later ones back until it comes within the horizon: they are sent late, never lost.
-    @staticmethod
-    def _horizon(policy: Policy) -> int:
-        return int(min(policy.reclaim_after / 2, policy.jitter) * 1000)
-
-    def _wake(self, name: str, anchor: int, first: int, until: int | None,
-              policy: Policy) -> int:
-        """When a jittered entry can next claim something: the first instant at which one
-        of its next occurrences has come and every earlier one is within the horizon."""
-        sched = self.source.schedule[name].schedule
-        horizon = self._horizon(policy)
-        best: int | None = None
-        latest: int | None = None  # the latest send instant of the earlier occurrences
-        due: int | None = first
-        for _ in range(JITTER_WALK):
-            assert due is not None
-            at = due + occurrences.jitter_offset(name, due, policy.jitter)
-            claimable = at if latest is None else max(at, latest - horizon)
-            best = claimable if best is None else min(best, claimable)
-            latest = at if latest is None else max(latest, at)
-            due = occurrences.next_after(sched, anchor, due)
-            if due is None or due >= best or (until is not None and due > until):
-                break
-        assert best is not None
-        return best
-
     def _recent(self, name: str, anchor: int, after: int, upper: int, now: int,
                 policy: Policy) -> tuple[list[int], list[int]]:
         """A jittered entry's occurrences in ``(after, upper]`` to claim now, ascending:
@@ -374,7 +362,7 @@ class Claimer:
         instant). It stops at one beyond the horizon (nothing after it may be claimed
         yet); the ones still to come after the last that came are left for later."""
         sched = self.source.schedule[name].schedule
-        limit = now + self._horizon(policy)
+        limit = now + horizon(policy)
         walked: list[tuple[int, bool]] = []
         t = after
         for _ in range(JITTER_WALK):
@@ -616,7 +604,23 @@ class Claimer:
             at_once = SendAtOnce(tuple(task_id_for(name, due, self.settings.key_prefix)
                                        for due in decided.run), policy.overlap)
         return ClaimPlan(name, state, tuple(decided.run), tuple(decided.skip),
-                         token_floor=self._token_floor(name), send=at_once), decided
+                         token_floor=self._token_floor(name), send=at_once,
+                         next_due=self._next_due_after(name, state, decided),
+                         version=self.source.version_of(name)), decided
+
+    def _next_due_after(self, name: str, state: EntryState, decided: Any) -> int | None:
+        """What the heap holds for ``name`` once the plan's claims and skips passed (the
+        checkpoint moved to the last of them, as the store moves it): written to the due
+        index with the claim. None (the index is left as it is) when it cannot be
+        computed."""
+        moved = [due for due in decided.run] + [due for due, _ in decided.skip]
+        if state.checkpoint is not None:
+            moved.append(state.checkpoint)
+        after = EntryState(state.anchor, max(moved) if moved else None, state.token)
+        try:
+            return self.next_at(name, after, keep=True)
+        except Exception:  # (noted when the heap is computed: push)
+            return None
 
     def _accept(self, result: ClaimResult, decided: Any, fresh: list[Claim],
                 waited: list[Claim], asked_at: float = 0.0) -> bool:

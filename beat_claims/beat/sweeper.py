@@ -14,20 +14,44 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 
+from ..definitions import DefinitionError, validate
 from ..enums import Reason, RunState
 from ..metrics import Metrics
 from ..runs import Owner, iso
 from ..settings import Policy, Settings
-from ..stores.base import LiveQuery, OpenRun, Outcome, Reclaim, RunRef, Store
+from ..stores.base import (
+    NOT_DUE,
+    EntryRecord,
+    EntryState,
+    IndexWrite,
+    LiveQuery,
+    OpenRun,
+    Outcome,
+    Reclaim,
+    RunRef,
+    Store,
+    StoredDefinition,
+    rebuild_page,
+)
 from ..unstarted import Said, summary, unstarted
 from .claimer import Claimer, EntrySource
 from .clock import StoreClock
+from .composition import DYNAMIC
 from .holdings import Holdings
 from .liveness import Liveness
+from .stored import StoredEntries
 
 #: Open runs looked at per sweep for a presumption of loss (the next ones at the next).
 LOST_BATCH = 1000
+#: Entries one sweep indexes at most in each of the due index's two looks (see
+#: :class:`IndexKeeper`): one page of each a sweep.
+INDEX_PAGE = 1000
+#: Sweeps between two rebuild passes at least, once a pass had nothing to index (a pass
+#: then waits as many sweeps as it took pages, if more: it costs half the sweeps at most).
+#: An index wiped is rebuilt within that many sweeps and a pass.
+REBUILD_PAUSE = 30
 
 
 def next_cursor(runs: list[OpenRun], limit: int) -> int | None:
@@ -199,3 +223,141 @@ class Sweeper:
         self.logger.warning("beat-claims: %s; `celery claims status` and `claims health` list"
                             " them (beat_claims_unstarted_after=%ss)",
                             summary(new, after), f"{after:g}")
+
+
+class IndexKeeper:
+    """Keeps the store's due index true (see :class:`~beat_claims.stores.base.DueEntry`)
+    where claims and definition writes did not, at most one page of each a sweep:
+
+    * the entries to index again (:meth:`reindex`): those this beat registered (a new
+      entry is indexed due at once), those whose definition the change feed reported (a
+      writer that does not compute ``next_due`` indexes the entry due at once, or later
+      than the truth), and after the store went back (a new epoch) every entry this beat
+      schedules;
+    * a rebuild pass over the entries with no ``next_due`` at all (a store migrated to the
+      index, an index wiped): passes follow one another until one indexes nothing, then
+      start again after :data:`REBUILD_PAUSE` sweeps (or as many as the last pass took
+      pages, if more), and at once after the store went back.
+
+    An idle beat asks nothing more of the store between two passes. Each write is
+    :meth:`Store.index`, conditional on the state and definition version it was computed
+    from, and computed as the beat's heap is (:meth:`Claimer.next_at`) from the
+    definition this beat schedules the entry by: an entry this beat does not schedule
+    (another beat's own) is left to the beat that does, but for a dynamic entry that is
+    disabled (no beat schedules it: NOT_DUE)."""
+
+    def __init__(self, store: Store, source: EntrySource, claimer: Claimer,
+                 stored: StoredEntries, logger: logging.Logger) -> None:
+        self.store = store
+        self.source = source
+        self.claimer = claimer
+        self.stored = stored
+        self.logger = logger
+        #: Entries to index again at the next sweeps, a page each.
+        self.pending: set[str] = set()
+        self._everything = False  # every entry this beat schedules, at the next sweep
+        self._cursor = ""  # the rebuild pass's
+        self._passing = True  # a pass at start: entries written before the index
+        self._pass_indexed = 0
+        self._pass_pages = 0
+        self._pause = 0  # sweeps left before the next pass
+
+    def reindex(self, names: Iterable[str]) -> None:
+        """Index ``names`` again at the next sweeps (one page a sweep)."""
+        self.pending.update(names)
+
+    def store_went_back(self) -> None:
+        """Every entry is looked at again: those this beat schedules (once it registered
+        them again), and a rebuild pass from the start."""
+        self._everything = True
+        self._start_pass()
+
+    def _start_pass(self) -> None:
+        self._cursor, self._passing = "", True
+        self._pass_indexed = self._pass_pages = self._pause = 0
+
+    def sweep(self) -> None:
+        if self._everything:
+            self._everything = False
+            self.pending.update(self.claimer.states)
+        self._index_pending()
+        self._rebuild()
+
+    def next_due_of(self, name: str, state: EntryState, version: int,
+                    definition: StoredDefinition | None = None) -> int | None:
+        """``name``'s next due instant at ``state`` under its definition ``version`` (0:
+        none), as this beat's heap would hold it; None when this beat cannot tell (it does
+        not schedule the entry, or by another version of its definition)."""
+        if name in self.source.schedule:
+            if self.source.version_of(name) != version:
+                return None
+            try:
+                return self.claimer.next_at(name, state)
+            except Exception:  # (logged when the heap is computed)
+                return None
+        known = self.stored.known.get(name)
+        record = definition if definition is not None else (
+            known.stored if known is not None else None)
+        if record is None or record.version != version or record.deleted or record.corrupt:
+            return None
+        if record.origin not in DYNAMIC or record.definition is None:
+            return None
+        if known is not None and known.stored == record:
+            parsed = known.definition
+        else:
+            try:
+                parsed = validate(name, record.definition)
+            except DefinitionError:
+                return None
+        return NOT_DUE if parsed is not None and not parsed.enabled else None
+
+    def _from_record(self, name: str, record: EntryRecord,
+                     definition: StoredDefinition | None) -> int | None:
+        if record.anchor is None:
+            return None
+        return self.next_due_of(name, EntryState(record.anchor, record.checkpoint,
+                                                 record.token),
+                                definition.version if definition is not None else 0,
+                                definition)
+
+    def _index_pending(self) -> None:
+        if not self.pending:
+            return
+        names = sorted(self.pending)[:INDEX_PAGE]
+        self.pending.difference_update(names)
+        records = {r.name: r for r in self.store.entries(names)}
+        definitions = {d.name: d for d in self.store.definitions(names)}
+        writes = []
+        for name in names:
+            record, definition = records.get(name), definitions.get(name)
+            if record is None or record.anchor is None or (
+                    definition is not None and definition.corrupt):
+                continue
+            at = self._from_record(name, record, definition)
+            if at is not None:
+                writes.append(IndexWrite(name, EntryState(record.anchor, record.checkpoint,
+                                                          record.token),
+                                         definition.version if definition else 0, at))
+        if writes:
+            self.store.index(writes)
+
+    def _rebuild(self) -> None:
+        if not self._passing:
+            if self._pause > 0:
+                self._pause -= 1
+                return
+            self._start_pass()
+        page = rebuild_page(self.store, self._from_record, self._cursor, INDEX_PAGE)
+        self._cursor = page.cursor
+        self._pass_indexed += len(page.indexed)
+        self._pass_pages += 1
+        if page.indexed:
+            self.logger.debug("beat-claims: the due index: %d entries indexed by the"
+                              " rebuild sweep", len(page.indexed))
+        if not page.complete:
+            return
+        if self._pass_indexed:
+            self._start_pass()  # (until a whole pass has nothing to index)
+        else:
+            self._passing = False
+            self._pause = max(REBUILD_PAUSE, self._pass_pages)
