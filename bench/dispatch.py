@@ -866,6 +866,13 @@ def _start_beats(case: Case, args: argparse.Namespace,
     if problem:
         beats.finish(3)
         return problem
+    check_import(case, args, beats)
+    return beats
+
+
+def check_import(case: Case, args: argparse.Namespace, beats: Beats) -> None:
+    """Stop the run if the beats did not import the expected copy of beat_claims; note
+    where they imported it from."""
     expected = (os.path.join(case.source.path, "beat_claims") if case.source.path
                 else args.beat_claims_path)
     if beats.module and os.path.realpath(beats.module) != os.path.realpath(expected):
@@ -873,7 +880,6 @@ def _start_beats(case: Case, args: argparse.Namespace,
         sys.exit(f"the beats imported beat_claims from {beats.module}, not {expected}")
     if beats.module:
         args.imported[case.source.tag] = {"path": beats.module, "version": beats.version}
-    return beats
 
 
 def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: RedisServer,

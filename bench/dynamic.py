@@ -96,6 +96,7 @@ from bench.dispatch import (
     _variant,
     _vm_kib,
     _window,
+    check_import,
 )
 
 #: The log line of a beat-claims beat that is ready to claim (scheduler.py).
@@ -454,6 +455,7 @@ def run_dynamic(case: Case, n: int, soon_lead: float, args: argparse.Namespace,
     if problem:
         beats.finish(3)
         return {**out, "status": "error", "error": problem}
+    check_import(case, args, beats)  # (its "imported" message came before "ready")
     r = ready[0]
     beats.go.set()
     out.update({"startup_seconds": round(r["ready_at"] - spawned, 3),
