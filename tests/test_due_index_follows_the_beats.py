@@ -65,6 +65,14 @@ SCHEDULE: dict[str, Any] = {
 }
 
 
+def bound_until(beats: list[Scheduler], until: int) -> None:
+    """Move the entry "bounded"'s end date, and say so to the beats, as a schedule source
+    edited in place does (``entries_changed``: the heap is built again at the next tick)."""
+    BOUND["until"] = until
+    for s in beats:
+        s.entries_changed()
+
+
 def fleet_of_two(app: Celery) -> list[Scheduler]:
     """Two beats on one store, the second joining the first (tests/inprocess.py beats)."""
     first = BoundedScheduler(app=app)
@@ -173,7 +181,7 @@ def test_after_a_mixed_schedule_the_index_holds_what_the_heaps_hold(
         any_store: StoreUnderTest, observer: Store) -> None:
     app = app_for(any_store)
     beats = fleet_of_two(app)
-    BOUND["until"] = observer.now() + 2500
+    bound_until(beats, observer.now() + 2500)
     entries = define_dynamic(app, observer)
     run_for(3, *beats)
     entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=7))
@@ -213,7 +221,7 @@ def test_a_wiped_index_is_rebuilt_within_a_bounded_number_of_heartbeats(
         any_store: StoreUnderTest, observer: Store) -> None:
     app = app_for(any_store)
     beats = fleet_of_two(app)
-    BOUND["until"] = observer.now() + 1500
+    bound_until(beats, observer.now() + 1500)
     define_dynamic(app, observer)
     run_for(3, *beats)
     wipe_index(any_store, observer)
@@ -270,7 +278,7 @@ def test_a_lost_reply_to_an_index_write_is_harmless(
     observer = target.open()
     app = app_for(target, lossy.url())
     beats = fleet_of_two(app)
-    BOUND["until"] = observer.now() + 1500
+    bound_until(beats, observer.now() + 1500)
     entries = define_dynamic(app, observer)
     run_for(1, *beats)
     if lost == "index":
