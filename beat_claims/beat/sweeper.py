@@ -11,6 +11,7 @@ away — at the first sweep after its owner is gone or after it is older than th
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import defaultdict
@@ -323,7 +324,7 @@ class IndexKeeper:
     def _index_pending(self) -> None:
         if not self.pending:
             return
-        names = sorted(self.pending)[:INDEX_PAGE]
+        names = list(itertools.islice(self.pending, INDEX_PAGE))
         self.pending.difference_update(names)
         records = {r.name: r for r in self.store.entries(names)}
         definitions = {d.name: d for d in self.store.definitions(names)}
