@@ -377,8 +377,10 @@ class Scheduler(BaseScheduler):
         in at the next tick (:meth:`Claimer.update`), before it claims."""
         self._refuse_bad_names(names)
         self._read_policies_of(names)
-        if self._ready:
-            self._to_update |= names
+        # Kept whether or not the beat is ready: a beat not ready takes the whole schedule
+        # in (and drops these), but one registering again after the store went back is made
+        # ready by that registration, of the entries it had when it began.
+        self._to_update |= names
 
     def _follow_definitions(self) -> None:
         """Read what changed in the store's definitions (everything, the first time) and

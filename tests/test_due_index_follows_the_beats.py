@@ -268,6 +268,41 @@ def lossy(server: RedisServer) -> Iterator[Proxy]:
         yield p
 
 
+def test_entries_to_index_again_are_kept_when_the_store_cannot_be_read(
+        server: RedisServer, lossy: Proxy) -> None:
+    """After a new epoch the beats index every entry they schedule again; the reply to the
+    read of those entries' records is lost (a dropped connection): the entries are indexed
+    again at a later sweep, not forgotten (an entry indexed an hour late would stay so until
+    its next claim, an hour away)."""
+    target = StoreUnderTest("redis", server.url, server)
+    observer = target.open()
+    assert isinstance(observer, RedisStore)
+    hourly = {"hourly": {"task": "t.noop", "schedule": timedelta(hours=1)}}
+    beats = fleet_of_two(app_for(target, lossy.url(), schedule={**SCHEDULE, **hourly}))
+    index_follows_heaps(observer, beats, timeout=REBUILD_HEARTBEATS * HEARTBEAT)
+    [record] = observer.entries(["hourly"])
+    assert record.anchor is not None
+    truth = index_of(observer)["hourly"]
+    assert truth is not None and truth > 0
+    state = EntryState(record.anchor, record.checkpoint, record.token)
+    [definition] = observer.definitions(["hourly"])
+    later = truth + 3_600_000
+    assert observer.index([IndexWrite("hourly", state, definition.version, later)]) == [True]
+    # The read of the records to index again (Store.entries: HMGET ... horizon) loses its
+    # reply, on each beat.
+    lossy.drop_reply_to(b"horizon", times=2)
+    server.client().delete(f"{{{observer.prefix}}}:epoch")  # (a new epoch, as a wipe's)
+    wait_for(lambda: lossy.pending() == 0, REBUILD_HEARTBEATS * HEARTBEAT,
+             "both reads of the records to index again lost", between=lambda: tick(*beats))
+    wait_for(lambda: index_of(observer)["hourly"] == truth, REBUILD_HEARTBEATS * HEARTBEAT,
+             f"the entry indexed at its next instant again (indexed {later}, truth {truth};"
+             f" pending {[sorted(s.index_keeper.pending) for s in beats]})",
+             between=lambda: tick(*beats))
+    for s in beats:
+        s.close()
+    observer.close()
+
+
 @pytest.mark.parametrize("lost", ["index", "claim", "define"])
 def test_a_lost_reply_to_an_index_write_is_harmless(
         server: RedisServer, lossy: Proxy, lost: str, tmp_path: Any) -> None:

@@ -271,3 +271,33 @@ def test_a_request_run_asked_again_with_its_request_id_after_a_lost_reply_record
     manual = [r for r in RedisStore.from_url(server.url).history(ENTRY) if r.manual]
     assert [r.due for r in manual] == [due], f"{len(manual)} manual runs for one request"
     assert store.request_run(ENTRY, "operator", "req-2") not in (None, due)  # another one
+
+
+def test_an_entry_added_while_registering_again_after_the_store_went_back_is_sent(
+        server: RedisServer, lossy: Proxy) -> None:
+    """The reply to the registration of what a beat knows after the store went back is
+    lost (it registers again at a later tick), and meanwhile its schedule source adds an
+    entry (``change_local``: a database row created): the entry is registered and sent
+    once that registration is done (it was left out of the schedule's claims for ever)."""
+    app = make_app(server, beat_claims_url=lossy.url())
+    s = make(app)
+    observer = s.store
+    # The store went back (a new epoch, as a wipe's), and the reply to the registration
+    # of what this beat knows is lost: the beat registers again at a later tick.
+    lossy.drop_reply_to(function_name("register"))
+    server.client().delete(f"{{{observer.prefix}}}:epoch")  # type: ignore[attr-defined]
+    wait_for(lambda: lossy.pending() == 0 and s._went_back_why is not None, 10,
+             "the registration after the new epoch cut short", between=s.tick)
+    # Meanwhile the schedule source adds an entry (a database row created).
+    added = s.Entry(name="added", task="t.noop", schedule=timedelta(seconds=1), app=app)
+    s.change_local({"added": added})
+    wait_for(lambda: s._went_back_why is None and s._ready, 10,
+             "the registration after the new epoch done", between=s.tick)
+    try:
+        wait_for(lambda: any(entry == "added" for entry, _ in occurrences_sent(server)), 10,
+                 "the added entry sent", between=s.tick)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc} (registered: {'added' in s.claimer.states}, in the"
+                             f" schedule: {'added' in s.schedule}, on the heap:"
+                             f" {'added' in s.claimer.slots})") from None
+    s.close()

@@ -33,7 +33,9 @@ from ..stores.base import (
     Reclaim,
     RunRef,
     Store,
+    StoreConfigurationError,
     StoredDefinition,
+    StoreError,
     rebuild_page,
 )
 from ..unstarted import Said, summary, unstarted
@@ -325,7 +327,19 @@ class IndexKeeper:
         if not self.pending:
             return
         names = list(itertools.islice(self.pending, INDEX_PAGE))
+        # Taken off once indexed, or on an error of the beat's own (not asked for ever): a
+        # store that did not answer leaves them for the next sweep (the writes are
+        # conditional: asked again after a lost reply, harmless).
+        try:
+            self._index(names)
+        except (StoreError, StoreConfigurationError):
+            raise
+        except Exception:
+            self.pending.difference_update(names)
+            raise
         self.pending.difference_update(names)
+
+    def _index(self, names: list[str]) -> None:
         records = {r.name: r for r in self.store.entries(names)}
         definitions = {d.name: d for d in self.store.definitions(names)}
         writes = []
