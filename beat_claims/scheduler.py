@@ -647,11 +647,6 @@ class Scheduler(BaseScheduler):
             self.claimer.sync(self.schedule)
             self.index_keeper.reindex(self.claimer.states)  # (registered: due at once)
             self._ready = True
-        if self._to_update:
-            names = set(self._to_update)
-            self.claimer.update(names)
-            self.index_keeper.reindex(names & set(self.claimer.states))
-            self._to_update -= names
             if not self._registered_once:
                 # A stop signal's handler (Celery's raises SystemExit) run inside a
                 # finalizer of this collection would be ignored: it waits until after.
@@ -660,6 +655,11 @@ class Scheduler(BaseScheduler):
                     freeze_long_lived()
                 finally:
                     _deliver_held(held)
+        if self._to_update:
+            names = set(self._to_update)
+            self.claimer.update(names)
+            self.index_keeper.reindex(names & set(self.claimer.states))
+            self._to_update -= names
         if self._settle_logged or not self._registered_once:
             logger.info("beat-claims: %d entries registered; claiming",
                         len(self.claimer.states))

@@ -26,7 +26,7 @@ from celery.schedules import crontab
 from beat_claims.entries import Entries
 from beat_claims.occurrences import jitter_offset
 from beat_claims.scheduler import Scheduler
-from beat_claims.stores.base import NOT_DUE, EntryState, IndexWrite, Store
+from beat_claims.stores.base import NOT_DUE, EntryState, IndexWrite, Store, StoreError
 from beat_claims.stores.redis import RedisStore, function_name
 
 from .any_store import StoreUnderTest
@@ -406,3 +406,38 @@ def test_real_beats_keep_the_index_as_their_heaps(server: RedisServer, broker: R
                        if last["index"].get(name) != last["computed"].get(name)}
             raise AssertionError(f"the due index differs: {differs}") from None
     store.close()
+
+
+def test_a_store_error_in_the_index_upkeep_does_not_stop_the_beat_sending(
+        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """The due index cannot be written (a Redis Cluster master down, say): the upkeep is
+    put off, logged once, and the beat goes on claiming and sending; once the store
+    answers, what was pending is indexed."""
+    target = StoreUnderTest("redis", server.url, server)
+    observer = target.open()
+    beats = fleet_of_two(app_for(target))
+    index_follows_heaps(observer, beats, timeout=REBUILD_HEARTBEATS * HEARTBEAT)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("the index's master is down (test)")
+
+    for s in beats:
+        s.store.index = refused  # type: ignore[method-assign]
+        s.index_keeper.reindex(s.claimer.states)
+    before = len(occurrences_sent(server))
+    with caplog.at_level("WARNING"):
+        wait_for(lambda: len(occurrences_sent(server)) >= before + 6, 20,
+                 "the beats to go on sending", between=lambda: tick(*beats))
+    warned = [r.getMessage() for r in caplog.records
+              if "the due index cannot be kept now" in r.getMessage()]
+    assert len(warned) == 2, warned  # once by each beat, not once a sweep
+    assert all(s.index_keeper.pending for s in beats)  # put off, not forgotten
+    for s in beats:
+        del s.store.index  # (the store's own method again)
+    wait_for(lambda: not any(s.index_keeper.pending for s in beats),
+             REBUILD_HEARTBEATS * HEARTBEAT, "what was pending to be indexed",
+             between=lambda: tick(*beats))
+    index_follows_heaps(observer, beats, timeout=REBUILD_HEARTBEATS * HEARTBEAT)
+    for s in beats:
+        s.close()
+    observer.close()

@@ -264,6 +264,7 @@ class IndexKeeper:
         self._pass_indexed = 0
         self._pass_pages = 0
         self._pause = 0  # sweeps left before the next pass
+        self._failing = False  # the last sweep's upkeep met a store error (logged once)
 
     def reindex(self, names: Iterable[str]) -> None:
         """Index ``names`` again at the next sweeps (one page a sweep)."""
@@ -280,11 +281,24 @@ class IndexKeeper:
         self._pass_indexed = self._pass_pages = self._pause = 0
 
     def sweep(self) -> None:
+        """One page of each kind of upkeep. The store failing it (a Redis Cluster master
+        down, say) stops the upkeep, not the tick: the beat goes on claiming what it can,
+        and what was pending stays pending for the next sweep."""
         if self._everything:
             self._everything = False
             self.pending.update(self.claimer.states)
-        self._index_pending()
-        self._rebuild()
+        try:
+            self._index_pending()
+            self._rebuild()
+        except StoreError as exc:
+            if not self._failing:
+                self._failing = True
+                self.logger.warning("beat-claims: the due index cannot be kept now (%s);"
+                                    " trying again at the next sweeps", exc)
+            return
+        if self._failing:
+            self._failing = False
+            self.logger.info("beat-claims: the due index is kept again")
 
     def next_due_of(self, name: str, state: EntryState, version: int,
                     definition: StoredDefinition | None = None) -> int | None:

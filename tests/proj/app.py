@@ -13,6 +13,7 @@ its args inside an object the serializer cannot encode, whose error quotes the v
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -32,7 +33,8 @@ import beat_claims
 #: A test that finds a process stuck sends it this signal: every thread's stack goes to its
 #: log (the evidence of where it hangs).
 STACKS_SIGNAL = signal.SIGUSR2
-faulthandler.register(STACKS_SIGNAL, all_threads=True)
+with contextlib.suppress(AttributeError, OSError, ValueError):  # (a stderr with no file:
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)      # the CLI run in a test)
 
 REDIS_URL = os.environ.get("BC_REDIS_URL", "redis://127.0.0.1:6379/0")
 
