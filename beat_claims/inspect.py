@@ -138,15 +138,19 @@ def stored_definitions(store: Store) -> dict[str, StoredDefinition]:
 def dynamic_schedules(app: Celery, store: Store, settings: Settings, limit: int
                       ) -> tuple[dict[str, Any], dict[str, Policy]]:
     """The schedules and policies of the enabled dynamic definitions (created at run time:
-    every beat sends them), the first ``limit`` by name: a probe's bounded look at them."""
+    every beat sends them) among the first ``limit`` definitions by name: a probe's bounded
+    look at them (at most ``limit`` definitions read, in pages)."""
     schedules: dict[str, Any] = {}
     policies: dict[str, Policy] = {}
     after = ""
-    while len(schedules) < limit:
-        page = store.definitions(None, after, PAGE)
+    read = 0
+    while read < limit:
+        want = min(PAGE, limit - read)
+        page = store.definitions(None, after, want)
+        read += len(page)
         for stored in page:
             followed = _followed(app, stored, False)
-            if followed is None or len(schedules) >= limit:
+            if followed is None:
                 continue
             schedules[stored.name] = followed
             try:
@@ -154,7 +158,7 @@ def dynamic_schedules(app: Celery, store: Store, settings: Settings, limit: int
                 policies[stored.name] = settings.policy_for(stored.name, claims or None)
             except (DefinitionError, ConfigurationError):
                 policies[stored.name] = settings.policy
-        if len(page) < PAGE:
+        if len(page) < want:
             break
         after = page[-1].name
     return schedules, policies
