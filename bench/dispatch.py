@@ -1177,15 +1177,18 @@ def _median(values: list[Any]) -> float | None:
     return None if math.isinf(m) else round(m, 4)
 
 
-def summarise(runs: list[dict[str, Any]], idle: bool) -> dict[str, Any]:
-    figures = IDLE_FIGURES if idle else BURST_FIGURES
+def runs_status(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A case's ok runs, and its summary's first fields: "ok", or each status counted."""
     ok = [r for r in runs if r.get("status") == "ok"]
     statuses = collections.Counter(r.get("status") for r in runs)
-    out: dict[str, Any] = {
-        "status": "ok" if len(ok) == len(runs) else
-        ",".join(f"{k}:{v}" for k, v in sorted(statuses.items())),
-        "repeats": len(runs),
-    }
+    return ok, {"status": "ok" if len(ok) == len(runs) else
+                ",".join(f"{k}:{v}" for k, v in sorted(statuses.items())),
+                "repeats": len(runs)}
+
+
+def summarise(runs: list[dict[str, Any]], idle: bool) -> dict[str, Any]:
+    figures = IDLE_FIGURES if idle else BURST_FIGURES
+    ok, out = runs_status(runs)
     for name in figures:
         # Times of runs that timed out count as infinite; other figures only from ok runs.
         if name == "seconds":

@@ -97,6 +97,7 @@ from bench.dispatch import (
     _vm_kib,
     _window,
     check_import,
+    runs_status,
 )
 
 #: The log line of a beat-claims beat that is ready to claim (scheduler.py).
@@ -532,13 +533,7 @@ def first_soon_lead(case: Case, n: int) -> float:
 
 # -- medians, ratios, goals, table -------------------------------------------------------------
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [r for r in runs if r.get("status") == "ok"]
-    statuses = collections.Counter(r.get("status") for r in runs)
-    out: dict[str, Any] = {
-        "status": "ok" if len(ok) == len(runs) else
-        ",".join(f"{k}:{v}" for k, v in sorted(statuses.items())),
-        "repeats": len(runs),
-    }
+    ok, out = runs_status(runs)
     for name in FIGURES:
         values = [r[name] for r in ok if r.get(name) is not None]
         out[name] = _median(values)
