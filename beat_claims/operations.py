@@ -12,6 +12,7 @@ admin, by default ``<OS user>@<host>`` (:func:`who`).
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import socket
 import uuid
@@ -21,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import occurrences
+from .beat.composition import DYNAMIC
 from .enums import RunState
 from .inspect import UnknownEntry
 from .runs import iso
@@ -153,9 +155,15 @@ def senders(store: Store, found: EntryRecord) -> tuple[str, ...] | None:
     """The live beats that registered the entry (they schedule it: one of them claims and
     sends a run of it), as ``host:pid``; None when the store does not know who registered
     it (registered by an older beat-claims). :class:`OperationError` when none is alive."""
+    owners = {o.owner.id: o for o in store.owners()}
+    if _dynamic_and_enabled(store, found.name):
+        # Every live beat schedules a dynamic entry (one takes it up when a run is due).
+        alive = tuple(beat_name(owners, Registrant(o.owner.id, 0))
+                      for o in owners.values() if o.alive)
+        if alive:
+            return alive
     if found.registrants is None:
         return None
-    owners = {o.owner.id: o for o in store.owners()}
     live = tuple(beat_name(owners, r) for r in found.registrants
                  if (o := owners.get(r.owner)) is not None and o.alive)
     if not live:
@@ -164,6 +172,19 @@ def senders(store: Store, found: EntryRecord) -> tuple[str, ...] | None:
             " nobody would send a run of it, so nothing was recorded. Start a beat whose"
             f" schedule has {found.name} (or enable its row), then trigger it again")
     return live
+
+
+def _dynamic_and_enabled(store: Store, name: str) -> bool:
+    """Whether the store holds an enabled dynamic definition of ``name``."""
+    for stored in store.definitions([name]):
+        if stored.deleted or stored.corrupt or stored.definition is None or (
+                stored.origin not in DYNAMIC):
+            return False
+        try:
+            return bool(json.loads(stored.definition).get("enabled", True))
+        except (ValueError, AttributeError):
+            return False
+    return False
 
 
 def beat_name(owners: Mapping[str, OwnerStatus], registrant: Registrant) -> str:

@@ -49,6 +49,7 @@ from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
 from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import IndexKeeper, Sweeper
+from .beat.window import LOOKAHEAD, DueWindow, Taken
 from .enums import Overlap, Reason
 from .exception_text import entry_exception, frames
 from .metrics import Metrics
@@ -56,9 +57,11 @@ from .runs import HEADER, MAX_DIFFERS, Owner, from_ms, iso
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
 from .stores import open_store
 from .stores.base import (
+    NOT_DUE,
     Claim,
     EntrySeed,
     EntryState,
+    IndexWrite,
     LiveQuery,
     Reclaim,
     RunRef,
@@ -162,9 +165,18 @@ class Scheduler(BaseScheduler):
         self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
         self.stored = StoredEntries(self.store, logger)
         self.stored.between = self.liveness.keep_alive
-        self.index_keeper = IndexKeeper(self.store, self, self.claimer, self.stored, logger)
+        self.index_keeper = IndexKeeper(self.store, self, self.claimer, self.stored, logger,
+                                        app, self.settings)
         self.composition = Composition(app, self.stored, logger)
         self.composition.between = self.liveness.keep_alive
+        #: The dynamic entries this beat holds for now, taken from the store's due index.
+        self.window = DueWindow(self.store, logger, interval)
+        self.window.scheduled = lambda name: (name in self.schedule
+                                              or name in self.composition.local)
+        self.stored.wanted = lambda name: (name in self.composition.local
+                                           or name in self.window.held)
+        self.stored.wanted_names = lambda: [*self.composition.local, *self.window.held]
+        self._let_go_at = 0.0
         #: Claims held when their entry's definition changed (or went): each is sent with
         #: the entry it was claimed with (one definition per occurrence).
         self.pinned: dict[RunRef, Any] = {}
@@ -346,6 +358,7 @@ class Scheduler(BaseScheduler):
         None): the schedule is composed again with the store's definitions."""
         self.composition.set_local(entries, configured)
         if self.stored.loaded:
+            self.stored.fetch(set(entries) - set(self.stored.known))
             self._recompose()
 
     def change_local(self, changed: dict[str, Any], removed: Iterable[str] = ()) -> None:
@@ -364,6 +377,7 @@ class Scheduler(BaseScheduler):
             return
         self.composition.change_local(changed, gone)
         if self.stored.loaded:
+            self.stored.fetch(set(changed) - set(self.stored.known))
             self._recompose(names)
             return
         # (composed with the store's definitions once they are read, at the first tick)
@@ -402,6 +416,9 @@ class Scheduler(BaseScheduler):
         if self._feed_down:
             self._feed_down = False
             logger.warning("beat-claims: the definitions' change feed can be read again")
+        if self.stored.unseen:  # (indexed again by its writer: maybe behind the scan)
+            self.stored.unseen = 0
+            self.window.restart()
         self._prune_pinned()
         if first or (changed and self.stored.reloaded):  # (read again: written again too)
             self._recompose()
@@ -669,6 +686,9 @@ class Scheduler(BaseScheduler):
             self.claimer.register_again_next()
         if heartbeat:  # the epoch is the one this beat knows, and the store has settled
             self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS))
+        self._hold(self.window.scan(self.clock.now()), write_back=True)
+        if self.window.unreadable:
+            self._repair(sorted(self.window.unreadable))
         began = self.clock.now()
         broker_down = self.broker_outage.waiting() > 0
         if sweep_due:
@@ -728,10 +748,120 @@ class Scheduler(BaseScheduler):
             self.claimer.skips.flush()
         if self.knowledge.pauses_stale:  # a skip for a pause: maybe a later one
             self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS, stale_only=True))
+        self._let_go()
         self.broker_outage.up()
         if self.sender.up_since is None:  # claiming and sending from here on
             self.sender.up_since = began
         return self._sleep_for()
+
+    # -- dynamic entries: held while due soon -----------------------------------------
+    def _hold(self, taken: list[Taken], write_back: bool = False) -> set[str]:
+        """Hold dynamic entries taken from the due index (or found apart from it) at the
+        state read with them: composed, their policies read, put on the heap. With
+        ``write_back`` (taken from the index), an entry not due within the look-ahead (its
+        index was earlier than its truth: new, or written by a writer that did not compute
+        it) has its real instant written back and is let go. The names now held."""
+        if not taken:
+            return set()
+        names = {t.name for t in taken}
+        self.window.held |= names  # (their definitions are followed from here on)
+        self.stored.take([t.record for t in taken])
+        built = self.composition.compose_some(names)
+        passed = names - set(built)
+        self.window.held -= passed
+        self.stored.forget(passed)
+        self.schedule.update(built)
+        self._read_policies_of(set(built))
+        self.claimer.adopt({t.name: t.state for t in taken if t.name in built})
+        if not write_back:
+            return set(built)
+        limit = self.clock.now() + LOOKAHEAD
+        writes: list[IndexWrite] = []
+        later: list[str] = []
+        for t in taken:
+            if t.name in built:
+                try:
+                    at = self.claimer.next_at(t.name, t.state)
+                except Exception:  # (noted when it was put on the heap)
+                    continue
+                if at == NOT_DUE or at > limit:
+                    later.append(t.name)
+            else:
+                known = self.stored.known.get(t.name)
+                definition = known.definition if known is not None else None
+                if definition is None or definition.enabled:
+                    continue  # (not valid, or not buildable here: named once, in the log)
+                at = NOT_DUE
+            if at != t.next_due:
+                writes.append(IndexWrite(t.name, t.state, t.record.version, at))
+        if writes:
+            self.store.index(writes)
+        self._drop_held(later)
+        return set(built) - set(later)
+
+    def take_up(self, names: list[str]) -> list[str]:
+        """Hold, to claim them, the dynamic entries among ``names`` (a run of each is due
+        again: released, taken back, requested) this beat does not hold: the names held."""
+        wanted = [n for n in names if n not in self.schedule][:PAGE]
+        if not wanted:
+            return []
+        found = [(r.name, EntryState(r.anchor, r.checkpoint, r.token))
+                 for r in self.store.entries(wanted) if r.anchor is not None]
+        return sorted(self._hold(self.window.take(found)))
+
+    def _repair(self, names: list[str]) -> None:
+        """Register again the dynamic entries among ``names`` whose record in the store
+        cannot be read (the due index answered them without one): the store repairs the
+        record, and the next scan takes them (registered: this beat schedules them)."""
+        self.window.unreadable.clear()
+        taken = self.window.take((n, EntryState(0, None)) for n in names)
+        for t in taken:
+            self.claimer.note(t.name, "unreadable record", logging.ERROR,
+                              "beat-claims: %s: its record in the store cannot be read;"
+                              " repairing it (registered again)", t.name)
+        if taken:
+            self.store.register([EntrySeed(t.name) for t in taken], self.owner)
+
+    def policies_of(self, names: list[str]) -> dict[str, Policy]:
+        """The policies of those of ``names`` that are dynamic entries this beat does not
+        hold, from their definitions (one read; a definition not valid is left out)."""
+        wanted = [n for n in names if n not in self.policies][:PAGE]
+        out: dict[str, Policy] = {}
+        for taken in self.window.take((n, EntryState(0, None)) for n in wanted):
+            known = self.stored.read(taken.record)
+            if known.definition is not None:
+                try:
+                    out[taken.name] = self.settings.policy_for(
+                        taken.name, dict(known.definition.claims) or None)
+                except Exception:  # (refused where it entered; named once when held)
+                    continue
+        return out
+
+    def _let_go(self) -> None:
+        """Let go of the dynamic entries not due within the look-ahead with nothing of
+        them held (looked at every half second at most: the index brings them back)."""
+        if not self.window.held or time.monotonic() < self._let_go_at:
+            return
+        self._let_go_at = time.monotonic() + 0.5
+        limit = self.clock.now() + LOOKAHEAD
+        busy = ({ref.entry for ref in self.holdings.held}
+                | {claim.entry for claim in self.holdings.checked}
+                | {ref.entry for ref in self.pinned})
+        slots = self.claimer.slots
+        self._drop_held([name for name in self.window.held if name not in busy and (
+            name not in self.schedule or slots.get(name, NOT_DUE) == NOT_DUE
+            or slots[name] > limit)])
+
+    def _drop_held(self, names: list[str]) -> None:
+        if not names:
+            return
+        for name in names:
+            self.schedule.pop(name, None)
+            self.composition.chosen.pop(name, None)
+            self.policies.pop(name, None)
+        self.stored.forget(names)
+        self.claimer.let_go(names)
+        self.window.held.difference_update(names)
 
     def _register_again_after_a_lapse(self) -> None:
         """This beat's heartbeat lapsed (a stall, an outage): another beat's registration
@@ -778,7 +908,7 @@ class Scheduler(BaseScheduler):
     def _sleep_for(self) -> float:
         if self.claimer.again:  # registering again after a lapse: the next chunk at once
             return 0.0
-        wait = self.max_interval
+        wait = min(self.max_interval, LOOKAHEAD / 2000)  # (the due index is scanned)
         for nxt in (self.claimer.next_due(), self.holdings.next_send()):
             if nxt is not None:
                 wait = min(wait, max(0.0, (nxt - self.clock.now()) / 1000))

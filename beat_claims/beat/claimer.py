@@ -93,6 +93,14 @@ class EntrySource(Protocol):
         """The version of the stored definition ``name`` is scheduled by (0: the store
         holds none of it); None when not known."""
 
+    def take_up(self, names: list[str]) -> list[str]:
+        """Hold, to claim a run of each that is due again, those of ``names`` that are
+        dynamic entries not held now: the names now held."""
+
+    def policies_of(self, names: list[str]) -> dict[str, Policy]:
+        """The policies of those of ``names`` this beat does not hold that are dynamic
+        entries, read from their definitions (a sweep judges their runs by them)."""
+
     def states_moved(self, names: list[str]) -> None:
         """The store's state of ``names`` moved under this beat (another's claim, or a
         change of their definitions, which moves the checkpoint): read what defines them
@@ -263,6 +271,27 @@ class Claimer:
             self.register(new)
         for name in sorted(names - gone - set(new)):
             self.push(name)  # (bounds and schedule may have changed)
+
+    def adopt(self, states: dict[str, EntryState]) -> None:
+        """Hold entries at the states the store's due index answered (dynamic entries this
+        beat takes for now: never registered, every beat schedules them) and put each on
+        the heap. A state older than one this beat knows means the store went back."""
+        for name, state in states.items():
+            problem = self.knowledge.learn(name, state)
+            if problem is not None:
+                raise StoreWentBack(f"entry {name!r}: {problem}")
+            self.states[name] = state
+            self.push(name)
+
+    def let_go(self, names: Iterable[str]) -> None:
+        """Forget entries held for now (:meth:`adopt`): nothing of them is held."""
+        for name in names:
+            self.states.pop(name, None)
+            self.slots.pop(name, None)
+            self._next_kept.pop(name, None)
+            self.moved.discard(name)
+            # (its newest writes, if any, stay asked after: the entry is still scheduled)
+            self.knowledge.entries.pop(name, None)
 
     def register_again(self) -> None:
         """Be recorded again as the registrant of the entries this beat schedules (after

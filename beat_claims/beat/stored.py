@@ -1,10 +1,15 @@
-"""The entries' definitions the store holds, as this beat last read them.
+"""The entries' definitions the store holds that this beat looks at, as it last read them.
 
-At start (and whenever the change feed answers ``reload``) every definition is read, in
-pages; then each heartbeat reads the change feed from where the last read stopped, a
-bounded number of pages. What is kept: every entry's stored record (a tombstone, a
-corrupt one too: a writer names its version) and, for each readable one, its
-:class:`~beat_claims.definitions.Definition`. A definition that cannot be read or is not
+A beat looks at the definitions of its own entries (``beat_schedule``, a database's rows)
+and of the dynamic entries it holds for now (those due soon, taken from the store's due
+index by :class:`~beat_claims.beat.window.DueWindow`): never at every definition, so that
+its start and its memory do not grow with the store's entries. At start (and whenever
+the change feed answers ``reload``) those are read by name, in pages; then each heartbeat
+reads the change feed from where the last read stopped, a bounded number of pages, and
+keeps the changes of those (a change of another entry is counted in :attr:`unseen`: the
+window looks at the index again). What is kept: each such entry's stored record (a
+tombstone, a corrupt one too: a writer names its version) and, for each readable one,
+its :class:`~beat_claims.definitions.Definition`. A definition that cannot be read or is not
 valid is logged once per version, as an ERROR naming the entry and the field (never a
 value of its arguments), and is left out: the other entries go on.
 """
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..definitions import Definition, DefinitionError, validate
@@ -43,6 +48,13 @@ class StoredEntries:
         self.logger = logger
         self.known: dict[str, Known] = {}
         self.cursor: ChangeCursor | None = None
+        #: Whether this beat looks at ``name``'s definition (its own, or one it holds).
+        self.wanted: Callable[[str], bool] = lambda name: True
+        #: The names it looks at (read by name at start and on ``reload``).
+        self.wanted_names: Callable[[], Iterable[str]] = lambda: ()
+        #: Changes of definitions this beat does not look at, read since the caller last
+        #: reset it: such an entry was indexed again by its writer.
+        self.unseen = 0
         self.loaded = False
         #: Every definition was read again since the caller last looked (at start, or the
         #: change feed said to: the store may have gone back).
@@ -72,7 +84,9 @@ class StoredEntries:
                 self.cursor = answer.cursor
                 break
             for record in answer.changed:
-                if self._take(record):
+                if not self.wanted(record.name):
+                    self.unseen += 1
+                elif self._take(record):
                     changed.add(record.name)
             self.cursor = answer.cursor
             if answer.complete:
@@ -88,28 +102,41 @@ class StoredEntries:
         return changed
 
     def _read_all(self) -> set[str]:
-        """Every definition, read into a new map that replaces the old one only once all
-        pages were read (a page that fails leaves what was known as it was)."""
+        """The definitions of every name this beat looks at, read into a new map that
+        replaces the old one only once all pages were read (a page that fails leaves what
+        was known as it was)."""
         before = self.known
         known: dict[str, Known] = {}
         changed: set[str] = set()
-        after = ""
-        while True:
-            if after:
+        names = sorted(set(self.wanted_names()))
+        for start in range(0, len(names), PAGE):
+            if start:
                 self.between()
-            page = self.store.definitions(None, after, PAGE)
-            for record in page:
+            for record in self.store.definitions(names[start:start + PAGE]):
                 old = before.get(record.name)
                 known[record.name] = old if old is not None and old.stored == record \
                     else self._read(record)
                 if old is None or old.stored != record:
                     changed.add(record.name)
-            if len(page) < PAGE:
-                break
-            after = page[-1].name
         self.known = known
         self.reloaded = True
         return changed | (set(before) - set(known))
+
+    def fetch(self, names: Iterable[str]) -> set[str]:
+        """Read the definitions of ``names`` (new names this beat looks at), in pages: the
+        names whose record changed."""
+        wanted = sorted(set(names))
+        changed: set[str] = set()
+        for start in range(0, len(wanted), PAGE):
+            if start:
+                self.between()
+            changed |= self.take(self.store.definitions(wanted[start:start + PAGE]))
+        return changed
+
+    def forget(self, names: Iterable[str]) -> None:
+        """This beat no longer looks at ``names`` (dynamic entries it held)."""
+        for name in names:
+            self.known.pop(name, None)
 
     def take(self, records: list[StoredDefinition]) -> set[str]:
         """Records read apart from the feed (the newest): the names whose record changed."""
@@ -121,6 +148,10 @@ class StoredEntries:
             return False
         self.known[record.name] = self._read(record)
         return True
+
+    def read(self, record: StoredDefinition) -> Known:
+        """``record`` as :attr:`known` would hold it (not kept)."""
+        return self._read(record)
 
     def _read(self, record: StoredDefinition) -> Known:
         if record.corrupt:

@@ -16,14 +16,15 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
+from .. import next_due
 from ..definitions import DefinitionError, validate
 from ..enums import Reason, RunState
 from ..metrics import Metrics
 from ..runs import Owner, iso
 from ..settings import Policy, Settings
 from ..stores.base import (
-    NOT_DUE,
     EntryRecord,
     EntryState,
     IndexWrite,
@@ -89,13 +90,24 @@ class Sweeper:
         self._unstarted_seen: int | None = None
         self._unstarted_last = float("-inf")
         self._unstarted_said = Said()
+        #: Policies of dynamic entries this beat does not hold, read for one sweep.
+        self._others: dict[str, Policy] = {}
 
     @property
     def policies(self) -> dict[str, Policy]:
         return self.source.policies
 
     def _policy(self, entry: str) -> Policy:
-        return self.policies.get(entry, self.settings.policy)
+        policy = self.policies.get(entry)
+        if policy is None:
+            policy = self._others.get(entry, self.settings.policy)
+        return policy
+
+    def _read_policies(self, entries: Iterable[str]) -> None:
+        """The policies of ``entries`` this beat does not hold (dynamic ones: read from
+        their definitions, for this sweep; the others have the default)."""
+        names = sorted({e for e in entries if e not in self.policies})[:LOST_BATCH]
+        self._others = self.source.policies_of(names) if names else {}
 
     def query(self) -> LiveQuery:
         """What a sweep asks the store now (also sent with a heartbeat, see sweep)."""
@@ -121,6 +133,10 @@ class Sweeper:
             found = self.store.live_runs(self.query())
         reclaims: list[Reclaim] = []
         why: dict[tuple[str, int], tuple[str, str]] = {}
+        # Another live beat's claim of a dynamic entry this beat does not hold is judged by
+        # that entry's own policy, read from its definition.
+        self._read_policies([held.entry for held in found.held
+                             if held.owner != self.owner.id and held.owner in live])
         for held in found.held:
             if held.owner == self.owner.id:
                 if self.holdings.knows(RunRef(held.entry, held.due)):
@@ -148,6 +164,8 @@ class Sweeper:
             self.metrics.count("taken_over", sum(len(n) for n in done.values()))
         due = {ref.entry for ref in found.due} | taken_back
         mine = [name for name in due if name in self.source.schedule]
+        if pick_up and len(mine) < len(due):  # (dynamic entries not held: held now)
+            mine += self.source.take_up(sorted(due - set(mine)))
         if mine and pick_up:
             self.claimer.take_due(mine)
         self._presume_lost(now)
@@ -169,9 +187,13 @@ class Sweeper:
         runs = self.store.open_runs(before=now - int(shortest * 1000),
                                     after=self._lost_cursor, limit=LOST_BATCH)
         self._lost_cursor = next_cursor(runs, LOST_BATCH)
+        if default is not None:  # (a dynamic entry may wait longer than the default)
+            self._read_policies(run.entry for run in runs
+                                if run.since < now - int(default * 1000))
         outcomes = []
         for run in runs:
             timeout = (self.policies[run.entry].run_timeout if run.entry in self.policies
+                       else self._others[run.entry].run_timeout if run.entry in self._others
                        else default)
             if timeout is None:
                 continue
@@ -250,7 +272,10 @@ class IndexKeeper:
     disabled (no beat schedules it: NOT_DUE)."""
 
     def __init__(self, store: Store, source: EntrySource, claimer: Claimer,
-                 stored: StoredEntries, logger: logging.Logger) -> None:
+                 stored: StoredEntries, logger: logging.Logger, app: Any = None,
+                 settings: Settings | None = None) -> None:
+        self.app = app
+        self.settings = settings
         self.store = store
         self.source = source
         self.claimer = claimer
@@ -326,7 +351,13 @@ class IndexKeeper:
                 parsed = validate(name, record.definition)
             except DefinitionError:
                 return None
-        return NOT_DUE if parsed is not None and not parsed.enabled else None
+        if parsed is None:
+            return None
+        # A dynamic entry this beat does not hold (no beat holds them all): computed from
+        # its definition, as every beat would.
+        after = state.checkpoint if state.checkpoint is not None else state.anchor
+        return next_due.of_definition(name, parsed, self.app, state.anchor, after,
+                                      self.settings)
 
     def _from_record(self, name: str, record: EntryRecord,
                      definition: StoredDefinition | None) -> int | None:

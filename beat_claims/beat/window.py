@@ -1,0 +1,155 @@
+"""The dynamic entries a beat holds for now: those the store's due index says fall due soon.
+
+A dynamic entry (created at run time: origin API or REDBEAT) is scheduled by every beat,
+but no beat holds them all, nor reads them all at start: each beat takes from the due
+index (:meth:`Store.due`) the entries due within :data:`LOOKAHEAD` ms, a page at a time,
+each with its state; reads their definitions (a bounded cache by name and version); and
+holds them on its heap as it holds its own entries, claiming each occurrence by
+compare-and-set on the state it read, as always. An entry whose next instant is further
+out than the look-ahead, with nothing of it held, is let go; the index, written in the
+claim's own atomic step, brings it back in time. What a beat holds is bounded
+(:data:`HELD_MAX`), whatever the store holds.
+
+The index is a hint, never the truth (see :class:`~beat_claims.stores.base.DueEntry`): an
+entry indexed earlier than its truth costs a read (it is taken, found not due, and its
+real instant written back, conditional on the state and version it was computed from).
+A pass reads forward from where the last one stopped (claims only move an entry forward);
+a write of a definition, a registration or an operator may index an entry behind the
+pass, so a pass starts again from the first entry every :attr:`DueWindow.restart_every`
+seconds (the heartbeat interval) and whenever the change feed reported a change of an
+entry this beat does not hold: such an entry is found within one heartbeat interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..stores.base import DueEntry, EntryState, Store, StoredDefinition
+from .composition import DYNAMIC
+from .stored import PAGE
+
+#: How far ahead of now (ms) entries are taken from the due index: a beat scans at least
+#: every half of it, so that an entry is held before its instant comes.
+LOOKAHEAD = 2_000
+#: Pages of the due index one scan reads at most (the rest at the next tick).
+PAGES_PER_SCAN = 20
+#: Dynamic entries one beat holds at most; beyond it, the rest wait (logged: the beat
+#: falls behind) until what it holds is sent and let go.
+HELD_MAX = 20_000
+#: Definitions kept read, by name and version (the next time an entry falls due, its
+#: definition is not read again unless it changed).
+CACHED = 10_000
+
+
+@dataclass(frozen=True)
+class Taken:
+    """An entry taken from the due index: its state there, and its definition."""
+
+    name: str
+    state: EntryState
+    next_due: int
+    record: StoredDefinition
+
+
+class DueWindow:
+    """Which dynamic entries this beat holds, and the scan of the due index that finds
+    them."""
+
+    def __init__(self, store: Store, logger: logging.Logger, restart_every: float) -> None:
+        self.store = store
+        self.logger = logger
+        self.restart_every = restart_every
+        #: The dynamic entries this beat holds now.
+        self.held: set[str] = set()
+        #: Whether ``name`` is one of this beat's own entries or already held (skipped).
+        self.scheduled: Callable[[str], bool] = lambda name: name in self.held
+        self._cursor: tuple[int, str] | None = None
+        self._pass_began = float("-inf")
+        self._cache: OrderedDict[tuple[str, int], StoredDefinition] = OrderedDict()
+        self._behind = False
+        #: Entries the index answered whose record cannot be read (or is gone): for the
+        #: beat to repair (a registration), at most a page of them.
+        self.unreadable: set[str] = set()
+
+    def restart(self) -> None:
+        """The next scan starts from the first entry of the index."""
+        self._cursor = None
+
+    def scan(self, now: int) -> list[Taken]:
+        """The entries due by ``now`` + :data:`LOOKAHEAD` this beat does not hold yet whose
+        definition is dynamic, read after the last scan's (one pass a heartbeat interval
+        from the first), at most :data:`PAGES_PER_SCAN` pages."""
+        if time.monotonic() - self._pass_began >= self.restart_every:
+            self._cursor = None
+        if self._cursor is None:
+            self._pass_began = time.monotonic()
+        before = now + LOOKAHEAD
+        found: list[DueEntry] = []
+        room = HELD_MAX - len(self.held)
+        for _ in range(PAGES_PER_SCAN):
+            if len(found) >= room:
+                self._fall_behind(room)
+                break
+            page = self.store.due(before, PAGE, self._cursor)
+            if page:
+                last = page[-1]
+                self._cursor = (last.next_due, last.name)
+            for d in page:
+                if self.scheduled(d.name):
+                    continue
+                if d.state is not None:
+                    found.append(d)
+                elif len(self.unreadable) < PAGE:
+                    self.unreadable.add(d.name)
+            if len(page) < PAGE:
+                if self._behind:
+                    self._behind = False
+                    self.logger.info("beat-claims: the due index is read up to now again")
+                break
+        return self.definitions(found[:max(0, room)])
+
+    def _fall_behind(self, room: int) -> None:
+        if not self._behind:
+            self._behind = True
+            self.logger.warning("beat-claims: more dynamic entries are due at once than this"
+                                " beat holds (%d): the rest are taken as these are sent (they"
+                                " may be late)", HELD_MAX if room <= 0 else len(self.held))
+        # (found again: the cursor goes back to the start at the next pass)
+        self._cursor = None
+
+    def take(self, entries: Iterable[tuple[str, EntryState]]) -> list[Taken]:
+        """What :meth:`scan` answers, for entries found apart from the index (a run of
+        theirs due again): those not held yet whose definition is dynamic."""
+        return self.definitions([DueEntry(name, 0, state, -1) for name, state in entries
+                                 if not self.scheduled(name)])
+
+    def definitions(self, found: list[DueEntry]) -> list[Taken]:
+        """``found`` with their definitions (read after their state: a change writes both
+        at once), those that are dynamic and not deleted (and those that cannot be read:
+        the beat names them in its log)."""
+        missing = sorted({d.name for d in found if (d.name, d.version) not in self._cache})
+        newest: dict[str, StoredDefinition] = {}
+        for start in range(0, len(missing), PAGE):
+            for read in self.store.definitions(missing[start:start + PAGE]):
+                newest[read.name] = read
+                self._remember(read)
+        out: list[Taken] = []
+        for d in found:
+            assert d.state is not None
+            record: StoredDefinition | None = newest.get(d.name) or self._cache.get(
+                (d.name, d.version))
+            if record is None or record.deleted or (
+                    record.origin not in DYNAMIC and not record.corrupt):
+                continue  # (a corrupt one is named in the log, once, by whoever holds it)
+            self._cache.move_to_end((record.name, record.version))
+            out.append(Taken(d.name, d.state, d.next_due, record))
+        return out
+
+    def _remember(self, record: StoredDefinition) -> None:
+        self._cache[(record.name, record.version)] = record
+        while len(self._cache) > CACHED:
+            self._cache.popitem(last=False)
