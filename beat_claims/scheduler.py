@@ -908,8 +908,9 @@ class Scheduler(BaseScheduler):
     def _sleep_for(self) -> float:
         if self.claimer.again:  # registering again after a lapse: the next chunk at once
             return 0.0
-        wait = min(self.max_interval, LOOKAHEAD / 2000)  # (the due index is scanned)
-        for nxt in (self.claimer.next_due(), self.holdings.next_send()):
+        wait = self.max_interval
+        for nxt in (self.claimer.next_due(), self.holdings.next_send(),
+                    self.window.next_scan()):
             if nxt is not None:
                 wait = min(wait, max(0.0, (nxt - self.clock.now()) / 1000))
         hb_wait = self.liveness.last + self.settings.heartbeat_interval - time.monotonic()

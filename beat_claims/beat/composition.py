@@ -132,6 +132,8 @@ class Composition:
         """What ``name`` is scheduled by: (its key, a function building its entry); None
         when this beat does not schedule it."""
         known = self.stored.live(name)
+        if known is not None and known.stored.corrupt and not known.stored.version:
+            known = None  # (not even its version or origin can be read: as if absent)
         local = self.local.get(name)
         origin = known.stored.origin if known is not None else None
         if known is not None and origin in DYNAMIC:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from ..definitions import Definition, DefinitionError, validate
@@ -50,8 +50,9 @@ class StoredEntries:
         self.cursor: ChangeCursor | None = None
         #: Whether this beat looks at ``name``'s definition (its own, or one it holds).
         self.wanted: Callable[[str], bool] = lambda name: True
-        #: The names it looks at (read by name at start and on ``reload``).
-        self.wanted_names: Callable[[], Iterable[str]] = lambda: ()
+        #: The names it looks at (read by name at start and on ``reload``); None: every
+        #: definition the store holds (a reader of them all, not a beat).
+        self.wanted_names: Callable[[], Iterable[str]] | None = None
         #: Changes of definitions this beat does not look at, read since the caller last
         #: reset it: such an entry was indexed again by its writer.
         self.unseen = 0
@@ -108,11 +109,8 @@ class StoredEntries:
         before = self.known
         known: dict[str, Known] = {}
         changed: set[str] = set()
-        names = sorted(set(self.wanted_names()))
-        for start in range(0, len(names), PAGE):
-            if start:
-                self.between()
-            for record in self.store.definitions(names[start:start + PAGE]):
+        for page in self._pages():
+            for record in page:
                 old = before.get(record.name)
                 known[record.name] = old if old is not None and old.stored == record \
                     else self._read(record)
@@ -121,6 +119,26 @@ class StoredEntries:
         self.known = known
         self.reloaded = True
         return changed | (set(before) - set(known))
+
+    def _pages(self) -> Iterator[list[StoredDefinition]]:
+        """The pages of a reload: of the names wanted, or of every definition (the
+        heartbeat renewed between two, :attr:`between`)."""
+        if self.wanted_names is not None:
+            names = sorted(set(self.wanted_names()))
+            for start in range(0, len(names), PAGE):
+                if start:
+                    self.between()
+                yield self.store.definitions(names[start:start + PAGE])
+            return
+        after = ""
+        while True:
+            if after:
+                self.between()
+            page = self.store.definitions(None, after, PAGE)
+            yield page
+            if len(page) < PAGE:
+                return
+            after = page[-1].name
 
     def fetch(self, names: Iterable[str]) -> set[str]:
         """Read the definitions of ``names`` (new names this beat looks at), in pages: the

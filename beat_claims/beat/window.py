@@ -33,7 +33,8 @@ from .composition import DYNAMIC
 from .stored import PAGE
 
 #: How far ahead of now (ms) entries are taken from the due index: a beat scans at least
-#: every half of it, so that an entry is held before its instant comes.
+#: every half of it (every heartbeat interval, if shorter), so that an entry is held
+#: before its instant comes.
 LOOKAHEAD = 2_000
 #: Pages of the due index one scan reads at most (the rest at the next tick).
 PAGES_PER_SCAN = 20
@@ -63,6 +64,8 @@ class DueWindow:
         self.store = store
         self.logger = logger
         self.restart_every = restart_every
+        #: How often the index is read (ms): every half look-ahead, or heartbeat interval.
+        self.period = int(min(LOOKAHEAD / 2, restart_every * 1000))
         #: The dynamic entries this beat holds now.
         self.held: set[str] = set()
         #: Whether ``name`` is one of this beat's own entries or already held (skipped).
@@ -71,18 +74,26 @@ class DueWindow:
         self._pass_began = float("-inf")
         self._cache: OrderedDict[tuple[str, int], StoredDefinition] = OrderedDict()
         self._behind = False
+        self._next_scan = 0  # (store clock, UTC ms)
         #: Entries the index answered whose record cannot be read (or is gone): for the
         #: beat to repair (a registration), at most a page of them.
         self.unreadable: set[str] = set()
 
     def restart(self) -> None:
-        """The next scan starts from the first entry of the index."""
+        """The next scan starts from the first entry of the index (at the next tick)."""
         self._cursor = None
+
+    def next_scan(self) -> int:
+        """When the next scan is due (store clock, UTC ms)."""
+        return self._next_scan
 
     def scan(self, now: int) -> list[Taken]:
         """The entries due by ``now`` + :data:`LOOKAHEAD` this beat does not hold yet whose
         definition is dynamic, read after the last scan's (one pass a heartbeat interval
         from the first), at most :data:`PAGES_PER_SCAN` pages."""
+        if now < self._next_scan:
+            return []  # (what falls due by then was read at the last scan)
+        self._next_scan = now + self.period
         if time.monotonic() - self._pass_began >= self.restart_every:
             self._cursor = None
         if self._cursor is None:
