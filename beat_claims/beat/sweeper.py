@@ -267,9 +267,9 @@ class IndexKeeper:
     An idle beat asks nothing more of the store between two passes. Each write is
     :meth:`Store.index`, conditional on the state and definition version it was computed
     from, and computed as the beat's heap is (:meth:`Claimer.next_at`) from the
-    definition this beat schedules the entry by: an entry this beat does not schedule
-    (another beat's own) is left to the beat that does, but for a dynamic entry that is
-    disabled (no beat schedules it: NOT_DUE)."""
+    definition this beat schedules the entry by: an entry of another beat's own is left to
+    the beat that does; a dynamic entry this beat does not hold (no beat holds them all)
+    is computed from its definition, as every beat would (NOT_DUE while disabled)."""
 
     def __init__(self, store: Store, source: EntrySource, claimer: Claimer,
                  stored: StoredEntries, logger: logging.Logger, app: Any = None,

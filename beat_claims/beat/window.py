@@ -41,6 +41,8 @@ PAGES_PER_SCAN = 20
 #: Dynamic entries one beat holds at most; beyond it, the rest wait (logged: the beat
 #: falls behind) until what it holds is sent and let go.
 HELD_MAX = 20_000
+#: Later than any instant the index holds (UTC ms).
+EVER = 2 ** 53 - 1
 #: Definitions kept read, by name and version (the next time an entry falls due, its
 #: definition is not read again unless it changed).
 CACHED = 10_000
@@ -80,8 +82,9 @@ class DueWindow:
         self.unreadable: set[str] = set()
 
     def restart(self) -> None:
-        """The next scan starts from the first entry of the index (at the next tick)."""
+        """The next scan starts from the first entry of the index, at the next tick."""
         self._cursor = None
+        self._next_scan = 0
 
     def next_scan(self) -> int:
         """When the next scan is due (store clock, UTC ms)."""
@@ -90,10 +93,11 @@ class DueWindow:
     def scan(self, now: int) -> list[Taken]:
         """The entries due by ``now`` + :data:`LOOKAHEAD` this beat does not hold yet whose
         definition is dynamic, read after the last scan's (one pass a heartbeat interval
-        from the first), at most :data:`PAGES_PER_SCAN` pages."""
+        from the first), at most :data:`PAGES_PER_SCAN` pages. The next scan is due once
+        the next entry of the index comes within half the look-ahead (at the latest when
+        the next pass begins; at the next tick when this one was cut short)."""
         if now < self._next_scan:
             return []  # (what falls due by then was read at the last scan)
-        self._next_scan = now + self.period
         if time.monotonic() - self._pass_began >= self.restart_every:
             self._cursor = None
         if self._cursor is None:
@@ -101,9 +105,11 @@ class DueWindow:
         before = now + LOOKAHEAD
         found: list[DueEntry] = []
         room = HELD_MAX - len(self.held)
+        self._next_scan = now  # (a pass cut short goes on at the next tick)
         for _ in range(PAGES_PER_SCAN):
             if len(found) >= room:
                 self._fall_behind(room)
+                self._next_scan = now + self.period
                 break
             page = self.store.due(before, PAGE, self._cursor)
             if page:
@@ -120,8 +126,20 @@ class DueWindow:
                 if self._behind:
                     self._behind = False
                     self.logger.info("beat-claims: the due index is read up to now again")
+                self._next_scan = self._after_pass(now)
                 break
         return self.definitions(found[:max(0, room)])
+
+    def _after_pass(self, now: int) -> int:
+        """When to scan next, the index read up to the look-ahead: once the next entry it
+        holds comes within half the look-ahead (an idle beat reads the index once a
+        heartbeat interval, not once a second), at least :attr:`period` from now, and at
+        the latest when the next pass from the first entry begins."""
+        restart_at = now + max(0, int(
+            (self._pass_began + self.restart_every - time.monotonic()) * 1000))
+        beyond = self.store.due(EVER, 1, self._cursor)
+        at = beyond[0].next_due - LOOKAHEAD // 2 if beyond else restart_at
+        return max(now + self.period, min(at, restart_at))
 
     def _fall_behind(self, room: int) -> None:
         if not self._behind:
