@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,7 @@ from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import EntryState, IndexWrite
 from beat_claims.stores.redis import RedisStore
 
-from .conftest import RedisServer
+from .conftest import RedisServer, SnapshotServer, seed_settled_epoch
 from .inprocess import make, make_app, occurrences_sent
 
 #: Dynamic entries not due for an hour: what a large store mostly holds.
@@ -155,3 +156,73 @@ def test_an_entry_whose_record_cannot_be_read_is_named_and_repaired(
         assert len([e for e in errors if "broken" in e and "cannot be read" in e]) == 1, errors
     finally:
         beat.close()
+
+
+def _sent_of(server: RedisServer, entry: str) -> list[str]:
+    return [due for name, due in occurrences_sent(server) if name == entry]
+
+
+def _tick_until(beat: Scheduler, predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(min(0.05, max(0.0, beat.tick())))
+
+
+def test_a_store_put_back_older_does_not_send_again_what_a_beat_sent_and_let_go(
+        store_server: SnapshotServer, broker: RedisServer, tmp_path: Path) -> None:
+    """A dynamic entry sent and let go (its next instant is 4 s away): the store comes
+    back from an older snapshot. The beat noticed nothing of the entry is known to it any
+    more, so it must still not send again the occurrence it sent after the snapshot (the
+    snapshot's checkpoint is older: a beat holding the entry would re-seed it)."""
+    seed_settled_epoch(store_server)
+    app = make_app(store_server, schedule={}, broker=broker, beat_claims_catch_up_grace=10)
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": 4})
+    beat = make(app)
+    try:
+        _tick_until(beat, lambda: _sent_of(broker, "dyn") and "dyn" not in beat.schedule,
+                    15, "dyn sent once and let go")
+        store_server.snapshot(tmp_path / "old.rdb")
+        _tick_until(beat, lambda: len(_sent_of(broker, "dyn")) >= 2
+                    and "dyn" not in beat.schedule, 15, "dyn sent again and let go")
+        after_snapshot = _sent_of(broker, "dyn")[-1]
+        store_server.come_back(tmp_path / "old.rdb")
+        tick_for(6, beat)
+        sent = _sent_of(broker, "dyn")
+        assert sent.count(after_snapshot) == 1, (
+            f"{after_snapshot} (sent after the snapshot) published"
+            f" {sent.count(after_snapshot)} times; every send: {sent}")
+    finally:
+        beat.close()
+
+
+def test_entries_of_a_stopped_fleet_overdue_in_the_index_do_not_starve_dynamic_ones(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another fleet's beats (their own ``beat_schedule``) stopped: their entries stay in
+    the due index at instants long past, ahead of every dynamic entry. A beat of this fleet
+    reads them (they are not dynamic: it takes none of them) and must still reach the
+    dynamic entries behind them. HELD_MAX is made small (5) to stand for 20,000 such
+    entries (a decommissioned deployment's schedule)."""
+    other = make_app(server, schedule={f"cfg-{i}": {"task": "t.noop", "schedule": 1.0}
+                                       for i in range(8)})
+    gone = make(other)
+    tick_for(1.5, gone)
+    gone.close()
+    from beat_claims.beat import window
+    monkeypatch.setattr(window, "HELD_MAX", 5)
+    app = make_app(server, schedule={})
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": 1})
+    beat = make(app)
+    try:
+        before = len(occurrences_sent(server))
+        tick_for(5, beat)
+        store = beat.store
+        overdue = [d.name for d in store.due(store.now() - 2000, 100)]
+        sent = Counter(e for e, _ in occurrences_sent(server)[before:])
+        assert sent["dyn"] >= 3, (f"sent {dict(sent)}; overdue in the index: {overdue};"
+                                  f" held {sorted(beat.window.held)}")
+    finally:
+        beat.close()
+
