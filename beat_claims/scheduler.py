@@ -193,6 +193,7 @@ class Scheduler(BaseScheduler):
         self._went_back_why: str | None = None
         self._epoch_begun = False  # (see StoreWentBack.epoch_begun)
         self._resync_seeds: list[EntrySeed] | None = None
+        self._resync_aside: list[EntrySeed] = []
         self._last_sweep = float("-inf")
         self._ready = False
         self._settle_logged = False
@@ -931,6 +932,7 @@ class Scheduler(BaseScheduler):
         if self._resync_seeds is None:
             held = list(self.holdings.held.values()) + list(self.holdings.checked)
             descriptions = {n: occurrences.describe(self.schedule[n].schedule) for n in names}
+            self._resync_aside = self.knowledge.set_aside_seeds(set(descriptions))
             self._resync_seeds = self.knowledge.seeds(descriptions, held)
             self.holdings.clear()
             self.claimer.reset()
@@ -949,6 +951,14 @@ class Scheduler(BaseScheduler):
             chunk = self._resync_seeds[:REGISTER_CHUNK]
             self.claimer.register([seed.name for seed in chunk], chunk)
             del self._resync_seeds[:REGISTER_CHUNK]
+            self.liveness.beat(settling=True)
+        while self._resync_aside:  # dynamic entries it let go (it sent their runs too)
+            chunk = self._resync_aside[:REGISTER_CHUNK]
+            defined = {d.name for d in self.store.definitions([seed.name for seed in chunk])
+                       if not d.deleted}
+            if defined:
+                self.store.register([seed for seed in chunk if seed.name in defined])
+            del self._resync_aside[:REGISTER_CHUNK]
             self.liveness.beat(settling=True)
         self._restore_pauses()
         self._resync_seeds = None
