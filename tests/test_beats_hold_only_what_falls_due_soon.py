@@ -7,6 +7,7 @@ request). The suite's 10,000-entry smoke test."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter
@@ -226,3 +227,98 @@ def test_entries_of_a_stopped_fleet_overdue_in_the_index_do_not_starve_dynamic_o
     finally:
         beat.close()
 
+
+
+@pytest.mark.parametrize("overlap", ["buffer_one", "skip"])
+def test_a_run_that_waited_for_the_previous_one_is_sent_once_it_ends(
+        server: RedisServer, overlap: str) -> None:
+    """overlap=buffer_one: the occurrence due while the previous run is unfinished waits
+    in the store, and the beat lets the entry go meanwhile (its next instant is 4 s away);
+    once the previous run ends, the waiting one is sent (a sweep takes it up), once.
+    overlap=skip: the next occurrence after the end is sent (the entry is taken back)."""
+    from beat_claims.enums import RunState
+    from beat_claims.runs import iso
+    from beat_claims.stores.base import Outcome
+    app = make_app(server, schedule={})
+    with Entries(app) as entries:
+        entries.create("slow", "t.noop", {"every": 4}, claims={"overlap": overlap})
+    beat = make(app)
+    try:
+        _tick_until(beat, lambda: _sent_of(server, "slow"), 10, "the first run sent")
+        first = _sent_of(server, "slow")[0]
+        # The next occurrence comes while the first is unfinished.
+        _tick_until(beat, lambda: len(beat.store.history("slow")) >= 2, 10,
+                    "the next occurrence")
+        tick_for(0.6, beat)
+        states = {iso(r.due): r.state for r in beat.store.history("slow")}
+        assert "slow" not in beat.schedule, ("let go while it waits", states)
+        [run] = [r for r in beat.store.history("slow") if iso(r.due) == first]
+        assert beat.store.finish([Outcome("slow", run.due, None, RunState.DONE)]) == [True]
+        ended = beat.clock.now()
+        _tick_until(beat, lambda: len(_sent_of(server, "slow")) >= 2, 10,
+                    f"a run after the first ended; history {beat.store.history('slow')}")
+        sent = _sent_of(server, "slow")
+        assert len(sent) == len(set(sent)), sent
+        if overlap == "buffer_one":
+            second = next(r for r in beat.store.history("slow") if iso(r.due) == sent[1])
+            assert second.due < ended, (sent, "the waiting one, not a later one")
+    finally:
+        beat.close()
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked-with-it", "claim-only"])
+def test_a_lost_reply_to_the_claim_of_an_entry_the_beat_then_lets_go(
+        server: RedisServer, checked: bool) -> None:
+    """The reply to a dynamic entry's claim is lost (the store claimed it, and moved its
+    index 3 s on): the beat does not know it holds the run, and may let the entry go. The
+    run is still sent once, and every later occurrence too."""
+    from beat_claims.enums import RunState
+    from beat_claims.runs import iso
+    from beat_claims.stores.redis import function_name
+
+    from .faults import proxy
+    with proxy(server.port) as lossy:
+        app = make_app(server, schedule={}, beat_claims_url=lossy.url(),
+                       beat_claims_heartbeat_interval=0.3, beat_claims_catch_up="all")
+        with Entries(app) as entries:
+            entries.create("dyn", "t.noop", {"every": 3})
+        beat = make(app)
+        beat.claimer.check_with_claim = checked
+        try:
+            _tick_until(beat, lambda: _sent_of(server, "dyn"), 10, "a first run")
+            lossy.drop_reply_to(function_name("claim"))
+            _tick_until(beat, lambda: lossy.pending() == 0, 10, "the lost reply")
+            tick_for(8, beat)
+            sent = _sent_of(server, "dyn")
+            history = {iso(r.due): r.state for r in beat.store.history("dyn")}
+            evidence = f"sent {sent}; history {history}"
+            assert len(sent) == len(set(sent)), evidence
+            dues = sorted(r.due for r in beat.store.history("dyn"))
+            assert all(b - a == 3000 for a, b in itertools.pairwise(dues)), evidence
+            old = [iso(d) for d in dues[:-1]]
+            assert all(history[d] is RunState.SENT and d in sent for d in old), evidence
+        finally:
+            beat.close()
+
+
+def test_a_run_of_an_entry_no_beat_holds_is_presumed_lost_after_its_own_run_timeout(
+        server: RedisServer) -> None:
+    """A dynamic entry with a run_timeout (1 s) shorter than the default (a day), due every
+    8 s: between two occurrences no beat holds it. Its run that no worker reported is
+    recorded lost after its own run_timeout, not the default's."""
+    from beat_claims.enums import RunState
+    app = make_app(server, schedule={})
+    with Entries(app) as entries:
+        entries.create("short", "t.noop", {"every": 8}, claims={"run_timeout": 1})
+    beat = make(app)
+    try:
+        _tick_until(beat, lambda: _sent_of(server, "short"), 15, "a first run")
+        sent_at = time.monotonic()
+        tick_for(4.5, beat)  # (its next occurrence is 8 s after the first: not held now)
+        held = "short" in beat.schedule
+        states = [(r.due, r.state) for r in beat.store.history("short")]
+        assert states and states[0][1] is RunState.LOST, (
+            f"{time.monotonic() - sent_at:.1f}s after it was sent (held now: {held}):"
+            f" {states}")
+    finally:
+        beat.close()
