@@ -177,6 +177,7 @@ class Scheduler(BaseScheduler):
                                            or name in self.window.held)
         self.stored.wanted_names = lambda: [*self.composition.local, *self.window.held]
         self._let_go_at = 0.0
+        self._take_up_after = ""  # (the last name a sweep's take-up looked at)
         #: Claims held when their entry's definition changed (or went): each is sent with
         #: the entry it was claimed with (one definition per occurrence).
         self.pinned: dict[RunRef, Any] = {}
@@ -803,7 +804,12 @@ class Scheduler(BaseScheduler):
     def take_up(self, names: list[str]) -> list[str]:
         """Hold, to claim them, the dynamic entries among ``names`` (a run of each is due
         again: released, taken back, requested) this beat does not hold: the names held."""
-        wanted = [n for n in names if n not in self.schedule][:PAGE]
+        wanted = sorted(n for n in names if n not in self.schedule)
+        if len(wanted) > PAGE:
+            # A page a sweep, on from where the last one stopped: entries other beats left
+            # due again (a fleet that is gone) must not hide the dynamic ones behind them.
+            wanted = ([n for n in wanted if n > self._take_up_after] or wanted)[:PAGE]
+            self._take_up_after = wanted[-1]
         if not wanted:
             return []
         found = [(r.name, EntryState(r.anchor, r.checkpoint, r.token))

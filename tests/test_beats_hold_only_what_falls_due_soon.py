@@ -322,3 +322,40 @@ def test_a_run_of_an_entry_no_beat_holds_is_presumed_lost_after_its_own_run_time
             f" {states}")
     finally:
         beat.close()
+
+
+def test_a_requested_run_is_taken_up_whatever_other_fleets_leave_due_again(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another fleet's beats (their own ``beat_schedule``) are gone, and runs of their
+    entries are due again for good (claims given back): no beat here schedules them. An
+    operator's run of a dynamic entry no beat holds is still taken up and sent by a sweep.
+    Sweeps take up a page of such entries at a time (PAGE, made 3 here: it stands for
+    1,000 due-again runs of a fleet that died)."""
+    from beat_claims import scheduler as scheduler_module
+    from beat_claims.stores.base import ClaimPlan, Release
+    other = make_app(server, schedule={f"cfg-{i}": {"task": "t.noop", "schedule": 3600.0}
+                                       for i in range(4)})
+    gone = make(other)
+    tick_for(0.5, gone)
+    gone.close()
+    store = gone.store
+    for record in store.entries([f"cfg-{i}" for i in range(4)]):
+        assert record.anchor is not None
+        state = EntryState(record.anchor, record.checkpoint, record.token)
+        [result] = store.claim(gone.owner, [ClaimPlan(record.name, state, (record.anchor + 1,))])
+        store.release(gone.owner, [Release(claim) for claim in result.claims])
+    monkeypatch.setattr(scheduler_module, "PAGE", 3)
+    app = make_app(server, schedule={})
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": 3600})
+    beat = make(app)
+    try:
+        tick_for(1.0, beat)
+        before = len(occurrences_sent(server))
+        operations.trigger(beat.store, "dyn", "operator")
+        tick_for(4, beat)
+        sent = [e for e, _ in occurrences_sent(server)[before:]]
+        due_again = sorted(ref.entry for ref in beat.store.live_runs(beat.sweeper.query()).due)
+        assert sent == ["dyn"], f"sent {sent}; due again: {due_again}"
+    finally:
+        beat.close()
