@@ -198,6 +198,25 @@ def test_a_store_put_back_older_does_not_send_again_what_a_beat_sent_and_let_go(
         beat.close()
 
 
+def gone_fleet(server: RedisServer, entries: int, every: float) -> Scheduler:
+    """Another fleet's beat, with ``entries`` of its own ``beat_schedule`` (cfg-0, ...)
+    due every ``every`` seconds: it ran a while and is gone (closed)."""
+    other = make_app(server, schedule={f"cfg-{i}": {"task": "t.noop", "schedule": every}
+                                       for i in range(entries)})
+    gone = make(other)
+    tick_for(1.5, gone)
+    gone.close()
+    return gone
+
+
+def beat_with_one_entry(server: RedisServer, every: float) -> Scheduler:
+    """A beat with no entries of its own, and one dynamic entry ("dyn") in the store."""
+    app = make_app(server, schedule={})
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": every})
+    return make(app)
+
+
 def test_entries_of_a_stopped_fleet_overdue_in_the_index_do_not_starve_dynamic_ones(
         server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another fleet's beats (their own ``beat_schedule``) stopped: their entries stay in
@@ -205,17 +224,10 @@ def test_entries_of_a_stopped_fleet_overdue_in_the_index_do_not_starve_dynamic_o
     reads them (they are not dynamic: it takes none of them) and must still reach the
     dynamic entries behind them. HELD_MAX is made small (5) to stand for 20,000 such
     entries (a decommissioned deployment's schedule)."""
-    other = make_app(server, schedule={f"cfg-{i}": {"task": "t.noop", "schedule": 1.0}
-                                       for i in range(8)})
-    gone = make(other)
-    tick_for(1.5, gone)
-    gone.close()
+    gone_fleet(server, 8, 1.0)
     from beat_claims.beat import window
     monkeypatch.setattr(window, "HELD_MAX", 5)
-    app = make_app(server, schedule={})
-    with Entries(app) as entries:
-        entries.create("dyn", "t.noop", {"every": 1})
-    beat = make(app)
+    beat = beat_with_one_entry(server, 1)
     try:
         before = len(occurrences_sent(server))
         tick_for(5, beat)
@@ -333,11 +345,7 @@ def test_a_requested_run_is_taken_up_whatever_other_fleets_leave_due_again(
     1,000 due-again runs of a fleet that died)."""
     from beat_claims import scheduler as scheduler_module
     from beat_claims.stores.base import ClaimPlan, Release
-    other = make_app(server, schedule={f"cfg-{i}": {"task": "t.noop", "schedule": 3600.0}
-                                       for i in range(4)})
-    gone = make(other)
-    tick_for(0.5, gone)
-    gone.close()
+    gone = gone_fleet(server, 4, 3600.0)
     store = gone.store
     for record in store.entries([f"cfg-{i}" for i in range(4)]):
         assert record.anchor is not None
@@ -345,10 +353,7 @@ def test_a_requested_run_is_taken_up_whatever_other_fleets_leave_due_again(
         [result] = store.claim(gone.owner, [ClaimPlan(record.name, state, (record.anchor + 1,))])
         store.release(gone.owner, [Release(claim) for claim in result.claims])
     monkeypatch.setattr(scheduler_module, "PAGE", 3)
-    app = make_app(server, schedule={})
-    with Entries(app) as entries:
-        entries.create("dyn", "t.noop", {"every": 3600})
-    beat = make(app)
+    beat = beat_with_one_entry(server, 3600)
     try:
         tick_for(1.0, beat)
         before = len(occurrences_sent(server))
