@@ -16,14 +16,19 @@ from pathlib import Path
 import pytest
 
 from beat_claims import operations
+from beat_claims import scheduler as scheduler_module
+from beat_claims.beat import window
 from beat_claims.beat.window import LOOKAHEAD
 from beat_claims.entries import Entries
+from beat_claims.enums import RunState
+from beat_claims.runs import iso
 from beat_claims.scheduler import Scheduler
-from beat_claims.stores.base import EntryState, IndexWrite
-from beat_claims.stores.redis import RedisStore
+from beat_claims.stores.base import ClaimPlan, EntryState, IndexWrite, Outcome, Release
+from beat_claims.stores.redis import RedisStore, function_name
 
 from .conftest import RedisServer, SnapshotServer, seed_settled_epoch
-from .inprocess import make, make_app, occurrences_sent
+from .faults import proxy
+from .inprocess import beats, make, make_app, occurrences_sent, run_for
 
 #: Dynamic entries not due for an hour: what a large store mostly holds.
 IDLE = 10_000
@@ -225,7 +230,6 @@ def test_entries_of_a_stopped_fleet_overdue_in_the_index_do_not_starve_dynamic_o
     dynamic entries behind them. HELD_MAX is made small (5) to stand for 20,000 such
     entries (a decommissioned deployment's schedule)."""
     gone_fleet(server, 8, 1.0)
-    from beat_claims.beat import window
     monkeypatch.setattr(window, "HELD_MAX", 5)
     beat = beat_with_one_entry(server, 1)
     try:
@@ -248,9 +252,6 @@ def test_a_run_that_waited_for_the_previous_one_is_sent_once_it_ends(
     in the store, and the beat lets the entry go meanwhile (its next instant is 4 s away);
     once the previous run ends, the waiting one is sent (a sweep takes it up), once.
     overlap=skip: the next occurrence after the end is sent (the entry is taken back)."""
-    from beat_claims.enums import RunState
-    from beat_claims.runs import iso
-    from beat_claims.stores.base import Outcome
     app = make_app(server, schedule={})
     with Entries(app) as entries:
         entries.create("slow", "t.noop", {"every": 4}, claims={"overlap": overlap})
@@ -284,11 +285,7 @@ def test_a_lost_reply_to_the_claim_of_an_entry_the_beat_then_lets_go(
     """The reply to a dynamic entry's claim is lost (the store claimed it, and moved its
     index 3 s on): the beat does not know it holds the run, and may let the entry go. The
     run is still sent once, and every later occurrence too."""
-    from beat_claims.enums import RunState
-    from beat_claims.runs import iso
-    from beat_claims.stores.redis import function_name
 
-    from .faults import proxy
     with proxy(server.port) as lossy:
         app = make_app(server, schedule={}, beat_claims_url=lossy.url(),
                        beat_claims_heartbeat_interval=0.3, beat_claims_catch_up="all")
@@ -318,7 +315,6 @@ def test_a_run_of_an_entry_no_beat_holds_is_presumed_lost_after_its_own_run_time
     """A dynamic entry with a run_timeout (1 s) shorter than the default (a day), due every
     8 s: between two occurrences no beat holds it. Its run that no worker reported is
     recorded lost after its own run_timeout, not the default's."""
-    from beat_claims.enums import RunState
     app = make_app(server, schedule={})
     with Entries(app) as entries:
         entries.create("short", "t.noop", {"every": 8}, claims={"run_timeout": 1})
@@ -343,8 +339,6 @@ def test_a_requested_run_is_taken_up_whatever_other_fleets_leave_due_again(
     operator's run of a dynamic entry no beat holds is still taken up and sent by a sweep.
     Sweeps take up a page of such entries at a time (PAGE, made 3 here: it stands for
     1,000 due-again runs of a fleet that died)."""
-    from beat_claims import scheduler as scheduler_module
-    from beat_claims.stores.base import ClaimPlan, Release
     gone = gone_fleet(server, 4, 3600.0)
     store = gone.store
     for record in store.entries([f"cfg-{i}" for i in range(4)]):
@@ -364,3 +358,37 @@ def test_a_requested_run_is_taken_up_whatever_other_fleets_leave_due_again(
         assert sent == ["dyn"], f"sent {sent}; due again: {due_again}"
     finally:
         beat.close()
+
+
+def test_two_beats_sharing_dynamic_entries_send_each_occurrence_once(
+        server: RedisServer) -> None:
+    """Two beats take the same dynamic entries from the index, let them go and take them
+    back: every occurrence (jittered ones too) is sent once, none is missed."""
+
+    app = make_app(server, schedule={})
+    periods = {"one": 1, "three": 3, "jittered": 3, "four-skip": 4}
+    with Entries(app) as entries:
+        entries.create("one", "t.noop", {"every": 1})
+        entries.create("three", "t.noop", {"every": 3})
+        entries.create("jittered", "t.noop", {"every": 3}, claims={"jitter": 2})
+        entries.create("four-skip", "t.noop", {"every": 4}, claims={"overlap": "skip"})
+    a, b = beats(app, app)
+    try:
+        run_for(13, a, b)
+        sent = occurrences_sent(server)
+        twice = {k: n for k, n in Counter(sent).items() if n > 1}
+        assert twice == {}, twice
+        store = a.store
+        for name, period in periods.items():
+            runs = {r.due: r.state for r in store.history(name)}
+            history = sorted(runs)
+            dues = [d for d in history if d < store.now() - 4000]
+            gaps = [(iso(x), iso(y)) for x, y in itertools.pairwise(dues) if y - x != period * 1000]
+            assert len(dues) >= 2 and not gaps, (name, gaps, [iso(d) for d in history])
+            # (overlap=skip: no worker ends a run here, the next ones are recorded skipped)
+            unsent = [iso(d) for d in dues
+                      if (name, iso(d)) not in sent and runs[d] is not RunState.SKIPPED]
+            assert not unsent, (name, unsent)
+    finally:
+        a.close()
+        b.close()
