@@ -177,6 +177,7 @@ class Scheduler(BaseScheduler):
                                            or name in self.window.held)
         self.stored.wanted_names = lambda: [*self.composition.local, *self.window.held]
         self._let_go_at = 0.0
+        self._take_up_after = ""  # (the last name a sweep's take-up looked at)
         #: Claims held when their entry's definition changed (or went): each is sent with
         #: the entry it was claimed with (one definition per occurrence).
         self.pinned: dict[RunRef, Any] = {}
@@ -193,6 +194,7 @@ class Scheduler(BaseScheduler):
         self._went_back_why: str | None = None
         self._epoch_begun = False  # (see StoreWentBack.epoch_begun)
         self._resync_seeds: list[EntrySeed] | None = None
+        self._resync_aside: list[EntrySeed] = []
         self._last_sweep = float("-inf")
         self._ready = False
         self._settle_logged = False
@@ -802,7 +804,12 @@ class Scheduler(BaseScheduler):
     def take_up(self, names: list[str]) -> list[str]:
         """Hold, to claim them, the dynamic entries among ``names`` (a run of each is due
         again: released, taken back, requested) this beat does not hold: the names held."""
-        wanted = [n for n in names if n not in self.schedule][:PAGE]
+        wanted = sorted(n for n in names if n not in self.schedule)
+        if len(wanted) > PAGE:
+            # A page a sweep, on from where the last one stopped: entries other beats left
+            # due again (a fleet that is gone) must not hide the dynamic ones behind them.
+            wanted = ([n for n in wanted if n > self._take_up_after] or wanted)[:PAGE]
+            self._take_up_after = wanted[-1]
         if not wanted:
             return []
         found = [(r.name, EntryState(r.anchor, r.checkpoint, r.token))
@@ -932,6 +939,7 @@ class Scheduler(BaseScheduler):
         if self._resync_seeds is None:
             held = list(self.holdings.held.values()) + list(self.holdings.checked)
             descriptions = {n: occurrences.describe(self.schedule[n].schedule) for n in names}
+            self._resync_aside = self.knowledge.set_aside_seeds(set(descriptions))
             self._resync_seeds = self.knowledge.seeds(descriptions, held)
             self.holdings.clear()
             self.claimer.reset()
@@ -950,6 +958,14 @@ class Scheduler(BaseScheduler):
             chunk = self._resync_seeds[:REGISTER_CHUNK]
             self.claimer.register([seed.name for seed in chunk], chunk)
             del self._resync_seeds[:REGISTER_CHUNK]
+            self.liveness.beat(settling=True)
+        while self._resync_aside:  # dynamic entries it let go (it sent their runs too)
+            chunk = self._resync_aside[:REGISTER_CHUNK]
+            defined = {d.name for d in self.store.definitions([seed.name for seed in chunk])
+                       if not d.deleted}
+            if defined:
+                self.store.register([seed for seed in chunk if seed.name in defined])
+            del self._resync_aside[:REGISTER_CHUNK]
             self.liveness.beat(settling=True)
         self._restore_pauses()
         self._resync_seeds = None

@@ -7,21 +7,28 @@ request). The suite's 10,000-entry smoke test."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from beat_claims import operations
+from beat_claims import scheduler as scheduler_module
+from beat_claims.beat import window
 from beat_claims.beat.window import LOOKAHEAD
 from beat_claims.entries import Entries
+from beat_claims.enums import RunState
+from beat_claims.runs import iso
 from beat_claims.scheduler import Scheduler
-from beat_claims.stores.base import EntryState, IndexWrite
-from beat_claims.stores.redis import RedisStore
+from beat_claims.stores.base import ClaimPlan, EntryState, IndexWrite, Outcome, Release
+from beat_claims.stores.redis import RedisStore, function_name
 
-from .conftest import RedisServer
-from .inprocess import make, make_app, occurrences_sent
+from .conftest import RedisServer, SnapshotServer, seed_settled_epoch
+from .faults import proxy
+from .inprocess import beats, make, make_app, occurrences_sent, run_for
 
 #: Dynamic entries not due for an hour: what a large store mostly holds.
 IDLE = 10_000
@@ -155,3 +162,233 @@ def test_an_entry_whose_record_cannot_be_read_is_named_and_repaired(
         assert len([e for e in errors if "broken" in e and "cannot be read" in e]) == 1, errors
     finally:
         beat.close()
+
+
+def _sent_of(server: RedisServer, entry: str) -> list[str]:
+    return [due for name, due in occurrences_sent(server) if name == entry]
+
+
+def _tick_until(beat: Scheduler, predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(min(0.05, max(0.0, beat.tick())))
+
+
+def test_a_store_put_back_older_does_not_send_again_what_a_beat_sent_and_let_go(
+        store_server: SnapshotServer, broker: RedisServer, tmp_path: Path) -> None:
+    """A dynamic entry sent and let go (its next instant is 4 s away): the store comes
+    back from an older snapshot. The beat noticed nothing of the entry is known to it any
+    more, so it must still not send again the occurrence it sent after the snapshot (the
+    snapshot's checkpoint is older: a beat holding the entry would re-seed it)."""
+    seed_settled_epoch(store_server)
+    app = make_app(store_server, schedule={}, broker=broker, beat_claims_catch_up_grace=10)
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": 4})
+    beat = make(app)
+    try:
+        _tick_until(beat, lambda: _sent_of(broker, "dyn") and "dyn" not in beat.schedule,
+                    15, "dyn sent once and let go")
+        store_server.snapshot(tmp_path / "old.rdb")
+        _tick_until(beat, lambda: len(_sent_of(broker, "dyn")) >= 2
+                    and "dyn" not in beat.schedule, 15, "dyn sent again and let go")
+        after_snapshot = _sent_of(broker, "dyn")[-1]
+        store_server.come_back(tmp_path / "old.rdb")
+        tick_for(6, beat)
+        sent = _sent_of(broker, "dyn")
+        assert sent.count(after_snapshot) == 1, (
+            f"{after_snapshot} (sent after the snapshot) published"
+            f" {sent.count(after_snapshot)} times; every send: {sent}")
+    finally:
+        beat.close()
+
+
+def gone_fleet(server: RedisServer, entries: int, every: float) -> Scheduler:
+    """Another fleet's beat, with ``entries`` of its own ``beat_schedule`` (cfg-0, ...)
+    due every ``every`` seconds: it ran a while and is gone (closed)."""
+    other = make_app(server, schedule={f"cfg-{i}": {"task": "t.noop", "schedule": every}
+                                       for i in range(entries)})
+    gone = make(other)
+    tick_for(1.5, gone)
+    gone.close()
+    return gone
+
+
+def beat_with_one_entry(server: RedisServer, every: float) -> Scheduler:
+    """A beat with no entries of its own, and one dynamic entry ("dyn") in the store."""
+    app = make_app(server, schedule={})
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": every})
+    return make(app)
+
+
+def test_entries_of_a_stopped_fleet_overdue_in_the_index_do_not_starve_dynamic_ones(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another fleet's beats (their own ``beat_schedule``) stopped: their entries stay in
+    the due index at instants long past, ahead of every dynamic entry. A beat of this fleet
+    reads them (they are not dynamic: it takes none of them) and must still reach the
+    dynamic entries behind them. HELD_MAX is made small (5) to stand for 20,000 such
+    entries (a decommissioned deployment's schedule)."""
+    gone_fleet(server, 8, 1.0)
+    monkeypatch.setattr(window, "HELD_MAX", 5)
+    beat = beat_with_one_entry(server, 1)
+    try:
+        before = len(occurrences_sent(server))
+        tick_for(5, beat)
+        store = beat.store
+        overdue = [d.name for d in store.due(store.now() - 2000, 100)]
+        sent = Counter(e for e, _ in occurrences_sent(server)[before:])
+        assert sent["dyn"] >= 3, (f"sent {dict(sent)}; overdue in the index: {overdue};"
+                                  f" held {sorted(beat.window.held)}")
+    finally:
+        beat.close()
+
+
+
+@pytest.mark.parametrize("overlap", ["buffer_one", "skip"])
+def test_a_run_that_waited_for_the_previous_one_is_sent_once_it_ends(
+        server: RedisServer, overlap: str) -> None:
+    """overlap=buffer_one: the occurrence due while the previous run is unfinished waits
+    in the store, and the beat lets the entry go meanwhile (its next instant is 4 s away);
+    once the previous run ends, the waiting one is sent (a sweep takes it up), once.
+    overlap=skip: the next occurrence after the end is sent (the entry is taken back)."""
+    app = make_app(server, schedule={})
+    with Entries(app) as entries:
+        entries.create("slow", "t.noop", {"every": 4}, claims={"overlap": overlap})
+    beat = make(app)
+    try:
+        _tick_until(beat, lambda: _sent_of(server, "slow"), 10, "the first run sent")
+        first = _sent_of(server, "slow")[0]
+        # The next occurrence comes while the first is unfinished.
+        _tick_until(beat, lambda: len(beat.store.history("slow")) >= 2, 10,
+                    "the next occurrence")
+        tick_for(0.6, beat)
+        states = {iso(r.due): r.state for r in beat.store.history("slow")}
+        assert "slow" not in beat.schedule, ("let go while it waits", states)
+        [run] = [r for r in beat.store.history("slow") if iso(r.due) == first]
+        assert beat.store.finish([Outcome("slow", run.due, None, RunState.DONE)]) == [True]
+        ended = beat.clock.now()
+        _tick_until(beat, lambda: len(_sent_of(server, "slow")) >= 2, 10,
+                    f"a run after the first ended; history {beat.store.history('slow')}")
+        sent = _sent_of(server, "slow")
+        assert len(sent) == len(set(sent)), sent
+        if overlap == "buffer_one":
+            second = next(r for r in beat.store.history("slow") if iso(r.due) == sent[1])
+            assert second.due < ended, (sent, "the waiting one, not a later one")
+    finally:
+        beat.close()
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked-with-it", "claim-only"])
+def test_a_lost_reply_to_the_claim_of_an_entry_the_beat_then_lets_go(
+        server: RedisServer, checked: bool) -> None:
+    """The reply to a dynamic entry's claim is lost (the store claimed it, and moved its
+    index 3 s on): the beat does not know it holds the run, and may let the entry go. The
+    run is still sent once, and every later occurrence too."""
+
+    with proxy(server.port) as lossy:
+        app = make_app(server, schedule={}, beat_claims_url=lossy.url(),
+                       beat_claims_heartbeat_interval=0.3, beat_claims_catch_up="all")
+        with Entries(app) as entries:
+            entries.create("dyn", "t.noop", {"every": 3})
+        beat = make(app)
+        beat.claimer.check_with_claim = checked
+        try:
+            _tick_until(beat, lambda: _sent_of(server, "dyn"), 10, "a first run")
+            lossy.drop_reply_to(function_name("claim"))
+            _tick_until(beat, lambda: lossy.pending() == 0, 10, "the lost reply")
+            tick_for(8, beat)
+            sent = _sent_of(server, "dyn")
+            history = {iso(r.due): r.state for r in beat.store.history("dyn")}
+            evidence = f"sent {sent}; history {history}"
+            assert len(sent) == len(set(sent)), evidence
+            dues = sorted(r.due for r in beat.store.history("dyn"))
+            assert all(b - a == 3000 for a, b in itertools.pairwise(dues)), evidence
+            old = [iso(d) for d in dues[:-1]]
+            assert all(history[d] is RunState.SENT and d in sent for d in old), evidence
+        finally:
+            beat.close()
+
+
+def test_a_run_of_an_entry_no_beat_holds_is_presumed_lost_after_its_own_run_timeout(
+        server: RedisServer) -> None:
+    """A dynamic entry with a run_timeout (1 s) shorter than the default (a day), due every
+    8 s: between two occurrences no beat holds it. Its run that no worker reported is
+    recorded lost after its own run_timeout, not the default's."""
+    app = make_app(server, schedule={})
+    with Entries(app) as entries:
+        entries.create("short", "t.noop", {"every": 8}, claims={"run_timeout": 1})
+    beat = make(app)
+    try:
+        _tick_until(beat, lambda: _sent_of(server, "short"), 15, "a first run")
+        sent_at = time.monotonic()
+        tick_for(4.5, beat)  # (its next occurrence is 8 s after the first: not held now)
+        held = "short" in beat.schedule
+        states = [(r.due, r.state) for r in beat.store.history("short")]
+        assert states and states[0][1] is RunState.LOST, (
+            f"{time.monotonic() - sent_at:.1f}s after it was sent (held now: {held}):"
+            f" {states}")
+    finally:
+        beat.close()
+
+
+def test_a_requested_run_is_taken_up_whatever_other_fleets_leave_due_again(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another fleet's beats (their own ``beat_schedule``) are gone, and runs of their
+    entries are due again for good (claims given back): no beat here schedules them. An
+    operator's run of a dynamic entry no beat holds is still taken up and sent by a sweep.
+    Sweeps take up a page of such entries at a time (PAGE, made 3 here: it stands for
+    1,000 due-again runs of a fleet that died)."""
+    gone = gone_fleet(server, 4, 3600.0)
+    store = gone.store
+    for record in store.entries([f"cfg-{i}" for i in range(4)]):
+        assert record.anchor is not None
+        state = EntryState(record.anchor, record.checkpoint, record.token)
+        [result] = store.claim(gone.owner, [ClaimPlan(record.name, state, (record.anchor + 1,))])
+        store.release(gone.owner, [Release(claim) for claim in result.claims])
+    monkeypatch.setattr(scheduler_module, "PAGE", 3)
+    beat = beat_with_one_entry(server, 3600)
+    try:
+        tick_for(1.0, beat)
+        before = len(occurrences_sent(server))
+        operations.trigger(beat.store, "dyn", "operator")
+        tick_for(4, beat)
+        sent = [e for e, _ in occurrences_sent(server)[before:]]
+        due_again = sorted(ref.entry for ref in beat.store.live_runs(beat.sweeper.query()).due)
+        assert sent == ["dyn"], f"sent {sent}; due again: {due_again}"
+    finally:
+        beat.close()
+
+
+def test_two_beats_sharing_dynamic_entries_send_each_occurrence_once(
+        server: RedisServer) -> None:
+    """Two beats take the same dynamic entries from the index, let them go and take them
+    back: every occurrence (jittered ones too) is sent once, none is missed."""
+
+    app = make_app(server, schedule={})
+    periods = {"one": 1, "three": 3, "jittered": 3, "four-skip": 4}
+    with Entries(app) as entries:
+        entries.create("one", "t.noop", {"every": 1})
+        entries.create("three", "t.noop", {"every": 3})
+        entries.create("jittered", "t.noop", {"every": 3}, claims={"jitter": 2})
+        entries.create("four-skip", "t.noop", {"every": 4}, claims={"overlap": "skip"})
+    a, b = beats(app, app)
+    try:
+        run_for(13, a, b)
+        sent = occurrences_sent(server)
+        twice = {k: n for k, n in Counter(sent).items() if n > 1}
+        assert twice == {}, twice
+        store = a.store
+        for name, period in periods.items():
+            runs = {r.due: r.state for r in store.history(name)}
+            history = sorted(runs)
+            dues = [d for d in history if d < store.now() - 4000]
+            gaps = [(iso(x), iso(y)) for x, y in itertools.pairwise(dues) if y - x != period * 1000]
+            assert len(dues) >= 2 and not gaps, (name, gaps, [iso(d) for d in history])
+            # (overlap=skip: no worker ends a run here, the next ones are recorded skipped)
+            unsent = [iso(d) for d in dues
+                      if (name, iso(d)) not in sent and runs[d] is not RunState.SKIPPED]
+            assert not unsent, (name, unsent)
+    finally:
+        a.close()
+        b.close()

@@ -290,8 +290,9 @@ class Claimer:
             self.slots.pop(name, None)
             self._next_kept.pop(name, None)
             self.moved.discard(name)
-            # (its newest writes, if any, stay asked after: the entry is still scheduled)
-            self.knowledge.entries.pop(name, None)
+            # (its newest writes, if any, stay asked after: the entry is still scheduled;
+            # what is known of it is kept aside, for the store going back)
+            self.knowledge.put_aside(name)
 
     def register_again(self) -> None:
         """Be recorded again as the registrant of the entries this beat schedules (after

@@ -11,7 +11,7 @@ is used twice, interval entries keep their grid, and a pause the store lost is r
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -36,6 +36,10 @@ class Known:
 class Knowledge:
     def __init__(self) -> None:
         self.entries: dict[str, Known] = {}
+        #: What it knew of the dynamic entries it let go (held while due soon), the latest
+        #: RECENT_SENDS: checked when one is taken again, registered again after the store
+        #: went back (it sent their runs too).
+        self.let_go: OrderedDict[str, Known] = OrderedDict()
         self.recent: deque[Run] = deque(maxlen=RECENT_SENDS)
         #: Entries this beat knows paused (an occurrence was recorded skipped for the
         #: pause), with the pause as the store last showed it: kept current from the
@@ -59,6 +63,10 @@ class Knowledge:
         """Take in the store's state of an entry. Returns what went back, if anything did
         (the state is then not adopted)."""
         known = self.entries.get(name)
+        if known is None:
+            aside = self.let_go.pop(name, None)
+            if aside is not None and aside.anchor == state.anchor:  # (else: made anew)
+                self.entries[name] = known = aside
         if known is None:
             self.entries[name] = Known(state.anchor, state.checkpoint, state.token)
             return None
@@ -158,6 +166,33 @@ class Knowledge:
         self.recent.append(Run(claim.entry, claim.due, RunState.SENT, token=claim.token,
                                task_id=task_id, sent_at=at, manual=claim.manual,
                                extra={"reseeded": True}))
+
+    def put_aside(self, name: str) -> None:
+        """This beat let go of the dynamic entry ``name``: what it knows is kept aside."""
+        known = self.entries.pop(name, None)
+        if known is not None:
+            self.let_go[name] = known
+            self.let_go.move_to_end(name)
+            while len(self.let_go) > RECENT_SENDS:
+                self.let_go.popitem(last=False)
+
+    def set_aside_seeds(self, names: set[str]) -> list[EntrySeed]:
+        """What to register again (with no registrant) after the store's epoch changed of
+        the dynamic entries this beat let go or sent lately that are not among ``names``
+        (its entries now): what it knows, and the runs it sent lately."""
+        runs: dict[str, list[Run]] = {}
+        for run in self.recent:
+            if run.entry not in names:
+                runs.setdefault(run.entry, []).append(run)
+        seeds = []
+        for name in sorted(set(runs) | (set(self.let_go) - names)):
+            known = self.let_go.get(name)
+            if known is None:
+                seeds.append(EntrySeed(name, runs=tuple(runs[name])))
+                continue
+            seeds.append(EntrySeed(name, "", known.anchor, known.checkpoint,
+                                   known.token + TOKEN_GAP, tuple(runs.get(name, ()))))
+        return seeds
 
     def forget(self, name: str) -> None:
         """Forget what this beat knows of ``name`` (it left the schedule; the store holds

@@ -187,9 +187,9 @@ class Sweeper:
         runs = self.store.open_runs(before=now - int(shortest * 1000),
                                     after=self._lost_cursor, limit=LOST_BATCH)
         self._lost_cursor = next_cursor(runs, LOST_BATCH)
-        if default is not None:  # (a dynamic entry may wait longer than the default)
-            self._read_policies(run.entry for run in runs
-                                if run.since < now - int(default * 1000))
+        # A dynamic entry this beat does not hold now is judged by its own run_timeout,
+        # shorter or longer than the default (read from its definition).
+        self._read_policies(run.entry for run in runs)
         outcomes = []
         for run in runs:
             timeout = (self.policies[run.entry].run_timeout if run.entry in self.policies

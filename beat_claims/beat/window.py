@@ -103,11 +103,11 @@ class DueWindow:
         if self._cursor is None:
             self._pass_began = time.monotonic()
         before = now + LOOKAHEAD
-        found: list[DueEntry] = []
+        taken: list[Taken] = []
         room = HELD_MAX - len(self.held)
         self._next_scan = now  # (a pass cut short goes on at the next tick)
         for _ in range(PAGES_PER_SCAN):
-            if len(found) >= room:
+            if len(taken) >= room:
                 self._fall_behind(room)
                 self._next_scan = now + self.period
                 break
@@ -115,6 +115,7 @@ class DueWindow:
             if page:
                 last = page[-1]
                 self._cursor = (last.next_due, last.name)
+            found: list[DueEntry] = []
             for d in page:
                 if self.scheduled(d.name):
                     continue
@@ -122,13 +123,16 @@ class DueWindow:
                     found.append(d)
                 elif len(self.unreadable) < PAGE:
                     self.unreadable.add(d.name)
+            # Only dynamic entries count towards what this beat holds: other beats' own
+            # entries (a stopped fleet's, overdue for good) are read past, not taken.
+            taken += self.definitions(found)
             if len(page) < PAGE:
                 if self._behind:
                     self._behind = False
                     self.logger.info("beat-claims: the due index is read up to now again")
                 self._next_scan = self._after_pass(now)
                 break
-        return self.definitions(found[:max(0, room)])
+        return taken[:max(0, room)]
 
     def _after_pass(self, now: int) -> int:
         """When to scan next, the index read up to the look-ahead: once the next entry it
