@@ -227,7 +227,7 @@ def test_entries_of_a_stopped_fleet_overdue_in_the_index_do_not_starve_dynamic_o
     """Another fleet's beats (their own ``beat_schedule``) stopped: their entries stay in
     the due index at instants long past, ahead of every dynamic entry. A beat of this fleet
     reads them (they are not dynamic: it takes none of them) and must still reach the
-    dynamic entries behind them. HELD_MAX is made small (5) to stand for 20,000 such
+    dynamic entries behind them. HELD_MAX is made small (5) to stand for 10,000 such
     entries (a decommissioned deployment's schedule)."""
     gone_fleet(server, 8, 1.0)
     monkeypatch.setattr(window, "HELD_MAX", 5)

@@ -40,7 +40,7 @@ LOOKAHEAD = 2_000
 PAGES_PER_SCAN = 20
 #: Dynamic entries one beat holds at most; beyond it, the rest wait (logged: the beat
 #: falls behind) until what it holds is sent and let go.
-HELD_MAX = 20_000
+HELD_MAX = 10_000
 #: Later than any instant the index holds (UTC ms).
 EVER = 2 ** 53 - 1
 #: Definitions kept read, by name and version (the next time an entry falls due, its
