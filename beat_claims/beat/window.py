@@ -39,8 +39,9 @@ LOOKAHEAD = 2_000
 #: Pages of the due index one scan reads at most (the rest at the next tick).
 PAGES_PER_SCAN = 20
 #: Dynamic entries one beat holds at most; beyond it, the rest wait (logged: the beat
-#: falls behind) until what it holds is sent and let go.
-HELD_MAX = 10_000
+#: falls behind) until what it holds is sent and let go. About 4 KB an entry held: a
+#: beat ready at 60 MiB stays under 100 MB whatever falls due at once.
+HELD_MAX = 5_000
 #: Later than any instant the index holds (UTC ms).
 EVER = 2 ** 53 - 1
 #: Definitions kept read, by name and version (the next time an entry falls due, its
@@ -108,7 +109,7 @@ class DueWindow:
         self._next_scan = now  # (a pass cut short goes on at the next tick)
         for _ in range(PAGES_PER_SCAN):
             if len(taken) >= room:
-                self._fall_behind(room)
+                self._fall_behind()
                 self._next_scan = now + self.period
                 break
             page = self.store.due(before, PAGE, self._cursor)
@@ -145,12 +146,12 @@ class DueWindow:
         at = beyond[0].next_due - LOOKAHEAD // 2 if beyond else restart_at
         return max(now + self.period, min(at, restart_at))
 
-    def _fall_behind(self, room: int) -> None:
+    def _fall_behind(self) -> None:
         if not self._behind:
             self._behind = True
-            self.logger.warning("beat-claims: more dynamic entries are due at once than this"
-                                " beat holds (%d): the rest are taken as these are sent (they"
-                                " may be late)", HELD_MAX if room <= 0 else len(self.held))
+            self.logger.warning("beat-claims: more dynamic entries may be due at once than"
+                                " this beat holds (%d): the rest are taken as these are sent"
+                                " (they may be late)", HELD_MAX)
         # (found again: the cursor goes back to the start at the next pass)
         self._cursor = None
 
