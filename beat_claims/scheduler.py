@@ -867,8 +867,9 @@ class Scheduler(BaseScheduler):
             self.composition.chosen.pop(name, None)
             self.policies.pop(name, None)
         self.stored.forget(names)
+        next_at = [at for name in names if (at := self.claimer.slots.get(name)) is not None]
         self.claimer.let_go(names)
-        self.window.held.difference_update(names)
+        self.window.let_go(names, next_at)
 
     def _register_again_after_a_lapse(self) -> None:
         """This beat's heartbeat lapsed (a stall, an outage): another beat's registration

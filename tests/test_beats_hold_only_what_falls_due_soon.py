@@ -392,3 +392,25 @@ def test_two_beats_sharing_dynamic_entries_send_each_occurrence_once(
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("period", [3, 4])
+def test_an_entry_let_go_is_taken_back_in_time_for_its_next_occurrence(
+        server: RedisServer, period: int) -> None:
+    """An entry due every 3 or 4 s (more than the look-ahead, less than the heartbeat
+    interval, 5 s): once sent it is let go, and its claim moved its index ahead of where
+    the scan stopped. It is taken back in time: each occurrence is sent on time, not at
+    the next pass of the index from the first entry (up to a heartbeat interval late)."""
+    app = make_app(server, schedule={}, beat_claims_heartbeat_interval=5.0)
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": period})
+    beat = make(app)
+    try:
+        began = beat.clock.now()  # (what fell due while the beat started is not judged)
+        tick_for(14, beat)
+        runs = [r for r in beat.store.history("dyn") if r.sent_at is not None and r.due > began]
+        late = {iso(r.due): r.sent_at - r.due for r in runs
+                if r.sent_at is not None and r.sent_at - r.due > 500}
+        assert len(runs) >= 3 and not late, f"late (ms): {late}; {len(runs)} sent"
+    finally:
+        beat.close()
