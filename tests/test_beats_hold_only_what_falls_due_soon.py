@@ -203,6 +203,35 @@ def test_a_store_put_back_older_does_not_send_again_what_a_beat_sent_and_let_go(
         beat.close()
 
 
+def test_a_pause_the_store_lost_of_an_entry_a_beat_let_go_is_restored(
+        store_server: SnapshotServer, broker: RedisServer, tmp_path: Path) -> None:
+    """A dynamic entry is paused; a beat skips an occurrence for the pause (it knows of it)
+    and lets the entry go (its next instant is 4 s away). The store comes back from a
+    snapshot taken before the pause: the beat pauses the entry again, as it does its own
+    entries, and nothing of it is sent."""
+    seed_settled_epoch(store_server)
+    app = make_app(store_server, schedule={}, broker=broker, beat_claims_catch_up_grace=10)
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": 4})
+    beat = make(app)
+    try:
+        _tick_until(beat, lambda: _sent_of(broker, "dyn") and "dyn" not in beat.schedule,
+                    15, "dyn sent once and let go")
+        store_server.snapshot(tmp_path / "old.rdb")
+        operations.pause(beat.store, "dyn", "operator", "hold on")
+        _tick_until(beat, lambda: "dyn" in beat.knowledge.paused
+                    and "dyn" not in beat.schedule, 15, "a skip for the pause, let go")
+        sent_before = _sent_of(broker, "dyn")
+        store_server.come_back(tmp_path / "old.rdb")
+        tick_for(6, beat)
+        [record] = beat.store.entries(["dyn"])
+        sent = _sent_of(broker, "dyn")
+        assert record.paused is not None and sent == sent_before, (
+            f"paused in the store: {record.paused}; sent before {sent_before}, now {sent}")
+    finally:
+        beat.close()
+
+
 def gone_fleet(server: RedisServer, entries: int, every: float) -> Scheduler:
     """Another fleet's beat, with ``entries`` of its own ``beat_schedule`` (cfg-0, ...)
     due every ``every`` seconds: it ran a while and is gone (closed)."""
