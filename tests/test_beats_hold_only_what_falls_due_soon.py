@@ -181,14 +181,8 @@ def test_a_store_put_back_older_does_not_send_again_what_a_beat_sent_and_let_go(
     back from an older snapshot. The beat noticed nothing of the entry is known to it any
     more, so it must still not send again the occurrence it sent after the snapshot (the
     snapshot's checkpoint is older: a beat holding the entry would re-seed it)."""
-    seed_settled_epoch(store_server)
-    app = make_app(store_server, schedule={}, broker=broker, beat_claims_catch_up_grace=10)
-    with Entries(app) as entries:
-        entries.create("dyn", "t.noop", {"every": 4})
-    beat = make(app)
+    beat = sent_and_let_go(store_server, broker)
     try:
-        _tick_until(beat, lambda: _sent_of(broker, "dyn") and "dyn" not in beat.schedule,
-                    15, "dyn sent once and let go")
         store_server.snapshot(tmp_path / "old.rdb")
         _tick_until(beat, lambda: len(_sent_of(broker, "dyn")) >= 2
                     and "dyn" not in beat.schedule, 15, "dyn sent again and let go")
@@ -209,14 +203,8 @@ def test_a_pause_the_store_lost_of_an_entry_a_beat_let_go_is_restored(
     and lets the entry go (its next instant is 4 s away). The store comes back from a
     snapshot taken before the pause: the beat pauses the entry again, as it does its own
     entries, and nothing of it is sent."""
-    seed_settled_epoch(store_server)
-    app = make_app(store_server, schedule={}, broker=broker, beat_claims_catch_up_grace=10)
-    with Entries(app) as entries:
-        entries.create("dyn", "t.noop", {"every": 4})
-    beat = make(app)
+    beat = sent_and_let_go(store_server, broker)
     try:
-        _tick_until(beat, lambda: _sent_of(broker, "dyn") and "dyn" not in beat.schedule,
-                    15, "dyn sent once and let go")
         store_server.snapshot(tmp_path / "old.rdb")
         operations.pause(beat.store, "dyn", "operator", "hold on")
         _tick_until(beat, lambda: "dyn" in beat.knowledge.paused
@@ -230,6 +218,22 @@ def test_a_pause_the_store_lost_of_an_entry_a_beat_let_go_is_restored(
             f"paused in the store: {record.paused}; sent before {sent_before}, now {sent}")
     finally:
         beat.close()
+
+
+def sent_and_let_go(store_server: SnapshotServer, broker: RedisServer) -> Scheduler:
+    """A beat that sent the first run of a dynamic entry ("dyn", every 4 s) and let it go."""
+    seed_settled_epoch(store_server)
+    app = make_app(store_server, schedule={}, broker=broker, beat_claims_catch_up_grace=10)
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": 4})
+    beat = make(app)
+    try:
+        _tick_until(beat, lambda: _sent_of(broker, "dyn") and "dyn" not in beat.schedule,
+                    15, "dyn sent once and let go")
+    except BaseException:
+        beat.close()
+        raise
+    return beat
 
 
 def gone_fleet(server: RedisServer, entries: int, every: float) -> Scheduler:
