@@ -867,8 +867,9 @@ class Scheduler(BaseScheduler):
             self.composition.chosen.pop(name, None)
             self.policies.pop(name, None)
         self.stored.forget(names)
+        next_at = [at for name in names if (at := self.claimer.slots.get(name)) is not None]
         self.claimer.let_go(names)
-        self.window.held.difference_update(names)
+        self.window.let_go(names, next_at)
 
     def _register_again_after_a_lapse(self) -> None:
         """This beat's heartbeat lapsed (a stall, an outage): another beat's registration
@@ -977,10 +978,12 @@ class Scheduler(BaseScheduler):
 
     def _restore_pauses(self) -> None:
         """Pause again, while the store settles (nobody claims), the entries this beat last
-        saw paused whose pause the store lost: unless it holds a pause, or a resume at or
+        saw paused (its own, and the dynamic ones it let go lately) whose pause the store
+        lost: unless it holds a pause, or a resume at or
         after the one this beat knew. Logged, never silent; the pause's ``at`` is the
         restore's instant, its note says what happened."""
-        known = sorted(n for n in self.knowledge.paused if n in self.schedule)
+        known = sorted(n for n in self.knowledge.paused
+                       if n in self.schedule or n in self.knowledge.let_go)
         if not known:
             return
         for record in self.store.entries(known):

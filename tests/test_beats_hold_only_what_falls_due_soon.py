@@ -181,14 +181,8 @@ def test_a_store_put_back_older_does_not_send_again_what_a_beat_sent_and_let_go(
     back from an older snapshot. The beat noticed nothing of the entry is known to it any
     more, so it must still not send again the occurrence it sent after the snapshot (the
     snapshot's checkpoint is older: a beat holding the entry would re-seed it)."""
-    seed_settled_epoch(store_server)
-    app = make_app(store_server, schedule={}, broker=broker, beat_claims_catch_up_grace=10)
-    with Entries(app) as entries:
-        entries.create("dyn", "t.noop", {"every": 4})
-    beat = make(app)
+    beat = sent_and_let_go(store_server, broker)
     try:
-        _tick_until(beat, lambda: _sent_of(broker, "dyn") and "dyn" not in beat.schedule,
-                    15, "dyn sent once and let go")
         store_server.snapshot(tmp_path / "old.rdb")
         _tick_until(beat, lambda: len(_sent_of(broker, "dyn")) >= 2
                     and "dyn" not in beat.schedule, 15, "dyn sent again and let go")
@@ -201,6 +195,45 @@ def test_a_store_put_back_older_does_not_send_again_what_a_beat_sent_and_let_go(
             f" {sent.count(after_snapshot)} times; every send: {sent}")
     finally:
         beat.close()
+
+
+def test_a_pause_the_store_lost_of_an_entry_a_beat_let_go_is_restored(
+        store_server: SnapshotServer, broker: RedisServer, tmp_path: Path) -> None:
+    """A dynamic entry is paused; a beat skips an occurrence for the pause (it knows of it)
+    and lets the entry go (its next instant is 4 s away). The store comes back from a
+    snapshot taken before the pause: the beat pauses the entry again, as it does its own
+    entries, and nothing of it is sent."""
+    beat = sent_and_let_go(store_server, broker)
+    try:
+        store_server.snapshot(tmp_path / "old.rdb")
+        operations.pause(beat.store, "dyn", "operator", "hold on")
+        _tick_until(beat, lambda: "dyn" in beat.knowledge.paused
+                    and "dyn" not in beat.schedule, 15, "a skip for the pause, let go")
+        sent_before = _sent_of(broker, "dyn")
+        store_server.come_back(tmp_path / "old.rdb")
+        tick_for(6, beat)
+        [record] = beat.store.entries(["dyn"])
+        sent = _sent_of(broker, "dyn")
+        assert record.paused is not None and sent == sent_before, (
+            f"paused in the store: {record.paused}; sent before {sent_before}, now {sent}")
+    finally:
+        beat.close()
+
+
+def sent_and_let_go(store_server: SnapshotServer, broker: RedisServer) -> Scheduler:
+    """A beat that sent the first run of a dynamic entry ("dyn", every 4 s) and let it go."""
+    seed_settled_epoch(store_server)
+    app = make_app(store_server, schedule={}, broker=broker, beat_claims_catch_up_grace=10)
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": 4})
+    beat = make(app)
+    try:
+        _tick_until(beat, lambda: _sent_of(broker, "dyn") and "dyn" not in beat.schedule,
+                    15, "dyn sent once and let go")
+    except BaseException:
+        beat.close()
+        raise
+    return beat
 
 
 def gone_fleet(server: RedisServer, entries: int, every: float) -> Scheduler:
@@ -392,3 +425,25 @@ def test_two_beats_sharing_dynamic_entries_send_each_occurrence_once(
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("period", [3, 4])
+def test_an_entry_let_go_is_taken_back_in_time_for_its_next_occurrence(
+        server: RedisServer, period: int) -> None:
+    """An entry due every 3 or 4 s (more than the look-ahead, less than the heartbeat
+    interval, 5 s): once sent it is let go, and its claim moved its index ahead of where
+    the scan stopped. It is taken back in time: each occurrence is sent on time, not at
+    the next pass of the index from the first entry (up to a heartbeat interval late)."""
+    app = make_app(server, schedule={}, beat_claims_heartbeat_interval=5.0)
+    with Entries(app) as entries:
+        entries.create("dyn", "t.noop", {"every": period})
+    beat = make(app)
+    try:
+        began = beat.clock.now()  # (what fell due while the beat started is not judged)
+        tick_for(14, beat)
+        runs = [r for r in beat.store.history("dyn") if r.sent_at is not None and r.due > began]
+        late = {iso(r.due): r.sent_at - r.due for r in runs
+                if r.sent_at is not None and r.sent_at - r.due > 500}
+        assert len(runs) >= 3 and not late, f"late (ms): {late}; {len(runs)} sent"
+    finally:
+        beat.close()

@@ -37,8 +37,8 @@ class Knowledge:
     def __init__(self) -> None:
         self.entries: dict[str, Known] = {}
         #: What it knew of the dynamic entries it let go (held while due soon), the latest
-        #: RECENT_SENDS: checked when one is taken again, registered again after the store
-        #: went back (it sent their runs too).
+        #: RECENT_SENDS: checked when one is taken again, registered again (and its pause
+        #: restored) after the store went back (it sent their runs too).
         self.let_go: OrderedDict[str, Known] = OrderedDict()
         self.recent: deque[Run] = deque(maxlen=RECENT_SENDS)
         #: Entries this beat knows paused (an occurrence was recorded skipped for the
@@ -174,7 +174,9 @@ class Knowledge:
             self.let_go[name] = known
             self.let_go.move_to_end(name)
             while len(self.let_go) > RECENT_SENDS:
-                self.let_go.popitem(last=False)
+                gone, _ = self.let_go.popitem(last=False)
+                self.paused.pop(gone, None)  # (its pause is restored no more either)
+                self.pauses_stale.discard(gone)
 
     def set_aside_seeds(self, names: set[str]) -> list[EntrySeed]:
         """What to register again (with no registrant) after the store's epoch changed of

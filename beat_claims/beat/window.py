@@ -7,7 +7,8 @@ each with its state; reads their definitions (a bounded cache by name and versio
 holds them on its heap as it holds its own entries, claiming each occurrence by
 compare-and-set on the state it read, as always. An entry whose next instant is further
 out than the look-ahead, with nothing of it held, is let go; the index, written in the
-claim's own atomic step, brings it back in time. What a beat holds is bounded
+claim's own atomic step, brings it back in time (the next scan is due by its next
+instant, :meth:`DueWindow.let_go`). What a beat holds is bounded
 (:data:`HELD_MAX`), whatever the store holds.
 
 The index is a hint, never the truth (see :class:`~beat_claims.stores.base.DueEntry`): an
@@ -17,7 +18,8 @@ A pass reads forward from where the last one stopped (claims only move an entry 
 a write of a definition, a registration or an operator may index an entry behind the
 pass, so a pass starts again from the first entry every :attr:`DueWindow.restart_every`
 seconds (the heartbeat interval) and whenever the change feed reported a change of an
-entry this beat does not hold: such an entry is found within one heartbeat interval.
+entry this beat does not hold: such an entry (and one let go by a beat that died before
+it was due again) is found within one heartbeat interval.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..stores.base import DueEntry, EntryState, Store, StoredDefinition
+from ..stores.base import NOT_DUE, DueEntry, EntryState, Store, StoredDefinition
 from .composition import DYNAMIC
 from .stored import PAGE
 
@@ -86,6 +88,16 @@ class DueWindow:
         """The next scan starts from the first entry of the index, at the next tick."""
         self._cursor = None
         self._next_scan = 0
+
+    def let_go(self, names: Iterable[str], next_at: Iterable[int]) -> None:
+        """This beat no longer holds ``names``; ``next_at``: their next instants (UTC ms,
+        later than the look-ahead). A claim moved their index there, ahead of where the
+        scan stopped but maybe before the entry :meth:`_after_pass` looked at: the next
+        scan is due in time for the first of them."""
+        self.held.difference_update(names)
+        for at in next_at:
+            if at != NOT_DUE:
+                self._next_scan = min(self._next_scan, at - LOOKAHEAD // 2)
 
     def next_scan(self) -> int:
         """When the next scan is due (store clock, UTC ms)."""
