@@ -12,7 +12,6 @@ admin, by default ``<OS user>@<host>`` (:func:`who`).
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import socket
 import uuid
@@ -23,6 +22,7 @@ from typing import Any
 
 from . import occurrences
 from .beat.composition import DYNAMIC
+from .definitions import DefinitionError, validate
 from .enums import RunState
 from .inspect import UnknownEntry
 from .runs import iso
@@ -181,8 +181,8 @@ def _dynamic_and_enabled(store: Store, name: str) -> bool:
                 stored.origin not in DYNAMIC):
             return False
         try:
-            return bool(json.loads(stored.definition).get("enabled", True))
-        except (ValueError, AttributeError):
+            return validate(name, stored.definition).enabled
+        except DefinitionError:
             return False
     return False
 

@@ -49,7 +49,7 @@ from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
 from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import IndexKeeper, Sweeper
-from .beat.window import LOOKAHEAD, DueWindow, Taken
+from .beat.window import LOOKAHEAD, DynamicWindow, Taken
 from .enums import Overlap, Reason
 from .exception_text import entry_exception, frames
 from .metrics import Metrics
@@ -170,7 +170,7 @@ class Scheduler(BaseScheduler):
         self.composition = Composition(app, self.stored, logger)
         self.composition.between = self.liveness.keep_alive
         #: The dynamic entries this beat holds for now, taken from the store's due index.
-        self.window = DueWindow(self.store, logger, interval)
+        self.window = DynamicWindow(self.store, logger, interval)
         self.window.scheduled = lambda name: (name in self.schedule
                                               or name in self.composition.local)
         self.stored.wanted = lambda name: (name in self.composition.local

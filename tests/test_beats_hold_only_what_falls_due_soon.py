@@ -277,6 +277,26 @@ def test_entries_of_a_stopped_fleet_overdue_in_the_index_do_not_starve_dynamic_o
         beat.close()
 
 
+def test_a_pass_longer_than_a_heartbeat_interval_reaches_the_entries_behind(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that takes longer than a heartbeat interval to read past what it does not
+    take (a stopped fleet's many overdue entries) goes on to the dynamic entries behind
+    them before it starts over. Pages of 2 entries, one a tick, and a pass started over
+    at every tick if it could be, stand for 100,000 such entries read a page of 1,000 a
+    call."""
+    gone_fleet(server, 8, 1.0)
+    monkeypatch.setattr(window, "PAGE", 2)
+    monkeypatch.setattr(window, "PAGES_PER_SCAN", 1)
+    beat = beat_with_one_entry(server, 1)
+    beat.window.restart_every = 0.0
+    try:
+        before = len(occurrences_sent(server))
+        tick_for(4, beat)
+        sent = Counter(e for e, _ in occurrences_sent(server)[before:])
+        assert sent["dyn"] >= 2, (f"sent {dict(sent)}; held {sorted(beat.window.held)}")
+    finally:
+        beat.close()
+
 
 @pytest.mark.parametrize("overlap", ["buffer_one", "skip"])
 def test_a_run_that_waited_for_the_previous_one_is_sent_once_it_ends(

@@ -2,7 +2,7 @@
 
 A beat looks at the definitions of its own entries (``beat_schedule``, a database's rows)
 and of the dynamic entries it holds for now (those due soon, taken from the store's due
-index by :class:`~beat_claims.beat.window.DueWindow`): never at every definition, so that
+index by :class:`~beat_claims.beat.window.DynamicWindow`): never at every definition, so that
 its start and its memory do not grow with the store's entries. At start (and whenever
 the change feed answers ``reload``) those are read by name, in pages; then each heartbeat
 reads the change feed from where the last read stopped, a bounded number of pages, and
@@ -57,8 +57,8 @@ class StoredEntries:
         #: reset it: such an entry was indexed again by its writer.
         self.unseen = 0
         self.loaded = False
-        #: Every definition was read again since the caller last looked (at start, or the
-        #: change feed said to: the store may have gone back).
+        #: Every definition this beat looks at was read again since the caller last
+        #: looked (at start, or the change feed said to: the store may have gone back).
         self.reloaded = False
         self._logged: set[tuple[str, int, str]] = set()
         #: Called between two pages read (the beat renews its heartbeat: ten pages of

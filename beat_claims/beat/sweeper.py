@@ -272,8 +272,8 @@ class IndexKeeper:
     is computed from its definition, as every beat would (NOT_DUE while disabled)."""
 
     def __init__(self, store: Store, source: EntrySource, claimer: Claimer,
-                 stored: StoredEntries, logger: logging.Logger, app: Any = None,
-                 settings: Settings | None = None) -> None:
+                 stored: StoredEntries, logger: logging.Logger, app: Any,
+                 settings: Settings) -> None:
         self.app = app
         self.settings = settings
         self.store = store

@@ -8,7 +8,7 @@ holds them on its heap as it holds its own entries, claiming each occurrence by
 compare-and-set on the state it read, as always. An entry whose next instant is further
 out than the look-ahead, with nothing of it held, is let go; the index, written in the
 claim's own atomic step, brings it back in time (the next scan is due by its next
-instant, :meth:`DueWindow.let_go`). What a beat holds is bounded
+instant, :meth:`DynamicWindow.let_go`). What a beat holds is bounded
 (:data:`HELD_MAX`), whatever the store holds.
 
 The index is a hint, never the truth (see :class:`~beat_claims.stores.base.DueEntry`): an
@@ -16,10 +16,12 @@ entry indexed earlier than its truth costs a read (it is taken, found not due, a
 real instant written back, conditional on the state and version it was computed from).
 A pass reads forward from where the last one stopped (claims only move an entry forward);
 a write of a definition, a registration or an operator may index an entry behind the
-pass, so a pass starts again from the first entry every :attr:`DueWindow.restart_every`
+pass, so a pass starts again from the first entry every :attr:`DynamicWindow.restart_every`
 seconds (the heartbeat interval) and whenever the change feed reported a change of an
-entry this beat does not hold: such an entry (and one let go by a beat that died before
-it was due again) is found within one heartbeat interval.
+entry this beat does not hold, once it has read up to the look-ahead: such an entry (and
+one let go by a beat that died before it was due again) is found within one heartbeat
+interval, and the time to read past what is due and not taken (another fleet's overdue
+entries, a page of 1,000 a call).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class Taken:
     record: StoredDefinition
 
 
-class DueWindow:
+class DynamicWindow:
     """Which dynamic entries this beat holds, and the scan of the due index that finds
     them."""
 
@@ -77,6 +79,9 @@ class DueWindow:
         self.scheduled: Callable[[str], bool] = lambda name: name in self.held
         self._cursor: tuple[int, str] | None = None
         self._pass_began = float("-inf")
+        #: The pass under way has read up to the look-ahead (it may start over).
+        self._reached = False
+        self._restart_wanted = False
         self._cache: OrderedDict[tuple[str, int], StoredDefinition] = OrderedDict()
         self._behind = False
         self._next_scan = 0  # (store clock, UTC ms)
@@ -85,8 +90,10 @@ class DueWindow:
         self.unreadable: set[str] = set()
 
     def restart(self) -> None:
-        """The next scan starts from the first entry of the index, at the next tick."""
-        self._cursor = None
+        """Read the index from its first entry again, at the next tick (once the pass
+        under way has read up to the look-ahead: one cut short would never get past a
+        long run of entries this beat does not take)."""
+        self._restart_wanted = True
         self._next_scan = 0
 
     def let_go(self, names: Iterable[str], next_at: Iterable[int]) -> None:
@@ -111,10 +118,12 @@ class DueWindow:
         the next pass begins; at the next tick when this one was cut short)."""
         if now < self._next_scan:
             return []  # (what falls due by then was read at the last scan)
-        if time.monotonic() - self._pass_began >= self.restart_every:
+        if self._reached and (self._restart_wanted or time.monotonic() - self._pass_began
+                              >= self.restart_every):
             self._cursor = None
         if self._cursor is None:
             self._pass_began = time.monotonic()
+            self._restart_wanted = self._reached = False
         before = now + LOOKAHEAD
         taken: list[Taken] = []
         room = HELD_MAX - len(self.held)
@@ -140,6 +149,7 @@ class DueWindow:
             # entries (a stopped fleet's, overdue for good) are read past, not taken.
             taken += self.definitions(found)
             if len(page) < PAGE:
+                self._reached = True
                 if self._behind:
                     self._behind = False
                     self.logger.info("beat-claims: the due index is read up to now again")
