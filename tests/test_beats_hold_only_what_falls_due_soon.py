@@ -298,6 +298,38 @@ def test_a_pass_longer_than_a_heartbeat_interval_reaches_the_entries_behind(
         beat.close()
 
 
+def test_more_entries_due_at_once_than_a_beat_holds_are_said_and_all_sent(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """More dynamic entries fall due at once than a beat holds (HELD_MAX made 3 to stand
+    for 5,000): it says so once, in a warning, and sends every one of them, the rest as
+    the first are sent (those it read past are read again)."""
+    monkeypatch.setattr(window, "HELD_MAX", 3)
+    # The default heartbeat interval: a pass starts over from the first entry only every 5 s.
+    app = make_app(server, schedule={}, beat_claims_heartbeat_interval=5)
+    with Entries(app) as entries:
+        entries.bulk_create([{"name": f"burst-{i}", "task": "t.noop", "schedule": {"every": 4}}
+                             for i in range(7)])
+    caplog.set_level(logging.INFO, logger="celery.beat.claims")
+    beat = make(app)
+    try:
+        _tick_until(beat, lambda: occurrences_sent(server), 10, "the first sent")
+        first = time.monotonic()
+        _tick_until(beat, lambda: len({e for e, _ in occurrences_sent(server)}) == 7, 10,
+                    "every entry sent")
+        # Those read past while the beat held 3 are read again at the next scan (a second
+        # later: three rounds of 3), not left behind the scan for a heartbeat interval or
+        # more.
+        assert time.monotonic() - first < 6, occurrences_sent(server)
+        warned = [r.getMessage() for r in caplog.records if "may be due at once" in
+                  r.getMessage()]
+        assert len(warned) >= 1, [r.getMessage() for r in caplog.records]
+        dues = occurrences_sent(server)
+        assert len(dues) == len(set(dues)), dues
+    finally:
+        beat.close()
+
+
 @pytest.mark.parametrize("overlap", ["buffer_one", "skip"])
 def test_a_run_that_waited_for_the_previous_one_is_sent_once_it_ends(
         server: RedisServer, overlap: str) -> None:

@@ -155,6 +155,9 @@ class DynamicWindow:
                     self.logger.info("beat-claims: the due index is read up to now again")
                 self._next_scan = self._after_pass(now)
                 break
+        if len(taken) > room:  # (those left out are behind the cursor: read again)
+            self._fall_behind()
+            self._next_scan = now + self.period
         return taken[:max(0, room)]
 
     def _after_pass(self, now: int) -> int:
