@@ -782,10 +782,14 @@ class Scheduler(BaseScheduler):
         later: list[str] = []
         for t in taken:
             if t.name in built:
-                try:
-                    at = self.claimer.next_at(t.name, t.state)
-                except Exception:  # (noted when it was put on the heap)
-                    continue
+                slot = self.claimer.slots.get(t.name)  # (what adopt put on the heap)
+                if slot is not None:
+                    at = slot
+                else:  # NOT_DUE, or it cannot be computed (noted when it was pushed)
+                    try:
+                        at = self.claimer.next_at(t.name, t.state)
+                    except Exception:
+                        continue
                 if at == NOT_DUE or at > limit:
                     later.append(t.name)
             else:
