@@ -64,23 +64,33 @@ from celery.utils.log import get_logger
 
 from ..urls import redact_text, redact_url
 from .base import (
+    CHANGES_PER_MS,
     DUE_AT_ONCE,
     Check,
     ClaimPlan,
+    DefinitionResult,
+    DefinitionWrite,
     Delivery,
     EntrySeed,
+    EntryState,
     IndexWrite,
     OwnerStatus,
     Reclaim,
     Release,
     StoreConfigurationError,
     StoreError,
+    WriteStatus,
+    checked_writes,
+    definition_result,
+    written_next_due,
 )
 from .sqlite import (
     _STORES,
+    ANCHOR_SHARED_MS,
     RowStore,
     Tables,
     _definition_statements,
+    _maybe_int,
     _statements,
     _workers_statements,
 )
@@ -111,6 +121,11 @@ ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, ER_NO_SUCH_TABLE = 1213, 1205, 1146
 #: Errors of a connection refused at once (not an outage that passes): a wrong password,
 #: an unknown database, a missing privilege.
 _REFUSED_CODES = frozenset({1044, 1045, 1049, 1142, 1227, 1698})
+#: Definition writes of one transaction at most (a bulk: a few statements for all of them),
+#: and the most definition text (bytes) one carries (within max_allowed_packet, 16 MiB by
+#: default).
+DEFINITIONS_CHUNK = 5000
+DEFINITIONS_BYTES = 4 * 1024 * 1024
 #: A "LIMIT" that does not limit (MySQL has no LIMIT -1).
 NO_LIMIT = 2 ** 62
 
@@ -650,8 +665,150 @@ class MySQLStore(RowStore):
     def history(self, entry: str, limit: int | None = None) -> list[Any]:
         return super().history(entry, NO_LIMIT if limit is None else limit)
 
+    # -- definitions: a bulk in a few statements ----------------------------------------
+    def write_definitions(self, writes: Sequence[DefinitionWrite]
+                          ) -> list[DefinitionResult]:
+        """As the SQLite store's (``_define_one``, item after item, in its order), with the
+        reads and writes of a chunk of items in a few statements: the store's marks and the
+        entries' rows read and locked at once, every item judged here, the entries written
+        in one multi-row statement. A chunk with a write that records skips, or that fails
+        here for a reason that is no outage, is written item by item instead."""
+        writes = checked_writes(writes, self.history_limit)
+        out: list[DefinitionResult] = []
+        for part in _definition_chunks(writes):
+            if any(w.skip for w in part):
+                out += super().write_definitions(part)
+                continue
+            def chunk(db: _Session, part: list[DefinitionWrite] = part
+                      ) -> list[DefinitionResult]:
+                return self._define_chunk(db, part)
+
+            try:
+                out += self._transaction(chunk)
+            except StoreError:
+                raise
+            except Exception as exc:
+                logger.warning("beat-claims: definition writes in %s, item by item: %s: %s",
+                               self.description, type(exc).__name__, exc)
+                out += super().write_definitions(part)
+        return out
+
+    def _define_chunk(self, db: _Session, part: list[DefinitionWrite]
+                      ) -> list[DefinitionResult]:
+        t, now = self.tables, self._clock()
+        keys = ("anchoring", "anchoring_until", "changes_seq", "changes_dropped")
+        meta: dict[str, Any] = {str(k): v for k, v in db.execute(
+            f"SELECT `key`, value FROM {t.meta} WHERE `key` IN (%s, %s, %s, %s)"
+            " ORDER BY `key` FOR UPDATE", keys).fetchall()}
+        names = sorted({w.name for w in part})
+        marks = ", ".join(["%s"] * len(names))
+        columns = ("description", "anchor", "checkpoint", "token", "definition", "version",
+                   "origin", "changed_by", "changed_at", "change_id", "changed_seq",
+                   "next_due")
+        rows = {str(row[0]): dict(zip(columns, row[1:])) for row in db.execute(
+            f"SELECT name, {', '.join(columns)} FROM {t.entries} WHERE name IN ({marks})"
+            " ORDER BY name FOR UPDATE", names).fetchall()}
+        top = db.execute(self._sql["changes_top"]).fetchone()
+        head = max(_maybe_int(meta.get("changes_seq")) or 0, int(top[1]) if top else 0)
+        dropped = 0 if meta.get("changes_dropped") is None else _maybe_int(
+            meta["changes_dropped"])
+        written: dict[str, dict[str, Any]] = {}
+        anchoring: list[int] = []
+
+        def anchor() -> int:
+            if not anchoring:
+                instant = _maybe_int(meta.get("anchoring"))
+                until = _maybe_int(meta.get("anchoring_until"))
+                if instant is None or until is None or now >= until:
+                    instant = now
+                    meta["anchoring"], meta["anchoring_until"] = now, now + ANCHOR_SHARED_MS
+                anchoring.append(instant)
+            return anchoring[0]
+
+        results = []
+        for w in part:
+            row = rows.get(w.name)
+
+            def answer(status: WriteStatus, detail: str = "", row: Any = row,
+                       w: DefinitionWrite = w) -> DefinitionResult:
+                state = (EntryState(int(row["anchor"]), _maybe_int(row["checkpoint"]),
+                                    _maybe_int(row["token"]) or 0)
+                         if row is not None and row["anchor"] is not None else None)
+                stored = None if row is None else (
+                    row["definition"], row["version"] or None, row["origin"],
+                    row["changed_by"], row["changed_at"])
+                return definition_result(w, status, state, stored, detail)
+
+            text = None if row is None else row["definition"]
+            version = 0 if row is None else int(row["version"])
+            if version < 0 or (version == 0 and text is not None):
+                results.append(DefinitionResult(w.name, WriteStatus.CORRUPT, 0, detail=(
+                    f"unreadable field 'version' ({version!r:.40})")))
+                continue
+            live = text is not None
+            if w.change_id and row is not None and row["change_id"] == w.change_id:
+                results.append(answer(WriteStatus.OK))
+            elif w.expected_version == 0 and live:
+                results.append(answer(WriteStatus.EXISTS))
+            elif w.expected_version != 0 and not live:
+                results.append(answer(WriteStatus.MISSING))
+            elif w.expected_version != 0 and version != w.expected_version:
+                results.append(answer(WriteStatus.CONFLICT, "version"))
+            elif w.expected_checkpoint is not None and (
+                    row is None or row["checkpoint"] != w.expected_checkpoint):
+                results.append(answer(WriteStatus.CONFLICT, "checkpoint"))
+            else:
+                if row is None or row["anchor"] is None:
+                    row = rows[w.name] = {
+                        **dict.fromkeys(columns), **(row or {}), "description": "",
+                        "anchor": anchor(), "checkpoint": None, "token": 0, "version": version}
+                if w.checkpoint is not None and (row["checkpoint"] is None
+                                                 or w.checkpoint > row["checkpoint"]):
+                    row["checkpoint"] = w.checkpoint
+                if dropped is None:  # (an unreadable mark: set to the head)
+                    dropped = head
+                    meta["changes_dropped"] = head
+                head = max(head + 1, now * CHANGES_PER_MS)
+                meta["changes_seq"] = head
+                row.update(definition=w.definition, version=version + 1,
+                           origin=w.origin.value, changed_by=w.by, changed_at=now,
+                           change_id=w.change_id or None, changed_seq=head,
+                           next_due=written_next_due(w))
+                written[w.name] = row
+                results.append(answer(WriteStatus.OK, row=row))
+        entries = list(written.items())
+        if entries:
+            values = ", ".join([f"(%s, {', '.join(['%s'] * len(columns))})"] * len(entries))
+            db.execute(f"INSERT INTO {t.entries} (name, {', '.join(columns)}) VALUES {values}"
+                       " ON DUPLICATE KEY UPDATE "
+                       + ", ".join(f"{c} = VALUES({c})" for c in columns),
+                       [v for name, row in entries for v in (name, *(row[c] for c in columns))])
+        if written:
+            changed = [(k, str(meta[k])) for k in keys if meta.get(k) is not None]
+            db.execute(f"INSERT INTO {t.meta} (`key`, value) VALUES "
+                       + ", ".join(["(%s, %s)"] * len(changed))
+                       + " ON DUPLICATE KEY UPDATE value = VALUES(value)",
+                       [v for pair in changed for v in pair])
+            self._drop_tombstones(cast(Any, db), now)
+        return results
+
     def _workers_statements(self) -> dict[str, str]:
         return self._workers_sql
+
+
+def _definition_chunks(writes: list[DefinitionWrite]) -> list[list[DefinitionWrite]]:
+    """The writes cut in chunks of DEFINITIONS_CHUNK items and DEFINITIONS_BYTES of text at
+    most (one item at least)."""
+    out: list[list[DefinitionWrite]] = []
+    size = 0
+    for w in writes:
+        n = len((w.definition or "").encode("utf-8")) + 4 * len(w.name) + 200
+        if not out or len(out[-1]) >= DEFINITIONS_CHUNK or size + n > DEFINITIONS_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(w)
+        size += n
+    return out
 
 
 def _entry_of(item: Any) -> str | None:
