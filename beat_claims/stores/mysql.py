@@ -184,8 +184,9 @@ def _triggers(t: Tables) -> dict[str, str]:
                                    f" {t.entries} FOR EACH ROW INSERT INTO {t.meta}"
                                    " (`key`, value) SELECT 'changes_dropped',"
                                    " OLD.changed_seq FROM DUAL WHERE OLD.changed_seq IS"
-                                   " NOT NULL ON DUPLICATE KEY UPDATE value ="
-                                   " GREATEST(CAST(value AS SIGNED), VALUES(value))",
+                                   " NOT NULL ON DUPLICATE KEY UPDATE value = CONCAT(IF("
+                                   "value REGEXP '^-?[0-9]+$', GREATEST(CAST(value AS"
+                                   " SIGNED), OLD.changed_seq), OLD.changed_seq))",
     }
 
 
