@@ -422,6 +422,22 @@ class SQLiteStore:
         pass
 
 
+def refused_for(down: float, refuse: Callable[[], Any], cut: Callable[[], int],
+                allow: Callable[[], Any]) -> tuple[float, int]:
+    """A database's outage as clients see a failover: new sessions refused, every session
+    cut, ``down`` seconds, then sessions allowed again. The seconds it took, and the
+    sessions cut."""
+    start = time.time()
+    refuse()
+    try:
+        n = cut()
+        time.sleep(down)  # the outage itself: a chosen length, not a wait
+        n += cut()  # none: no session could start meanwhile
+    finally:
+        allow()
+    return time.time() - start, n
+
+
 class PostgresStore:
     """The store in a database of its own on the machine's PostgreSQL
     (``beat_claims_chaos_<random>``, created at the start and dropped at the end; the server
@@ -475,16 +491,12 @@ class PostgresStore:
         return int(rows[0][0]) if rows else 0
 
     def fault(self, down: float) -> str:
-        start = time.time()
-        self._admin(f'ALTER DATABASE "{self.dbname}" ALLOW_CONNECTIONS false')
-        try:
-            cut = self._cut()
-            time.sleep(down)  # the outage itself: a chosen length, not a wait
-            cut += self._cut()  # none: no session could start meanwhile
-        finally:
-            self._admin(f'ALTER DATABASE "{self.dbname}" ALLOW_CONNECTIONS true')
-        return (f"store database refused connections for {time.time() - start:.1f}s,"
-                f" its {cut} sessions cut (pg_terminate_backend)")
+        took, cut = refused_for(
+            down, lambda: self._admin(f'ALTER DATABASE "{self.dbname}" ALLOW_CONNECTIONS false'),
+            self._cut,
+            lambda: self._admin(f'ALTER DATABASE "{self.dbname}" ALLOW_CONNECTIONS true'))
+        return (f"store database refused connections for {took:.1f}s, its {cut} sessions"
+                " cut (pg_terminate_backend)")
 
     def stop(self) -> None:
         if self.created:
@@ -558,16 +570,11 @@ class MySQLStore:
         return cut
 
     def fault(self, down: float) -> str:
-        start = time.time()
-        self._admin(f"ALTER USER '{self.user}'@'%' ACCOUNT LOCK")
-        try:
-            cut = self._cut()
-            time.sleep(down)  # the outage itself: a chosen length, not a wait
-            cut += self._cut()  # none: no session could start meanwhile
-        finally:
-            self._admin(f"ALTER USER '{self.user}'@'%' ACCOUNT UNLOCK")
-        return (f"store user locked (new connections refused) for"
-                f" {time.time() - start:.1f}s, its {cut} sessions killed")
+        took, cut = refused_for(
+            down, lambda: self._admin(f"ALTER USER '{self.user}'@'%' ACCOUNT LOCK"),
+            self._cut, lambda: self._admin(f"ALTER USER '{self.user}'@'%' ACCOUNT UNLOCK"))
+        return (f"store user locked (new connections refused) for {took:.1f}s, its {cut}"
+                " sessions killed")
 
     def stop(self) -> None:
         if self.created:
