@@ -301,6 +301,10 @@ def django_params(alias: str) -> dict[str, Any] | None:
     if config is None or "mysql" not in str(config.get("ENGINE", "")):
         return None
     options = dict(config.get("OPTIONS") or {})
+    if not config.get("NAME"):
+        raise StoreConfigurationError(
+            f"beat_claims_url={redact_url('django:' + alias)!r}: Django's database"
+            f" {alias!r} has no NAME")
     params: dict[str, Any] = {
         "host": config.get("HOST") or "127.0.0.1",
         "port": int(config.get("PORT") or 3306),
