@@ -67,6 +67,7 @@ from .base import (
     CHANGES_PER_MS,
     DUE_AT_ONCE,
     Check,
+    Claim,
     ClaimPlan,
     DefinitionResult,
     DefinitionWrite,
@@ -74,6 +75,7 @@ from .base import (
     EntrySeed,
     EntryState,
     IndexWrite,
+    Outcome,
     OwnerStatus,
     Reclaim,
     Release,
@@ -84,6 +86,7 @@ from .base import (
     definition_result,
     written_next_due,
 )
+from .mysql_rows import Cursor, ItemFailed, Rows
 from .sqlite import (
     _STORES,
     ANCHOR_SHARED_MS,
@@ -322,28 +325,6 @@ def django_params(alias: str) -> dict[str, Any] | None:
     return params
 
 
-class _Cursor:
-    """A statement's answer, as sqlite3's cursor gives it (rows read at once)."""
-
-    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int) -> None:
-        self._rows = rows
-        self._at = 0
-        self.rowcount = rowcount
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        if self._at >= len(self._rows):
-            return None
-        self._at += 1
-        return self._rows[self._at - 1]
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        rows, self._at = self._rows[self._at:], len(self._rows)
-        return rows
-
-    def __iter__(self) -> Any:
-        return iter(self.fetchall())
-
-
 def _text(value: Any) -> Any:
     """A name or id column (VARBINARY) as text."""
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
@@ -361,7 +342,7 @@ class _Session:
         self._conn = conn
         self._write = write
 
-    def execute(self, statement: str, params: Sequence[Any] = ()) -> _Cursor:
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> Cursor:
         if statement == self._store._meta_get and self._write:
             statement += " FOR UPDATE"
         return self._store._statement(self._conn, statement, params)
@@ -563,13 +544,18 @@ class MySQLStore(RowStore):
             with contextlib.suppress(pymysql.err.MySQLError):
                 self._statement(db, "SELECT RELEASE_LOCK(%s)", (lock,))
 
-    def _statement(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> _Cursor:
-        """One statement, one round trip: its rows (names and ids as text)."""
+    def _statement(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Cursor:
+        """One statement, one round trip: its rows (names and ids as text). Text is sent
+        as UTF-8 bytes (``_binary'...'``): names and ids are VARBINARY, and a utf8mb4 string
+        compared with them costs a conversion per row (a batch of keys 50x slower); a text
+        column takes the bytes as its UTF-8 text."""
         self.statements += 1
         with conn.cursor() as cur:
-            rowcount = cur.execute(statement, tuple(params) if params else None)
+            rowcount = cur.execute(statement, tuple(
+                v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v
+                for v in params) if params else None)
             rows = cur.fetchall() if cur.description is not None else ()
-        return _Cursor([tuple(_text(v) for v in row) for row in rows], rowcount)
+        return Cursor([tuple(_text(v) for v in row) for row in rows], rowcount)
 
     def _failure(self, exc: Exception, starting: bool = False) -> Exception:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
@@ -590,8 +576,8 @@ class MySQLStore(RowStore):
 
     # -- transactions -------------------------------------------------------------------
     def _transaction(self, work: Callable[[Any], T], write: bool = True,
-                     heartbeat: bool = False, lock: Callable[[Any], None] | None = None
-                     ) -> T:
+                     heartbeat: bool = False, lock: Callable[[Any], None] | None = None,
+                     rows: bool = False) -> T:
         """``work`` in one transaction: all of it is written, or none of it. Run again
         after a deadlock or a lock wait timeout (RETRIES times at most); a table dropped
         under it is made again (once)."""
@@ -616,10 +602,15 @@ class MySQLStore(RowStore):
                         row = self._statement(conn, "SELECT UNIX_TIMESTAMP(NOW(6))"
                                               ).fetchone()
                         self._now_ms = int(row[0] * 1000) if row else 0
-                        session = _Session(self, conn, write)
+                        session: Any = _Session(self, conn, write)
+                        if rows:  # the chunk's rows read at once (mysql_rows.py)
+                            session = Rows(session.execute, self._sql, self.tables.runs,
+                                           self.tables.entries, self._savepoint)
                         if lock is not None:
                             lock(session)
                         result = work(session)
+                        if rows:
+                            session.flush()
                         conn.commit()
                         return result
                     except BaseException:
@@ -662,6 +653,13 @@ class MySQLStore(RowStore):
                 db.execute(f"SELECT name FROM {self.tables.entries} WHERE name IN ({marks})"
                            " ORDER BY name FOR UPDATE", names)
 
+        if what in ROWS_READ_AT_ONCE:
+            try:
+                return self._transaction(lambda db: run(db, part), rows=True,
+                                         lock=lambda db: _load(db, what, part,
+                                                               self.history_limit))
+            except ItemFailed:  # an item failed: a savepoint each, every statement sent
+                pass
         return self._transaction(lambda db: run(db, part), lock=lock)
 
     def _outage(self, exc: BaseException) -> bool:
@@ -799,6 +797,30 @@ class MySQLStore(RowStore):
 
     def _workers_statements(self) -> dict[str, str]:
         return self._workers_sql
+
+
+#: The calls whose chunks read their rows at once (mysql_rows.py).
+ROWS_READ_AT_ONCE = ("claim", "check", "record_sent", "release", "reclaim", "finish")
+
+
+def _load(rows: Rows, what: str, part: Sequence[Any], limit: int) -> None:
+    """Read (and lock) at once the rows the chunk's items are about."""
+    names = sorted({name for item in part if (name := _entry_of(item)) is not None})
+    if not names:
+        return
+    keys: list[tuple[str, int]] = []
+    added: dict[str, int] | None = {} if what == "claim" else None
+    for item in part:
+        if isinstance(item, ClaimPlan):
+            dues = [*item.claim, *(due for due, _ in item.skip)]
+            keys += [(item.entry, int(due)) for due in dues]
+            assert added is not None
+            added[item.entry] = added.get(item.entry, 0) + len(dues)
+        elif isinstance(item, (Check, Release)):
+            keys.append((item.claim.entry, int(item.claim.due)))
+        elif isinstance(item, (Claim, Reclaim, Outcome)):
+            keys.append((item.entry, int(item.due)))
+    rows.load(names, keys, added, limit)
 
 
 def _definition_chunks(writes: list[DefinitionWrite]) -> list[list[DefinitionWrite]]:
