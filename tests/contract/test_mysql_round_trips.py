@@ -11,15 +11,8 @@ from typing import Any
 import pytest
 
 from beat_claims.enums import RunState
-from beat_claims.stores.base import (
-    Check,
-    CheckVerdict,
-    ClaimPlan,
-    ClaimStatus,
-    EntrySeed,
-    Outcome,
-    Store,
-)
+from beat_claims.stores import base
+from beat_claims.stores.base import Check, CheckVerdict, ClaimPlan, EntrySeed, Store
 
 from .backend import Backend
 from .backend_mysql import BACKEND as backend_mysql
@@ -49,13 +42,13 @@ def _burst(store: Store, backend: Backend, rounds: int) -> list[int]:
         trips = backend.round_trips(store)
         results = store.claim(A, [ClaimPlan(name, state, (state.anchor + 1000 * k,))
                                   for name, state in states.items()])
-        assert {r.status for r in results} == {ClaimStatus.OK}, results[:3]
+        assert {r.status for r in results} == {base.ClaimStatus.OK}, results[:3]
         claimed = [c for r in results for c in r.claims]
         assert len(claimed) == N
         checked = store.check(A, [Check(c, f"t-{c.entry}-{c.due}") for c in claimed])
         assert {c.verdict for c in checked} == {CheckVerdict.SEND}
         assert store.record_sent(A, claimed) == N
-        assert store.finish([Outcome(c.entry, c.due, c.token, RunState.DONE)
+        assert store.finish([base.Outcome(c.entry, c.due, c.token, RunState.DONE)
                              for c in claimed]) == [True] * N
         out.append(trips())
         states = {r.entry: r.state for r in results}
