@@ -605,7 +605,7 @@ class MySQLStore(RowStore):
                         session: Any = _Session(self, conn, write)
                         if rows:  # the chunk's rows read at once (mysql_rows.py)
                             session = Rows(session.execute, self._sql, self.tables.runs,
-                                           self.tables.entries, self._savepoint)
+                                           self.tables.entries, self._savepoint, DUE_AT_ONCE)
                         if lock is not None:
                             lock(session)
                         result = work(session)
@@ -657,7 +657,8 @@ class MySQLStore(RowStore):
             try:
                 return self._transaction(lambda db: run(db, part), rows=True,
                                          lock=lambda db: _load(db, what, part,
-                                                               self.history_limit))
+                                                               self.history_limit,
+                                                               self._meta_get))
             except ItemFailed:  # an item failed: a savepoint each, every statement sent
                 pass
         return self._transaction(lambda db: run(db, part), lock=lock)
@@ -800,16 +801,19 @@ class MySQLStore(RowStore):
 
 
 #: The calls whose chunks read their rows at once (mysql_rows.py).
-ROWS_READ_AT_ONCE = ("claim", "check", "record_sent", "release", "reclaim", "finish")
+ROWS_READ_AT_ONCE = ("claim", "check", "record_sent", "release", "reclaim", "finish",
+                     "register", "unregister", "index")
 
 
-def _load(rows: Rows, what: str, part: Sequence[Any], limit: int) -> None:
+def _load(rows: Rows, what: str, part: Sequence[Any], limit: int, meta_get: str) -> None:
     """Read (and lock) at once the rows the chunk's items are about."""
     names = sorted({name for item in part if (name := _entry_of(item)) is not None})
     if not names:
         return
     keys: list[tuple[str, int]] = []
-    added: dict[str, int] | None = {} if what == "claim" else None
+    added: dict[str, int] | None = {} if what in ("claim", "register") else None
+    if what == "register":  # one creator of entries at a time (see the module's doc)
+        rows.execute(meta_get, ("anchoring",))  # (read FOR UPDATE: a writing session's)
     for item in part:
         if isinstance(item, ClaimPlan):
             dues = [*item.claim, *(due for due, _ in item.skip)]
@@ -820,6 +824,10 @@ def _load(rows: Rows, what: str, part: Sequence[Any], limit: int) -> None:
             keys.append((item.claim.entry, int(item.claim.due)))
         elif isinstance(item, (Claim, Reclaim, Outcome)):
             keys.append((item.entry, int(item.due)))
+        elif isinstance(item, EntrySeed) and item.runs:
+            keys += [(item.name, int(run.due)) for run in item.runs]
+            assert added is not None
+            added[item.name] = added.get(item.name, 0) + len(item.runs)
     rows.load(names, keys, added, limit)
 
 

@@ -27,9 +27,12 @@ from typing import Any
 #: The run's columns, as this copy keeps them (after entry and due).
 RUN_COLUMNS = ("record", "kind", "since", "owner", "token", "busy", "place", "lost_at")
 #: The entry's columns the transitions of the hot path read, and those they write.
-ENTRY_COLUMNS = ("anchor", "checkpoint", "token", "paused_at", "last_paused_at", "resumed_at",
-                 "version", "horizon", "next_due")
-ENTRY_WRITTEN = ("checkpoint", "token", "next_due", "horizon")
+ENTRY_COLUMNS = ("description", "anchor", "checkpoint", "token", "paused_at", "last_paused_at",
+                 "resumed_at", "version", "horizon", "next_due", "registrants")
+ENTRY_WRITTEN = ("description", "anchor", "checkpoint", "token", "next_due", "horizon",
+                 "registrants")
+#: Reads of other tables that a transaction of the hot path never writes: answered once.
+KEPT_READS = ("owners_alive",)
 #: Rows of one multi-row statement at most.
 ROWS_PER_STATEMENT = 1000
 
@@ -70,10 +73,14 @@ class Rows:
     ``runs`` and ``entries`` the tables' quoted names."""
 
     def __init__(self, send: Callable[[str, Sequence[Any]], Cursor], sql: dict[str, str],
-                 runs: str, entries: str, savepoints: Sequence[str]) -> None:
+                 runs: str, entries: str, savepoints: Sequence[str],
+                 due_at_once: int = 0) -> None:
         self._send = send
+        self._due_at_once = due_at_once
         self._runs_table, self._entries_table = runs, entries
         self._names = {text: name for name, text in sql.items()}
+        self._kept = {sql[name] for name in KEPT_READS}
+        self._read: dict[tuple[str, tuple[Any, ...]], list[tuple[Any, ...]]] = {}
         self._make, self._undo, self._release = savepoints
         self.entries: dict[str, Row | None] = {}
         self.runs: dict[Key, Row | None] = {}
@@ -162,9 +169,15 @@ class Rows:
             answer = handler(*params)
             if answer is not NotImplemented:
                 return answer
+        if statement in self._kept:
+            read = (statement, tuple(params))
+            if read not in self._read:
+                self._read[read] = self._send(statement, params).fetchall()
+            return Cursor(list(self._read[read]))
         self.flush()
         cur = self._send(statement, params)
-        if not statement.lstrip().upper().startswith("SELECT"):
+        if not statement.lstrip().upper().startswith("SELECT") and (
+                self._runs_table in statement or self._entries_table in statement):
             self.forget()  # a write this copy does not follow: read from the server now
         return cur
 
@@ -200,9 +213,9 @@ class Rows:
         names = sorted(name for name in self.dirty_entries if self.entries.get(name))
         self.dirty_entries.clear()
         for part in _parts(names):
-            values = ", ".join([f"(%s, '', {', '.join(['%s'] * len(ENTRY_WRITTEN))})"]
+            values = ", ".join([f"(%s, {', '.join(['%s'] * len(ENTRY_WRITTEN))})"]
                                * len(part))
-            self._send(f"INSERT INTO {self._entries_table} (name, description,"
+            self._send(f"INSERT INTO {self._entries_table} (name,"
                        f" {', '.join(ENTRY_WRITTEN)}) VALUES {values} ON DUPLICATE KEY"
                        " UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in ENTRY_WRITTEN),
                        [v for name in part for v in (name, *(
@@ -373,6 +386,27 @@ class Rows:
         row.update(values)
         self.dirty_entries.add(name)
         return Cursor([], 1)
+
+    def _entry_put(self, name: str, description: str, anchor: Any, checkpoint: Any,
+                   token: Any) -> Cursor | Any:
+        """A new entry (indexed due at once), or the entry's description, anchor,
+        checkpoint and token."""
+        row = self._entry(name)
+        if row is NotImplemented:
+            return NotImplemented
+        if row is None:
+            row = self.entries[name] = {**dict.fromkeys(ENTRY_COLUMNS), "version": 0,
+                                        "next_due": self._due_at_once}
+        row.update(description=description, anchor=anchor, checkpoint=checkpoint,
+                   token=token)
+        self.dirty_entries.add(name)
+        return Cursor([], 1)
+
+    def _entry_registrants(self, name: str) -> Cursor | Any:
+        return self._read_entry(name, lambda e: (e["registrants"],))
+
+    def _entry_registrants_set(self, registrants: str, name: str) -> Cursor | Any:
+        return self._write_entry(name, registrants=registrants)
 
     def _next_set(self, next_due: Any, name: str) -> Cursor | Any:
         return self._write_entry(name, next_due=next_due)
