@@ -52,6 +52,7 @@ before 11.1: set with ``SET SESSION TRANSACTION ISOLATION LEVEL``, which both kn
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import threading
@@ -69,9 +70,12 @@ from .base import (
     Check,
     Claim,
     ClaimPlan,
+    ClaimResult,
+    ClaimStatus,
     DefinitionResult,
     DefinitionWrite,
     Delivery,
+    EntryRecord,
     EntrySeed,
     EntryState,
     IndexWrite,
@@ -80,10 +84,12 @@ from .base import (
     Reclaim,
     Release,
     StoreConfigurationError,
+    StoredDefinition,
     StoreError,
     WriteStatus,
     checked_writes,
     definition_result,
+    stored_definition,
     written_next_due,
 )
 from .mysql_rows import Cursor, ItemFailed, Rows
@@ -93,6 +99,7 @@ from .sqlite import (
     RowStore,
     Tables,
     _definition_statements,
+    _entry_record,
     _maybe_int,
     _statements,
     _workers_statements,
@@ -129,6 +136,8 @@ _REFUSED_CODES = frozenset({1044, 1045, 1049, 1142, 1227, 1698})
 #: default).
 DEFINITIONS_CHUNK = 5000
 DEFINITIONS_BYTES = 4 * 1024 * 1024
+#: Names of one read of many entries (``entries``, ``definitions``) at most.
+NAMES_PER_READ = 1000
 #: A "LIMIT" that does not limit (MySQL has no LIMIT -1).
 NO_LIMIT = 2 ** 62
 
@@ -668,6 +677,55 @@ class MySQLStore(RowStore):
 
     def history(self, entry: str, limit: int | None = None) -> list[Any]:
         return super().history(entry, NO_LIMIT if limit is None else limit)
+
+    # -- reads of many entries: a statement per thousand names -------------------------
+    def _by_name(self, names: Sequence[str], statement: str) -> dict[str, tuple[Any, ...]]:
+        """The rows of ``statement`` (its ``WHERE name = %s`` made a list; its first column
+        the name) for ``names``, by name, read in one transaction."""
+        wanted = list(dict.fromkeys(names))
+
+        def work(db: _Session) -> dict[str, tuple[Any, ...]]:
+            out: dict[str, tuple[Any, ...]] = {}
+            for start in range(0, len(wanted), NAMES_PER_READ):
+                part = wanted[start:start + NAMES_PER_READ]
+                listed = statement.replace("WHERE name = %s",
+                                           f"WHERE name IN ({', '.join(['%s'] * len(part))})")
+                out.update((str(row[0]), row) for row in db.execute(listed, part).fetchall())
+            return out
+
+        return self._transaction(work, write=False) if wanted else {}
+
+    def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
+        if names is None:
+            return super().entries(None)
+        found = self._by_name(names, self._sql["entry_read"])
+        return [_entry_record(found[name]) for name in names if name in found]
+
+    def definitions(self, names: Sequence[str] | None = None, after: str = "",
+                    limit: int = 1000) -> list[StoredDefinition]:
+        if names is None:
+            return super().definitions(None, after, limit)
+        found = self._by_name(names, self._sql["def_get"].replace(
+            "SELECT ", "SELECT name, ", 1))
+        return [stored_definition(name, *row[1:6]) for name in dict.fromkeys(names)
+                if (row := found.get(name)) is not None
+                and (row[2] not in (0, None) or row[1] is not None)]
+
+    # -- claims: the check before publish in the claim's own transaction ---------------
+    def _claim_one(self, db: Any, now: int, owner: str, plan: ClaimPlan) -> ClaimResult:
+        """The SQLite store's claim; with ``plan.send`` (SendAtOnce), each new occurrence is
+        then checked as ``check`` would check it, in due order, in the same transaction
+        (not while the entry had runs due again: the caller checks those with them)."""
+        result = super()._claim_one(db, now, owner, plan)
+        send = plan.send
+        if (send is None or result.status is not ClaimStatus.OK or not result.claims
+                or result.taken or len(send.task_ids) != len(plan.claim)):
+            return result
+        task_ids = dict(zip(plan.claim, send.task_ids))
+        checked = tuple(self._check_one(db, now, owner, Check(
+            c, task_ids[c.due], None, send.overlap)) for c in sorted(
+            result.claims, key=lambda c: c.due))
+        return dataclasses.replace(result, checked=checked)
 
     # -- definitions: a bulk in a few statements ----------------------------------------
     def write_definitions(self, writes: Sequence[DefinitionWrite]
