@@ -388,6 +388,8 @@ class MySQLStore(RowStore):
         self._heartbeat_file: tuple[str, str] | None = None  # type: ignore[assignment]
         self._ready = False
         self._now_ms = 0
+        #: The connection whose reply is being read (None between statements).
+        self._in_flight: Any = None
         #: Transactions run again after a deadlock or a lock wait timeout (since opened).
         self.retries = 0
         self.statements = 0
@@ -559,11 +561,13 @@ class MySQLStore(RowStore):
         compared with them costs a conversion per row (a batch of keys 50x slower); a text
         column takes the bytes as its UTF-8 text."""
         self.statements += 1
+        self._in_flight = conn  # (until its reply is read: see _transaction)
         with conn.cursor() as cur:
             rowcount = cur.execute(statement, tuple(
                 v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v
                 for v in params) if params else None)
             rows = cur.fetchall() if cur.description is not None else ()
+        self._in_flight = None
         return Cursor([tuple(_text(v) for v in row) for row in rows], rowcount)
 
     def _failure(self, exc: Exception, starting: bool = False) -> Exception:
@@ -620,11 +624,21 @@ class MySQLStore(RowStore):
                         result = work(session)
                         if rows:
                             session.flush()
+                        self._in_flight = conn
                         conn.commit()
+                        self._in_flight = None
                         return result
-                    except BaseException:
-                        with contextlib.suppress(Exception):
-                            conn.rollback()
+                    except BaseException as exc:
+                        if self._in_flight is conn and not _answered(exc):
+                            # Interrupted with a reply half read (a signal's SystemExit, a
+                            # timeout): the next statement would read this one's reply. The
+                            # session goes, and the server rolls its transaction back.
+                            self._in_flight = None
+                            self._drop_connection()
+                        else:
+                            self._in_flight = None
+                            with contextlib.suppress(Exception):
+                                conn.rollback()
                         raise
                 except pymysql.err.MySQLError as exc:
                     code = exc.args[0] if exc.args else None
@@ -919,6 +933,16 @@ def _entry_of(item: Any) -> str | None:
         if isinstance(value, str):
             return value
     return None
+
+
+def _answered(exc: BaseException) -> bool:
+    """Whether ``exc`` is the server's answer (an error packet read whole: the session can
+    go on), not an interruption of the reply."""
+    code = exc.args[0] if exc.args else None
+    # (the client's own errors are 2000 to 2999: a connection lost, a reply cut short)
+    return (pymysql is not None and isinstance(exc, pymysql.err.MySQLError)
+            and not isinstance(exc, pymysql.err.InterfaceError) and isinstance(code, int)
+            and code >= 1000 and not 2000 <= code < 3000)
 
 
 def _is_outage(exc: BaseException) -> bool:
