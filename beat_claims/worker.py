@@ -20,10 +20,13 @@ delivery whose run another process started judges that process by it
 (:mod:`beat_claims.worker_liveness`), never by asking it.
 
 The store is asked with a short timeout (``beat_claims_worker_timeout``); after one
-failure this process treats it as down — deliveries run unfenced, logged once — and a
-background probe finds out when it answers again (soon after a blip, at most every 5 s in
-a long outage): a store that hangs costs one delivery one timeout per outage, not every
-task.
+failure this process treats it as down, logged once, and a background probe finds out when
+it answers again (soon after a blip, at most every 5 s in a long outage). A delivery that
+meets the store down waits for it, up to ``beat_claims_worker_store_wait`` from the
+outage's start (and within its own time limit), then asks again: a restart or a failover
+fences the deliveries that arrive meanwhile, a stale owner's message included. Past that
+bound, deliveries run unfenced until the store answers (logged once): a store that hangs
+costs one delivery one timeout and one wait per outage, not every task.
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ class _Context:
         self.down_since: float | None = None
         self._probe_wait = PROBE_FIRST  # the next probe's wait (see PROBE_MEMORY)
         self._up_at = float("-inf")  # when the last outage ended (monotonic)
+        self._answers = threading.Event()  # set while the store is taken for up
+        self._answers.set()
+        self._given_up: float | None = None  # the outage past its wait (its down_since)
         self._lock = threading.Lock()
         self._noted: set[str] = set()
 
@@ -113,11 +119,14 @@ class _Context:
             if self.down_since is not None:
                 return
             self.down_since = time.monotonic()
+            self._answers.clear()
             if self.down_since - self._up_at > PROBE_MEMORY:
                 self._probe_wait = PROBE_FIRST
-        logger.error("beat-claims: store unreachable (%s: %s) while %s; until it answers,"
-                     " deliveries run unfenced and their outcomes are not recorded here"
-                     " (logged once per outage)", type(exc).__name__, exc, what)
+        wait = self.settings.worker_store_wait if self.settings is not None else 0.0
+        logger.error("beat-claims: store unreachable (%s: %s) while %s; deliveries wait for"
+                     " it up to %gs, then run unfenced until it answers, and their outcomes"
+                     " are not recorded here (logged once per outage)", type(exc).__name__,
+                     exc, what, wait)
         threading.Thread(target=self._probe, name="beat-claims-probe", daemon=True).start()
 
     def _probe(self) -> None:
@@ -131,9 +140,33 @@ class _Context:
             with self._lock:
                 since, self.down_since = self.down_since, None
                 self._up_at = time.monotonic()
+                self._answers.set()
             logger.warning("beat-claims: store reachable again after %.1fs; deliveries are"
                            " fenced again", time.monotonic() - (since or time.monotonic()))
             return  # (an outage from here on is another one, with a probe of its own)
+
+    def awaited(self, began: float, limit: float | None) -> Store | None:
+        """The store, once it answers: while it is down, wait for the probe to find it up,
+        until the outage is ``worker_store_wait`` old, the delivery (which ``began`` then)
+        has waited that long, or its time ``limit`` (seconds from ``began``) is spent.
+        None when it did not come back in time (the delivery runs unfenced)."""
+        store = self.get()
+        down, settings = self.down_since, self.settings
+        if store is not None or down is None or settings is None or self.broken is not None:
+            return store
+        deadline = min(down, began) + settings.worker_store_wait
+        if limit is not None:
+            deadline = min(deadline, began + limit)
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            self._answers.wait(remaining)
+        store = self.get()
+        if store is None and self.down_since == down and self._given_up != down:
+            self._given_up = down
+            logger.error("beat-claims: store still unreachable after %.1fs; deliveries run"
+                         " unfenced until it answers (logged once per outage)",
+                         time.monotonic() - down)
+        return store
 
     def note(self, key: str, message: str, *args: Any) -> None:
         """Log a condition once per process."""
@@ -404,7 +437,8 @@ def _decide(sender: Any = None, task_id: str | None = None, task: Any = None,
     if parsed is None:
         return  # not sent by beat-claims: runs untouched
     entry, due, token, meta = parsed
-    store = _context.get()
+    began, limit = time.monotonic(), _time_left(task, request)
+    store = _context.awaited(began, limit)
     if store is None or _context.settings is None:
         return
     prefix = meta.get("prefix")
@@ -419,23 +453,16 @@ def _decide(sender: Any = None, task_id: str | None = None, task: Any = None,
     delivery = Delivery(entry, due, token, process, int(request.retries or 0),
                         request.id or "")
     interval = _context.settings.worker_heartbeat_interval
-    try:
-        _heartbeat.ensure(store, process, interval)  # (no start without a record)
-        decision = store.start(delivery)
-        if not decision.ok and decision.busy_with is not None:
-            try:
-                decision = _when_busy(store, delivery, decision, interval,
-                                      _time_left(task, request))
-            except SoftTimeLimitExceeded:
-                # A limit the judgement did not know of ended it: Celery's signal dispatch
-                # would swallow this, and the body would run beside a starter that may be
-                # alive. Refused, as a judgement cut short by a known limit is.
-                decision = dataclasses.replace(decision, why="its soft time limit ended the"
-                                               " judgement of the process that started"
-                                               " its run")
-    except StoreError as exc:
-        _context.failed(f"starting {entry} due {iso(due)} (task {request.id})", exc)
-        return
+    wait = _context.settings.worker_store_wait
+    while True:
+        try:
+            decision = _start(store, delivery, interval, limit, began)
+            break
+        except StoreError as exc:
+            _context.failed(f"starting {entry} due {iso(due)} (task {request.id})", exc)
+        store = _context.awaited(began, limit)
+        if store is None or time.monotonic() - began > wait:
+            return  # (a store that answers the probe and fails starts: bounded all the same)
     beats_store = meta.get("store")
     if beats_store and decision.store_id and beats_store != decision.store_id:
         _context.note(f"store {beats_store}", "beat-claims: deliveries come from beats whose"
@@ -449,6 +476,25 @@ def _decide(sender: Any = None, task_id: str | None = None, task: Any = None,
     setattr(request, _MARK, f"refused: {decision.why or 'already started'}")
     if request.id:
         _refused.add(request.id)
+
+
+def _start(store: Store, delivery: Delivery, interval: float, limit: float | None,
+           began: float) -> StartDecision:
+    """The store's answer to starting ``delivery``, its starter judged when another process
+    started the run (within what is left of ``limit``, seconds from ``began``)."""
+    _heartbeat.ensure(store, delivery.process, interval)  # (no start without a record)
+    decision = store.start(delivery)
+    if decision.ok or decision.busy_with is None:
+        return decision
+    left = None if limit is None else max(0.0, limit - (time.monotonic() - began))
+    try:
+        return _when_busy(store, delivery, decision, interval, left)
+    except SoftTimeLimitExceeded:
+        # A limit the judgement did not know of ended it: Celery's signal dispatch would
+        # swallow this, and the body would run beside a starter that may be alive.
+        # Refused, as a judgement cut short by a known limit is.
+        return dataclasses.replace(decision, why="its soft time limit ended the judgement"
+                                   " of the process that started its run")
 
 
 def fence(task: Task) -> None:
