@@ -110,7 +110,10 @@ class _Context:
                 logger.error("beat-claims: the worker side is off in this process: %s", exc)
                 return None
             self.pid = os.getpid()
-            self.down_since = None
+            self.down_since = self._given_up = None
+            # (a fork may have copied them held or cleared by a thread that is not here)
+            self._lock, self._answers = threading.Lock(), threading.Event()
+            self._answers.set()
         return None if self.down_since is not None else self.store
 
     def failed(self, what: str, exc: Exception) -> None:
