@@ -24,13 +24,15 @@ pytestmark = pytest.mark.integration
 __all__ = ["client_app", "store"]  # (fixtures)
 
 
-@pytest.mark.parametrize("pool", ["solo", "threads"])
+@pytest.mark.parametrize("pool", ["solo", "threads", "prefork", "gevent"])
 def test_a_start_whose_reply_was_lost_runs_its_delivery_once(
         server: RedisServer, tmp_path: Path, client_app: Celery, store: RedisStore,
         pool: str) -> None:
     """The store started the run and its reply was lost: asked again once it answers, the
     store says this process started it already. That process is the delivery itself: it
     runs (once), it is not refused as its own duplicate."""
+    if pool == "gevent":
+        pytest.importorskip("gevent")
     sent = Sent(store, f"start-reply-lost-{pool}")
     with proxy(server.port) as lossy:
         conf = {"beat_claims_url": lossy.url(), "beat_claims_worker_store_wait": 30.0}
@@ -77,3 +79,30 @@ def test_a_store_that_answers_the_probe_and_fails_starts_costs_one_wait_not_one_
     assert took < 2 * wait + 2, (took, log)
     assert log.count("store still unreachable after") == 1, log
 
+
+
+def test_a_duplicate_whose_start_reply_was_lost_in_the_process_running_the_run_is_refused(
+        server: RedisServer, tmp_path: Path, client_app: Celery, store: RedisStore) -> None:
+    """The other side of the lost reply: a duplicate delivered to the very process (a pool
+    of threads) whose other delivery runs the run. Its start's reply is lost, and asked
+    again the store says this process started the run: another delivery here did, so
+    the duplicate is refused, not taken for its own start."""
+    sent = Sent(store, "duplicate-reply-lost")
+    with proxy(server.port) as lossy:
+        conf = {"beat_claims_url": lossy.url(), "beat_claims_worker_store_wait": 30.0}
+        with fleet(server.url, server.broker_url(), tmp_path, {},
+                   BC_CONF=json.dumps(conf)) as f:
+            worker = f.worker(pool="threads", concurrency=2)
+            _ready(f, worker)
+            sent.publish(client_app, "proj.slow", kwargs={"seconds": 60, "release": "dup"})
+            wait_for(lambda: sent.record().state is RunState.STARTED, 30, "the first delivery")
+            lossy.drop_reply_to(function_name("start"))
+            sent.publish(client_app, "proj.slow", kwargs={"seconds": 60, "release": "dup"})
+            wait_for(lambda: "refusing delivery" in f.log(worker) or
+                     len(_runs(server, sent.entry)) > 1, 30, "the duplicate to be refused")
+            server.client().set("release:dup", "1")
+            wait_for(lambda: sent.record().state.final, 30, "the run to finish")
+            log = f.log(worker)
+        assert lossy.dropped, log
+    assert len(_runs(server, sent.entry)) == 1, log
+    assert "already started by this process" in log, log
