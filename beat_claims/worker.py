@@ -495,16 +495,21 @@ def _decide(sender: Any = None, task_id: str | None = None, task: Any = None,
 def _decision(request: Any, entry: str, due: int, token: int, meta: dict[str, Any],
               began: float, limit: float | None) -> StartDecision | None:
     """May this delivery run (None: it runs unfenced)?"""
-    store = _context.awaited(began, limit)
-    if store is None or _context.settings is None:
+    # This process's settings (read once): a delivery from beats on another key prefix
+    # runs unfenced at once, never waiting for the store.
+    _context.get()
+    settings, prefix = _context.settings, meta.get("prefix")
+    if settings is None or _context.broken is not None:
         return None
-    prefix = meta.get("prefix")
-    if prefix is not None and prefix != _context.settings.key_prefix:
+    if prefix is not None and prefix != settings.key_prefix:
         _context.note(f"prefix {prefix}", "beat-claims: deliveries come from beats using key"
                       " prefix %r; this worker uses %r (store %s): they run unfenced here."
                       " Give beats and workers the same beat_claims_url and"
-                      " beat_claims_key_prefix.", prefix, _context.settings.key_prefix,
-                      store.description)
+                      " beat_claims_key_prefix.", prefix, settings.key_prefix,
+                      _context.store.description if _context.store else "?")
+        return None
+    store = _context.awaited(began, limit)
+    if store is None:
         return None
     delivery = Delivery(entry, due, token, _process(request), int(request.retries or 0),
                         request.id or "")

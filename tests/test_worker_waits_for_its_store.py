@@ -17,6 +17,7 @@ from beat_claims.stores.redis import RedisStore, function_name
 from .conftest import RedisServer
 from .faults import proxy
 from .processes import fleet, wait_for
+from .test_redis_client import SilentServer
 from .test_worker_off_the_happy_path import Sent, _ready, _runs, client_app, store
 
 pytestmark = pytest.mark.integration
@@ -106,3 +107,30 @@ def test_a_duplicate_whose_start_reply_was_lost_in_the_process_running_the_run_i
         assert lossy.dropped, log
     assert len(_runs(server, sent.entry)) == 1, log
     assert "already started by this process" in log, log
+
+
+def test_a_delivery_from_beats_on_another_prefix_does_not_wait_for_the_store(
+        server: RedisServer, tmp_path: Path, client_app: Celery) -> None:
+    """Deliveries from beats using another key prefix run unfenced here whatever the store
+    says: an outage of the store does not hold them for its wait."""
+    hung = SilentServer()
+    try:
+        conf = {"beat_claims_url": f"redis://127.0.0.1:{hung.port}/0",
+                "beat_claims_worker_timeout": 1.0, "beat_claims_worker_store_wait": 20.0}
+        header = {"entry": "elsewhere", "due": "2026-12-01T00:00:00.000Z", "token": 1,
+                  "prefix": "other-app"}
+        with fleet(server.url, server.broker_url(), tmp_path, {},
+                   BC_CONF=json.dumps(conf)) as f:
+            worker = f.worker(pool="solo")
+            _ready(f, worker)
+            f.wait_log(worker, "store unreachable", 30)  # (its first call, at ready)
+            started = time.monotonic()
+            client_app.send_task("proj.record", task_id="elsewhere-1",
+                                 headers={"beat_claims": header})
+            wait_for(lambda: _runs(server, "elsewhere"), 40, "the delivery to run")
+            took = time.monotonic() - started
+            log = f.log(worker)
+    finally:
+        hung.close()
+    assert took < 5, (took, log)
+    assert "key prefix 'other-app'" in log, log
