@@ -47,3 +47,23 @@ def test_a_beat_that_keeps_up_says_nothing_of_lateness(
                  "more than three windows of sends")
         log = f.log(beat)
     assert "falling behind" not in log and "keeping up" not in log, log[-3000:]
+
+
+def test_runs_sent_late_by_their_overlap_policy_are_not_the_beat_falling_behind(
+        server: RedisServer, tmp_path: Path) -> None:
+    """An ``overlap: buffer_one`` entry whose task outlasts its period: each occurrence
+    waits for the previous run, and is sent late by design once it ends (taken due again,
+    as a run released or taken back from a beat that died is). The beat keeps up with
+    what falls due: it says nothing of lateness."""
+    schedule = {"buffered": {"every": 1, "task": "slow", "kwargs": {"seconds": 2.5},
+                             "claims": {"overlap": "buffer_one"}}}
+    with fleet(server.url, server.broker_url(), tmp_path, schedule,
+               BC_LATENESS_WINDOW_MS=WINDOW_MS) as f:
+        beat = f.beat()
+        f.worker()
+        # Runs that waited for the one before them, over more than three windows.
+        wait_for(lambda: f.log(beat).count("Sending due task") >= 6
+                 or "falling behind" in f.log(beat), 90,
+                 "six sends, each after the run before it")
+        log = f.log(beat)
+    assert "falling behind" not in log, log[-3000:]

@@ -4,7 +4,8 @@ A beat that cannot send its share as fast as it falls due (more entries than its
 its broker can carry) sends later and later, and nothing else says so: the fleet looks
 healthy. Each minute this counts the occurrences the beat sent more than :data:`LATE_MS`
 after their instant (due, plus the entry's jitter offset), of those due while the beat ran
-without a break (a catch-up after an outage or a restart is late by design, and an
+without a break (a catch-up after an outage or a restart is late by design, as is a run
+taken due again: released, taken back, an ``overlap="buffer_one"`` run's turn; and an
 operator's run has no instant of the schedule), and says so in one warning a minute while
 more than one in a hundred is late (the 99th percentile past a second), and once when it
 keeps up again. Counters only: what it keeps does not grow with what is sent.
@@ -16,6 +17,7 @@ import logging
 from dataclasses import dataclass
 
 from ..metrics import Metrics
+from ..runs import iso
 
 #: A send later than this after its instant is late.
 LATE_MS = 1000
@@ -41,8 +43,17 @@ class Lateness:
         self.behind = False
 
     def sent(self, late_ms: int, now: int) -> None:
-        """An occurrence due at ``now - late_ms`` (store clock, ms) was sent at ``now``."""
+        """An occurrence due at ``now - late_ms`` (store clock, ms) was sent at ``now``.
+
+        A window is the minute from its first send: the first send after it judges it
+        (its own sends, over its minute: a beat idle for hours is not judged over them) and
+        opens the next. A store clock that went back before the window began counts
+        afresh from here (the window would not end until it came back)."""
         window = self.window
+        if window is not None and not window.started <= now < window.started + WINDOW_MS:
+            if now >= window.started:
+                self._judge(window)
+            window = None
         if window is None:
             window = self.window = _Window(now)
         window.sent += 1
@@ -50,22 +61,21 @@ class Lateness:
             window.late += 1
             window.worst = max(window.worst, late_ms)
             self.metrics.count("sent_late")
-        if now - window.started >= WINDOW_MS:
-            self._judge(window, now)
-            self.window = None
 
-    def _judge(self, window: _Window, now: int) -> None:
-        seconds = max(1.0, (now - window.started) / 1000)
+    def _judge(self, window: _Window) -> None:
+        seconds = WINDOW_MS / 1000
         if window.late > window.sent * TOLERATED:
             self.behind = True
             self.logger.warning(
                 "beat-claims: falling behind: %d of the %d occurrences this beat sent in the"
-                " last %.0fs went out more than %.0fs after their instant (the latest %.1fs"
-                " late); it sent %.0f a second. More beats share the load (each claims what"
-                " falls due as it can send it)", window.late, window.sent, seconds,
-                LATE_MS / 1000, window.worst / 1000, window.sent / seconds)
+                " %.0fs from %s went out more than %.0fs after their instant (the latest"
+                " %.1fs late); it sent %.1f a second. More beats share the load (each claims"
+                " what falls due as it can send it)", window.late, window.sent, seconds,
+                iso(window.started), LATE_MS / 1000, window.worst / 1000,
+                window.sent / seconds)
         elif self.behind:
             self.behind = False
             self.logger.warning("beat-claims: keeping up again: %d occurrences sent in the"
-                                " last %.0fs, none more than %.0fs after its instant but %d",
-                                window.sent, seconds, LATE_MS / 1000, window.late)
+                                " %.0fs from %s, none more than %.0fs after its instant but"
+                                " %d", window.sent, seconds, iso(window.started),
+                                LATE_MS / 1000, window.late)

@@ -281,8 +281,9 @@ class Sender:
     def _judge_lateness(self, claim: Claim, now: int) -> None:
         """Count how late ``claim`` went out after its instant, if it fell due while this
         beat ran without a break (see :mod:`beat_claims.beat.lateness`)."""
-        if claim.manual or self.up_since is None or claim.due < self.up_since:
-            return
+        if claim.manual or self.up_since is None or claim.due < self.up_since or \
+                claim.ref in self.holdings.due_again:
+            return  # (late by design: an operator's, a catch-up, or taken due again)
         policy = self.policies.get(claim.entry)
         at = claim.due
         if policy is not None and policy.jitter:
