@@ -17,7 +17,7 @@ logger = get_logger("celery.beat.claims")
 
 #: What the ``beat_claims_runs_total`` counter counts, by its ``event`` label.
 EVENTS = ("claimed", "sent", "skipped", "waiting", "released", "taken_over", "not_sent",
-          "publish_failed")
+          "publish_failed", "sent_late")
 
 
 class Metrics:

@@ -34,6 +34,10 @@ DEFAULT_UNSTARTED_AFTER = 300.0
 #: How many runs one backfill request may create, unless ``beat_claims_backfill_limit``
 #: says otherwise.
 DEFAULT_BACKFILL_LIMIT = 1000
+#: A delivery's wait for a store that does not answer: long enough for a restart, a
+#: Sentinel or Patroni failover; bounded, as deliveries wait in the pool's slots.
+DEFAULT_WORKER_STORE_WAIT = 30.0
+MAX_WORKER_STORE_WAIT = 600.0
 #: The longest entry name, in bytes of UTF-8.
 MAX_NAME_BYTES = 1024
 #: Every ``beat_claims_*`` setting: any other name with the prefix is a typo, refused.
@@ -42,7 +46,8 @@ SETTINGS = ("url", "key_prefix", "sentinel_master", "heartbeat_interval", "recla
             "run_timeout", "history_limit", "publish_retries", "result_backend_recovery",
             "recovery_batch", "metrics_port", "entry_claims", "worker_timeout", "jitter",
             "worker_unprotected", "backfill_limit", "health_grace", "claim_ahead",
-            "worker_heartbeat_interval", "exception_messages", "unstarted_after")
+            "worker_heartbeat_interval", "exception_messages", "unstarted_after",
+            "worker_store_wait")
 
 E = TypeVar("E", bound=Enum)
 
@@ -80,6 +85,9 @@ class Settings:
     recovery_batch: int = 100
     publish_retries: int = 3
     worker_timeout: float = 1.0
+    #: How long a delivery waits for a store that does not answer (an outage: a restart, a
+    #: failover) before it runs unfenced; 0: at once. Counted from the outage's start.
+    worker_store_wait: float = DEFAULT_WORKER_STORE_WAIT
     worker_unprotected: bool = False
     #: How often a worker process renews its liveness record in the store (its TTL: three
     #: intervals): what a redelivery of a run it started judges it by.
@@ -167,6 +175,10 @@ class Settings:
                                           conf.get("beat_claims_publish_retries", 3)),
             worker_timeout=_seconds("beat_claims_worker_timeout",
                                     conf.get("beat_claims_worker_timeout", 1.0)),
+            worker_store_wait=_seconds_between(
+                "beat_claims_worker_store_wait",
+                conf.get("beat_claims_worker_store_wait", DEFAULT_WORKER_STORE_WAIT),
+                MAX_WORKER_STORE_WAIT, "ten minutes"),
             worker_unprotected=_flag("beat_claims_worker_unprotected",
                                      conf.get("beat_claims_worker_unprotected", False)),
             worker_heartbeat_interval=_worker_heartbeat_interval(
@@ -311,12 +323,17 @@ def _worker_heartbeat_interval(value: Any) -> float:
     return seconds
 
 
-def _jitter(name: str, value: Any) -> float:
+def _seconds_between(name: str, value: Any, high: float, said: str) -> float:
+    """Seconds from 0 (included) to ``high`` (``said`` in words)."""
     seconds = _number(name, value)
-    if not 0 <= seconds <= MAX_JITTER:
+    if not 0 <= seconds <= high:
         raise ConfigurationError(
-            f"{name}={value!r}: must be between 0 and {MAX_JITTER:.0f} seconds (a day)")
+            f"{name}={value!r}: must be between 0 and {high:.0f} seconds ({said})")
     return seconds
+
+
+def _jitter(name: str, value: Any) -> float:
+    return _seconds_between(name, value, MAX_JITTER, "a day")
 
 
 def _optional_seconds(name: str, value: Any) -> float | None:

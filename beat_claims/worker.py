@@ -20,10 +20,16 @@ delivery whose run another process started judges that process by it
 (:mod:`beat_claims.worker_liveness`), never by asking it.
 
 The store is asked with a short timeout (``beat_claims_worker_timeout``); after one
-failure this process treats it as down — deliveries run unfenced, logged once — and a
-background probe finds out when it answers again (soon after a blip, at most every 5 s in
-a long outage): a store that hangs costs one delivery one timeout per outage, not every
-task.
+failure this process treats it as down, logged once, and a background probe finds out when
+it answers again (soon after a blip, at most every 5 s in a long outage). A delivery that
+meets the store down waits for it, up to ``beat_claims_worker_store_wait`` from the
+outage's start (and within its own time limit), then asks again: a restart or a failover
+fences the deliveries that arrive meanwhile, a stale owner's message included; a start
+whose reply was lost, asked again, is found to be the delivery's own (:class:`_Starts`).
+Past that bound, deliveries run unfenced until the store answers (logged once): a store
+that hangs costs one delivery one timeout and one wait per outage, not every task, and
+outages that follow each other within PROBE_MEMORY (a store that answers the probe and
+fails writes) are one, for the bound.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ import socket
 import sys
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -43,7 +52,7 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 from celery.utils.log import get_logger
 from celery.utils.objects import mro_lookup
 
-from .enums import RunState
+from .enums import RunState, StartVerdict
 from .exception_text import ExceptionText, recorded_exception
 from .runs import HEADER, iso, process_identity, process_is_gone, to_ms
 from .settings import ConfigurationError, Settings
@@ -64,6 +73,12 @@ _MARK = "_beat_claims_fenced"
 PROBE_FIRST = 0.25
 PROBE_EVERY = 5.0
 PROBE_MEMORY = 60.0
+#: What the store answers a start of a run this very process started (stores' start): to a
+#: delivery that asks again after its own start's reply was lost, that start was its own.
+ALREADY_HERE = "already started by this process"
+#: The runs this process's deliveries started that it remembers, the latest first out: a
+#: start asked again after a lost reply is this delivery's own unless one of these.
+STARTED_KEPT = 10_000
 #: What Celery's Task.replace raises once the replacement is sent.
 _REPLACED = "Replaced by new task"
 #: The time limits the worker's pool puts on every task (``celery worker --time-limit``,
@@ -88,6 +103,13 @@ class _Context:
         self.down_since: float | None = None
         self._probe_wait = PROBE_FIRST  # the next probe's wait (see PROBE_MEMORY)
         self._up_at = float("-inf")  # when the last outage ended (monotonic)
+        self._answers = threading.Event()  # set while the store is taken for up
+        self._answers.set()
+        #: Seconds the store was down in the outages before this one that followed each
+        #: other within PROBE_MEMORY (a store that flaps: one outage, for the wait's bound).
+        self._down_before = 0.0
+        self._chain: float | None = None  # when the first of those outages began
+        self._given_up: float | None = None  # the outages past their wait (their _chain)
         self._lock = threading.Lock()
         self._noted: set[str] = set()
 
@@ -104,7 +126,11 @@ class _Context:
                 logger.error("beat-claims: the worker side is off in this process: %s", exc)
                 return None
             self.pid = os.getpid()
-            self.down_since = None
+            self.down_since = self._given_up = self._chain = None
+            self._down_before = 0.0
+            # (a fork may have copied them held or cleared by a thread that is not here)
+            self._lock, self._answers = threading.Lock(), threading.Event()
+            self._answers.set()
         return None if self.down_since is not None else self.store
 
     def failed(self, what: str, exc: Exception) -> None:
@@ -113,11 +139,15 @@ class _Context:
             if self.down_since is not None:
                 return
             self.down_since = time.monotonic()
+            self._answers.clear()
             if self.down_since - self._up_at > PROBE_MEMORY:
                 self._probe_wait = PROBE_FIRST
-        logger.error("beat-claims: store unreachable (%s: %s) while %s; until it answers,"
-                     " deliveries run unfenced and their outcomes are not recorded here"
-                     " (logged once per outage)", type(exc).__name__, exc, what)
+                self._down_before, self._chain = 0.0, self.down_since
+        wait = self.settings.worker_store_wait if self.settings is not None else 0.0
+        logger.error("beat-claims: store unreachable (%s: %s) while %s; deliveries wait for"
+                     " it up to %gs, then run unfenced until it answers, and their outcomes"
+                     " are not recorded here (logged once per outage)", type(exc).__name__,
+                     exc, what, wait)
         threading.Thread(target=self._probe, name="beat-claims-probe", daemon=True).start()
 
     def _probe(self) -> None:
@@ -131,9 +161,47 @@ class _Context:
             with self._lock:
                 since, self.down_since = self.down_since, None
                 self._up_at = time.monotonic()
+                self._down_before += self._up_at - (since or self._up_at)
+                self._answers.set()
             logger.warning("beat-claims: store reachable again after %.1fs; deliveries are"
                            " fenced again", time.monotonic() - (since or time.monotonic()))
             return  # (an outage from here on is another one, with a probe of its own)
+
+    def awaited(self, began: float, limit: float | None) -> Store | None:
+        """The store, once it answers: while it is down, wait for the probe to find it up,
+        until the outage is ``worker_store_wait`` old (the outages that followed each
+        other within PROBE_MEMORY counted as one: their time down adds up), the delivery
+        (which ``began`` then) has waited that long, or its time ``limit`` (seconds from
+        ``began``) is spent. None when it did not come back in time (the delivery runs
+        unfenced)."""
+        while True:
+            store = self.get()
+            with self._lock:
+                down, before = self.down_since, self._down_before
+            settings = self.settings
+            if store is not None or settings is None or self.broken is not None:
+                return store
+            if down is None:
+                continue  # (the probe found it up between the two reads: ask again)
+            deadline = min(down - before, began) + settings.worker_store_wait
+            if limit is not None:
+                deadline = min(deadline, began + limit)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._answers.wait(remaining)  # (then again: up, still down, or down again)
+        self.gave_up(time.monotonic() - down + before)
+        return None
+
+    def gave_up(self, down_for: float) -> None:
+        """Past the wait of this outage (and those just before it: see _down_before),
+        down ``down_for`` seconds: said once for them."""
+        with self._lock:
+            if self._given_up == self._chain:
+                return
+            self._given_up = self._chain
+        logger.error("beat-claims: store still unreachable after %.1fs; deliveries run"
+                     " unfenced until it answers (logged once per outage)", down_for)
 
     def note(self, key: str, message: str, *args: Any) -> None:
         """Log a condition once per process."""
@@ -404,51 +472,169 @@ def _decide(sender: Any = None, task_id: str | None = None, task: Any = None,
     if parsed is None:
         return  # not sent by beat-claims: runs untouched
     entry, due, token, meta = parsed
-    store = _context.get()
-    if store is None or _context.settings is None:
-        return
-    prefix = meta.get("prefix")
-    if prefix is not None and prefix != _context.settings.key_prefix:
-        _context.note(f"prefix {prefix}", "beat-claims: deliveries come from beats using key"
-                      " prefix %r; this worker uses %r (store %s): they run unfenced here."
-                      " Give beats and workers the same beat_claims_url and"
-                      " beat_claims_key_prefix.", prefix, _context.settings.key_prefix,
-                      store.description)
-        return
-    process = _process(request)
-    delivery = Delivery(entry, due, token, process, int(request.retries or 0),
-                        request.id or "")
-    interval = _context.settings.worker_heartbeat_interval
+    began, limit = time.monotonic(), _time_left(task, request)
     try:
-        _heartbeat.ensure(store, process, interval)  # (no start without a record)
-        decision = store.start(delivery)
-        if not decision.ok and decision.busy_with is not None:
-            try:
-                decision = _when_busy(store, delivery, decision, interval,
-                                      _time_left(task, request))
-            except SoftTimeLimitExceeded:
-                # A limit the judgement did not know of ended it: Celery's signal dispatch
-                # would swallow this, and the body would run beside a starter that may be
-                # alive. Refused, as a judgement cut short by a known limit is.
-                decision = dataclasses.replace(decision, why="its soft time limit ended the"
-                                               " judgement of the process that started"
-                                               " its run")
-    except StoreError as exc:
-        _context.failed(f"starting {entry} due {iso(due)} (task {request.id})", exc)
-        return
-    beats_store = meta.get("store")
-    if beats_store and decision.store_id and beats_store != decision.store_id:
-        _context.note(f"store {beats_store}", "beat-claims: deliveries come from beats whose"
-                      " store has id %s; this worker's store %s has id %s: another store (or"
-                      " it was wiped since they were sent). They run unfenced here.",
-                      beats_store, store.description, decision.store_id)
-        return
+        decision = _decision(request, entry, due, token, meta, began, limit)
+    except SoftTimeLimitExceeded:
+        # Its soft limit came during the wait or a store call after it (the wait leaves a
+        # second for that): Celery's signal dispatch would swallow this, and the body would
+        # run past its soft limit, maybe beside a starter. Refused, as a judgement cut
+        # short by a known limit is.
+        decision = StartDecision(StartVerdict.REFUSED, "its soft time limit ended the wait"
+                                 " for the store")
+    if decision is None:
+        return  # unfenced
     if decision.ok:
         setattr(request, _MARK, "started")
         return
     setattr(request, _MARK, f"refused: {decision.why or 'already started'}")
     if request.id:
         _refused.add(request.id)
+
+
+def _decision(request: Any, entry: str, due: int, token: int, meta: dict[str, Any],
+              began: float, limit: float | None) -> StartDecision | None:
+    """May this delivery run (None: it runs unfenced)?"""
+    # This process's settings (read once): a delivery from beats on another key prefix
+    # runs unfenced at once, never waiting for the store.
+    _context.get()
+    settings, prefix = _context.settings, meta.get("prefix")
+    if settings is None or _context.broken is not None:
+        return None
+    if prefix is not None and prefix != settings.key_prefix:
+        _context.note(f"prefix {prefix}", "beat-claims: deliveries come from beats using key"
+                      " prefix %r; this worker uses %r (store %s): they run unfenced here."
+                      " Give beats and workers the same beat_claims_url and"
+                      " beat_claims_key_prefix.", prefix, settings.key_prefix,
+                      _context.store.description if _context.store else "?")
+        return None
+    store = _context.awaited(began, limit)
+    if store is None:
+        return None
+    delivery = Delivery(entry, due, token, _process(request), int(request.retries or 0),
+                        request.id or "")
+    decision = _start_awaited(store, delivery, began, limit)
+    beats_store = meta.get("store")
+    if decision is not None and beats_store and decision.store_id and \
+            beats_store != decision.store_id:
+        _context.note(f"store {beats_store}", "beat-claims: deliveries come from beats whose"
+                      " store has id %s; this worker's store %s has id %s: another store (or"
+                      " it was wiped since they were sent). They run unfenced here.",
+                      beats_store, store.description, decision.store_id)
+        return None
+    return decision
+
+
+def _start_awaited(store: Store, delivery: Delivery, began: float, limit: float | None
+                   ) -> StartDecision | None:
+    """The store's answer to starting ``delivery`` (which began then, with that time
+    ``limit``), asked again while the store fails, until it answers or the wait for it is
+    over (None: the delivery runs unfenced). A start whose reply was lost may have started
+    the run: asked again, the store says this process started it, and unless another
+    delivery of this process did, it was this one (:class:`_Starts`)."""
+    assert _context.settings is not None
+    interval = _context.settings.worker_heartbeat_interval
+    wait = _context.settings.worker_store_wait
+    deadline = began + (wait if limit is None else min(wait, limit))
+    run = (delivery.entry, delivery.due, delivery.token, delivery.retries)
+    lost_reply = False
+    current: Store | None = store
+    while current is not None:
+        try:
+            with _starts.one_at_a_time(run):
+                decision = _start(current, delivery, interval, limit, began)
+                if lost_reply and decision.verdict is StartVerdict.REFUSED and \
+                        decision.why == ALREADY_HERE and not _starts.known(run):
+                    logger.info("beat-claims: %s due %s: its start's reply was lost, and it"
+                                " had started the run (task %s)", delivery.entry,
+                                iso(delivery.due), delivery.task_id)
+                    decision = dataclasses.replace(decision, verdict=StartVerdict.RUN, why="")
+                if decision.ok:
+                    _starts.started(run)
+                return decision
+        except StoreError as exc:
+            lost_reply = True  # (its reply, or the request: the store may have acted)
+            _context.failed(f"starting {delivery.entry} due {iso(delivery.due)} (task"
+                            f" {delivery.task_id})", exc)
+        current = _context.awaited(began, limit)
+        if current is not None and time.monotonic() >= deadline:
+            # A store that answers the probe and fails starts: bounded all the same.
+            _context.gave_up(time.monotonic() - began)
+            return None
+    return None
+
+
+def _start(store: Store, delivery: Delivery, interval: float, limit: float | None,
+           began: float) -> StartDecision:
+    """The store's answer to starting ``delivery``, its starter judged when another process
+    started the run (within what is left of ``limit``, seconds from ``began``)."""
+    _heartbeat.ensure(store, delivery.process, interval)  # (no start without a record)
+    decision = store.start(delivery)
+    if decision.ok or decision.busy_with is None:
+        return decision
+    left = None if limit is None else max(0.0, limit - (time.monotonic() - began))
+    try:
+        return _when_busy(store, delivery, decision, interval, left)
+    except SoftTimeLimitExceeded:
+        # A limit the judgement did not know of ended it: Celery's signal dispatch would
+        # swallow this, and the body would run beside a starter that may be alive.
+        # Refused, as a judgement cut short by a known limit is.
+        return dataclasses.replace(decision, why="its soft time limit ended the judgement"
+                                   " of the process that started its run")
+
+
+class _Starts:
+    """The runs (entry, due, token, retries) this process's deliveries started, the latest
+    STARTED_KEPT, and one start of a run at a time here: what tells a delivery's own start
+    whose reply was lost from a duplicate's (a pool of threads, or a delivery before it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: OrderedDict[tuple[str, int, int, int], None] = OrderedDict()
+        self._starting: dict[tuple[str, int, int, int], tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def one_at_a_time(self, run: tuple[str, int, int, int]) -> Iterator[None]:
+        with self._lock:
+            lock, users = self._starting.get(run) or (threading.Lock(), 0)
+            self._starting[run] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._lock:
+                lock, users = self._starting[run]
+                if users > 1:
+                    self._starting[run] = (lock, users - 1)
+                else:
+                    del self._starting[run]
+
+    def known(self, run: tuple[str, int, int, int]) -> bool:
+        with self._lock:
+            return run in self._runs
+
+    def started(self, run: tuple[str, int, int, int]) -> None:
+        with self._lock:
+            self._runs[run] = None
+            self._runs.move_to_end(run)
+            while len(self._runs) > STARTED_KEPT:
+                self._runs.popitem(last=False)
+
+    def handed_back(self, run: tuple[str, int, int, int]) -> None:
+        """Its run goes back to the broker or to a replacement: the next delivery of its
+        token starts it again."""
+        with self._lock:
+            self._runs.pop(run, None)
+
+    def after_fork_in_child(self) -> None:
+        """Another process: none of these are its own (and a lock may be held by a thread
+        that is not here)."""
+        self._lock, self._runs, self._starting = threading.Lock(), OrderedDict(), {}
+
+
+_starts = _Starts()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_starts.after_fork_in_child)
 
 
 def fence(task: Task) -> None:
@@ -535,6 +721,7 @@ def _hand_to_replacement(task: Task, sig: Any) -> None:
         headers = dict(target.options.get("headers") or {})
         headers[HEADER] = dict(meta)
         target.set(headers=headers)
+        _starts.handed_back((entry, due, token, int(request.retries or 0)))
         store.requeue(Delivery(entry, due, token, _process(request)))
     except StoreError as exc:
         _context.failed(f"handing {entry} due {iso(due)} to its replacement", exc)
@@ -563,6 +750,8 @@ def _after(sender: Any = None, task_id: str | None = None, task: Any = None,
     try:
         if state == states.REJECTED and isinstance(retval, Reject):
             if retval.requeue:  # the broker delivers it again: that delivery runs it
+                _starts.handed_back((entry, due, token,
+                                     int(getattr(request, "retries", 0) or 0)))
                 store.requeue(Delivery(entry, due, token, _process(request)))
             else:
                 text = _exception(retval, args, kwargs)

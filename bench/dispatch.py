@@ -21,7 +21,10 @@ Workloads
 Schedulers (``--schedulers``, ``--beats``, ``--at-commit``)
 -----------------------------------------------------------
 ``persistent`` (``celery.beat.PersistentScheduler``, one beat), ``redbeat``
-(``redbeat.RedBeatScheduler``, one beat, the one holding RedBeat's lock) and
+(``redbeat.RedBeatScheduler``, one beat, the one holding RedBeat's lock), ``send_task``
+(``bench/bare.py``: a bare ``app.send_task`` loop on one reused producer, the floor of a
+publish with Celery; the goal ``beat_claims_1_cpu_at_most_1.5x_send_task_due_N`` compares
+the CPU per run of one beat-claims beat with it) and
 ``beat_claims`` with 1, 2 and 4 beats (separate processes on one store; the check is that
 exactly N messages are published, each entry once). ``--at-commit REV`` runs beat-claims
 of another commit too, in the same run (cases ``beat_claims_K@<short hash>``, round-robin
@@ -153,12 +156,15 @@ KEY_PREFIX = "bench-claims"
 MAX_LOOP_INTERVAL = 5.0
 IDLE_INTERVAL = 3600.0  # idle entries are due in an hour
 ONE_HOUR = 3600.0  # Celery's and RedBeat's interval in the burst (no second occurrence)
-SCHEDULERS = ("persistent", "redbeat", "beat_claims")
+SCHEDULERS = ("persistent", "redbeat", "beat_claims", "send_task")
 LABELS = {
     "persistent": "celery.beat.PersistentScheduler",
     "redbeat": "redbeat.RedBeatScheduler",
     "beat_claims": "beat_claims.Scheduler",
+    "send_task": "bench.bare:BareSender",
 }
+#: The schedulers beat-claims is compared with, as ratios of each workload's figures.
+OTHERS = ("persistent", "redbeat", "send_task")
 #: beat-claims' stores (``--store``): Redis is the private store redis-server; SQLite a new
 #: file per run; PostgreSQL and MySQL a database of the run's own on the machine's server.
 STORES = ("redis", "sqlite", "postgres", "mysql")
@@ -1348,7 +1354,7 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
         r: dict[str, Any] = {}
         for bc in bc_cases:
             beats, tag, store = _variant(bc)
-            for other in ("persistent", "redbeat"):
+            for other in OTHERS:
                 r[f"{bc}/{other}"] = _ratio(fig(bc, w, "seconds"), fig(other, w, "seconds"))
                 if other in results and w in results[other] and fig(other, w, "seconds") \
                         is None and "timeout" in results[other][w]["status"]:
@@ -1381,6 +1387,15 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], entries: list[int],
             if one and two:
                 goals[f"beat_claims_2{at}_1.6x_faster_than_1_{w}"] = {
                     "speedup": round(one / two, 2), "met": one / two >= 1.6}
+            mine_cpu, bare_cpu = (fig(bc_key(1, tag), w, "cpu_seconds"),
+                                  fig("send_task", w, "cpu_seconds"))
+            if mine_cpu and bare_cpu:
+                # The publish path: CPU per sent run against Celery's publish alone.
+                goals[f"beat_claims_1{at}_cpu_at_most_1.5x_send_task_{w}"] = {
+                    "ratio": round(mine_cpu / bare_cpu, 2),
+                    "ms_per_run": round(1000 * mine_cpu / n, 3),
+                    "send_task_ms_per_run": round(1000 * bare_cpu / n, 3),
+                    "met": mine_cpu / bare_cpu <= 1.5}
         for bc in bc_cases:
             beats, tag, store = _variant(bc)
             mine, redis_s = fig(bc, w, "seconds"), fig(bc_key(beats, tag), w, "seconds")

@@ -93,3 +93,21 @@ def test_a_dynamic_run_measures_each_beat_on_entries_made_through_its_api(
         assert r["peak_rss_mib"] >= r["rss_ready_mib"] > 10, run
     assert results["redbeat"]["dynamic_200"]["create_seconds_pipeline"] > 0
     assert "beat_claims_1/redbeat_startup" in summary["ratios"]["dynamic_200"]
+
+
+def test_the_publish_path_is_measured_against_a_bare_send_task_loop(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``send_task`` (bench/bare.py) publishes the burst with Celery alone, in the same run:
+    its CPU per run is the floor beat-claims' is compared with (the 1.5x goal)."""
+    from bench.dispatch import main
+
+    code = main(["--entries", "100", "--idle-entries", "0", "--schedulers",
+                 "send_task,beat_claims", "--beats", "1", "--repeat", "1", "--quiet"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    results = summary["results"]
+    assert code == 0, json.dumps(results, indent=1)
+    bare = results["send_task"]["due_100"]
+    assert bare["status"] == "ok" and bare["cpu_seconds"] > 0, bare
+    goal = summary["goals"]["beat_claims_1_cpu_at_most_1.5x_send_task_due_100"]
+    assert goal["send_task_ms_per_run"] > 0 and goal["ms_per_run"] > 0, goal
+    assert "beat_claims_1/send_task" in summary["ratios"]["due_100"]

@@ -19,7 +19,7 @@ from beat_claims.runs import Owner, iso, task_id_for
 from beat_claims.stores.base import Check, ClaimPlan, EntrySeed
 from beat_claims.stores.redis import RedisStore
 
-from .conftest import RedisServer
+from .conftest import RedisServer, own_redis
 from .processes import Fleet, executions, fleet, wait_for
 from .test_redis_client import SilentServer
 
@@ -176,14 +176,15 @@ def test_a_refused_duplicate_never_writes_over_the_result(
     assert meta.get("status") == "SUCCESS", meta
 
 
-def test_a_store_that_hangs_costs_one_timeout_per_outage(
+def test_a_store_that_hangs_costs_one_timeout_and_one_wait_per_outage(
         server: RedisServer, tmp_path: Path, client_app: Celery) -> None:
     """The worker's store accepts connections and never answers: the first delivery waits
-    beat_claims_worker_timeout, the others run at once (unfenced, logged once)."""
+    beat_claims_worker_timeout, then beat_claims_worker_store_wait for the store to come
+    back; the others of the outage run at once (unfenced, logged once)."""
     hung = SilentServer()
     try:
         conf = {"beat_claims_url": f"redis://127.0.0.1:{hung.port}/0",
-                "beat_claims_worker_timeout": 1.0}
+                "beat_claims_worker_timeout": 1.0, "beat_claims_worker_store_wait": 2.0}
         header = {"entry": "hangs", "due": "2026-12-01T00:00:00.000Z", "token": 1}
         with _fleet(server, tmp_path, BC_CONF=json.dumps(conf)) as f:
             worker = f.worker(pool="solo")
@@ -194,10 +195,46 @@ def test_a_store_that_hangs_costs_one_timeout_per_outage(
                                      headers={"beat_claims": header})
             wait_for(lambda: len(_runs(server, "hangs")) >= 6, 30, "six deliveries to run")
             took = time.monotonic() - started
-            assert f.log(worker).count("store unreachable") == 1
-        assert took < 6, took  # was ~2 timeouts per delivery (start and outcome)
+            log = f.log(worker)
+            assert log.count("store unreachable") == 1, log
+            assert log.count("store still unreachable after") == 1, log
+        # One wait of 2 s from the outage's start (the worker's first call at ready, or the
+        # first delivery's); the others ran at once: not a timeout or a wait per delivery.
+        assert took < 7, took
     finally:
         hung.close()
+
+
+def test_a_duplicate_delivered_while_the_store_restarts_waits_for_it_and_is_refused(
+        broker: RedisServer, tmp_path: Path) -> None:
+    """A delivery that meets its store down (a restart, a failover: here a redis-server
+    SIGKILLed and started again on its data) waits for the store and is then fenced: a
+    duplicate of a run that already ran is refused, not run unfenced."""
+    with own_redis(["--appendonly", "yes", "--appendfsync", "always"]) as store_server:
+        store = RedisStore.from_url(store_server.url)
+        sent = Sent(store, "delivered-twice")
+        app = Celery("sender", set_as_current=False)
+        app.conf.broker_url = broker.url
+        conf = {"beat_claims_worker_store_wait": 30.0}
+        with fleet(store_server.url, broker.url, tmp_path, {}, BC_EXEC_URL=broker.url,
+                   BC_CONF=json.dumps(conf)) as f:
+            worker = f.worker(pool="solo")
+            _ready(f, worker)
+            sent.publish(app, "proj.record")
+            wait_for(lambda: sent.record().state is RunState.DONE, 30, "the first delivery"
+                     " to run")
+            assert store_server.proc is not None
+            store_server.proc.kill()  # SIGKILL: what was written is in the append-only file
+            store_server.proc.wait(10)
+            sent.publish(app, "proj.record")  # the duplicate, while the store is down
+            f.wait_log(worker, "store unreachable", 30)
+            store_server.start()
+            f.wait_log(worker, "refusing delivery", 40)
+            log = f.log(worker)
+        app.close()
+    runs = [r for r in executions(broker.client()) if r["entry"] == sent.entry]
+    assert len(runs) == 1, (runs, log)
+    assert "still unreachable" not in log, log
 
 
 def test_deliveries_from_beats_on_another_prefix_are_named_as_such(

@@ -18,6 +18,9 @@ class Holdings:
     def __init__(self) -> None:
         self.held: dict[RunRef, Claim] = {}  # claimed (or checked) and not yet published
         self.waited: set[RunRef] = set()  # held ones that did not come straight from a claim
+        #: Held ones taken due again (released, taken back, a buffered run's turn): late by
+        #: design, never this beat falling behind (lateness).
+        self.due_again: set[RunRef] = set()
         self.checked: list[Claim] = []  # passed the check; publish not begun
         self.unmarked: list[Claim] = []  # published; the sent mark is still to be stored
         self.later: dict[RunRef, int] = {}  # held ones not to be sent before (jitter), ms
@@ -30,10 +33,12 @@ class Holdings:
             self.held[claim.ref] = claim
             if waited:
                 self.waited.add(claim.ref)
+                self.due_again.add(claim.ref)
 
     def drop(self, ref: RunRef) -> None:
         self.held.pop(ref, None)
         self.waited.discard(ref)
+        self.due_again.discard(ref)
         self.later.pop(ref, None)
         self.prechecked.pop(ref, None)
 
@@ -56,6 +61,7 @@ class Holdings:
     def clear(self) -> None:
         self.held.clear()
         self.waited.clear()
+        self.due_again.clear()
         self.later.clear()
         self.prechecked.clear()
         self.checked.clear()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from .. import occurrences
 from ..catch_up import plan_held
 from ..enums import Overlap, Reason, RunState
 from ..exception_text import EntryArguments, entry_exception, frames
@@ -34,6 +35,7 @@ from .claimer import SkipLog
 from .clock import StoreClock
 from .holdings import Holdings
 from .knowledge import Knowledge
+from .lateness import Lateness
 from .liveness import Liveness, StoreWentBack
 
 #: Claims checked before publish in one store call.
@@ -113,6 +115,7 @@ class Sender:
         #: Since when (store clock, ms) this beat has claimed and sent without a break (an
         #: outage of the store or the broker, a restart, the store going back): None now.
         self.up_since: int | None = None
+        self.lateness = Lateness(logger, metrics)
 
     def task_id(self, claim: Claim) -> str:
         """A scheduled run's id is its occurrence's; an operator's run (which may replace
@@ -267,11 +270,25 @@ class Sender:
                 raise BrokerDown(str(exc)) from exc
             self._publish_failed(claim, exc)
         else:
+            now = self.clock.now()
             self.holdings.unmarked.append(claim)
-            self.knowledge.sent(claim, check.task_id, self.clock.now())
+            self.knowledge.sent(claim, check.task_id, now)
             self.metrics.count("sent")
+            self._judge_lateness(claim, now)
         finally:
             self.holdings.drop(claim.ref)
+
+    def _judge_lateness(self, claim: Claim, now: int) -> None:
+        """Count how late ``claim`` went out after its instant, if it fell due while this
+        beat ran without a break (see :mod:`beat_claims.beat.lateness`)."""
+        if claim.manual or self.up_since is None or claim.due < self.up_since or \
+                claim.ref in self.holdings.due_again:
+            return  # (late by design: an operator's, a catch-up, or taken due again)
+        policy = self.policies.get(claim.entry)
+        at = claim.due
+        if policy is not None and policy.jitter:
+            at += occurrences.jitter_offset(claim.entry, claim.due, policy.jitter)
+        self.lateness.sent(now - at, now)
 
     def _publish_failed(self, claim: Claim, exc: Exception) -> None:
         """This message cannot be published: try again later, a bounded number of times.

@@ -108,6 +108,11 @@ if os.environ.get("BC_ON_SENT_FAILS") == "1":
         raise ValueError(f"cannot record {entry.name}: {entry.args} {entry.kwargs}")
 
     Scheduler.on_sent = _failing_on_sent  # type: ignore[method-assign]
+if os.environ.get("BC_LATENESS_WINDOW_MS"):
+    # A beat's lateness counts over a shorter window than a minute, for a test's time.
+    from beat_claims.beat import lateness
+
+    lateness.WINDOW_MS = int(os.environ["BC_LATENESS_WINDOW_MS"])
 if os.environ.get("BC_NO_INSTALL") != "1":  # a worker without the hooks
     beat_claims.install(app)
 
@@ -121,7 +126,8 @@ def _stall_publish(**kwargs: Any) -> None:
 
     ``BC_PAUSE_FIRST_PUBLISH=1``: the first publish stops the whole process (SIGSTOP), as a
     paused VM would; ``BC_BLOCK_PUBLISH=1``: every publish blocks until the process is
-    signalled, as a broker that stopped answering would.
+    signalled, as a broker that stopped answering would; ``BC_SLOW_PUBLISH_FILE=PATH``:
+    every publish takes the seconds that file holds, as a slow broker would.
     """
     if os.environ.get("BC_PAUSE_FIRST_PUBLISH") == "1" and not _paused:
         _paused.append(1)
@@ -129,6 +135,10 @@ def _stall_publish(**kwargs: Any) -> None:
     if os.environ.get("BC_BLOCK_PUBLISH") == "1":
         while True:
             time.sleep(0.1)
+    slow = os.environ.get("BC_SLOW_PUBLISH_FILE")
+    if slow and os.path.exists(slow):
+        with open(slow) as f:
+            time.sleep(float(f.read() or 0))
 
 
 @signals.task_received.connect
