@@ -422,6 +422,22 @@ class SQLiteStore:
         pass
 
 
+def refused_for(down: float, refuse: Callable[[], Any], cut: Callable[[], int],
+                allow: Callable[[], Any]) -> tuple[float, int]:
+    """A database's outage as clients see a failover: new sessions refused, every session
+    cut, ``down`` seconds, then sessions allowed again. The seconds it took, and the
+    sessions cut."""
+    start = time.time()
+    refuse()
+    try:
+        n = cut()
+        time.sleep(down)  # the outage itself: a chosen length, not a wait
+        n += cut()  # none: no session could start meanwhile
+    finally:
+        allow()
+    return time.time() - start, n
+
+
 class PostgresStore:
     """The store in a database of its own on the machine's PostgreSQL
     (``beat_claims_chaos_<random>``, created at the start and dropped at the end; the server
@@ -475,16 +491,12 @@ class PostgresStore:
         return int(rows[0][0]) if rows else 0
 
     def fault(self, down: float) -> str:
-        start = time.time()
-        self._admin(f'ALTER DATABASE "{self.dbname}" ALLOW_CONNECTIONS false')
-        try:
-            cut = self._cut()
-            time.sleep(down)  # the outage itself: a chosen length, not a wait
-            cut += self._cut()  # none: no session could start meanwhile
-        finally:
-            self._admin(f'ALTER DATABASE "{self.dbname}" ALLOW_CONNECTIONS true')
-        return (f"store database refused connections for {time.time() - start:.1f}s,"
-                f" its {cut} sessions cut (pg_terminate_backend)")
+        took, cut = refused_for(
+            down, lambda: self._admin(f'ALTER DATABASE "{self.dbname}" ALLOW_CONNECTIONS false'),
+            self._cut,
+            lambda: self._admin(f'ALTER DATABASE "{self.dbname}" ALLOW_CONNECTIONS true'))
+        return (f"store database refused connections for {took:.1f}s, its {cut} sessions"
+                " cut (pg_terminate_backend)")
 
     def stop(self) -> None:
         if self.created:
@@ -492,8 +504,89 @@ class PostgresStore:
             self.created = False
 
 
-STORES: dict[str, Callable[[Path], RedisStore | SQLiteStore | PostgresStore]] = {
-    "redis": RedisStore, "sqlite": SQLiteStore, "postgres": PostgresStore}
+class MySQLStore:
+    """The store in a database of its own on the machine's MySQL or MariaDB
+    (``beat_claims_chaos_<random>``, created at the start and dropped at the end, with a
+    user of its own; the server is ``BC_MYHOST``, ``BC_MYPORT``, ``BC_MYUSER``,
+    ``BC_MYPASSWORD``: 127.0.0.1:3306, root).
+
+    The fault: what clients see of a failover, as for PostgreSQL. The server is shared, so
+    it is not restarted: the store's user is locked (``ALTER USER ... ACCOUNT LOCK``: new
+    connections are refused) and every session of it killed (``KILL``: every statement in
+    flight fails, its reply lost), for ``--store-down`` seconds; then it is unlocked. The
+    server and the tables are the same ones, so it is not a new epoch (a restore is: the
+    contract suite's ``tests/contract/backend_mysql.py``).
+    """
+
+    kind = "mysql"
+    event = "store_outage"
+    new_epoch = False
+
+    def __init__(self, workdir: Path) -> None:
+        self.host = os.environ.get("BC_MYHOST", "127.0.0.1")
+        self.port = int(os.environ.get("BC_MYPORT", "3306"))
+        self.admin_user = os.environ.get("BC_MYUSER", "root")
+        self.admin_password = os.environ.get("BC_MYPASSWORD", "")
+        suffix = os.urandom(5).hex()
+        self.dbname = f"beat_claims_chaos_{suffix}"
+        self.user, self.password = f"bc_chaos_{suffix}", os.urandom(12).hex()
+        self.created = False
+
+    @property
+    def url(self) -> str:
+        return f"mysql://{self.user}:{self.password}@{self.host}:{self.port}/{self.dbname}"
+
+    def where(self) -> str:
+        return f"store database {self.dbname} on {self.host}:{self.port}"
+
+    def _admin(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        import pymysql
+
+        conn = pymysql.connect(host=self.host, port=self.port, user=self.admin_user,
+                               password=self.admin_password, autocommit=True,
+                               connect_timeout=5)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params or None)
+                return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    def start(self) -> None:
+        self._admin(f"CREATE DATABASE `{self.dbname}`")
+        self.created = True
+        self._admin(f"CREATE USER '{self.user}'@'%' IDENTIFIED BY '{self.password}'")
+        self._admin(f"GRANT ALL ON `{self.dbname}`.* TO '{self.user}'@'%'")
+
+    def _cut(self) -> int:
+        cut = 0
+        for (session,) in self._admin("SELECT ID FROM information_schema.PROCESSLIST"
+                                      " WHERE USER = %s", (self.user,)):
+            try:
+                self._admin(f"KILL {int(session)}")
+                cut += 1
+            except Exception:
+                pass
+        return cut
+
+    def fault(self, down: float) -> str:
+        took, cut = refused_for(
+            down, lambda: self._admin(f"ALTER USER '{self.user}'@'%' ACCOUNT LOCK"),
+            self._cut, lambda: self._admin(f"ALTER USER '{self.user}'@'%' ACCOUNT UNLOCK"))
+        return (f"store user locked (new connections refused) for {took:.1f}s, its {cut}"
+                " sessions killed")
+
+    def stop(self) -> None:
+        if self.created:
+            self._admin(f"DROP DATABASE IF EXISTS `{self.dbname}`")
+            self._admin(f"DROP USER IF EXISTS '{self.user}'@'%'")
+            self.created = False
+
+
+AnyStore = RedisStore | SQLiteStore | PostgresStore | MySQLStore
+STORES: dict[str, Callable[[Path], AnyStore]] = {
+    "redis": RedisStore, "sqlite": SQLiteStore, "postgres": PostgresStore,
+    "mysql": MySQLStore}
 
 
 @dataclass

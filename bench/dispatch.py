@@ -32,16 +32,19 @@ with the others): its ``beat_claims/`` is extracted with ``git archive`` to a te
 directory, which those beats put first on ``sys.path``. Every scheduler runs with
 ``beat_max_loop_interval = 5`` and its default settings otherwise.
 
-beat-claims' store (``--store redis,sqlite,postgres``; Redis only by default): each store
-is a case of its own (``beat_claims_K`` on Redis, ``beat_claims_K+sqlite``,
-``beat_claims_K+postgres``), and every run starts on an empty one: the private store
-redis-server (flushed), a new SQLite file in the run's temporary directory, or a database
-of the benchmark's own on the machine's PostgreSQL (``BC_PGHOST``, ``BC_PGPORT``,
-``BC_PGUSER``; 127.0.0.1:5432, postgres), created at the start, every store schema in it
-dropped before each run, dropped at the end. Another store is compared with Redis by the
+beat-claims' store (``--store redis,sqlite,postgres,mysql``; Redis only by default): each
+store is a case of its own (``beat_claims_K`` on Redis, ``beat_claims_K+sqlite``,
+``beat_claims_K+postgres``, ``beat_claims_K+mysql``), and every run starts on an empty one:
+the private store redis-server (flushed), a new SQLite file in the run's temporary
+directory, or a database of the benchmark's own on the machine's PostgreSQL
+(``BC_PGHOST``, ``BC_PGPORT``, ``BC_PGUSER``; 127.0.0.1:5432, postgres) or MySQL / MariaDB
+(``BC_MYHOST``, ``BC_MYPORT``, ``BC_MYUSER``, ``BC_MYPASSWORD``; 127.0.0.1:3306, root),
+created at the start, every store schema (or table) in it dropped before each run, dropped
+at the end. Another store is compared with Redis by the
 ratio of their times to the last publish (``beat_claims_K+<store>/beat_claims_K``; the goal:
 at most 2). Its setup is known to be done when its tables hold at least one row per entry;
-a PostgreSQL statement (psycopg's ``Cursor.execute``) counts as a store round trip; SQLite
+a PostgreSQL statement (psycopg's ``Cursor.execute``) and a MySQL statement or commit
+(PyMySQL's ``Connection.query``, ``commit``) count as a store round trip; SQLite
 has none (the file is read in the beat's process), nor has any store but Redis store
 commands. PersistentScheduler and RedBeat keep their own state as always (a file; the
 store redis-server).
@@ -112,7 +115,7 @@ Usage::
     python bench/dispatch.py --entries 1000,5000 --repeat 3 --idle-seconds 30
     python bench/dispatch.py --schedulers beat_claims --beats 1,2 --idle-seconds 0
     python bench/dispatch.py --entries 1000 --beats 1 --idle-seconds 0 \\
-        --store redis,sqlite,postgres                          # beat-claims on each store
+        --store redis,sqlite,postgres,mysql                    # beat-claims on each store
     python bench/dispatch.py --entries 0 --idle-entries 50000 --schedulers redbeat,beat_claims \\
         --beats 1 --at-commit 1bad067                          # the large idle case
     python bench/dispatch.py --entries 0 --idle-entries 0 --dynamic-entries 10000,100000 \\
@@ -163,8 +166,8 @@ LABELS = {
 #: The schedulers beat-claims is compared with, as ratios of each workload's figures.
 OTHERS = ("persistent", "redbeat", "send_task")
 #: beat-claims' stores (``--store``): Redis is the private store redis-server; SQLite a new
-#: file per run; PostgreSQL a database of the run's own on the machine's server.
-STORES = ("redis", "sqlite", "postgres")
+#: file per run; PostgreSQL and MySQL a database of the run's own on the machine's server.
+STORES = ("redis", "sqlite", "postgres", "mysql")
 READY_MARGIN = 0.3  # every beat must be ready this long before T
 POLL = 0.01  # parent's LLEN poll period during a burst
 
@@ -330,16 +333,70 @@ class PostgresDatabase:
             self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
 
 
-def _store_url(case_store: str, store: RedisServer, pg: PostgresDatabase | None,
+class MySQLDatabase:
+    """A database of the run's own on the machine's MySQL or MariaDB (``BC_MYHOST``,
+    ``BC_MYPORT``, ``BC_MYUSER``, ``BC_MYPASSWORD``; 127.0.0.1:3306, root), dropped by
+    ``stop()``. Each run starts on an empty one: every table in it is dropped."""
+
+    def __init__(self) -> None:
+        import pymysql
+
+        self.host = os.environ.get("BC_MYHOST", "127.0.0.1")
+        self.port = int(os.environ.get("BC_MYPORT", "3306"))
+        self.user = os.environ.get("BC_MYUSER", "root")
+        self.password = os.environ.get("BC_MYPASSWORD", "")
+        self.name = f"beat_claims_bench_{os.urandom(5).hex()}"
+        try:
+            self._admin(f"CREATE DATABASE `{self.name}`")
+        except pymysql.err.MySQLError as exc:
+            sys.exit(f"--store mysql: MySQL at {self.host}:{self.port} is needed: {exc}")
+        auth = f"{self.user}:{self.password}" if self.password else self.user
+        self.url = f"mysql://{auth}@{self.host}:{self.port}/{self.name}"
+
+    def _admin(self, statement: str, dbname: str | None = None) -> list[Any]:
+        import pymysql
+
+        conn = pymysql.connect(host=self.host, port=self.port, user=self.user,
+                               password=self.password, database=dbname, autocommit=True,
+                               connect_timeout=5)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement)
+                return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    def flush(self) -> None:
+        for (session,) in self._admin("SELECT ID FROM information_schema.PROCESSLIST"
+                                      f" WHERE DB = '{self.name}' AND ID <> CONNECTION_ID()"):
+            with contextlib.suppress(Exception):
+                self._admin(f"KILL {int(session)}")
+        for (table,) in self._admin("SHOW TABLES", self.name):
+            self._admin(f"DROP TABLE IF EXISTS `{table}`", self.name)
+
+    def server_version(self) -> str:
+        rows = self._admin("SELECT VERSION()")
+        return str(rows[0][0]) if rows else ""
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._admin(f"DROP DATABASE IF EXISTS `{self.name}`")
+
+
+Database = PostgresDatabase | MySQLDatabase
+
+
+def _store_url(case_store: str, store: RedisServer, databases: dict[str, Database],
                workdir: str) -> str:
     """beat-claims' store of a run, empty: the (flushed) store redis-server, a new SQLite
-    file, or the run's PostgreSQL database with every store schema dropped."""
+    file, or the run's PostgreSQL or MySQL database with every store schema (or table)
+    dropped."""
     if case_store == "sqlite":
         return f"sqlite:///{tempfile.mkdtemp(dir=workdir)}/claims.db"
-    if case_store == "postgres":
-        assert pg is not None
-        pg.flush()
-        return pg.url
+    if case_store in ("postgres", "mysql"):
+        database = databases[case_store]
+        database.flush()
+        return database.url
     return store.url
 
 
@@ -363,6 +420,23 @@ def _store_size(cfg: dict[str, Any]) -> int:
                        for t in tables)
         finally:
             db.close()
+    if kind == "mysql":
+        import pymysql
+
+        from beat_claims.stores.mysql import parse_url
+
+        conn = pymysql.connect(**parse_url(cfg["store_url"]), autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW TABLES")
+                tables = [str(r[0]) for r in cur.fetchall()]
+                total = 0
+                for table in tables:
+                    cur.execute(f"SELECT count(*) FROM `{table}`")
+                    total += int(cur.fetchone()[0])
+                return total
+        finally:
+            conn.close()
     import psycopg
 
     with psycopg.connect(cfg["store_url"], autocommit=True, connect_timeout=5) as conn:
@@ -428,6 +502,26 @@ class _Counters:
             return execute(self, *args, **kwargs)
 
         psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
+
+    def count_mysql(self) -> None:
+        """Each statement a PyMySQL cursor sends is one round trip to the store (the MySQL
+        store sends a few statements per item, and a commit per chunk)."""
+        import pymysql.connections
+
+        query = pymysql.connections.Connection.query
+        commit = pymysql.connections.Connection.commit
+        counters = self
+
+        def counted_query(self: Any, *args: Any, **kwargs: Any) -> Any:
+            counters.store += 1
+            return query(self, *args, **kwargs)
+
+        def counted_commit(self: Any) -> Any:
+            counters.store += 1
+            return commit(self)
+
+        pymysql.connections.Connection.query = counted_query  # type: ignore[method-assign]
+        pymysql.connections.Connection.commit = counted_commit  # type: ignore[method-assign]
 
 
 def _peak_rss_kib() -> int:
@@ -591,6 +685,8 @@ def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, 
             import redbeat  # noqa: F401
         if store_kind == "postgres":
             counters.count_postgres()
+        elif store_kind == "mysql":
+            counters.count_mysql()
         from bench.dynamic import setup as dynamic_setup  # (before the clock starts)
 
         module = version = None
@@ -843,10 +939,11 @@ def _setup_fields(ready: dict[int, Any], started: float) -> dict[str, Any]:
 
 def _base_cfg(case: Case, names: list[str], store: RedisServer, broker: RedisServer,
               workdir: str, profile_dir: str | None, run_id: str,
-              setup_timeout: float, pg: PostgresDatabase | None = None) -> dict[str, Any]:
+              setup_timeout: float, databases: dict[str, Database] | None = None
+              ) -> dict[str, Any]:
     on_redis = case.store == "redis"
     return {"scheduler": case.scheduler, "names": names,
-            "store_url": _store_url(case.store, store, pg, workdir),
+            "store_url": _store_url(case.store, store, databases or {}, workdir),
             "store_kind": case.store, "broker_url": broker.url,
             "store_port": store.port if on_redis else None, "broker_port": broker.port,
             "workdir": tempfile.mkdtemp(dir=workdir), "profile_dir": profile_dir,
@@ -901,7 +998,7 @@ def run_burst(case: Case, n: int, lead: float, args: argparse.Namespace, store: 
     due_at = started + lead  # Celery's and RedBeat's T; beat-claims' T is at least this
     profile = args.profile if case.scheduler in args.profile_schedulers else None
     beats.configure({**_base_cfg(case, names, store, broker, workdir, profile, run_id,
-                                 args.setup_timeout, args.pg),
+                                 args.setup_timeout, args.databases),
                      "interval": lead, "last_run_at": due_at - ONE_HOUR, "idle": False,
                      "extra_conf": _tree_conf(case, args)})
     # beat-claims anchors the entries when it registers them (T = anchor + lead), after
@@ -1091,7 +1188,7 @@ def run_idle(case: Case, n: int, seconds: float, args: argparse.Namespace,
     started = time.time()
     profile = args.profile if case.scheduler in args.profile_schedulers else None
     beats.configure({**_base_cfg(case, names, store, broker, workdir, profile, run_id,
-                                 args.setup_timeout, args.pg),
+                                 args.setup_timeout, args.databases),
                      "interval": IDLE_INTERVAL, "last_run_at": started, "idle": True,
                      "extra_conf": _tree_conf(case, args)})
     ready, problem = beats.collect("ready", started + args.setup_timeout + 10)
@@ -1773,9 +1870,13 @@ def main(argv: list[str] | None = None) -> int:
     leads: dict[tuple[str, int], float] = {}
     soon_leads: dict[tuple[str, int], float] = {}
     store, broker = RedisServer("store"), RedisServer("broker")
-    args.pg = PostgresDatabase() if "postgres" in stores and "beat_claims" in kinds else None
-    if args.pg is not None:
-        summary["versions"]["postgresql_server"] = args.pg.server_version()
+    args.databases = {}
+    if "postgres" in stores and "beat_claims" in kinds:
+        args.databases["postgres"] = PostgresDatabase()
+        summary["versions"]["postgresql_server"] = args.databases["postgres"].server_version()
+    if "mysql" in stores and "beat_claims" in kinds:
+        args.databases["mysql"] = MySQLDatabase()
+        summary["versions"]["mysql_server"] = args.databases["mysql"].server_version()
     t_start = time.time()
     try:
         for rep in range(args.repeat):  # round-robin: every case once per repeat
@@ -1843,8 +1944,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         store.stop()
         broker.stop()
-        if args.pg is not None:
-            args.pg.stop()
+        for database in args.databases.values():
+            database.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     results: dict[str, dict[str, Any]] = collections.defaultdict(dict)
     for (key, w), case_runs in runs.items():

@@ -1,5 +1,5 @@
 """Schedulers ticked in this process against a real store of each kind (Redis, SQLite,
-PostgreSQL), a worker's part done from the broker's messages, copies of the store taken
+PostgreSQL, MySQL), a worker's part done from the broker's messages, copies of the store taken
 and put back in place, and what the beats logged about a store that went back.
 
 The broker is the Redis fixture server's db 1 (tests/inprocess.py); the store is that
@@ -26,6 +26,7 @@ from .inprocess import make_app, messages
 from .test_integration_fleet import claims_url
 from .test_store_put_back import (
     Copy,
+    mysql_data_only,
     postgres_data_only,
     redis_restore_keys,
     sqlite_backup_api,
@@ -38,8 +39,8 @@ WORKER = WorkerProcess("w1@test", 11, "boot:11")
 
 class StoreUnderTest:
     """A store of one kind for the test: its URL, and how to copy it and put the copy back
-    in place (SQLite's backup API, a PostgreSQL data-only dump loaded again, every Redis
-    key RESTOREd): its epoch and identity are the copy's, as in the same file, server or
+    in place (SQLite's backup API, a PostgreSQL or MySQL data-only dump loaded again, every
+    Redis key RESTOREd): its epoch and identity are the copy's, as in the same file, server or
     process."""
 
     def __init__(self, kind: str, url: str, server: RedisServer) -> None:
@@ -50,6 +51,8 @@ class StoreUnderTest:
             return sqlite_backup_api(self.url)
         if self.kind == "postgres":
             return postgres_data_only(self.url)
+        if self.kind == "mysql":
+            return mysql_data_only(self.url)
         return redis_restore_keys(self.server)(self.url)
 
     def app(self, schedule: dict[str, Any], **conf: Any) -> Celery:
@@ -64,7 +67,7 @@ class StoreUnderTest:
 
 @contextlib.contextmanager
 def store_of(kind: str, server: RedisServer, tmp_path: Path) -> Iterator[StoreUnderTest]:
-    """A fresh store of ``kind`` (redis, sqlite or postgres) for one test: the fixture
+    """A fresh store of ``kind`` (redis, sqlite, postgres or mysql) for one test: the fixture
     ``any_store`` (tests/conftest.py) makes one of each."""
     with claims_url(kind, server, tmp_path) as url:
         yield StoreUnderTest(kind, url, server)

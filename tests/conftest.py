@@ -132,7 +132,7 @@ def server(redis_server: RedisServer) -> Iterator[RedisServer]:
             pass
 
 
-@pytest.fixture(params=["redis", "sqlite", "postgres"])
+@pytest.fixture(params=["redis", "sqlite", "postgres", "mysql"])
 def any_store(request: pytest.FixtureRequest, server: RedisServer,
               tmp_path: Path) -> Iterator[StoreUnderTest]:
     """A fresh store of each kind, the broker on ``server`` (tests/any_store.py)."""

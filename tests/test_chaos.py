@@ -4,9 +4,10 @@ every occurrence due must have executed once, and none twice.
 
 Redis runs 40 s, with the store's redis-server crashed and restarted (a run the
 restart delayed, through its outage and the new epoch's settle period, is late, not
-missed). SQLite and PostgreSQL run 30 s each (the suite's time), with an outage of their
-own: the file's writer lock held by another process; the database refusing connections
-with every session cut (``pg_terminate_backend``), as in a failover. Runs of 120 s on
+missed). SQLite, PostgreSQL and MySQL (MariaDB) run 30 s each (the suite's time), with an
+outage of their own: the file's writer lock held by another process; the database
+refusing connections with every session cut (``pg_terminate_backend``), as in a failover;
+the store's user locked (``ACCOUNT LOCK``) with every session of it killed. Runs of 120 s on
 each store are in ``docs/benchmarks.md`` ("Stores").
 
 Why in the suite: each of these failures is pinned alone elsewhere; this checks that they
@@ -26,7 +27,7 @@ from bench.chaos import Config, Result, run, summary
 pytestmark = pytest.mark.integration
 
 #: Seconds of chaos per store.
-DURATION = {"redis": 40, "sqlite": 30, "postgres": 30}
+DURATION = {"redis": 40, "sqlite": 30, "postgres": 30, "mysql": 30}
 
 
 def _explain(result: Result) -> str:

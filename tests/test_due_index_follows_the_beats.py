@@ -34,6 +34,7 @@ from .conftest import RedisServer
 from .faults import Proxy, proxy
 from .inprocess import make_app, occurrences_sent, settled
 from .processes import fleet, wait_for
+from .test_integration_fleet import my_admin
 
 #: Heartbeats within which the sweeps index every entry again after the index was wiped:
 #: a rebuild pass waits 30 sweeps at most after one that found nothing (REBUILD_PAUSE in
@@ -211,6 +212,9 @@ def wipe_index(target: StoreUnderTest, store: Store) -> None:
         path = target.url.removeprefix("sqlite:///")
         with sqlite3.connect(path) as db:
             db.execute("UPDATE beat_claims_entries SET next_due = NULL")
+    elif target.kind == "mysql":
+        my_admin("UPDATE beat_claims_entries SET next_due = NULL",
+                 target.url.rsplit("/", 1)[1])
     else:
         with psycopg.connect(target.url, autocommit=True) as db:
             db.execute("UPDATE beat_claims.entries SET next_due = NULL")

@@ -40,6 +40,12 @@ SCHEDULE = {
 PG_HOST = os.environ.get("BC_PGHOST", "127.0.0.1")
 PG_PORT = os.environ.get("BC_PGPORT", "5432")
 PG_USER = os.environ.get("BC_PGUSER", "postgres")
+#: The machine's MySQL or MariaDB, as the contract suite's (``BC_MYHOST``, ``BC_MYPORT``,
+#: ``BC_MYUSER``, ``BC_MYPASSWORD``): a database of each test's own, dropped at its end.
+MY_HOST = os.environ.get("BC_MYHOST", "127.0.0.1")
+MY_PORT = int(os.environ.get("BC_MYPORT", "3306"))
+MY_USER = os.environ.get("BC_MYUSER", "root")
+MY_PASSWORD = os.environ.get("BC_MYPASSWORD", "")
 
 
 def _pg_admin(statement: sql.Composable) -> None:
@@ -52,14 +58,46 @@ def _pg_admin(statement: sql.Composable) -> None:
                     f" PostgreSQL case (BC_PGHOST, BC_PGPORT, BC_PGUSER): {exc}")
 
 
+def my_admin(statement: str, dbname: str | None = None) -> None:
+    """One statement on the machine's MySQL or MariaDB (autocommit)."""
+    import pymysql
+
+    try:
+        conn = pymysql.connect(host=MY_HOST, port=MY_PORT, user=MY_USER,
+                               password=MY_PASSWORD, database=dbname, autocommit=True,
+                               connect_timeout=5)
+    except pymysql.err.OperationalError as exc:
+        pytest.fail(f"MySQL or MariaDB at {MY_HOST}:{MY_PORT} (user {MY_USER}) is needed by"
+                    f" the MySQL case (BC_MYHOST, BC_MYPORT, BC_MYUSER, BC_MYPASSWORD;"
+                    f" scripts/test starts one): {exc}")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+    finally:
+        conn.close()
+
+
+def my_url(dbname: str) -> str:
+    auth = f"{MY_USER}:{MY_PASSWORD}" if MY_PASSWORD else MY_USER
+    return f"mysql://{auth}@{MY_HOST}:{MY_PORT}/{dbname}"
+
+
 @contextlib.contextmanager
 def claims_url(kind: str, server: RedisServer, tmp_path: Path) -> Iterator[str]:
     """The ``beat_claims_url`` of a fresh store of ``kind``: the fixture redis-server, a
-    SQLite file in the test's directory, or a new database on the machine's PostgreSQL."""
+    SQLite file in the test's directory, or a new database on the machine's PostgreSQL or
+    MySQL (MariaDB)."""
     if kind == "redis":
         yield server.url
     elif kind == "sqlite":
         yield f"sqlite:///{tmp_path}/claims.db"
+    elif kind == "mysql":
+        name = f"beat_claims_fleet_{uuid.uuid4().hex[:10]}"
+        my_admin(f"CREATE DATABASE `{name}`")
+        try:
+            yield my_url(name)
+        finally:
+            my_admin(f"DROP DATABASE IF EXISTS `{name}`")
     else:
         name = f"beat_claims_fleet_{uuid.uuid4().hex[:10]}"
         _pg_admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -106,7 +144,7 @@ def all_ran_once(client: Any, want: set[tuple[str, str]], timeout: float,
     return rows
 
 
-@pytest.mark.parametrize("kind", ["redis", "sqlite", "postgres"])
+@pytest.mark.parametrize("kind", ["redis", "sqlite", "postgres", "mysql"])
 def test_three_beats_one_worker_every_occurrence_exactly_once(
         kind: str, server: RedisServer, tmp_path: Path) -> None:
     client = server.client()

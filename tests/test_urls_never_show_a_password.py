@@ -213,7 +213,10 @@ def _open_error(url: str, **conf: Any) -> str:
     "postgresql://alice:Xq7Zr9@[::1/app",  # libpq quotes the whole URL
     "postgresql://alice@127.0.0.1/app?bogus=1&password=Xq7Zr9",
     "sqlite:///claims.db?password=Xq7Zr9",
-    "mysql://alice:Xq7Zr9@db/app?password=Xq7Zr9",  # unknown store
+    "mongodb://alice:Xq7Zr9@db/app?password=Xq7Zr9",  # unknown store
+    "mysql://alice:Xq7Zr9@db/app?password=Xq7Zr9",  # an option the store does not take
+    "mariadb://alice:Xq7/Zr9@db:3306/app",  # a port misread from the password
+    "mysql://alice:Xq7Zr9@127.0.0.1:3306",  # no database
 ])
 def test_a_url_a_client_misreads_is_refused_without_its_password(url: str) -> None:
     message = _open_error(url)
@@ -348,7 +351,7 @@ SENTINEL = ("sentinel://alice:Xq7%2FZr9@127.0.0.1:{p1};sentinel://:Xq7Zr9@127.0.
     ("a Sentinel URL without a master's name", SENTINEL, {}, "beat_claims_sentinel_master"),
     ("a Sentinel URL with options", SENTINEL, {"beat_claims_sentinel_master": "m"},
      "take no query options"),
-    ("an unknown scheme", "mysql://alice:Xq7Zr9@db/app?password=Xq7Zr9", {},
+    ("an unknown scheme", "mongodb://alice:Xq7Zr9@db/app?password=Xq7Zr9", {},
      "unknown store"),
     ("a port misread from the password", "redis://alice:Xq7/Zr9@127.0.0.1:1/0", {},
      "beat_claims_url"),

@@ -14,8 +14,23 @@ if TYPE_CHECKING:
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
 SQLITE_SCHEMES = ("sqlite",)
 POSTGRES_SCHEMES = ("postgresql", "postgres")
-#: ``django`` or ``django:ALIAS``: the PostgreSQL database of a Django connection.
+MYSQL_SCHEMES = ("mysql", "mariadb")
+#: ``django`` or ``django:ALIAS``: the PostgreSQL, MySQL or MariaDB database of a Django
+#: connection.
 DJANGO_SCHEME = "django"
+
+
+def _django_engine(url: str) -> str:
+    """The store a ``django`` / ``django:ALIAS`` URL names: ``mysql`` when that Django
+    database is MySQL or MariaDB, else ``postgres`` (which says what it cannot open)."""
+    alias = url.partition(":")[2] or "default"
+    try:
+        from django.conf import settings as django_settings
+
+        config = (getattr(django_settings, "DATABASES", {}) or {}).get(alias) or {}
+    except Exception:  # Django missing or not configured: the PostgreSQL store says so
+        return "postgres"
+    return "mysql" if "mysql" in str(config.get("ENGINE", "")) else "postgres"
 
 
 def open_store(settings: Settings, timeout: float | None = None) -> Store:
@@ -31,7 +46,13 @@ def open_store(settings: Settings, timeout: float | None = None) -> Store:
         from .sqlite import SQLiteStore
 
         return SQLiteStore.from_url(url, settings.key_prefix, settings.history_limit, seconds)
-    if scheme in POSTGRES_SCHEMES or scheme == DJANGO_SCHEME:
+    if scheme == DJANGO_SCHEME:
+        scheme = "mysql" if _django_engine(url) == "mysql" else "postgresql"
+    if scheme in MYSQL_SCHEMES:
+        from .mysql import MySQLStore
+
+        return MySQLStore.from_url(url, settings.key_prefix, settings.history_limit, seconds)
+    if scheme in POSTGRES_SCHEMES:
         from .postgres import PostgresStore
 
         return PostgresStore.from_url(url, settings.key_prefix, settings.history_limit,
@@ -49,9 +70,10 @@ def open_store(settings: Settings, timeout: float | None = None) -> Store:
             # (a client's message may quote pieces of a URL it misread)
             raise StoreConfigurationError(f"beat_claims_url: {redact_text(str(exc), url)}"
                                           ) from None
+    schemes = REDIS_SCHEMES + SQLITE_SCHEMES + POSTGRES_SCHEMES + MYSQL_SCHEMES
     raise StoreConfigurationError(
         f"beat_claims_url={redact_url(url)!r}: unknown store (the URL must start with"
-        f" {', '.join(s + '://' for s in REDIS_SCHEMES + SQLITE_SCHEMES + POSTGRES_SCHEMES)},"
+        f" {', '.join(s + '://' for s in schemes)},"
         f" or be {DJANGO_SCHEME!r} or '{DJANGO_SCHEME}:ALIAS')")
 
 

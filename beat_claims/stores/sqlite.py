@@ -739,8 +739,10 @@ def _path_from_url(url: str) -> str:
     return path
 
 
-class SQLiteStore(Store):
-    """The store in one SQLite file, for the beats, workers and operators of one host."""
+class RowStore(Store):
+    """The transitions on the store's rows, one transaction each: the SQLite store's, and
+    the MySQL store's (``mysql.py`` runs them on its server, with its connections, its
+    clock and its locks)."""
 
     def __init__(self, path: str, prefix: str = "beat-claims", history_limit: int = 100,
                  timeout: float = 5.0, url: str = "") -> None:
@@ -766,24 +768,13 @@ class SQLiteStore(Store):
         self._heartbeat_file: tuple[int, int] | None = None
         _STORES.add(self)
 
-    @classmethod
-    def from_url(cls, url: str, prefix: str = "beat-claims", history_limit: int = 100,
-                 timeout: float = 5.0) -> SQLiteStore:
-        """The store of a ``sqlite:///`` URL, opened at once: a path that cannot work is an
-        error now (naming the setting), not at the first claim."""
-        store = cls(_path_from_url(url), prefix, history_limit, timeout, url)
-        store._check_path()
-        try:
-            with store._locked():
-                store._connection(starting=True)
-        except StoreError as exc:  # busy: set up at the first call instead
-            logger.warning("beat-claims: %s is busy (%s); retried at the first call",
-                           store.description, exc)
-        return store
-
     @property
     def description(self) -> str:
         return f"sqlite:///{self.path} (prefix {self.prefix!r})"
+
+    def _clock(self) -> int:
+        """The store's clock (UTC ms): this host's (a subclass on a server reads its)."""
+        return _now()
 
     def close(self) -> None:
         with self._locked():
@@ -863,30 +854,13 @@ class SQLiteStore(Store):
     def _set_up(self, db: sqlite3.Connection) -> None:
         """Create the tables (if missing), check the file's schema version and prefix, and
         migrate a file of an older schema."""
-        t, where = self.tables, f"beat_claims_url={self._url!r}"
+        t = self.tables
         db.execute("BEGIN IMMEDIATE")
         try:
             db.execute(f"CREATE TABLE IF NOT EXISTS {t.meta} (key TEXT PRIMARY KEY,"
                        " value TEXT) WITHOUT ROWID")
-            row = db.execute(self._sql["meta_get"], ("version",)).fetchone()
-            try:
-                version = SCHEMA_VERSION if row is None else int(row[0])
-                if version < 1:
-                    raise ValueError(version)
-            except (TypeError, ValueError):
-                raise StoreConfigurationError(
-                    f"{where}: the tables {t.base}_* in {self.path} have an unreadable"
-                    f" schema version {row[0]!r}") from None
-            if version > SCHEMA_VERSION:
-                raise StoreConfigurationError(
-                    f"{where}: {self.path} (tables {t.base}_*) was written by a newer"
-                    f" beat-claims (schema version {version}; this one knows up to"
-                    f" {SCHEMA_VERSION}): upgrade beat-claims here, or use another file")
-            row = db.execute(self._sql["meta_get"], ("prefix",)).fetchone()
-            if row is not None and row[0] != self.prefix:
-                raise StoreConfigurationError(
-                    f"beat_claims_key_prefix={self.prefix!r}: the tables {t.base}_* in"
-                    f" {self.path} belong to the prefix {row[0]!r}; choose another prefix")
+            version = self._layout(db, SCHEMA_VERSION, f"{self.path} (tables {t.base}_*) was",
+                                   "use another file")
             for statement in _schema(t) + _workers_schema(t):
                 db.execute(statement)
             migrations = _migrations(t)
@@ -909,6 +883,32 @@ class SQLiteStore(Store):
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+
+    def _layout(self, db: sqlite3.Connection, latest: int, written: str, advice: str
+                ) -> int:
+        """The tables' layout version (``latest`` for new ones), once this code knows it and
+        the tables are the prefix's; else StoreConfigurationError saying what to do."""
+        t, where = self.tables, f"beat_claims_url={self._url!r}"
+        row = db.execute(self._sql["meta_get"], ("version",)).fetchone()
+        try:
+            version = latest if row is None else int(row[0])
+            if version < 1:
+                raise ValueError(version)
+        except (TypeError, ValueError):
+            raise StoreConfigurationError(
+                f"{where}: the tables {t.base}_* in {self.path} have an unreadable"
+                f" schema version {row[0]!r}") from None
+        if version > latest:
+            raise StoreConfigurationError(
+                f"{where}: {written} written by a newer beat-claims (schema version"
+                f" {version}; this one knows up to {latest}): upgrade beat-claims here, or"
+                f" {advice}")
+        row = db.execute(self._sql["meta_get"], ("prefix",)).fetchone()
+        if row is not None and row[0] != self.prefix:
+            raise StoreConfigurationError(
+                f"beat_claims_key_prefix={self.prefix!r}: the tables {t.base}_* in"
+                f" {self.path} belong to the prefix {row[0]!r}; choose another prefix")
+        return version
 
     def _failure(self, exc: sqlite3.Error, starting: bool = False) -> Exception:
         code = _code(exc)
@@ -970,35 +970,52 @@ class SQLiteStore(Store):
                     raise self._failure(exc) from exc
             raise AssertionError("unreachable")  # pragma: no cover
 
+    #: An item's savepoint: made, rolled back to, released (MySQL spells them otherwise).
+    _savepoint = ("SAVEPOINT item", "ROLLBACK TO item", "RELEASE item")
+
     def _each(self, what: str, items: Sequence[I],
               step: Callable[[sqlite3.Connection, int, I], T],
               failed: Callable[[I, Exception], T]) -> list[T]:
         """One transition per item; CHUNK items per transaction, each in its own savepoint
         so that an item that fails (a bad record) is rolled back and answered alone."""
+        make, undo, release = self._savepoint
+
         def chunk(db: sqlite3.Connection, part: Sequence[I]) -> list[T]:
             out = []
             for item in part:
-                db.execute("SAVEPOINT item")
+                db.execute(make)
                 try:
-                    result = step(db, _now(), item)
+                    result = step(db, self._clock(), item)
                 except Exception as exc:
-                    if _is_outage(exc):
+                    if self._outage(exc):
                         raise
-                    db.execute("ROLLBACK TO item")
-                    db.execute("RELEASE item")
+                    db.execute(undo)
+                    db.execute(release)
                     logger.warning("beat-claims: %s failed in %s, for this item only: %s: %s",
                                    what, self.description, type(exc).__name__, exc)
                     out.append(failed(item, exc))
                     continue
-                db.execute("RELEASE item")
+                db.execute(release)
                 out.append(result)
             return out
 
         results: list[T] = []
         for start in range(0, len(items), CHUNK):
-            part = items[start:start + CHUNK]
-            results += self._transaction(lambda db, p=part: chunk(db, p))  # type: ignore[misc]
+            results += self._chunk(what, items[start:start + CHUNK], chunk)
         return results
+
+    def _chunk(self, what: str, part: Sequence[I],
+               run: Callable[[sqlite3.Connection, Sequence[I]], list[T]]) -> list[T]:
+        """One transaction of ``_each``: ``run`` on a chunk of items."""
+        return self._transaction(lambda db: run(db, part))
+
+    def _workers_statements(self) -> dict[str, str]:
+        """The statements of the worker processes' liveness."""
+        return _workers_statements(self.tables)
+
+    def _outage(self, exc: BaseException) -> bool:
+        """An error of the store (the whole call fails), not of one item."""
+        return _is_outage(exc)
 
     # -- helpers shared by the transitions (the Lua prelude's) ------------------------------
     def _get_run(self, db: sqlite3.Connection, entry: str, due: int
@@ -1167,7 +1184,7 @@ class SQLiteStore(Store):
             resync, and then no beat claims until every beat known alive has had its
             heartbeat to notice (settle_until). The last heartbeat's instant is kept
             (beat_at), and the caller's newest writes are looked for (kept.lua)."""
-            q, now = self._sql, _now()
+            q, now = self._sql, self._clock()
             known = db.execute(q["owner_known"], (owner.id,)).fetchone() is not None
             db.execute(q["owner_put"], (owner.id, json.dumps(owner.as_dict()), now + ttl_ms))
             meta = {key: (row[0] if (row := db.execute(q["meta_get"], (key,)).fetchone())
@@ -1258,7 +1275,7 @@ class SQLiteStore(Store):
 
     def leave(self, owner: Owner) -> None:
         self._transaction(lambda db: db.execute(self._sql["owner_lapse"],
-                                                (_now() - 1, owner.id)))
+                                                (self._clock() - 1, owner.id)))
 
     def register(self, seeds: Sequence[EntrySeed], owner: Owner | None = None
                  ) -> dict[str, EntryState]:
@@ -1869,7 +1886,7 @@ class SQLiteStore(Store):
             paused entry keeps its instant). Its runs are skipped as they come up (at
             their claim, when taken due again, at their check)."""
             q = self._sql
-            if db.execute(q["entry_pause"], (by, note, _now(), entry)).rowcount == 0:
+            if db.execute(q["entry_pause"], (by, note, self._clock(), entry)).rowcount == 0:
                 return None
             return _entry_record(db.execute(q["entry_read"], (entry,)).fetchone())
 
@@ -1879,7 +1896,7 @@ class SQLiteStore(Store):
         def work(db: sqlite3.Connection) -> EntryRecord | None:
             """The pause ends, and who ended it when is recorded (only if paused)."""
             q = self._sql
-            db.execute(q["entry_resume"], (by, _now(), entry))
+            db.execute(q["entry_resume"], (by, self._clock(), entry))
             row = db.execute(q["entry_read"], (entry,)).fetchone()
             return None if row is None else _entry_record(row)
 
@@ -2194,20 +2211,20 @@ class SQLiteStore(Store):
     def owners(self) -> list[OwnerStatus]:
         rows = self._transaction(lambda db: db.execute(self._sql["owners_all"]).fetchall(),
                                  write=False)
-        return _owner_statuses(rows, _now())
+        return _owner_statuses(rows, self._clock())
 
     def now(self) -> int:
         """This host's clock, as every transition reads it (the store is for one host)."""
-        return _now()
+        return self._clock()
 
     # -- workers: liveness ------------------------------------------------------------
     def worker_heartbeat(self, process: WorkerProcess, ttl: float) -> WorkerLiveness:
         ttl_ms = worker_ttl_ms(ttl)
-        q = _workers_statements(self.tables)
+        q = self._workers_statements()
 
         def work(db: sqlite3.Connection) -> WorkerLiveness:
             """worker_heartbeat.lua: the process is alive for ttl more."""
-            now = _now()
+            now = self._clock()
             db.execute(q["forget"], (now - self.worker_records_kept_ms,))
             record = WorkerLiveness(process, now, now + ttl_ms)
             db.execute(q["put"], (worker_id(process), json.dumps({
@@ -2221,14 +2238,33 @@ class SQLiteStore(Store):
 
     def worker_liveness(self, processes: Sequence[WorkerProcess]) -> WorkerLivenessRead:
         processes = list(processes)
-        q = _workers_statements(self.tables)
+        q = self._workers_statements()
 
         def work(db: sqlite3.Connection) -> list[Any]:
             return [db.execute(q["get"], (worker_id(p),)).fetchone() for p in processes]
 
         rows = self._transaction(work, write=False)
-        return WorkerLivenessRead(_now(), tuple(
+        return WorkerLivenessRead(self._clock(), tuple(
             read_worker_record(p, row[0] if row else None) for p, row in zip(processes, rows)))
+
+
+class SQLiteStore(RowStore):
+    """The store in one SQLite file, for the beats, workers and operators of one host."""
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "beat-claims", history_limit: int = 100,
+                 timeout: float = 5.0) -> SQLiteStore:
+        """The store of a ``sqlite:///`` URL, opened at once: a path that cannot work is an
+        error now (naming the setting), not at the first claim."""
+        store = cls(_path_from_url(url), prefix, history_limit, timeout, url)
+        store._check_path()
+        try:
+            with store._locked():
+                store._connection(starting=True)
+        except StoreError as exc:  # busy: set up at the first call instead
+            logger.warning("beat-claims: %s is busy (%s); retried at the first call",
+                           store.description, exc)
+        return store
 
 
 def _due_state(anchor: Any, checkpoint: Any, token: Any) -> EntryState | None:
@@ -2280,7 +2316,7 @@ def _read_only_fs(path: str) -> str:
 # -- fork safety --------------------------------------------------------------------------
 #: Every store of this process: their connections are closed before a fork (SQLite's
 #: per-process lock bookkeeping must not be inherited) and reopened on next use.
-_STORES: weakref.WeakSet[SQLiteStore] = weakref.WeakSet()
+_STORES: weakref.WeakSet[RowStore] = weakref.WeakSet()
 
 
 def _before_fork() -> None:
@@ -2302,4 +2338,4 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
-__all__ = ["SCHEMA_VERSION", "SQLiteStore", "Tables"]
+__all__ = ["SCHEMA_VERSION", "RowStore", "SQLiteStore", "Tables"]

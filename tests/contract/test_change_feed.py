@@ -189,6 +189,21 @@ def test_a_pruned_entry_leaves_the_feed_and_a_cursor_that_had_not_read_its_delet
     assert store.changes(current) == Changes(current, (), False, True)
 
 
+def test_entries_pruned_one_after_another_each_leave_the_feed(store: Store) -> None:
+    """Each prune raises the feed's dropped mark to the number the entry had in it: the
+    mark stays readable, so the next prune and the feed work as the first did."""
+    old = head(store)
+    names = ["a", "b", "c", "d"]
+    for name in names:
+        create(store, name)
+        write(store, name, None, 1)
+    current, _ = drain(store, old)
+    for name in names:
+        assert store.forget([name]) == [name], name
+        assert store.changes(old).reload, name
+        assert store.changes(current) == Changes(current, (), False, True), name
+
+
 def test_a_wiped_store_answers_reload(store: Store, backend: Backend) -> None:
     cursor = head(store)
     create(store, "a")

@@ -59,7 +59,7 @@ def _check_app(app: Any) -> list[checks.CheckMessage]:
             "beat-claims has no store: CELERY_BEAT_CLAIMS_URL is not set and the broker"
             f" ({redact_url(str(app.conf.get('broker_url') or '')) or 'none'}) is not Redis.",
             hint="Set CELERY_BEAT_CLAIMS_URL to the store's URL: redis://, rediss://,"
-                 " sentinel://, postgresql://, sqlite:///path, or 'django'.",
+                 " sentinel://, postgresql://, mysql://, sqlite:///path, or 'django'.",
             id="beat_claims.E001")]
     try:
         settings = Settings.from_app(app)

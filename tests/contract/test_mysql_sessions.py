@@ -1,0 +1,40 @@
+"""MySQL only: a call interrupted while it reads a reply (a signal's SystemExit in a beat
+that is stopping, a KeyboardInterrupt) leaves no reply behind for the next call to read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pymysql.connections
+import pytest
+
+from beat_claims.stores.base import EntrySeed, Store
+
+from .backend_mysql import BACKEND as backend_mysql
+
+
+@pytest.fixture
+def mysql_store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    with backend_mysql.open(request, 100) as store:
+        yield store
+
+
+def test_a_call_interrupted_in_its_reply_leaves_nothing_for_the_next_one_to_read(
+        mysql_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    mysql_store.register([EntrySeed("a", "every 1s (a)"), EntrySeed("b", "every 2s (b)")])
+    real = pymysql.connections.Connection._read_query_result
+    interrupted = []
+
+    def stopping(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not interrupted:
+            interrupted.append(True)
+            raise SystemExit("SIGTERM while the reply was on its way")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pymysql.connections.Connection, "_read_query_result", stopping)
+    with pytest.raises(SystemExit):
+        mysql_store.entries(["a"])
+    [b] = mysql_store.entries(["b"])
+    assert (b.name, b.description) == ("b", "every 2s (b)"), b
+    assert [r.name for r in mysql_store.entries(["a", "b"])] == ["a", "b"]
