@@ -31,6 +31,7 @@ import hashlib
 import json
 import math
 import re
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import cached_property, lru_cache
@@ -244,9 +245,52 @@ class Clocked:
 ScheduleSpec = Every | Cron | Solar | Clocked
 
 
+#: Schedules already validated, by their JSON text: a beat takes a dynamic entry's
+#: definition again each time it holds it, and thousands share one schedule (parsing a
+#: crontab and finding its first instant was most of that). Bounded: emptied when full.
+_PARSED: dict[str, ScheduleSpec] = {}
+PARSED_MAX = 4096
+#: Each app's Celery schedules of the specs above (immutable once built, shared by the
+#: entries of one spec: Celery builds a crontab by parsing its five fields).
+_BUILT: weakref.WeakKeyDictionary[Any, dict[ScheduleSpec, Any]] = \
+    weakref.WeakKeyDictionary()
+
+
 def parse_schedule(obj: Any, where: str = "schedule") -> ScheduleSpec:
     """A schedule's JSON form, validated: each kind, every field, and that Celery's
     arithmetic gives it an instant (through ``occurrences``)."""
+    try:
+        key = json.dumps(obj, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return _parse_schedule(obj, where)
+    spec = _PARSED.get(key)
+    if spec is None:
+        spec = _parse_schedule(obj, where)  # (a refusal raises, and is not kept)
+        if isinstance(spec, Solar):
+            return spec  # (it needs ephem, which is checked each time)
+        if len(_PARSED) >= PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[key] = spec
+    return spec
+
+
+def celery_schedule(spec: ScheduleSpec, app: Celery | None) -> Any:
+    """``spec`` as Celery's schedule for ``app``, built once per app and spec."""
+    if app is None or isinstance(spec, Solar):  # (a solar's observer is not shared)
+        return spec.celery(app)
+    built = _BUILT.get(app)
+    if built is None:
+        built = _BUILT[app] = {}
+    sched = built.get(spec)
+    if sched is None:
+        sched = spec.celery(app)
+        if len(built) >= PARSED_MAX:
+            built.clear()
+        built[spec] = sched
+    return sched
+
+
+def _parse_schedule(obj: Any, where: str) -> ScheduleSpec:
     if not isinstance(obj, dict) or len(obj) != 1:
         raise _Refused(where, f"{_show(obj)} is not a schedule: one of"
                               f" {', '.join(repr(k) for k in SCHEDULE_KINDS)}"
@@ -511,7 +555,7 @@ class Definition:
         from .scheduler import ClaimsEntry
 
         try:
-            sched = self.schedule.celery(app)
+            sched = celery_schedule(self.schedule, app)
         except _Refused as exc:
             raise exc.on(name) from None
         options = copy.deepcopy(self.options)

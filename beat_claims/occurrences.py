@@ -72,11 +72,13 @@ def _frozen_now(sched: BaseSchedule, at_ms: int, tz: Any = timezone.utc) -> Base
 
 
 def _shallow_copy(sched: BaseSchedule) -> BaseSchedule:
-    """``sched``'s attributes in a new object of its class, its constructor not run:
+    """A crontab's attributes in a new object of its class, its constructor not run:
     ``copy.copy`` of a crontab goes through its ``__reduce__``, which parses its five
-    fields again (most of a beat's CPU at 100,000 one-minute crontabs)."""
+    fields again (most of a beat's CPU at 100,000 one-minute crontabs). Its computations
+    only read them."""
     attributes = getattr(sched, "__dict__", None)
-    if attributes is None:  # (a class with __slots__)
+    if attributes is None or not isinstance(sched, crontab):
+        # (a solar's observer is set by each computation: a copy of its own, as before)
         return copy.copy(sched)
     frozen = object.__new__(type(sched))
     frozen.__dict__.update(attributes)
