@@ -761,11 +761,14 @@ class Beats:
         self.pids: dict[int, int] = {}
         self.module: str | None = None  # where the beats imported beat_claims from
         self.version: str | None = None  # and its __version__
+        #: The "result" of a beat that stopped while another message was awaited: kept
+        #: for :meth:`finish` (its error says why it stopped).
+        self.results: dict[int, Any] = {}
 
     def collect(self, what: str, deadline: float) -> tuple[dict[int, Any], str | None]:
         """The ``what`` message of every beat that sent one by ``deadline``, and why some
         are missing (a beat failed, or the deadline passed), or None."""
-        got: dict[int, Any] = {}
+        got: dict[int, Any] = dict(self.results) if what == "result" else {}
         while len(got) < len(self.procs):
             try:
                 kind, index, payload = self.out_q.get(timeout=max(0.05, deadline - time.time()))
@@ -778,6 +781,10 @@ class Beats:
                 self.pids[index], self.module, self.version = payload
             if kind == what:
                 got[index] = payload
+            elif kind == "result":  # a beat stopped: it answers nothing more
+                self.results[index] = payload
+                error = (payload.get("error") or "").strip().splitlines()
+                return got, f"beat {index} stopped: {error[-1] if error else 'no error'}"
         return got, None
 
     def cpu_seconds(self) -> float:
@@ -1677,6 +1684,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steady-warmup", type=float, default=None, metavar="SECONDS",
                     help="steady: the least time from the beats' readiness to the first"
                          " measured minute (one period: 60 s)")
+    ap.add_argument("--steady-redbeat-lock-timeout", type=float, default=None,
+                    metavar="SECONDS",
+                    help="steady: RedBeat's redbeat_lock_timeout (its own default: 5 x"
+                         " beat_max_loop_interval, 25 s, shorter than its tick of a burst"
+                         " of 100,000)")
     ap.add_argument("--steady-grace", type=float, default=10.0,
                     help="steady: seconds after the last measured minute (its last planned"
                          " send) before the beats stop; later sends count as missing (10)")
@@ -1804,6 +1816,7 @@ def main(argv: list[str] | None = None) -> int:
                     "steady_jitter": args.steady_jitter,
                     "steady_grace": args.steady_grace,
                     "steady_warmup": args.steady_warmup,
+                    "steady_redbeat_lock_timeout": args.steady_redbeat_lock_timeout,
                     "schedulers": kinds, "beats": args.beats, "repeat": args.repeat,
                     "stores": stores,
                     "at_commits": [src.tag for src in sources if src.tag],

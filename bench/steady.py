@@ -29,6 +29,10 @@ One run (a case: ``beat_claims_K``, ``beat_claims_K+<store>``, ``redbeat``)
    the dynamic workload's beat is (ticked until ready: beat-claims' ``entries
    registered; claiming`` log line, RedBeat's first tick), and once every one is ready
    they are driven as ``celery beat`` drives them (bench/dispatch.py's ``_child``).
+   RedBeat's lock lasts 5 x ``beat_max_loop_interval`` (25 s here) unless
+   ``--steady-redbeat-lock-timeout`` says otherwise: at 100,000 entries its tick of a
+   minute's burst lasts longer, and the next tick fails with ``LockNotOwnedError``
+   (the beat stops, as ``celery beat`` would: the run reports it and what it sent).
 3. The measured minutes: M (``--steady-minutes``, 3) whole minutes of the clock (UTC,
    the crontab's), the first of them the first minute that starts at least
    ``--steady-warmup`` seconds (one period: a minute) after the beats were ready, so that
@@ -292,6 +296,9 @@ def run_steady(case: Case, n: int, args: argparse.Namespace, store: RedisServer,
                           soon_lead=0.0, redbeat_create="save", dynamic_start="restarted",
                           steady=True, steady_period=None if cron else period,
                           schedule=spec, claims={"jitter": jitter} if jitter else None)
+    if case.scheduler == "redbeat" and args.steady_redbeat_lock_timeout:
+        cfg["extra_conf"] = {**cfg["extra_conf"],
+                             "redbeat_lock_timeout": args.steady_redbeat_lock_timeout}
     created_at = time.time()
     created = _create(case, cfg, args, store, out)
     if isinstance(created, str):
@@ -315,6 +322,7 @@ def run_steady(case: Case, n: int, args: argparse.Namespace, store: RedisServer,
     out.update({"startup_seconds": round(ready_at - spawned, 3),
                 "first_minute": start, "wait_seconds": round(start - ready_at, 1)})
     samples: list[tuple[float, dict[int, float]]] = []
+    stopped = None  # why a beat stopped before the end: what it sent is still counted
     try:
         for k in range(args.steady_minutes + 1):
             _sleep_until(start + k * period, beats)
@@ -324,8 +332,8 @@ def run_steady(case: Case, n: int, args: argparse.Namespace, store: RedisServer,
         busy1, servers1 = _busy_cpu((store, broker)), _server_cpu((store, broker))
         _sleep_until(end, beats)
     except RuntimeError as exc:  # a beat died or stopped answering
-        beats.finish(3)
-        return {**out, "status": "error", "error": str(exc)}
+        stopped = str(exc)
+        out["stopped_after_seconds"] = round(time.time() - start, 1)
     results = beats.finish(60)
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     messages = _decode_queue(broker.client)
@@ -334,32 +342,37 @@ def run_steady(case: Case, n: int, args: argparse.Namespace, store: RedisServer,
                               r["recorded"]["dues"])]
     out.update(figures(case, n, records, messages, start, period, args.steady_minutes,
                        jitter))
-    per_minute = MINUTE / span
-    cpu = {i: [round(samples[k + 1][1][i] - samples[k][1][i], 3)
-               for k in range(args.steady_minutes)] for i in sorted(samples[0][1])}
-    for k, row in enumerate(out["minutes"]):
+    measured = max(0, len(samples) - 1)  # minutes whose CPU was read at both ends
+    cpu = {i: [round(samples[k + 1][1][i] - samples[k][1][i], 3) for k in range(measured)]
+           for i in sorted(samples[0][1] if samples else {})}
+    for k, row in enumerate(out["minutes"][:measured]):
         row["cpu_seconds_by_beat"] = [cpu[i][k] for i in sorted(cpu)]
-    by_beat = [round(sum(cpu[i]) * per_minute, 3) for i in sorted(cpu)]
-    beats_cpu = sum(sum(c) for c in cpu.values())
+    per_minute = MINUTE / (measured * period) if measured else 0.0
+    by_beat = [round(sum(cpu[i]) * per_minute, 3) for i in sorted(cpu)] if measured else []
+    if measured == args.steady_minutes:  # (a beat stopped: the machine's were not read)
+        beats_cpu = sum(sum(c) for c in cpu.values())
+        out.update({
+            "store_server_cpu_per_minute": round((servers1[0] - servers0[0]) * per_minute, 3),
+            "broker_server_cpu_per_minute": round((servers1[1] - servers0[1]) * per_minute,
+                                                  3),
+            "other_cpu_seconds_per_minute": round(
+                _other_cpu(busy0, busy1, beats_cpu) * per_minute, 3)})
     out.update({
         "queued": len(messages), "recorded": len(records),
         "published_per_beat": [len(r["recorded"]["times"]) if r.get("recorded") else None
                                for _, r in sorted(results.items())],
         "cpu_per_minute_by_beat": by_beat,
-        "cpu_seconds_per_minute": round(sum(by_beat), 3),
+        "cpu_seconds_per_minute": round(sum(by_beat), 3) if by_beat else None,
         "cpu_seconds_per_minute_max_beat": max(by_beat, default=None),
         "peak_rss_mib_by_beat": [round(r["maxrss_kib"] / 1024, 1)
                                  for _, r in sorted(results.items())],
-        "store_server_cpu_per_minute": round((servers1[0] - servers0[0]) * per_minute, 3),
-        "broker_server_cpu_per_minute": round((servers1[1] - servers0[1]) * per_minute, 3),
-        "other_cpu_seconds_per_minute": round(
-            _other_cpu(busy0, busy1, beats_cpu) * per_minute, 3),
         "errors": [r["error"] for r in results.values() if r.get("error")],
         "warnings": dict(sum((collections.Counter(r["warnings"]) for r in results.values()),
                              collections.Counter())),
     })
     out["peak_rss_mib"] = max(out["peak_rss_mib_by_beat"], default=None)
-    problems = list(out["errors"])
+    problems = [stopped] if stopped else []
+    problems += out["errors"]
     if len(results) < case.beats:
         problems.append(f"only {len(results)} of {case.beats} beats reported")
     if out["recorded"] != out["queued"]:  # every publish reached the broker, and only they
