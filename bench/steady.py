@@ -52,7 +52,10 @@ One run (a case: ``beat_claims_K``, ``beat_claims_K+<store>``, ``redbeat``)
      messages carry no due instant: the one its beat was sending, the crontab's next
      instant after the entry's ``last_run_at`` when Celery's ``Scheduler.apply_async``
      was called, recorded in the beat); ``missing``: occurrences never sent by the end
-     of the run; ``duplicates``: messages beyond the first of an (entry, due) pair;
+     of the run (a beat-claims beat behind sends an entry's latest occurrence and skips
+     the older ones, as its catch-up policy ``latest`` says, or had not sent it yet: the
+     store is not read to tell which; RedBeat's next instant is the first after its last
+     send); ``duplicates``: messages beyond the first of an (entry, due) pair;
      ``exactly_once``: none missing and none duplicated in every measured minute;
    - ``lateness`` = publish time - (due + the occurrence's jitter offset), the offset
      computed again with ``beat_claims.occurrences.jitter_offset`` from the entry and the
