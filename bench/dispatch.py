@@ -17,6 +17,18 @@ Workloads
   hour, and a few due soon that the beat must send once. Figures: create seconds, the
   store's bytes per entry, the beat's startup (spawn until ready to claim), peak RSS and
   idle CPU per minute over ``--idle-seconds``; ratios beat-claims / RedBeat.
+* ``steady_<N>``: N entries of a one-minute crontab created through each scheduler's API
+  as for ``dynamic_<N>`` (``--steady-entries 100000``; ``bench/steady.py``, whose
+  docstring has the method), beat-claims' with the claims policy ``jitter`` of 60 s, so
+  that the minute's N occurrences are sent evenly through it (Celery's crontab has a
+  resolution of a minute: without a jitter they are a burst at hh:mm:00, measured by
+  ``due_<N>``), sent for ``--steady-minutes`` whole minutes by ``--beats`` beats of
+  beat-claims (``beat_claims_K`` on each ``--store``) and by one RedBeat beat (no jitter:
+  its minute-start burst). Figures, per minute and overall: the (entry, due) pairs at
+  the broker, missing and duplicate ones, the lateness (publish - (due + the
+  occurrence's jitter offset)) p50/p99/max, each beat's CPU seconds per minute and peak
+  RSS; ratios beat-claims / RedBeat, and issue 22's goals (two beats: every occurrence
+  once, lateness p99 at most 1 s).
 
 Schedulers (``--schedulers``, ``--beats``, ``--at-commit``)
 -----------------------------------------------------------
@@ -120,6 +132,8 @@ Usage::
         --beats 1 --at-commit 1bad067                          # the large idle case
     python bench/dispatch.py --entries 0 --idle-entries 0 --dynamic-entries 10000,100000 \\
         --schedulers redbeat,beat_claims --beats 1 --redbeat-create both  # run-time entries
+    python bench/dispatch.py --entries 0 --idle-entries 0 --steady-entries 100000 \\
+        --steady-minutes 3 --schedulers redbeat,beat_claims --beats 1,2 --repeat 1  # steady
 
 The last line printed is one JSON document with every figure (docs/benchmarks.md).
 """
@@ -460,6 +474,9 @@ class _Counters:
         import redis.connection
 
         self.publishes: list[tuple[float, str | None]] = []
+        #: Records every publish instead of ``publishes`` when set (the steady workload:
+        #: bench/steady.py's ``Recorder``, compact for hundreds of thousands of them).
+        self.recorder: Any = None
         self.store = 0
         self.broker = 0
         self.other = 0
@@ -471,6 +488,9 @@ class _Counters:
 
         def counted_publish(self: Any, *args: Any, **kwargs: Any) -> Any:
             result = publish(self, *args, **kwargs)
+            if counters.recorder is not None:
+                counters.recorder.add(time.time(), args, kwargs)
+                return result
             header = (kwargs.get("headers") or {}).get("beat_claims")
             counters.publishes.append(
                 (time.time(), header.get("due") if isinstance(header, dict) else None))
@@ -688,6 +708,7 @@ def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, 
         elif store_kind == "mysql":
             counters.count_mysql()
         from bench.dynamic import setup as dynamic_setup  # (before the clock starts)
+        from bench.steady import Recorder
 
         module = version = None
         if kind == "beat_claims":
@@ -698,6 +719,8 @@ def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, 
         out_q.put(("imported", index, (os.getpid(), module, version)))
         cfg = cfg_q.get()
         counters.broker_port, counters.store_port = cfg["broker_port"], cfg["store_port"]
+        if cfg.get("steady"):
+            counters.recorder = Recorder(kind, cfg.get("steady_period"))
         t_setup = time.time()
         app = _make_app(cfg)
         service, sched = _build(kind, app, cfg["workdir"], index)
@@ -711,7 +734,7 @@ def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, 
     except Exception:
         out_q.put(("error", index, traceback.format_exc()))
         return
-    counters.publishes = []
+    counters.publishes = []  # (a steady run's recorder keeps the setup's: all are queued)
     go.wait()
     gc_pauses = _GcPauses()
     profiler = None
@@ -739,6 +762,7 @@ def _child(kind: str, store_kind: str, index: int, src: str | None, cfg_q: Any, 
         profiler.dump_stats(os.path.join(cfg["profile_dir"], f"{cfg['run_id']}-{index}.prof"))
     out_q.put(("result", index, {
         "publishes": counters.publishes, "ticks": ticks, "error": error,
+        "recorded": counters.recorder.result() if counters.recorder is not None else None,
         "warnings": dict(warnings), "other_round_trips": counters.other,
         "maxrss_kib": _peak_rss_kib(), "rss_kib": _vm_kib("VmRSS") or 0,
         "gc_full_collections": gc_pauses.full_collections,
@@ -839,11 +863,14 @@ class Beats:
         self.pids: dict[int, int] = {}
         self.module: str | None = None  # where the beats imported beat_claims from
         self.version: str | None = None  # and its __version__
+        #: The "result" of a beat that stopped while another message was awaited: kept
+        #: for :meth:`finish` (its error says why it stopped).
+        self.results: dict[int, Any] = {}
 
     def collect(self, what: str, deadline: float) -> tuple[dict[int, Any], str | None]:
         """The ``what`` message of every beat that sent one by ``deadline``, and why some
         are missing (a beat failed, or the deadline passed), or None."""
-        got: dict[int, Any] = {}
+        got: dict[int, Any] = dict(self.results) if what == "result" else {}
         while len(got) < len(self.procs):
             try:
                 kind, index, payload = self.out_q.get(timeout=max(0.05, deadline - time.time()))
@@ -856,16 +883,24 @@ class Beats:
                 self.pids[index], self.module, self.version = payload
             if kind == what:
                 got[index] = payload
+            elif kind == "result":  # a beat stopped: it answers nothing more
+                self.results[index] = payload
+                error = (payload.get("error") or "").strip().splitlines()
+                return got, f"beat {index} stopped: {error[-1] if error else 'no error'}"
         return got, None
 
     def cpu_seconds(self) -> float:
         """CPU seconds used so far by all the beats (``time.process_time`` in each)."""
+        return float(sum(self.cpu_by_beat().values()))
+
+    def cpu_by_beat(self) -> dict[int, float]:
+        """CPU seconds used so far by each beat (``time.process_time``), by its index."""
         for q in self.cpu_qs:
             q.put(True)
         got, problem = self.collect("cpu", time.time() + 10)
         if problem:
             raise RuntimeError(problem)
-        return float(sum(got.values()))
+        return {index: float(cpu) for index, cpu in got.items()}
 
     def configure(self, cfg: dict[str, Any]) -> None:
         for _ in self.procs:
@@ -888,17 +923,19 @@ class Beats:
         return results
 
 
-def _decode_queue(client: Any) -> list[dict[str, Any]]:
-    """Every queued message: entry (its only argument), task id, ``beat_claims`` due."""
+def _decode_queue(client: Any, chunk: int = 20000) -> list[dict[str, Any]]:
+    """Every queued message: entry (its only argument), task id, ``beat_claims`` due (read
+    ``chunk`` messages a round trip: a steady run leaves hundreds of thousands)."""
     out = []
-    for raw in client.lrange(QUEUE, 0, -1):
-        msg = json.loads(raw)
-        body = msg["body"]
-        if msg.get("properties", {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        header = msg["headers"].get("beat_claims")
-        out.append({"entry": json.loads(body)[0][0], "id": msg["headers"].get("id"),
-                    "due": header.get("due") if isinstance(header, dict) else None})
+    for start in range(0, client.llen(QUEUE), chunk):
+        for raw in client.lrange(QUEUE, start, start + chunk - 1):
+            msg = json.loads(raw)
+            body = msg["body"]
+            if msg.get("properties", {}).get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            header = msg["headers"].get("beat_claims")
+            out.append({"entry": json.loads(body)[0][0], "id": msg["headers"].get("id"),
+                        "due": header.get("due") if isinstance(header, dict) else None})
     return out
 
 
@@ -1630,6 +1667,9 @@ def print_tables(summary: dict[str, Any], cases: list[Case]) -> None:
     from bench.dynamic import print_table
 
     print_table(summary, cases)
+    from bench.steady import print_table as print_steady
+
+    print_steady(summary, cases)
     print()
     print("ratios (beat-claims / other; time unless marked _cpu; below 1: beat-claims is"
           " faster):")
@@ -1740,6 +1780,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dynamic-soon-timeout", type=float, default=60.0,
                     help="dynamic: seconds after the soon entries' instant (or the beat's"
                          " readiness) to wait for them (60)")
+    ap.add_argument("--steady-entries", type=_int_list, default=[],
+                    help="steady_<N>: N entries of a one-minute crontab with a jitter of a"
+                         " minute, created through each scheduler's run-time API, sent for"
+                         " --steady-minutes by --beats beat-claims beats on each --store and"
+                         " one RedBeat beat; comma-separated (none; bench/steady.py)")
+    ap.add_argument("--steady-minutes", type=int, default=3,
+                    help="steady: whole minutes measured (3)")
+    ap.add_argument("--steady-period", type=float, default=None, metavar="SECONDS",
+                    help="steady: an interval of SECONDS instead of the one-minute crontab,"
+                         " its periods measured instead of minutes (the test suite's)")
+    ap.add_argument("--steady-jitter", type=float, default=None, metavar="SECONDS",
+                    help="steady: beat-claims' claims jitter of every entry (the period:"
+                         " 60 s for the crontab)")
+    ap.add_argument("--steady-warmup", type=float, default=None, metavar="SECONDS",
+                    help="steady: the least time from the beats' readiness to the first"
+                         " measured minute (one period: 60 s)")
+    ap.add_argument("--steady-redbeat-lock-timeout", type=float, default=None,
+                    metavar="SECONDS",
+                    help="steady: RedBeat's redbeat_lock_timeout (its own default: 5 x"
+                         " beat_max_loop_interval, 25 s, shorter than its tick of a burst"
+                         " of 100,000)")
+    ap.add_argument("--steady-grace", type=float, default=10.0,
+                    help="steady: seconds after the last measured minute (its last planned"
+                         " send) before the beats stop; later sends count as missing (10)")
     ap.add_argument("--schedulers", default=",".join(SCHEDULERS),
                     help=f"comma-separated subset of {','.join(SCHEDULERS)}")
     ap.add_argument("--beats", type=_int_list, default=[1, 2, 4],
@@ -1793,7 +1857,7 @@ def main(argv: list[str] | None = None) -> int:
                          " DIR/<run>-lead<lead>.json")
     ap.add_argument("--quiet", action="store_true", help="print only the JSON line")
     args = ap.parse_args(argv)
-    from bench import dynamic
+    from bench import dynamic, steady
 
     if args.max_steal < 0:
         args.max_steal = None
@@ -1810,6 +1874,9 @@ def main(argv: list[str] | None = None) -> int:
     args.entries = [n for n in args.entries if n != 0]
     if args.repeat < 1 or any(b < 1 for b in args.beats) or any(n < 1 for n in args.entries):
         ap.error("--repeat, --beats and --entries must be positive")
+    if any(n < 1 for n in args.steady_entries) or args.steady_minutes < 1 or (
+            args.steady_period is not None and args.steady_period <= 0):
+        ap.error("--steady-entries, --steady-minutes and --steady-period must be positive")
     if any(n < 1 for n in args.dynamic_entries) or args.dynamic_soon < 0:
         ap.error("--dynamic-entries must be positive, --dynamic-soon not negative")
     if args.dynamic_entries and args.idle_seconds <= 0 and \
@@ -1835,8 +1902,10 @@ def main(argv: list[str] | None = None) -> int:
              for b in (args.beats if k == "beat_claims" else [1])]
     idle_key = (f"idle_{args.idle_entries}" if args.idle_seconds > 0 and args.idle_entries > 0
                 else None)
-    if not args.entries and not idle_key and not args.dynamic_entries:
-        ap.error("nothing to run: --entries 0, no idle workload and no --dynamic-entries")
+    if not args.entries and not idle_key and not args.dynamic_entries \
+            and not args.steady_entries:
+        ap.error("nothing to run: --entries 0, no idle workload, no --dynamic-entries and"
+                 " no --steady-entries")
     import beat_claims
 
     args.beat_claims_path = os.path.dirname(os.path.abspath(beat_claims.__file__))
@@ -1853,6 +1922,13 @@ def main(argv: list[str] | None = None) -> int:
                     "dynamic_beat_max": args.dynamic_beat_max,
                     "redbeat_create": args.redbeat_create,
                     "dynamic_start": args.dynamic_start,
+                    "steady_entries": args.steady_entries,
+                    "steady_minutes": args.steady_minutes,
+                    "steady_period": args.steady_period,
+                    "steady_jitter": args.steady_jitter,
+                    "steady_grace": args.steady_grace,
+                    "steady_warmup": args.steady_warmup,
+                    "steady_redbeat_lock_timeout": args.steady_redbeat_lock_timeout,
                     "schedulers": kinds, "beats": args.beats, "repeat": args.repeat,
                     "stores": stores,
                     "at_commits": [src.tag for src in sources if src.tag],
@@ -1866,6 +1942,7 @@ def main(argv: list[str] | None = None) -> int:
     if idle_key:
         workloads.append(("idle", args.idle_entries))
     workloads += [("dynamic", n) for n in args.dynamic_entries]
+    workloads += [("steady", n) for n in args.steady_entries]
     runs: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
     leads: dict[tuple[str, int], float] = {}
     soon_leads: dict[tuple[str, int], float] = {}
@@ -1883,7 +1960,8 @@ def main(argv: list[str] | None = None) -> int:
             for kind, n in workloads:
                 w = f"{kind}_{n}"
                 for case in cases:
-                    if kind == "dynamic" and not dynamic.runs_case(case):
+                    if kind in ("dynamic", "steady") and not {
+                            "dynamic": dynamic, "steady": steady}[kind].runs_case(case):
                         continue
                     run_id = f"{case.key}-{w}-{rep + 1}"
                     if not args.quiet:
@@ -1895,6 +1973,8 @@ def main(argv: list[str] | None = None) -> int:
                         run = dynamic.run_dynamic(case, n, lead, args, store, broker, workdir,
                                                   run_id)
                         soon_leads[(case.key, n)] = dynamic.next_soon_lead(run) or lead
+                    elif kind == "steady":
+                        run = steady.run_steady(case, n, args, store, broker, workdir, run_id)
                     elif kind == "idle":
                         run = run_idle(case, n, args.idle_seconds, args, store, broker,
                                        workdir, run_id)
@@ -1939,7 +2019,9 @@ def main(argv: list[str] | None = None) -> int:
                             "create_seconds_pipeline", "store_bytes_per_entry",
                             "store_bytes_per_entry_running", "startup_seconds",
                             "rss_ready_mib", "soon_sent", "soon_due_before_ready",
-                            "error") if k in run}
+                            "sent", "missing", "duplicates", "lateness_p50_ms",
+                            "lateness_p99_ms", "lateness_max_ms", "cpu_per_minute_by_beat",
+                            "peak_rss_mib_by_beat", "wait_seconds", "error") if k in run}
                         print(f"    {shown}", file=sys.stderr, flush=True)
     finally:
         store.stop()
@@ -1950,6 +2032,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = collections.defaultdict(dict)
     for (key, w), case_runs in runs.items():
         results[key][w] = (dynamic.summarise(case_runs) if w.startswith("dynamic")
+                           else steady.summarise(case_runs) if w.startswith("steady")
                            else summarise(case_runs, idle=w.startswith("idle")))
     summary["results"] = dict(results)
     for tag, seen in args.imported.items():
@@ -1960,6 +2043,9 @@ def main(argv: list[str] | None = None) -> int:
     dynamic_ratios, dynamic_goals = dynamic.ratios_and_goals(results, args.dynamic_entries)
     summary["ratios"].update(dynamic_ratios)
     summary["goals"].update(dynamic_goals)
+    steady_ratios, steady_goals = steady.ratios_and_goals(results, args.steady_entries)
+    summary["ratios"].update(steady_ratios)
+    summary["goals"].update(steady_goals)
     summary["wall_seconds"] = round(time.time() - t_start, 1)
     summary["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if not args.quiet:

@@ -22,12 +22,14 @@ redis-server):
    round trip (not RedBeat's API: what a bulk writer could do), written under another key
    prefix and deleted before the beat starts. Neither is due for an hour (beat-claims
    anchors an interval at its creation; RedBeat's entry has ``last_run_at`` = now, Celery's
-   default). Then ``--dynamic-soon`` entries due once, ``soon_lead`` seconds after the
-   bulk ended, are created the same way (beat-claims: a ``clocked`` schedule; RedBeat: an
-   interval of an hour whose ``last_run_at`` is one hour before that instant): the beat
-   must send each exactly once. ``create_seconds`` is the time of the N entries' calls
-   only (the items are built before the clock starts); ``create_cpu_seconds`` the
-   creator's own CPU time in them (the store server's is not counted).
+   default; the steady workload, ``bench/steady.py``, gives them a one-minute crontab
+   and a claims policy instead). Then ``--dynamic-soon`` entries due once, ``soon_lead``
+   seconds after the bulk ended, are created the same way (beat-claims: a ``clocked``
+   schedule; RedBeat: an interval of an hour whose ``last_run_at`` is one hour before that
+   instant): the beat must send each exactly once. ``create_seconds`` is the time of the
+   N entries' calls only (the items are built before the clock starts);
+   ``create_cpu_seconds`` the creator's own CPU time in them (the store server's is not
+   counted).
    With ``--dynamic-start restarted`` (the default) the creator then heartbeats once in
    beat-claims' store as a beat of its own and exits: the beat started next finds the
    store as a restarted beat does (its last heartbeat recent, no beat alive) and joins at
@@ -69,6 +71,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -212,13 +215,31 @@ def _prime(app: Any, cfg: dict[str, Any]) -> float:
     return round(time.time() - t0, 3)
 
 
-def _create_beat_claims(app: Any, names: list[str]) -> tuple[float, float]:
+def entry_schedule(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The N entries' schedule in a definition's JSON form: ``cfg["schedule"]`` (the steady
+    workload's one-minute crontab, bench/steady.py), else an interval of an hour."""
+    return dict(cfg.get("schedule") or {"every": IDLE_INTERVAL})
+
+
+def celery_schedule(spec: dict[str, Any]) -> Any:
+    """Celery's schedule of :func:`entry_schedule`'s JSON form (for RedBeat's entries):
+    ``{"every": seconds}`` or ``{"crontab": {field: value}}``."""
+    from celery.schedules import crontab, schedule
+
+    if "crontab" in spec:
+        return crontab(**spec["crontab"])
+    return schedule(timedelta(seconds=spec["every"]))
+
+
+def _create_beat_claims(app: Any, names: list[str], cfg: dict[str, Any]
+                        ) -> tuple[float, float]:
     """beat-claims' API: one ``bulk_create`` of every entry (seconds of that call, and the
-    CPU seconds of this process in it)."""
+    CPU seconds of this process in it); the ``claims`` policy of ``cfg``, if any."""
     from beat_claims.entries import Entries
 
-    items = [{"name": name, "task": TASK, "schedule": {"every": IDLE_INTERVAL},
-              "args": [name]} for name in names]
+    claims = {"claims": cfg["claims"]} if cfg.get("claims") else {}
+    items = [{"name": name, "task": TASK, "schedule": entry_schedule(cfg), "args": [name],
+              **claims} for name in names]
     with Entries(app, by="bench") as entries:
         t0, c0 = time.perf_counter(), time.process_time()
         results = entries.bulk_create(items)
@@ -238,20 +259,20 @@ def _soon_beat_claims(app: Any, names: list[str], at: float) -> None:
             entries.create(name, TASK, datetime.fromtimestamp(at, timezone.utc), args=[name])
 
 
-def _redbeat_entries(app: Any, names: list[str], last_run_at: datetime | None) -> Any:
-    from celery.schedules import schedule
+def _redbeat_entries(app: Any, names: list[str], last_run_at: datetime | None,
+                     spec: dict[str, Any] | None = None) -> Any:
     from redbeat import RedBeatSchedulerEntry
 
-    every = schedule(timedelta(seconds=IDLE_INTERVAL))
+    every = celery_schedule(spec or {"every": IDLE_INTERVAL})
     extra = {"last_run_at": last_run_at} if last_run_at is not None else {}
     for name in names:
         yield RedBeatSchedulerEntry(name, TASK, every, args=[name], app=app, **extra)
 
 
-def _create_redbeat(app: Any, names: list[str]) -> tuple[float, float]:
+def _create_redbeat(app: Any, names: list[str], cfg: dict[str, Any]) -> tuple[float, float]:
     """RedBeat's API: each entry built and saved (``save()``: one pipeline each)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    for entry in _redbeat_entries(app, names, None):
+    for entry in _redbeat_entries(app, names, None, entry_schedule(cfg)):
         entry.save()
     return time.perf_counter() - t0, time.process_time() - c0
 
@@ -290,7 +311,7 @@ def _redbeat_pipelined(cfg: dict[str, Any], names: list[str]) -> float:
                 pipe.zadd(zkey, {e.key: e.score})
             pipe.execute()
 
-    for entry in _redbeat_entries(app, names, None):
+    for entry in _redbeat_entries(app, names, None, entry_schedule(cfg)):
         batch.append(entry)
         if len(batch) == PIPELINE_CHUNK:
             write(batch)
@@ -341,7 +362,7 @@ def _creator(kind: str, src: str | None, cfg: dict[str, Any], out_q: Any, go: An
             out["create_seconds_pipeline"] = round(_redbeat_pipelined(cfg, names), 3)
         create, make_soon = ((_create_beat_claims, _soon_beat_claims) if kind == "beat_claims"
                              else (_create_redbeat, _soon_redbeat))
-        seconds, cpu = create(app, names)
+        seconds, cpu = create(app, names, cfg)
         soon_at = time.time() + cfg["soon_lead"]
         make_soon(app, soon, soon_at)
         if kind == "beat_claims" and cfg.get("dynamic_start") == "restarted":
@@ -419,21 +440,46 @@ def _soon_figures(messages: list[dict[str, Any]], results: dict[int, Any], soon:
             else None}
 
 
+def created_run_cfg(case: Case, args: argparse.Namespace, store: RedisServer,
+                    broker: RedisServer, workdir: str, run_id: str, **fields: Any
+                    ) -> dict[str, Any]:
+    """The servers emptied, and the configuration of a run whose entries the creator makes
+    (:func:`_create`) before its beats start (``fields``: the workload's own: ``n``,
+    ``soon``, ``soon_lead``, ``redbeat_create``, ``dynamic_start``, ...)."""
+    for server in (store, broker):
+        server.client.flushall()
+    profile = args.profile if case.scheduler in args.profile_schedulers else None
+    return {**_base_cfg(case, [], store, broker, workdir, profile, run_id,
+                        args.setup_timeout, args.pg),  # (a new SQLite file; PostgreSQL emptied)
+            "interval": IDLE_INTERVAL, "last_run_at": time.time(), "idle": True,
+            "dynamic": True, "extra_conf": _tree_conf(case, args), **fields}
+
+
+def start_beats(case: Case, cfg: dict[str, Any], args: argparse.Namespace
+                ) -> tuple[Beats, dict[int, Any], float] | str:
+    """Spawn and configure the run's beats and wait until each is ready (:func:`setup`):
+    the beats, their "ready" messages and when they were spawned; or why they are not."""
+    spawned = time.time()
+    beats = Beats(case)
+    beats.configure(cfg)
+    ready, problem = beats.collect("ready", spawned + args.setup_timeout + 60)
+    if problem:
+        beats.finish(3)
+        return problem
+    check_import(case, args, beats)  # (its "imported" message came before "ready")
+    return beats, ready, spawned
+
+
 def run_dynamic(case: Case, n: int, soon_lead: float, args: argparse.Namespace,
                 store: RedisServer, broker: RedisServer, workdir: str,
                 run_id: str) -> dict[str, Any]:
     """N entries created through the scheduler's API, then one beat started (module doc)."""
     out: dict[str, Any] = {"entries": n, "beats": 1, "soon_lead": round(soon_lead, 2),
                            "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
-    for server in (store, broker):
-        server.client.flushall()
-    profile = args.profile if case.scheduler in args.profile_schedulers else None
-    cfg = {**_base_cfg(case, [], store, broker, workdir, profile, run_id,
-                       args.setup_timeout, args.pg),  # (a new SQLite file; PostgreSQL emptied)
-           "interval": IDLE_INTERVAL, "last_run_at": time.time(), "idle": True,
-           "dynamic": True, "n": n, "soon": args.dynamic_soon, "soon_lead": soon_lead,
-           "redbeat_create": args.redbeat_create, "dynamic_start": args.dynamic_start,
-           "extra_conf": _tree_conf(case, args)}
+    cfg = created_run_cfg(case, args, store, broker, workdir, run_id, n=n,
+                          soon=args.dynamic_soon, soon_lead=soon_lead,
+                          redbeat_create=args.redbeat_create,
+                          dynamic_start=args.dynamic_start)
     created = _create(case, cfg, args, store, out)
     if isinstance(created, str):
         return {**out, "status": "error", "error": created}
@@ -449,14 +495,10 @@ def run_dynamic(case: Case, n: int, soon_lead: float, args: argparse.Namespace,
     if not out["beat_started"]:
         out["status"] = "ok"
         return out
-    spawned = time.time()
-    beats = Beats(case)
-    beats.configure(cfg)
-    ready, problem = beats.collect("ready", spawned + args.setup_timeout + 60)
-    if problem:
-        beats.finish(3)
-        return {**out, "status": "error", "error": problem}
-    check_import(case, args, beats)  # (its "imported" message came before "ready")
+    started = start_beats(case, cfg, args)
+    if isinstance(started, str):
+        return {**out, "status": "error", "error": started}
+    beats, ready, spawned = started
     r = ready[0]
     beats.go.set()
     out.update({"startup_seconds": round(r["ready_at"] - spawned, 3),
@@ -553,6 +595,31 @@ COMPARED = (("startup_seconds", "startup"), ("peak_rss_mib", "rss"),
             ("create_cpu_seconds", "create_cpu"))
 
 
+def redbeat_ratios(results: dict[str, dict[str, Any]], kind: str, sizes: list[int],
+                   compared: tuple[tuple[str, str], ...], one_beat: bool
+                   ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """``{"<kind>_<N>": {"<case>/redbeat_<suffix>": ratio}}``: each beat-claims case's
+    figure over RedBeat's, for each (figure, suffix) of ``compared`` (``one_beat``: its
+    one-beat cases only); and the (workload, case) pairs compared."""
+    ratios: dict[str, Any] = {}
+    pairs: list[tuple[str, str]] = []
+    bc_cases = sorted(k for k in results if k.startswith("beat_claims_")
+                      and (not one_beat or _variant(k)[0] == 1))
+    for n in sizes:
+        w = f"{kind}_{n}"
+        r: dict[str, Any] = {}
+        for bc in bc_cases:
+            if w not in results[bc]:
+                continue
+            pairs.append((w, bc))
+            for name, suffix in compared:
+                r[f"{bc}/redbeat_{suffix}"] = _ratio(results[bc][w].get(name),
+                                                     results.get("redbeat", {}).get(w, {})
+                                                     .get(name))
+        ratios[w] = r
+    return ratios, pairs
+
+
 def ratios_and_goals(results: dict[str, dict[str, Any]], sizes: list[int]
                      ) -> tuple[dict[str, Any], dict[str, Any]]:
     """beat-claims / RedBeat for every compared figure, and the goals of the due index
@@ -560,59 +627,55 @@ def ratios_and_goals(results: dict[str, dict[str, Any]], sizes: list[int]
     def fig(case: str, workload: str, name: str) -> float | None:
         return results.get(case, {}).get(workload, {}).get(name)
 
-    ratios: dict[str, Any] = {}
     goals: dict[str, Any] = {}
-    bc_cases = sorted(k for k in results if k.startswith("beat_claims_")
-                      and _variant(k)[0] == 1)
-    for n in sizes:
-        w = f"dynamic_{n}"
-        r: dict[str, Any] = {}
-        for bc in bc_cases:
-            if w not in results[bc]:
-                continue
-            for name, suffix in COMPARED:
-                r[f"{bc}/redbeat_{suffix}"] = _ratio(fig(bc, w, name), fig("redbeat", w, name))
-            r[f"{bc}/redbeat_create_pipelined"] = _ratio(
-                fig(bc, w, "create_seconds"), fig("redbeat", w, "create_seconds_pipeline"))
-            startup, rss = fig(bc, w, "startup_seconds"), fig(bc, w, "peak_rss_mib")
-            if startup is not None:
-                goals[f"dynamic_startup_at_most_2s_{bc}_{w}"] = {
-                    "seconds": startup, "met": startup <= GOAL_STARTUP_SECONDS}
-            if rss is not None:
-                mb = rss * 2**20 / 1e6
-                goals[f"dynamic_peak_rss_at_most_100MB_{bc}_{w}"] = {
-                    "mb": round(mb, 2), "met": mb <= GOAL_RSS_MB}
-        ratios[w] = r
+    ratios, pairs = redbeat_ratios(results, "dynamic", sizes, COMPARED, one_beat=True)
+    for w, bc in pairs:
+        ratios[w][f"{bc}/redbeat_create_pipelined"] = _ratio(
+            fig(bc, w, "create_seconds"), fig("redbeat", w, "create_seconds_pipeline"))
+        startup, rss = fig(bc, w, "startup_seconds"), fig(bc, w, "peak_rss_mib")
+        if startup is not None:
+            goals[f"dynamic_startup_at_most_2s_{bc}_{w}"] = {
+                "seconds": startup, "met": startup <= GOAL_STARTUP_SECONDS}
+        if rss is not None:
+            mb = rss * 2**20 / 1e6
+            goals[f"dynamic_peak_rss_at_most_100MB_{bc}_{w}"] = {
+                "mb": round(mb, 2), "met": mb <= GOAL_RSS_MB}
     return ratios, goals
 
 
-def print_table(summary: dict[str, Any], cases: list[Case]) -> None:
-    sizes = summary["options"].get("dynamic_entries") or []
+def table(summary: dict[str, Any], cases: list[Case], kind: str, hdr: str
+          ) -> Iterator[tuple[str, Case, dict[str, Any]]]:
+    """Print a table's header (``hdr``), then yield each ``<kind>_<N>`` workload of the
+    run (its sizes are the option ``<kind>_entries``), case and summary, in order."""
+    sizes = summary["options"].get(f"{kind}_entries") or []
     if not sizes:
         return
-    results = summary["results"]
-    hdr = (f"{'workload':15} {'scheduler':38} {'status':>9} {'create s':>9} {'pipe s':>7}"
-           f" {'B/entry':>8} {'B/e run':>8} {'startup s':>9} {'CPU s':>6} {'RSS MiB':>8}"
-           f" {'ready MiB':>9} {'CPU s/min':>9} {'soon':>5}")
     print()
     print(hdr)
     print("-" * len(hdr))
     for n in sizes:
-        w = f"dynamic_{n}"
+        w = f"{kind}_{n}"
         for case in cases:
-            r = results.get(case.key, {}).get(w)
-            if r is None:
-                continue
-            soon = ",".join(str(run.get("soon_sent", "-")) for run in r["runs"])
-            print(f"{w:15} {case.label:38} {r['status'][:9]:>9}"
-                  f" {_fmt(r['create_seconds'], '.2f'):>9}"
-                  f" {_fmt(r['create_seconds_pipeline'], '.2f'):>7}"
-                  f" {_fmt(r['store_bytes_per_entry'], '.0f'):>8}"
-                  f" {_fmt(r['store_bytes_per_entry_running'], '.0f'):>8}"
-                  f" {_fmt(r['startup_seconds'], '.2f'):>9}"
-                  f" {_fmt(r['startup_cpu_seconds'], '.2f'):>6}"
-                  f" {_fmt(r['peak_rss_mib'], '.0f'):>8} {_fmt(r['rss_ready_mib'], '.0f'):>9}"
-                  f" {_fmt(r['cpu_seconds_per_minute'], '.3f'):>9} {soon:>5}")
+            r = summary["results"].get(case.key, {}).get(w)
+            if r is not None:
+                yield w, case, r
+
+
+def print_table(summary: dict[str, Any], cases: list[Case]) -> None:
+    hdr = (f"{'workload':15} {'scheduler':38} {'status':>9} {'create s':>9} {'pipe s':>7}"
+           f" {'B/entry':>8} {'B/e run':>8} {'startup s':>9} {'CPU s':>6} {'RSS MiB':>8}"
+           f" {'ready MiB':>9} {'CPU s/min':>9} {'soon':>5}")
+    for w, case, r in table(summary, cases, "dynamic", hdr):
+        soon = ",".join(str(run.get("soon_sent", "-")) for run in r["runs"])
+        print(f"{w:15} {case.label:38} {r['status'][:9]:>9}"
+              f" {_fmt(r['create_seconds'], '.2f'):>9}"
+              f" {_fmt(r['create_seconds_pipeline'], '.2f'):>7}"
+              f" {_fmt(r['store_bytes_per_entry'], '.0f'):>8}"
+              f" {_fmt(r['store_bytes_per_entry_running'], '.0f'):>8}"
+              f" {_fmt(r['startup_seconds'], '.2f'):>9}"
+              f" {_fmt(r['startup_cpu_seconds'], '.2f'):>6}"
+              f" {_fmt(r['peak_rss_mib'], '.0f'):>8} {_fmt(r['rss_ready_mib'], '.0f'):>9}"
+              f" {_fmt(r['cpu_seconds_per_minute'], '.3f'):>9} {soon:>5}")
 
 
 def runs_case(case: Case) -> bool:

@@ -75,15 +75,11 @@ def test_a_dynamic_run_measures_each_beat_on_entries_made_through_its_api(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Real redis-servers, a real creator and beat per scheduler (about a minute: the
     beat-claims store settles for 15 s before its entries are made)."""
-    from bench.dispatch import main
-
-    code = main(["--entries", "0", "--idle-entries", "0", "--dynamic-entries", "200",
-                 "--schedulers", "redbeat,beat_claims", "--beats", "1", "--repeat", "1",
-                 "--idle-seconds", "2", "--settle", "0.5", "--dynamic-soon", "2",
-                 "--redbeat-create", "both", "--quiet"])
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = run_bench(capsys, [
+        "--dynamic-entries", "200", "--schedulers", "redbeat,beat_claims", "--beats", "1",
+        "--idle-seconds", "2", "--settle", "0.5", "--dynamic-soon", "2",
+        "--redbeat-create", "both"])
     results = summary["results"]
-    assert code == 0, json.dumps(results, indent=1)
     for key in ("redbeat", "beat_claims_1"):
         r = results[key]["dynamic_200"]
         run = r["runs"][0]
@@ -93,6 +89,17 @@ def test_a_dynamic_run_measures_each_beat_on_entries_made_through_its_api(
         assert r["peak_rss_mib"] >= r["rss_ready_mib"] > 10, run
     assert results["redbeat"]["dynamic_200"]["create_seconds_pipeline"] > 0
     assert "beat_claims_1/redbeat_startup" in summary["ratios"]["dynamic_200"]
+
+
+def run_bench(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, Any]:
+    """bench/dispatch.py's run with ``argv`` (no burst, no idle workload, one repeat): its
+    JSON summary, once it is known to have exited 0 (else its results are shown)."""
+    from bench.dispatch import main
+
+    code = main(["--entries", "0", "--idle-entries", "0", "--repeat", "1", "--quiet", *argv])
+    summary: dict[str, Any] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0, json.dumps(summary["results"], indent=1)
+    return summary
 
 
 def test_the_publish_path_is_measured_against_a_bare_send_task_loop(
