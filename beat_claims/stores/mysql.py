@@ -442,7 +442,14 @@ class MySQLStore(RowStore):
         """The open connection (a new one after a fork or an outage); tables set up at the
         first; another server or other tables than at the last heartbeat are noticed."""
         if os.getpid() != self._pid:
+            self._in_flight = None
             self._forget_connection()
+        if self._in_flight is not None:
+            # A statement was interrupted while its reply was on its way (a signal's
+            # SystemExit anywhere: a heartbeat's identity, a set-up): that reply would be
+            # the next statement's. The session goes (the server rolls it back).
+            self._in_flight = None
+            self._drop_connection()
         if self._db is None:
             self._db = self._open(starting)
         return self._db

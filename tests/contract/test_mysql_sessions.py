@@ -12,6 +12,7 @@ import pytest
 from beat_claims.stores.base import EntrySeed, Store
 
 from .backend_mysql import BACKEND as backend_mysql
+from .helpers import owner
 
 
 @pytest.fixture
@@ -20,21 +21,41 @@ def mysql_store(request: pytest.FixtureRequest) -> Iterator[Store]:
         yield store
 
 
-def test_a_call_interrupted_in_its_reply_leaves_nothing_for_the_next_one_to_read(
-        mysql_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    mysql_store.register([EntrySeed("a", "every 1s (a)"), EntrySeed("b", "every 2s (b)")])
+def interrupt_the_next_reply(monkeypatch: pytest.MonkeyPatch, why: str) -> None:
+    """The next reply read raises SystemExit (a SIGTERM while it was on its way); the
+    replies after it are read as usual."""
     real = pymysql.connections.Connection._read_query_result
     interrupted = []
 
     def stopping(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not interrupted:
             interrupted.append(True)
-            raise SystemExit("SIGTERM while the reply was on its way")
+            raise SystemExit(why)
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(pymysql.connections.Connection, "_read_query_result", stopping)
+
+
+def test_a_call_interrupted_in_its_reply_leaves_nothing_for_the_next_one_to_read(
+        mysql_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    mysql_store.register([EntrySeed("a", "every 1s (a)"), EntrySeed("b", "every 2s (b)")])
+    interrupt_the_next_reply(monkeypatch, "SIGTERM while the reply was on its way")
     with pytest.raises(SystemExit):
         mysql_store.entries(["a"])
     [b] = mysql_store.entries(["b"])
     assert (b.name, b.description) == ("b", "every 2s (b)"), b
     assert [r.name for r in mysql_store.entries(["a", "b"])] == ["a", "b"]
+
+
+def test_a_heartbeat_interrupted_while_it_reads_the_server_identity_leaves_no_reply_behind(
+        mysql_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heartbeat reads the server's and the tables' identity before its transaction;
+    a SIGTERM there must not leave that reply for the next call."""
+    mysql_store.register([EntrySeed("a", "every 1s (a)"), EntrySeed("b", "every 2s (b)")])
+    interrupt_the_next_reply(monkeypatch, "SIGTERM while the identity's reply was on its way")
+    with pytest.raises(SystemExit):
+        mysql_store.heartbeat(owner(1), 10.0)
+    found = mysql_store.entries(["b"])
+    assert [(r.name, r.description) for r in found] == [("b", "every 2s (b)")], found
+    beat = mysql_store.heartbeat(owner(1), 10.0)
+    assert beat.owners, beat
