@@ -597,10 +597,13 @@ class MySQLStore(RowStore):
     # -- transactions -------------------------------------------------------------------
     def _transaction(self, work: Callable[[Any], T], write: bool = True,
                      heartbeat: bool = False, lock: Callable[[Any], None] | None = None,
-                     rows: bool = False) -> T:
+                     rows: bool = False, items: bool = False) -> T:
         """``work`` in one transaction: all of it is written, or none of it. Run again
         after a deadlock or a lock wait timeout (RETRIES times at most); a table dropped
-        under it is made again (once)."""
+        under it is made again (once). With ``items`` (the work of many items written in
+        multi-row statements), a value the tables refuse (a name longer than its column)
+        raises ItemFailed: the caller runs the items again one by one, and that item alone
+        fails."""
         with self._locked():
             attempt = 0
             rebuilt = False
@@ -663,6 +666,9 @@ class MySQLStore(RowStore):
                         except (pymysql.err.MySQLError, StoreConfigurationError) as again:
                             raise StoreError(f"{self.description}: {again}") from again
                         continue
+                    if items and isinstance(exc, (pymysql.err.DataError,
+                                                  pymysql.err.IntegrityError)):
+                        raise ItemFailed(f"{type(exc).__name__}: {exc}") from exc
                     if isinstance(exc, (pymysql.err.OperationalError,
                                         pymysql.err.InterfaceError)):
                         self._drop_connection()
@@ -685,7 +691,7 @@ class MySQLStore(RowStore):
 
         if what in ROWS_READ_AT_ONCE:
             try:
-                return self._transaction(lambda db: run(db, part), rows=True,
+                return self._transaction(lambda db: run(db, part), rows=True, items=True,
                                          lock=lambda db: _load(db, what, part,
                                                                self.history_limit,
                                                                self._meta_get))
