@@ -276,7 +276,10 @@ def parse_url(url: str) -> dict[str, Any]:
     host, port, database; ``?unix_socket=``, ``?charset=`` ignored, ``ssl_ca=`` and
     ``connect_timeout=`` taken)."""
     where = f"beat_claims_url={redact_url(url)!r}"
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # (its message quotes the netloc: the password with it)
+        raise StoreConfigurationError(f"{where}: not a URL that can be read") from None
     if parts.scheme.lower() not in SCHEMES:
         raise StoreConfigurationError(f"{where}: not a mysql:// or mariadb:// URL")
     database = urllib.parse.unquote(parts.path.lstrip("/"))
@@ -295,7 +298,11 @@ def parse_url(url: str) -> dict[str, Any]:
         if key == "unix_socket":
             params["unix_socket"] = value
         elif key == "connect_timeout":
-            params["connect_timeout"] = float(value)
+            try:
+                params["connect_timeout"] = float(value)
+            except ValueError:
+                raise StoreConfigurationError(
+                    f"{where}: connect_timeout is not a number of seconds") from None
         elif key in ("ssl_ca", "ssl_cert", "ssl_key"):
             params.setdefault("ssl", {})[key.removeprefix("ssl_")] = value
         elif key != "charset":
