@@ -670,6 +670,10 @@ class MySQLStore(RowStore):
                         rebuilt = True
                         try:
                             self._set_up(conn)
+                            # (other tables: no call but a heartbeat until one has read
+                            # their epoch, as after a reconnect to them)
+                            self._db_file = self._identity(conn)
+                            conn.commit()
                         except (pymysql.err.MySQLError, StoreConfigurationError) as again:
                             raise StoreError(f"{self.description}: {again}") from again
                         continue

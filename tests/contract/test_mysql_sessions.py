@@ -9,7 +9,7 @@ from typing import Any
 import pymysql.connections
 import pytest
 
-from beat_claims.stores.base import EntrySeed, Store
+from beat_claims.stores.base import EntrySeed, Store, StoreError
 
 from .backend_mysql import BACKEND as backend_mysql
 from .helpers import owner
@@ -59,3 +59,19 @@ def test_a_heartbeat_interrupted_while_it_reads_the_server_identity_leaves_no_re
     assert [(r.name, r.description) for r in found] == [("b", "every 2s (b)")], found
     beat = mysql_store.heartbeat(owner(1), 10.0)
     assert beat.owners, beat
+
+
+def test_tables_made_again_under_a_call_are_another_epoch_that_a_heartbeat_reads_first(
+        mysql_store: Store) -> None:
+    """The store's tables dropped under running beats (a wipe, a dump being loaded again):
+    the call that finds them missing makes them again, and they are other tables, as after
+    a reconnect: nothing but a heartbeat is answered until one has read the new epoch (no
+    claim on an empty store before the beats have settled and seeded what they know)."""
+    mysql_store.register([EntrySeed("a", "every 1s (a)")])
+    before = mysql_store.heartbeat(owner(1), 10.0)
+    backend_mysql.wipe(mysql_store)
+    with pytest.raises(StoreError, match="epoch"):
+        mysql_store.register([EntrySeed("a", "every 1s (a)")])
+    after = mysql_store.heartbeat(owner(1), 10.0)
+    assert after.epoch != before.epoch and after.settle_until is not None, (before, after)
+    assert mysql_store.entries() == []
