@@ -136,6 +136,10 @@ _REFUSED_CODES = frozenset({1044, 1045, 1049, 1142, 1227, 1698})
 #: default).
 DEFINITIONS_CHUNK = 5000
 DEFINITIONS_BYTES = 4 * 1024 * 1024
+#: A session idle for longer than this (seconds) is pinged before its next transaction: the
+#: server may have closed it (``wait_timeout``, a proxy's idle limit), and a call must not
+#: fail as an outage for that. A busy session costs no ping.
+IDLE_CHECK = 10.0
 #: Names of one read of many entries (``entries``, ``definitions``) at most.
 NAMES_PER_READ = 1000
 #: A "LIMIT" that does not limit (MySQL has no LIMIT -1).
@@ -397,6 +401,8 @@ class MySQLStore(RowStore):
         self._now_ms = 0
         #: The connection whose reply is being read (None between statements).
         self._in_flight: Any = None
+        #: When the session last answered (time.monotonic()): see IDLE_CHECK.
+        self._used_at = time.monotonic()
         #: Transactions run again after a deadlock or a lock wait timeout (since opened).
         self.retries = 0
         self.statements = 0
@@ -457,6 +463,12 @@ class MySQLStore(RowStore):
             # the next statement's. The session goes (the server rolls it back).
             self._in_flight = None
             self._drop_connection()
+        if self._db is not None and time.monotonic() - self._used_at > IDLE_CHECK:
+            try:  # (closed by the server while idle: opened again, nothing was lost)
+                self._db.ping(reconnect=False)
+                self._used_at = time.monotonic()
+            except pymysql.err.MySQLError:
+                self._drop_connection()
         if self._db is None:
             self._db = self._open(starting)
         return self._db
@@ -582,6 +594,7 @@ class MySQLStore(RowStore):
                 for v in params) if params else None)
             rows = cur.fetchall() if cur.description is not None else ()
         self._in_flight = None
+        self._used_at = time.monotonic()
         return Cursor([tuple(_text(v) for v in row) for row in rows], rowcount)
 
     def _failure(self, exc: Exception, starting: bool = False) -> Exception:

@@ -1,17 +1,21 @@
 """MySQL only: a call interrupted while it reads a reply (a signal's SystemExit in a beat
-that is stopping, a KeyboardInterrupt) leaves no reply behind for the next call to read."""
+that is stopping, a KeyboardInterrupt) leaves no reply behind for the next call to read;
+tables made again under a call are another epoch; a session the server closed while it was
+idle is opened again."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pymysql.connections
 import pytest
 
 from beat_claims.stores.base import EntrySeed, Store, StoreError
+from beat_claims.stores.mysql import IDLE_CHECK, MySQLStore
 
 from .backend_mysql import BACKEND as backend_mysql
+from .backend_mysql import sql as backend_mysql_sql
 from .helpers import owner
 
 
@@ -75,3 +79,17 @@ def test_tables_made_again_under_a_call_are_another_epoch_that_a_heartbeat_reads
     after = mysql_store.heartbeat(owner(1), 10.0)
     assert after.epoch != before.epoch and after.settle_until is not None, (before, after)
     assert mysql_store.entries() == []
+
+
+def test_a_session_the_server_closed_while_it_was_idle_is_opened_again_without_an_error(
+        mysql_store: Store) -> None:
+    """MySQL closes sessions idle for ``wait_timeout`` (a few minutes on hosted servers and
+    behind proxies): a worker's first start after a quiet hour must not fail as an outage
+    for it. (Here the session is killed, as the server does at its wait_timeout.)"""
+    mysql_store.register([EntrySeed("a", "every 1s (a)")])
+    store = cast(MySQLStore, mysql_store)
+    killed = store._transaction(lambda db: db.execute("SELECT CONNECTION_ID()").fetchone()[0],
+                                write=False)
+    backend_mysql_sql(f"KILL {int(killed)}")
+    store._used_at -= IDLE_CHECK + 1  # (idle for longer than the check's threshold)
+    assert [e.name for e in mysql_store.entries(["a"])] == ["a"]
