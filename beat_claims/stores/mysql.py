@@ -324,17 +324,30 @@ def django_params(alias: str) -> dict[str, Any] | None:
     if config is None or "mysql" not in str(config.get("ENGINE", "")):
         return None
     options = dict(config.get("OPTIONS") or {})
-    if not config.get("NAME"):
+    from_file = options.get("read_default_file")
+    if not config.get("NAME") and not from_file:
         raise StoreConfigurationError(
             f"beat_claims_url={redact_url('django:' + alias)!r}: Django's database"
             f" {alias!r} has no NAME")
-    params: dict[str, Any] = {
-        "host": config.get("HOST") or "127.0.0.1",
-        "port": int(config.get("PORT") or 3306),
-        "user": config.get("USER") or "root", "password": config.get("PASSWORD") or "",
-        "database": config.get("NAME") or ""}
+    params: dict[str, Any]
+    if from_file:  # (Django's order: the settings first, then the option file)
+        params = {"read_default_file": str(from_file)}
+        if options.get("read_default_group"):
+            params["read_default_group"] = str(options["read_default_group"])
+        for key, setting in (("host", "HOST"), ("user", "USER"), ("password", "PASSWORD"),
+                             ("database", "NAME")):
+            if config.get(setting):
+                params[key] = config[setting]
+        if config.get("PORT"):
+            params["port"] = int(config["PORT"])
+    else:
+        params = {
+            "host": config.get("HOST") or "127.0.0.1",
+            "port": int(config.get("PORT") or 3306),
+            "user": config.get("USER") or "root", "password": config.get("PASSWORD") or "",
+            "database": config.get("NAME") or ""}
     socket_path = options.get("unix_socket")
-    if not socket_path and str(params["host"]).startswith("/"):
+    if not socket_path and str(params.get("host") or "").startswith("/"):
         socket_path = params["host"]
     if socket_path:
         params["unix_socket"] = socket_path
@@ -384,7 +397,9 @@ class MySQLStore(RowStore):
         self.history_limit = history_limit
         self.timeout = max(0.001, float(timeout))
         self._url = redact_url(url) if url else (
-            f"mysql://{params.get('host')}:{params.get('port')}/{self.database}")
+            f"mysql://{params.get('host') or ''}:{params.get('port') or ''}/{self.database}"
+            if "read_default_file" not in params else
+            f"mysql:// (read_default_file {params['read_default_file']})")
         self.tables = _tables(prefix)
         self._sql = _mysql_statements(self.tables)
         self._meta_get = self._sql["meta_get"]
@@ -486,6 +501,13 @@ class MySQLStore(RowStore):
                 init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         except pymysql.err.MySQLError as exc:
             raise self._failure(exc, starting) from exc
+        if not self.database:  # (named by an option file: read_default_file)
+            self.database = self.path = str(_text(getattr(conn, "db", None)) or "")
+            if not self.database:
+                _close(conn)
+                raise StoreConfigurationError(
+                    f"beat_claims_url={self._url!r}: no database is named (NAME, or"
+                    " database in the option file)")
         try:
             wait = max(1, round(self.timeout))
             self._statement(conn, "SET time_zone = '+00:00', innodb_lock_wait_timeout = %s,"
