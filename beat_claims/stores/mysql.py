@@ -358,6 +358,14 @@ def django_params(alias: str) -> dict[str, Any] | None:
     return params
 
 
+def _innodb_name(database: str) -> str:
+    """The database's name as InnoDB's dictionary writes it (as a file name: ``my-app`` is
+    ``my@002dapp``). ASCII only: another character has a code of its own (then the name
+    is found by none, and the tables' creation time is their identity instead)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c == "_") else
+                   f"@{ord(c):04x}" if c.isascii() else c for c in database)
+
+
 def _text(value: Any) -> Any:
     """A name or id column (VARBINARY) as text."""
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
@@ -543,7 +551,7 @@ class MySQLStore(RowStore):
         if not server:
             row = self._statement(conn, "SELECT @@hostname, @@port, @@server_id").fetchone()
             server = ":".join(str(v) for v in row) if row else ""
-        table = f"{self.database}/{self.tables.meta.strip('`')}"
+        table = f"{_innodb_name(self.database)}/{self.tables.meta.strip('`')}"
         tables = ""
         for view in ("information_schema.INNODB_SYS_TABLES",  # MariaDB
                      "information_schema.INNODB_TABLES"):  # MySQL 8
