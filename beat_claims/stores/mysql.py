@@ -603,13 +603,22 @@ class MySQLStore(RowStore):
             for key, value in (("store_id", os.urandom(16).hex()), ("anchoring", "0"),
                                ("anchoring_until", "0")):
                 self._statement(db, self._sql["meta_add"], (key, value))
-            db.commit()
+            self._end(db, commit=True)
             self._ready = True
         finally:
             with contextlib.suppress(pymysql.err.MySQLError):
-                db.rollback()
+                self._end(db, commit=False)
             with contextlib.suppress(pymysql.err.MySQLError):
                 self._statement(db, "SELECT RELEASE_LOCK(%s)", (lock,))
+
+    def _end(self, conn: Any, commit: bool) -> None:
+        """COMMIT or ROLLBACK, its reply read as a statement's is (see _in_flight)."""
+        self._in_flight = conn
+        if commit:
+            conn.commit()
+        else:
+            conn.rollback()
+        self._in_flight = None
 
     def _statement(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Cursor:
         """One statement, one round trip: its rows (names and ids as text). Text is sent
@@ -674,7 +683,10 @@ class MySQLStore(RowStore):
                     try:
                         row = self._statement(conn, "SELECT UNIX_TIMESTAMP(NOW(6))"
                                               ).fetchone()
-                        self._now_ms = int(row[0] * 1000) if row else 0
+                        if not row or row[0] is None:  # (never a clock of 0)
+                            raise StoreError(f"{self.description}: the server's clock"
+                                             f" could not be read ({row!r})")
+                        self._now_ms = int(row[0] * 1000)
                         session: Any = _Session(self, conn, write)
                         if rows:  # the chunk's rows read at once (mysql_rows.py)
                             session = Rows(session.execute, self._sql, self.tables.runs,
@@ -684,9 +696,7 @@ class MySQLStore(RowStore):
                         result = work(session)
                         if rows:
                             session.flush()
-                        self._in_flight = conn
-                        conn.commit()
-                        self._in_flight = None
+                        self._end(conn, commit=True)
                         return result
                     except BaseException as exc:
                         if self._in_flight is conn and not _answered(exc):
@@ -698,7 +708,7 @@ class MySQLStore(RowStore):
                         else:
                             self._in_flight = None
                             with contextlib.suppress(Exception):
-                                conn.rollback()
+                                self._end(conn, commit=False)
                         raise
                 except pymysql.err.MySQLError as exc:
                     code = exc.args[0] if exc.args else None
@@ -716,7 +726,7 @@ class MySQLStore(RowStore):
                             # (other tables: no call but a heartbeat until one has read
                             # their epoch, as after a reconnect to them)
                             self._db_file = self._identity(conn)
-                            conn.commit()
+                            self._end(conn, commit=True)
                         except (pymysql.err.MySQLError, StoreConfigurationError) as again:
                             raise StoreError(f"{self.description}: {again}") from again
                         continue

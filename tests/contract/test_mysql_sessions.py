@@ -93,3 +93,31 @@ def test_a_session_the_server_closed_while_it_was_idle_is_opened_again_without_a
     backend_mysql_sql(f"KILL {int(killed)}")
     store._used_at -= IDLE_CHECK + 1  # (idle for longer than the check's threshold)
     assert [e.name for e in mysql_store.entries(["a"])] == ["a"]
+
+
+def test_a_rollback_interrupted_in_its_reply_leaves_nothing_for_the_next_call_to_read(
+        mysql_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transaction that fails is rolled back; a SIGTERM while the ROLLBACK's reply is on
+    its way must not leave that reply for the next call (its clock read would find no row,
+    and every statement after it would read the one before's rows)."""
+    mysql_store.register([EntrySeed("a", "every 1s (a)")])
+    store = cast(MySQLStore, mysql_store)
+    real = pymysql.connections.Connection._read_ok_packet
+    interrupted = []
+
+    def stopping(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not interrupted:
+            interrupted.append(True)
+            raise SystemExit("SIGTERM while the rollback's reply was on its way")
+        return real(self, *args, **kwargs)
+
+    def failing(db: Any) -> None:
+        monkeypatch.setattr(pymysql.connections.Connection, "_read_ok_packet", stopping)
+        raise ValueError("a transition that fails")
+
+    with pytest.raises(SystemExit):
+        store._transaction(failing)
+    monkeypatch.setattr(pymysql.connections.Connection, "_read_ok_packet", real)
+    found = mysql_store.entries(["a"])
+    assert [(r.name, r.description) for r in found] == [("a", "every 1s (a)")], found
+    assert store.now() > 0
