@@ -518,9 +518,13 @@ class MySQLStore(RowStore):
                     " database in the option file)")
         try:
             wait = max(1, round(self.timeout))
+            # (lock_wait_timeout: a table's metadata lock, behind an operator's LOCK TABLES
+            # or ALTER, is waited for no longer than a row's, not a day or a year on the
+            # server after the client gave up)
             self._statement(conn, "SET time_zone = '+00:00', innodb_lock_wait_timeout = %s,"
+                                  " lock_wait_timeout = %s,"
                                   " sql_mode = 'STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION'",
-                            (wait,))
+                            (wait, wait))
             conn.commit()
             if not self._ready:
                 self._set_up(conn)

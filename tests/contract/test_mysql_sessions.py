@@ -15,6 +15,7 @@ from beat_claims.stores.base import EntrySeed, Store, StoreError
 from beat_claims.stores.mysql import IDLE_CHECK, MySQLStore
 
 from .backend_mysql import BACKEND as backend_mysql
+from .backend_mysql import admin as backend_mysql_admin
 from .backend_mysql import sql as backend_mysql_sql
 from .helpers import owner
 
@@ -121,3 +122,35 @@ def test_a_rollback_interrupted_in_its_reply_leaves_nothing_for_the_next_call_to
     found = mysql_store.entries(["a"])
     assert [(r.name, r.description) for r in found] == [("a", "every 1s (a)")], found
     assert store.now() > 0
+
+
+def test_a_statement_behind_a_table_lock_gives_up_on_the_server_too(
+        request: pytest.FixtureRequest) -> None:
+    """A table locked by an operator (LOCK TABLES, a dump without --single-transaction, an
+    ALTER): the store's statement waits for the table's metadata lock. It must give up on
+    the server within the store's timeout, as the client does, not wait on there for a day
+    (MariaDB's lock_wait_timeout; a year on MySQL) holding the rows it had locked."""
+    with backend_mysql.open(request, 100) as opened:
+        store = cast(MySQLStore, opened)
+        store.register([EntrySeed("a", "every 1s (a)")])
+        running = MySQLStore(store._params, store.prefix, timeout=1.0)
+        assert [e.name for e in running.entries(["a"])] == ["a"]
+        starting = MySQLStore(store._params, store.prefix, timeout=1.0)
+        operator = backend_mysql_admin()
+        try:
+            with operator.cursor() as cur:
+                cur.execute(f"LOCK TABLES {store.tables.entries} WRITE")
+            for which in (running, starting):  # (a transaction's read; the set-up's)
+                with pytest.raises(StoreError):
+                    which.entries(["a"])
+            with operator.cursor() as cur:
+                cur.execute("SELECT ID, STATE, INFO FROM information_schema.PROCESSLIST"
+                            " WHERE DB = DATABASE() AND STATE LIKE '%metadata lock%'")
+                waiting = cur.fetchall()
+            assert waiting == (), f"still waiting on the server: {waiting}"
+        finally:
+            with operator.cursor() as cur:
+                cur.execute("UNLOCK TABLES")
+        for which in (running, starting):
+            assert [e.name for e in which.entries(["a"])] == ["a"]
+            which.close()
