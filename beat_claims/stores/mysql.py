@@ -488,9 +488,12 @@ class MySQLStore(RowStore):
             self._drop_connection()
         if self._db is not None and time.monotonic() - self._used_at > IDLE_CHECK:
             try:  # (closed by the server while idle: opened again, nothing was lost)
+                self._in_flight = self._db
                 self._db.ping(reconnect=False)
+                self._in_flight = None
                 self._used_at = time.monotonic()
             except pymysql.err.MySQLError:
+                self._in_flight = None
                 self._drop_connection()
         if self._db is None:
             self._db = self._open(starting)

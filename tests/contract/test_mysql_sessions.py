@@ -26,10 +26,12 @@ def mysql_store(request: pytest.FixtureRequest) -> Iterator[Store]:
         yield store
 
 
-def interrupt_the_next_reply(monkeypatch: pytest.MonkeyPatch, why: str) -> None:
-    """The next reply read raises SystemExit (a SIGTERM while it was on its way); the
+def interrupt_the_next_reply(monkeypatch: pytest.MonkeyPatch, why: str,
+                             reader: str = "_read_query_result") -> None:
+    """The next reply ``reader`` reads (a result; ``_read_ok_packet``: a COMMIT's, a
+    ROLLBACK's, a ping's) raises SystemExit (a SIGTERM while it was on its way); the
     replies after it are read as usual."""
-    real = pymysql.connections.Connection._read_query_result
+    real = getattr(pymysql.connections.Connection, reader)
     interrupted = []
 
     def stopping(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -38,7 +40,7 @@ def interrupt_the_next_reply(monkeypatch: pytest.MonkeyPatch, why: str) -> None:
             raise SystemExit(why)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(pymysql.connections.Connection, "_read_query_result", stopping)
+    monkeypatch.setattr(pymysql.connections.Connection, reader, stopping)
 
 
 def test_a_call_interrupted_in_its_reply_leaves_nothing_for_the_next_one_to_read(
@@ -94,6 +96,11 @@ def test_a_session_the_server_closed_while_it_was_idle_is_opened_again_without_a
     backend_mysql_sql(f"KILL {int(killed)}")
     store._used_at -= IDLE_CHECK + 1  # (idle for longer than the check's threshold)
     assert [e.name for e in mysql_store.entries(["a"])] == ["a"]
+    opened = store._transaction(lambda db: db.execute("SELECT CONNECTION_ID()").fetchone()[0],
+                                write=False)
+    assert mysql_store.entries(["a"]) and store._transaction(
+        lambda db: db.execute("SELECT CONNECTION_ID()").fetchone()[0], write=False
+    ) == opened, "the session opened again is kept"
 
 
 def test_a_rollback_interrupted_in_its_reply_leaves_nothing_for_the_next_call_to_read(
@@ -103,22 +110,14 @@ def test_a_rollback_interrupted_in_its_reply_leaves_nothing_for_the_next_call_to
     and every statement after it would read the one before's rows)."""
     mysql_store.register([EntrySeed("a", "every 1s (a)")])
     store = cast(MySQLStore, mysql_store)
-    real = pymysql.connections.Connection._read_ok_packet
-    interrupted = []
-
-    def stopping(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not interrupted:
-            interrupted.append(True)
-            raise SystemExit("SIGTERM while the rollback's reply was on its way")
-        return real(self, *args, **kwargs)
 
     def failing(db: Any) -> None:
-        monkeypatch.setattr(pymysql.connections.Connection, "_read_ok_packet", stopping)
+        interrupt_the_next_reply(monkeypatch, "SIGTERM while the rollback's reply was on"
+                                 " its way", "_read_ok_packet")
         raise ValueError("a transition that fails")
 
     with pytest.raises(SystemExit):
         store._transaction(failing)
-    monkeypatch.setattr(pymysql.connections.Connection, "_read_ok_packet", real)
     found = mysql_store.entries(["a"])
     assert [(r.name, r.description) for r in found] == [("a", "every 1s (a)")], found
     assert store.now() > 0
@@ -154,3 +153,17 @@ def test_a_statement_behind_a_table_lock_gives_up_on_the_server_too(
         for which in (running, starting):
             assert [e.name for e in which.entries(["a"])] == ["a"]
             which.close()
+
+
+def test_a_ping_interrupted_in_its_reply_leaves_nothing_for_the_next_call_to_read(
+        mysql_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    mysql_store.register([EntrySeed("a", "every 1s (a)")])
+    store = cast(MySQLStore, mysql_store)
+    store._used_at -= IDLE_CHECK + 1  # (idle: its next call pings first)
+    interrupt_the_next_reply(monkeypatch, "SIGTERM while the ping's reply was on its way",
+                             "_read_ok_packet")
+    with pytest.raises(SystemExit):
+        mysql_store.entries(["a"])
+    for _ in range(3):
+        found = mysql_store.entries(["a"])
+        assert [(r.name, r.description) for r in found] == [("a", "every 1s (a)")], found
