@@ -18,6 +18,13 @@ the same index columns, the same code), run on a MySQL or MariaDB server instead
   indexes made concurrent beats deadlock on inserts of neighbouring instants). A deadlock
   (1213) or a lock wait timeout (1205) rolls the whole transaction back: it is run again
   from the start, at most ``RETRIES`` times, and counted (``MySQLStore.retries``).
+* **Sessions.** Each waits for a row lock (``innodb_lock_wait_timeout``) or a table's
+  metadata lock (``lock_wait_timeout``: an operator's LOCK TABLES or ALTER) no longer than
+  the store's timeout, on the server as in the client. One idle for more than
+  ``IDLE_CHECK`` seconds is pinged before its next transaction (the server closes idle
+  sessions: ``wait_timeout``). A statement, a COMMIT, a ROLLBACK or a ping interrupted
+  while its reply was on its way (a signal's SystemExit) leaves its session to be dropped
+  at the next call: the next statement would read that reply.
 * **The server's clock**: "now" is read from the server once per transaction
   (``UNIX_TIMESTAMP(NOW(6))`` in a session whose time zone is UTC: microseconds, one clock
   for every beat and worker whatever their hosts' clocks).
