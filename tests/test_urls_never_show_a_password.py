@@ -217,6 +217,8 @@ def _open_error(url: str, **conf: Any) -> str:
     "mysql://alice:Xq7Zr9@db/app?password=Xq7Zr9",  # an option the store does not take
     "mariadb://alice:Xq7/Zr9@db:3306/app",  # a port misread from the password
     "mysql://alice:Xq7Zr9@127.0.0.1:3306",  # no database
+    "mysql://alice:Xq7\uff03Zr9@db/app",  # urlsplit quotes the netloc (NFKC: a "#")
+    "mysql://alice:Xq7Zr9@db/app?connect_timeout=soon",  # not a number
 ])
 def test_a_url_a_client_misreads_is_refused_without_its_password(url: str) -> None:
     message = _open_error(url)

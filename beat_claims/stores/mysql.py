@@ -18,6 +18,13 @@ the same index columns, the same code), run on a MySQL or MariaDB server instead
   indexes made concurrent beats deadlock on inserts of neighbouring instants). A deadlock
   (1213) or a lock wait timeout (1205) rolls the whole transaction back: it is run again
   from the start, at most ``RETRIES`` times, and counted (``MySQLStore.retries``).
+* **Sessions.** Each waits for a row lock (``innodb_lock_wait_timeout``) or a table's
+  metadata lock (``lock_wait_timeout``: an operator's LOCK TABLES or ALTER) no longer than
+  the store's timeout, on the server as in the client. One idle for more than
+  ``IDLE_CHECK`` seconds is pinged before its next transaction (the server closes idle
+  sessions: ``wait_timeout``). A statement, a COMMIT, a ROLLBACK or a ping interrupted
+  while its reply was on its way (a signal's SystemExit) leaves its session to be dropped
+  at the next call: the next statement would read that reply.
 * **The server's clock**: "now" is read from the server once per transaction
   (``UNIX_TIMESTAMP(NOW(6))`` in a session whose time zone is UTC: microseconds, one clock
   for every beat and worker whatever their hosts' clocks).
@@ -136,6 +143,10 @@ _REFUSED_CODES = frozenset({1044, 1045, 1049, 1142, 1227, 1698})
 #: default).
 DEFINITIONS_CHUNK = 5000
 DEFINITIONS_BYTES = 4 * 1024 * 1024
+#: A session idle for longer than this (seconds) is pinged before its next transaction: the
+#: server may have closed it (``wait_timeout``, a proxy's idle limit), and a call must not
+#: fail as an outage for that. A busy session costs no ping.
+IDLE_CHECK = 10.0
 #: Names of one read of many entries (``entries``, ``definitions``) at most.
 NAMES_PER_READ = 1000
 #: A "LIMIT" that does not limit (MySQL has no LIMIT -1).
@@ -276,7 +287,10 @@ def parse_url(url: str) -> dict[str, Any]:
     host, port, database; ``?unix_socket=``, ``?charset=`` ignored, ``ssl_ca=`` and
     ``connect_timeout=`` taken)."""
     where = f"beat_claims_url={redact_url(url)!r}"
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # (its message quotes the netloc: the password with it)
+        raise StoreConfigurationError(f"{where}: not a URL that can be read") from None
     if parts.scheme.lower() not in SCHEMES:
         raise StoreConfigurationError(f"{where}: not a mysql:// or mariadb:// URL")
     database = urllib.parse.unquote(parts.path.lstrip("/"))
@@ -295,7 +309,11 @@ def parse_url(url: str) -> dict[str, Any]:
         if key == "unix_socket":
             params["unix_socket"] = value
         elif key == "connect_timeout":
-            params["connect_timeout"] = float(value)
+            try:
+                params["connect_timeout"] = float(value)
+            except ValueError:
+                raise StoreConfigurationError(
+                    f"{where}: connect_timeout is not a number of seconds") from None
         elif key in ("ssl_ca", "ssl_cert", "ssl_key"):
             params.setdefault("ssl", {})[key.removeprefix("ssl_")] = value
         elif key != "charset":
@@ -313,17 +331,30 @@ def django_params(alias: str) -> dict[str, Any] | None:
     if config is None or "mysql" not in str(config.get("ENGINE", "")):
         return None
     options = dict(config.get("OPTIONS") or {})
-    if not config.get("NAME"):
+    from_file = options.get("read_default_file")
+    if not config.get("NAME") and not from_file:
         raise StoreConfigurationError(
             f"beat_claims_url={redact_url('django:' + alias)!r}: Django's database"
             f" {alias!r} has no NAME")
-    params: dict[str, Any] = {
-        "host": config.get("HOST") or "127.0.0.1",
-        "port": int(config.get("PORT") or 3306),
-        "user": config.get("USER") or "root", "password": config.get("PASSWORD") or "",
-        "database": config.get("NAME") or ""}
+    params: dict[str, Any]
+    if from_file:  # (Django's order: the settings first, then the option file)
+        params = {"read_default_file": str(from_file)}
+        if options.get("read_default_group"):
+            params["read_default_group"] = str(options["read_default_group"])
+        for key, setting in (("host", "HOST"), ("user", "USER"), ("password", "PASSWORD"),
+                             ("database", "NAME")):
+            if config.get(setting):
+                params[key] = config[setting]
+        if config.get("PORT"):
+            params["port"] = int(config["PORT"])
+    else:
+        params = {
+            "host": config.get("HOST") or "127.0.0.1",
+            "port": int(config.get("PORT") or 3306),
+            "user": config.get("USER") or "root", "password": config.get("PASSWORD") or "",
+            "database": config.get("NAME") or ""}
     socket_path = options.get("unix_socket")
-    if not socket_path and str(params["host"]).startswith("/"):
+    if not socket_path and str(params.get("host") or "").startswith("/"):
         socket_path = params["host"]
     if socket_path:
         params["unix_socket"] = socket_path
@@ -332,6 +363,14 @@ def django_params(alias: str) -> dict[str, Any] | None:
     if options.get("connect_timeout"):
         params["connect_timeout"] = float(options["connect_timeout"])
     return params
+
+
+def _innodb_name(database: str) -> str:
+    """The database's name as InnoDB's dictionary writes it (as a file name: ``my-app`` is
+    ``my@002dapp``). ASCII only: another character has a code of its own (then the name
+    is found by none, and the tables' creation time is their identity instead)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c == "_") else
+                   f"@{ord(c):04x}" if c.isascii() else c for c in database)
 
 
 def _text(value: Any) -> Any:
@@ -373,7 +412,9 @@ class MySQLStore(RowStore):
         self.history_limit = history_limit
         self.timeout = max(0.001, float(timeout))
         self._url = redact_url(url) if url else (
-            f"mysql://{params.get('host')}:{params.get('port')}/{self.database}")
+            f"mysql://{params.get('host') or ''}:{params.get('port') or ''}/{self.database}"
+            if "read_default_file" not in params else
+            f"mysql:// (read_default_file {params['read_default_file']})")
         self.tables = _tables(prefix)
         self._sql = _mysql_statements(self.tables)
         self._meta_get = self._sql["meta_get"]
@@ -390,6 +431,8 @@ class MySQLStore(RowStore):
         self._now_ms = 0
         #: The connection whose reply is being read (None between statements).
         self._in_flight: Any = None
+        #: When the session last answered (time.monotonic()): see IDLE_CHECK.
+        self._used_at = time.monotonic()
         #: Transactions run again after a deadlock or a lock wait timeout (since opened).
         self.retries = 0
         self.statements = 0
@@ -442,7 +485,23 @@ class MySQLStore(RowStore):
         """The open connection (a new one after a fork or an outage); tables set up at the
         first; another server or other tables than at the last heartbeat are noticed."""
         if os.getpid() != self._pid:
+            self._in_flight = None
             self._forget_connection()
+        if self._in_flight is not None:
+            # A statement was interrupted while its reply was on its way (a signal's
+            # SystemExit anywhere: a heartbeat's identity, a set-up): that reply would be
+            # the next statement's. The session goes (the server rolls it back).
+            self._in_flight = None
+            self._drop_connection()
+        if self._db is not None and time.monotonic() - self._used_at > IDLE_CHECK:
+            try:  # (closed by the server while idle: opened again, nothing was lost)
+                self._in_flight = self._db
+                self._db.ping(reconnect=False)
+                self._in_flight = None
+                self._used_at = time.monotonic()
+            except pymysql.err.MySQLError:
+                self._in_flight = None
+                self._drop_connection()
         if self._db is None:
             self._db = self._open(starting)
         return self._db
@@ -460,11 +519,22 @@ class MySQLStore(RowStore):
                 init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         except pymysql.err.MySQLError as exc:
             raise self._failure(exc, starting) from exc
+        if not self.database:  # (named by an option file: read_default_file)
+            self.database = self.path = str(_text(getattr(conn, "db", None)) or "")
+            if not self.database:
+                _close(conn)
+                raise StoreConfigurationError(
+                    f"beat_claims_url={self._url!r}: no database is named (NAME, or"
+                    " database in the option file)")
         try:
             wait = max(1, round(self.timeout))
+            # (lock_wait_timeout: a table's metadata lock, behind an operator's LOCK TABLES
+            # or ALTER, is waited for no longer than a row's, not a day or a year on the
+            # server after the client gave up)
             self._statement(conn, "SET time_zone = '+00:00', innodb_lock_wait_timeout = %s,"
+                                  " lock_wait_timeout = %s,"
                                   " sql_mode = 'STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION'",
-                            (wait,))
+                            (wait, wait))
             conn.commit()
             if not self._ready:
                 self._set_up(conn)
@@ -495,7 +565,7 @@ class MySQLStore(RowStore):
         if not server:
             row = self._statement(conn, "SELECT @@hostname, @@port, @@server_id").fetchone()
             server = ":".join(str(v) for v in row) if row else ""
-        table = f"{self.database}/{self.tables.meta.strip('`')}"
+        table = f"{_innodb_name(self.database)}/{self.tables.meta.strip('`')}"
         tables = ""
         for view in ("information_schema.INNODB_SYS_TABLES",  # MariaDB
                      "information_schema.INNODB_TABLES"):  # MySQL 8
@@ -547,13 +617,22 @@ class MySQLStore(RowStore):
             for key, value in (("store_id", os.urandom(16).hex()), ("anchoring", "0"),
                                ("anchoring_until", "0")):
                 self._statement(db, self._sql["meta_add"], (key, value))
-            db.commit()
+            self._end(db, commit=True)
             self._ready = True
         finally:
             with contextlib.suppress(pymysql.err.MySQLError):
-                db.rollback()
+                self._end(db, commit=False)
             with contextlib.suppress(pymysql.err.MySQLError):
                 self._statement(db, "SELECT RELEASE_LOCK(%s)", (lock,))
+
+    def _end(self, conn: Any, commit: bool) -> None:
+        """COMMIT or ROLLBACK, its reply read as a statement's is (see _in_flight)."""
+        self._in_flight = conn
+        if commit:
+            conn.commit()
+        else:
+            conn.rollback()
+        self._in_flight = None
 
     def _statement(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Cursor:
         """One statement, one round trip: its rows (names and ids as text). Text is sent
@@ -568,6 +647,7 @@ class MySQLStore(RowStore):
                 for v in params) if params else None)
             rows = cur.fetchall() if cur.description is not None else ()
         self._in_flight = None
+        self._used_at = time.monotonic()
         return Cursor([tuple(_text(v) for v in row) for row in rows], rowcount)
 
     def _failure(self, exc: Exception, starting: bool = False) -> Exception:
@@ -590,10 +670,13 @@ class MySQLStore(RowStore):
     # -- transactions -------------------------------------------------------------------
     def _transaction(self, work: Callable[[Any], T], write: bool = True,
                      heartbeat: bool = False, lock: Callable[[Any], None] | None = None,
-                     rows: bool = False) -> T:
+                     rows: bool = False, items: bool = False) -> T:
         """``work`` in one transaction: all of it is written, or none of it. Run again
         after a deadlock or a lock wait timeout (RETRIES times at most); a table dropped
-        under it is made again (once)."""
+        under it is made again (once). With ``items`` (the work of many items written in
+        multi-row statements), a value the tables refuse (a name longer than its column)
+        raises ItemFailed: the caller runs the items again one by one, and that item alone
+        fails."""
         with self._locked():
             attempt = 0
             rebuilt = False
@@ -614,7 +697,10 @@ class MySQLStore(RowStore):
                     try:
                         row = self._statement(conn, "SELECT UNIX_TIMESTAMP(NOW(6))"
                                               ).fetchone()
-                        self._now_ms = int(row[0] * 1000) if row else 0
+                        if not row or row[0] is None:  # (never a clock of 0)
+                            raise StoreError(f"{self.description}: the server's clock"
+                                             f" could not be read ({row!r})")
+                        self._now_ms = int(row[0] * 1000)
                         session: Any = _Session(self, conn, write)
                         if rows:  # the chunk's rows read at once (mysql_rows.py)
                             session = Rows(session.execute, self._sql, self.tables.runs,
@@ -624,9 +710,7 @@ class MySQLStore(RowStore):
                         result = work(session)
                         if rows:
                             session.flush()
-                        self._in_flight = conn
-                        conn.commit()
-                        self._in_flight = None
+                        self._end(conn, commit=True)
                         return result
                     except BaseException as exc:
                         if self._in_flight is conn and not _answered(exc):
@@ -638,7 +722,7 @@ class MySQLStore(RowStore):
                         else:
                             self._in_flight = None
                             with contextlib.suppress(Exception):
-                                conn.rollback()
+                                self._end(conn, commit=False)
                         raise
                 except pymysql.err.MySQLError as exc:
                     code = exc.args[0] if exc.args else None
@@ -653,9 +737,16 @@ class MySQLStore(RowStore):
                         rebuilt = True
                         try:
                             self._set_up(conn)
+                            # (other tables: no call but a heartbeat until one has read
+                            # their epoch, as after a reconnect to them)
+                            self._db_file = self._identity(conn)
+                            self._end(conn, commit=True)
                         except (pymysql.err.MySQLError, StoreConfigurationError) as again:
                             raise StoreError(f"{self.description}: {again}") from again
                         continue
+                    if items and isinstance(exc, (pymysql.err.DataError,
+                                                  pymysql.err.IntegrityError)):
+                        raise ItemFailed(f"{type(exc).__name__}: {exc}") from exc
                     if isinstance(exc, (pymysql.err.OperationalError,
                                         pymysql.err.InterfaceError)):
                         self._drop_connection()
@@ -678,7 +769,7 @@ class MySQLStore(RowStore):
 
         if what in ROWS_READ_AT_ONCE:
             try:
-                return self._transaction(lambda db: run(db, part), rows=True,
+                return self._transaction(lambda db: run(db, part), rows=True, items=True,
                                          lock=lambda db: _load(db, what, part,
                                                                self.history_limit,
                                                                self._meta_get))

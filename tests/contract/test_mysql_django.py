@@ -8,9 +8,11 @@ import contextlib
 import uuid
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 from beat_claims.settings import Settings
@@ -53,6 +55,19 @@ def databases(request: pytest.FixtureRequest) -> Iterator[str]:
         sql(f"DROP USER IF EXISTS '{user}'@'%'")
 
 
+def assert_tables_in(name: str, prefix: str) -> None:
+    """The store's tables of ``prefix`` are in the database ``name``."""
+    with contextlib.closing(__import__("pymysql").connect(
+            host=HOST, port=PORT, user="root", database=name)) as conn, conn.cursor() as cur:
+        cur.execute("SHOW TABLES LIKE %s", (f"{prefix}\\_runs",))
+        assert cur.fetchall(), f"the store's tables are not in the database {name}"
+
+
+def drop_tables(prefix: str) -> None:
+    for table in ("meta", "entries", "runs", "owners", "tasks", "workers"):
+        sql(f"DROP TABLE IF EXISTS `{prefix}_{table}`")
+
+
 def test_open_store_builds_the_mysql_store_from_a_django_alias(
         request: pytest.FixtureRequest) -> None:
     prefix = f"bc_django_{uuid.uuid4().hex[:8]}"
@@ -65,15 +80,10 @@ def test_open_store_builds_the_mysql_store_from_a_django_alias(
             assert store.heartbeat(A, 10).epoch
             state = register(store, "e")["e"]
             assert claim(store, A, state, state.anchor + 1000).status is ClaimStatus.OK
-            with contextlib.closing(__import__("pymysql").connect(
-                    host=HOST, port=PORT, user="root", database=name)) as conn, \
-                    conn.cursor() as cur:
-                cur.execute("SHOW TABLES LIKE %s", (f"{prefix}\\_runs",))
-                assert cur.fetchall(), "the store's tables are in the database Django names"
+            assert_tables_in(name, prefix)
         finally:
             store.close()
-            for table in ("meta", "entries", "runs", "owners", "tasks", "workers"):
-                sql(f"DROP TABLE IF EXISTS `{prefix}_{table}`")
+            drop_tables(prefix)
 
 
 def test_a_django_alias_of_postgresql_still_opens_the_postgresql_store(
@@ -94,3 +104,32 @@ def test_a_mysql_django_database_without_a_name_is_refused_naming_the_setting(
     with databases(request), pytest.raises(StoreConfigurationError) as refused:
         MySQLStore.from_url("django:nameless")
     assert "beat_claims_url" in str(refused.value) and "has no NAME" in str(refused.value)
+
+
+def test_a_django_database_set_in_an_option_file_opens_the_store_from_that_file(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Django's documented way to keep MySQL credentials out of settings: NAME, USER and
+    PASSWORD in a ``my.cnf`` that ``OPTIONS["read_default_file"]`` names. The store reads
+    the same file (no NAME in the settings is then no error), the password never shows."""
+    prefix = f"bc_django_{uuid.uuid4().hex[:8]}"
+    with databases(request) as name:
+        user = settings.DATABASES["shop"]["USER"]
+        cnf = tmp_path / "my.cnf"
+        cnf.write_text(f"[client]\ndatabase = {name}\nuser = {user}\npassword = {SECRET}\n"
+                       f"host = {HOST}\nport = {PORT}\n")
+        with override_settings(DATABASES={**settings.DATABASES, "from_file": {
+                "ENGINE": "django.db.backends.mysql",
+                "OPTIONS": {"read_default_file": str(cnf)}}}):
+            store = open_store(Settings(url="django:from_file", key_prefix=prefix),
+                               timeout=2.0)
+        try:
+            assert isinstance(store, MySQLStore)
+            assert SECRET not in store.description, store.description
+            state = register(store, "e")["e"]
+            assert claim(store, A, state, state.anchor + 1000).status is ClaimStatus.OK
+            assert store.database == name, store.database
+            assert f"`{prefix}_runs`" in store.tables.runs
+            assert_tables_in(name, prefix)
+        finally:
+            store.close()
+            drop_tables(prefix)
