@@ -450,7 +450,7 @@ def created_run_cfg(case: Case, args: argparse.Namespace, store: RedisServer,
         server.client.flushall()
     profile = args.profile if case.scheduler in args.profile_schedulers else None
     return {**_base_cfg(case, [], store, broker, workdir, profile, run_id,
-                        args.setup_timeout, args.pg),  # (a new SQLite file; PostgreSQL emptied)
+                        args.setup_timeout, args.databases),  # (new SQLite file; databases emptied)
             "interval": IDLE_INTERVAL, "last_run_at": time.time(), "idle": True,
             "dynamic": True, "extra_conf": _tree_conf(case, args), **fields}
 
