@@ -379,12 +379,14 @@ def _creator(kind: str, src: str | None, cfg: dict[str, Any], out_q: Any, go: An
 def store_bytes(case: Case, store: RedisServer, cfg: dict[str, Any]) -> int:
     """The store's size now: Redis ``used_memory``; PostgreSQL the tables of the store's
     schemas (``pg_total_relation_size``: indexes and TOAST included); SQLite the database
-    file and its WAL."""
+    file and its WAL; MySQL the data and indexes of the run's database's tables."""
     if case.store == "redis":
         return int(store.client.info("memory")["used_memory"])
     if case.store == "sqlite":
         path = cfg["store_url"].partition(":///")[2]
         return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+    if case.store == "mysql":
+        return _mysql_bytes(cfg["store_url"])
     import psycopg
 
     with psycopg.connect(cfg["store_url"], autocommit=True, connect_timeout=5) as conn:
@@ -392,6 +394,33 @@ def store_bytes(case: Case, store: RedisServer, cfg: dict[str, Any]) -> int:
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             f" WHERE c.relkind IN ('r', 'p', 'm') AND {_PG_SYSTEM}").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _mysql_bytes(url: str) -> int:
+    """The data and indexes of every table of the run's MySQL database (InnoDB's figures,
+    refreshed by ``ANALYZE TABLE`` first: they are estimates kept by the engine)."""
+    from urllib.parse import unquote, urlsplit
+
+    import pymysql
+
+    parts = urlsplit(url)
+    conn = pymysql.connect(host=parts.hostname, port=parts.port or 3306,
+                           user=unquote(parts.username or "root"),
+                           password=unquote(parts.password or ""),
+                           database=parts.path.lstrip("/"), autocommit=True,
+                           connect_timeout=5)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW TABLES")
+            for (table,) in list(cur.fetchall()):
+                cur.execute(f"ANALYZE TABLE `{table}`")
+                cur.fetchall()
+            cur.execute("SELECT COALESCE(SUM(data_length + index_length), 0)"
+                        " FROM information_schema.TABLES WHERE table_schema = DATABASE()")
+            row = cur.fetchone()
+    finally:
+        conn.close()
     return int(row[0]) if row else 0
 
 
