@@ -1,4 +1,5 @@
-"""MkDocs hooks: the settings reference, generated from ``beat_claims/settings.py``.
+"""MkDocs hooks: the settings reference, generated from ``beat_claims/settings.py``, and
+the home page, which is the README (one text, read on GitHub and on the site).
 
 The names, their order and their defaults come from the code at build time
 (``settings.SETTINGS`` and ``Settings.from_app`` on an app that sets none), the bounds from
@@ -11,12 +12,16 @@ from __future__ import annotations
 
 import re
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from mkdocs.exceptions import PluginError
 
 #: Where the generated tables go, in docs/reference/settings.md.
 MARKER = "<!-- beat-claims:settings-reference -->"
+#: Where the README goes, in docs/index.md.
+README_MARKER = "<!-- beat-claims:readme -->"
+ROOT = Path(__file__).resolve().parent.parent
 
 #: Defaults the code computes from other settings (or leaves to a reader): said in words.
 COMPUTED_DEFAULTS = {
@@ -207,10 +212,28 @@ def settings_reference() -> str:
             "Read by workers only ([Workers](../workers.md)).\n\n" + table(workers) + "\n")
 
 
+def readme_for_the_site() -> str:
+    """README.md with its links made the site's: ``docs/X.md`` is ``X.md``; a link to
+    another file of the repository (outside the site) is its text alone."""
+
+    def link(match: re.Match[str]) -> str:
+        text, target = match.group(1), match.group(2)
+        if re.match(r"[a-z]+://", target) or target.startswith("#"):
+            return match.group(0)
+        if target.startswith("docs/") and target != "docs/":
+            return f"[{text}]({target[len('docs/'):]})"
+        return text
+
+    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", link, (ROOT / "README.md").read_text())
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Put the generated tables where the settings page has the marker."""
-    if page.file.src_uri == "reference/settings.md":
-        if MARKER not in markdown:
-            raise PluginError(f"docs/reference/settings.md lacks {MARKER}")
-        return markdown.replace(MARKER, settings_reference())
+    """Put the generated tables where the settings page has the marker, and the README
+    where the home page has its own."""
+    for src, marker, make in (("reference/settings.md", MARKER, settings_reference),
+                              ("index.md", README_MARKER, readme_for_the_site)):
+        if page.file.src_uri == src:
+            if marker not in markdown:
+                raise PluginError(f"docs/{src} lacks {marker}")
+            return markdown.replace(marker, make())
     return markdown
