@@ -229,12 +229,12 @@ def test_scrapes_within_the_cache_share_one_read() -> None:
     assert fresh.reads == 3
 
 
-def test_the_readme_shows_the_alert_this_test_file_checks() -> None:
-    """The README's alert is ``exporter.ALERT_EXAMPLE``, the one checked above against real
-    metrics (whitespace aside)."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"```promql\n(.*?)```", readme, re.S)
-    assert block is not None, "README.md has no promql block"
+def test_the_operating_page_shows_the_alert_this_test_file_checks() -> None:
+    """The alert of docs/operating.md is ``exporter.ALERT_EXAMPLE``, the one checked above
+    against real metrics (whitespace aside)."""
+    page = (ROOT / "docs" / "operating.md").read_text()
+    block = re.search(r"```promql\n(.*?)```", page, re.S)
+    assert block is not None, "docs/operating.md has no promql block"
     assert block.group(1).split() == exporter.ALERT_EXAMPLE.split()
 
 

@@ -150,17 +150,3 @@ def test_entry_names_that_cannot_be_stored_are_named() -> None:
     assert "cannot be stored" in (entry_name_problem("bad\udc80") or "")
     assert "non-empty" in (entry_name_problem("") or "")
     assert "longer than" in (entry_name_problem("x" * 2000) or "")
-
-
-def test_every_setting_is_in_the_readme_table() -> None:
-    """The README's configuration table lists every setting the beat accepts (a setting
-    it refuses as unknown is never documented)."""
-    from pathlib import Path
-
-    from beat_claims.settings import SETTINGS
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    table = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    rows = {line.split("`")[1] for line in table.splitlines()
-            if line.startswith("| `beat_claims_")}
-    assert rows == {f"beat_claims_{name}" for name in SETTINGS}

@@ -1,5 +1,5 @@
 """A store's password never appears where its URL is shown: ``redact_url`` on every URL
-form the README documents, with a password in every place it can be, and such URLs through
+form docs/stores.md gives, with a password in every place it can be, and such URLs through
 every place that shows one (configuration errors, real beats, workers and ``celery claims``
 processes, Django's checks and admin, the exporter, the stores' own errors).
 
@@ -52,7 +52,7 @@ def assert_clean(text: str, where: str) -> None:
 
 
 # -- the one function ---------------------------------------------------------------------
-#: The URL forms of the README's "Stores", ``{ui}`` the user-info, ``{q}`` a query.
+#: The URL forms of docs/stores.md, ``{ui}`` the user-info, ``{q}`` a query.
 FORMS = {
     "redis": ("redis://{ui}127.0.0.1:6379/0{q}", "127.0.0.1:6379/0"),
     "rediss": ("rediss://{ui}store.example:6380/0{q}", "store.example:6380/0"),
