@@ -116,22 +116,21 @@ def plan_change(change: EntryChange, stored: StoredDefinition | None,
     if not exists:  # created, anchored at the store's clock: at ``now`` or just after
         return DefinitionWrite(change.name, text, change.expected_version, origin, by,
                                change.change_id,
-                               next_due=_next_due(change, app, now, now, settings))
+                               next_due=_next_due(change, app, now, None, settings))
     assert position is not None and position.anchor is not None
     if (old is not None and change.definition is not None
             and _sends_the_same(old, change.definition)):  # the checkpoint stays
-        after = position.checkpoint if position.checkpoint is not None else position.anchor
         return DefinitionWrite(change.name, text, change.expected_version, origin, by,
                                change.change_id, next_due=_next_due(
-                                   change, app, position.anchor, after, settings))
+                                   change, app, position.anchor, position.checkpoint,
+                                   settings))
     skip: tuple[tuple[int, Reason], ...] = ()
     if old is not None:
         disabled = not old.enabled or (change.definition is not None
                                        and not change.definition.enabled)
         reason = Reason.DISABLED if disabled else Reason.CHANGED
-        after = position.checkpoint if position.checkpoint is not None else position.anchor
         skip = tuple((due, reason) for due in _due(old, change.name, app, position.anchor,
-                                                   after, now, history_limit))
+                                                   position.checkpoint, now, history_limit))
     moved_to = now if position.checkpoint is None else max(now, position.checkpoint)
     return DefinitionWrite(change.name, text, change.expected_version, origin, by,
                            change.change_id, skip, now, position.checkpoint,
@@ -139,13 +138,14 @@ def plan_change(change: EntryChange, stored: StoredDefinition | None,
                                               settings))
 
 
-def _next_due(change: EntryChange, app: Celery, anchor: int, after: int,
+def _next_due(change: EntryChange, app: Celery, anchor: int, checkpoint: int | None,
               settings: Settings | None) -> int | None:
-    """The changed entry's next due instant after ``after`` (None: a delete, which the
-    store takes out of the index, or one that cannot be computed here)."""
+    """The changed entry's next due instant after ``checkpoint`` (None: never claimed),
+    or None: a delete, which the store takes out of the index, or one that cannot be
+    computed here."""
     if change.definition is None:
         return None
-    return next_due.of_definition(change.name, change.definition, app, anchor, after,
+    return next_due.of_definition(change.name, change.definition, app, anchor, checkpoint,
                                   settings)
 
 
@@ -167,12 +167,14 @@ def _sends_the_same(old: Definition, new: Definition) -> bool:
     return ({**old.as_dict(), "description": ""} == {**new.as_dict(), "description": ""})
 
 
-def _due(definition: Definition, name: str, app: Celery, anchor: int, after: int,
-         until: int, keep: int) -> list[int]:
-    """The newest ``keep`` occurrences of ``definition`` in ``(after, until]``, as every
-    beat computes them (none when its schedule cannot be computed here)."""
+def _due(definition: Definition, name: str, app: Celery, anchor: int,
+         checkpoint: int | None, until: int, keep: int) -> list[int]:
+    """The newest ``keep`` occurrences of ``definition`` after ``checkpoint`` (None: never
+    claimed) up to ``until``, as every beat computes them (none when its schedule cannot be
+    computed here)."""
     try:
         sched = definition.schedule.celery(app)
+        after = occurrences.looked_after(sched, anchor, checkpoint)
         return occurrences.due_between(sched, anchor, after, until, keep).newest
     except (DefinitionError, occurrences.UnsupportedSchedule):
         return []

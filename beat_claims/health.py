@@ -212,9 +212,10 @@ def overdue_check(store: Store, now: int, schedules: Mapping[str, Any], grace: f
             continue
         if found.paused is not None:
             continue
-        after = found.checkpoint if found.checkpoint is not None else found.anchor
+        sched = schedules[name]
         try:
-            nxt = occurrences.next_after(schedules[name], found.anchor, after)
+            nxt = occurrences.next_after(sched, found.anchor, occurrences.looked_after(
+                sched, found.anchor, found.checkpoint))
         except Exception:  # the beat logs why it cannot schedule this entry
             continue
         if nxt is None:

@@ -86,9 +86,9 @@ def status(app: Celery, store: Store | None = None,
         followed = _followed(app, definition, schedules.get(name) is not None or registered)
         sched = followed if followed is not None else schedules.get(name)
         if sched is not None and anchor is not None:
-            after = checkpoint if checkpoint is not None else anchor
             try:
-                next_due = occurrences.next_after(sched, anchor, after)
+                next_due = occurrences.next_after(
+                    sched, anchor, occurrences.looked_after(sched, anchor, checkpoint))
             except Exception:
                 next_due = None
         finished = [r for r in runs if r.state not in (RunState.CLAIMED, RunState.DUE,

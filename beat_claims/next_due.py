@@ -36,8 +36,7 @@ def horizon(policy: Policy) -> int:
     return int(min(policy.reclaim_after / 2, policy.jitter) * 1000)
 
 
-def wake(name: str, sched: Any, anchor: int, first: int, until: int | None,
-         policy: Policy) -> int:
+def wake(name: str, sched: Any, anchor: int, first: int, until: int | None, policy: Policy) -> int:
     """When a jittered entry can next claim something: the first instant at which one of
     its next occurrences (``first`` and the ones after it) has come and every earlier one
     is within the horizon."""
@@ -58,8 +57,9 @@ def wake(name: str, sched: Any, anchor: int, first: int, until: int | None,
     return best
 
 
-def next_instant(name: str, sched: Any, anchor: int, after: int, until: int | None,
-                 policy: Policy) -> int:
+def next_instant(
+    name: str, sched: Any, anchor: int, after: int, until: int | None, policy: Policy
+) -> int:
     """The entry's next due instant after ``after`` (its checkpoint, or the instant
     before its lower bound), as a beat's heap holds it: :data:`NOT_DUE` when it has none
     (or none at or before ``until``). Raises what computing the schedule raises."""
@@ -71,20 +71,28 @@ def next_instant(name: str, sched: Any, anchor: int, after: int, until: int | No
     return nxt
 
 
-def of_definition(name: str, definition: Definition, app: Celery, anchor: int, after: int,
-                  settings: Settings | None = None) -> int | None:
-    """What a stored definition's entry (which has no bounds) is next due at after
-    ``after``, as every beat scheduling it computes it (``settings``: the app's, for the
-    policy's defaults): NOT_DUE when it is disabled; None when it cannot be computed here
-    (no settings, its schedule or its policy refused)."""
+def of_definition(
+    name: str,
+    definition: Definition,
+    app: Celery,
+    anchor: int,
+    checkpoint: int | None,
+    settings: Settings | None = None,
+) -> int | None:
+    """What a stored definition's entry (which has no bounds) is next due at, from its
+    anchor and ``checkpoint`` (None: never claimed), as every beat scheduling it computes
+    it (``settings``: the app's, for the policy's defaults): NOT_DUE when it is disabled;
+    None when it cannot be computed here (no settings, its schedule or its policy
+    refused)."""
     if not definition.enabled:
         return NOT_DUE
     if settings is None:
         return None
     try:
-        policy = settings.policy_for(
-            name, dict(definition.claims) or None)
-        return next_instant(name, definition.schedule.celery(app), anchor, after, None,
-                            policy)
+        policy = settings.policy_for(name, dict(definition.claims) or None)
+        sched = definition.schedule.celery(app)
+        return next_instant(
+            name, sched, anchor, occurrences.looked_after(sched, anchor, checkpoint), None, policy
+        )
     except Exception:  # (a schedule this version cannot compute: the entry is due at once)
         return None

@@ -130,6 +130,29 @@ def clocked_instant(sched: Any) -> int | None:
     return to_ms(when)
 
 
+#: Before every instant: where an entry that never ran looks for a clocked schedule's one
+#: instant (see :func:`looked_after`).
+BEFORE_ANY = -1
+
+
+def looked_after(sched: Any, anchor_ms: int, checkpoint_ms: int | None) -> int:
+    """The instant after which an entry's next occurrences are looked for: its checkpoint,
+    or, never claimed, its anchor (the instant the store first saw it).
+
+    A clocked instant is absolute: one that passed before the store first saw the entry
+    (created a moment after its time, or its time passed while no beat ran) is a missed
+    occurrence, which the entry's catch-up policy judges (``latest``: it runs once, late,
+    as django-celery-beat and RedBeat run it), never one that silently never was. Every
+    reader of an entry's next instant (the beats, the due index's writers, ``status``,
+    ``health``) asks this one function, so that they agree.
+    """
+    if checkpoint_ms is not None:
+        return checkpoint_ms
+    if clocked_instant(sched) is not None:
+        return BEFORE_ANY
+    return anchor_ms
+
+
 def next_after(sched: Any, anchor_ms: int, after_ms: int) -> int | None:
     """The first occurrence strictly after ``after_ms`` (and after the anchor), or None
     when there is none (a clocked instant that is not after ``after_ms``).
@@ -329,6 +352,7 @@ def describe(sched: Any) -> str:
 
 
 __all__ = [
+    "BEFORE_ANY",
     "DueWindow",
     "UnsupportedSchedule",
     "clocked_instant",
@@ -336,6 +360,7 @@ __all__ = [
     "due_between",
     "from_ms",
     "is_interval",
+    "looked_after",
     "next_after",
     "period_ms",
     "to_ms",

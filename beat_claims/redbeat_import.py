@@ -378,8 +378,8 @@ def _next_due(name: str, definition: Definition, state: EntryState | None,
     not known here, indexed due at once)."""
     if state is None or app is None:
         return None
-    after = state.checkpoint if state.checkpoint is not None else state.anchor
-    return next_due.of_definition(name, definition, app, state.anchor, after, settings)
+    return next_due.of_definition(name, definition, app, state.anchor, state.checkpoint,
+                                  settings)
 
 
 def connect(url: str, timeout: float = 5.0) -> redis.Redis:

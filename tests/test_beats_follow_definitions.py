@@ -163,6 +163,48 @@ def test_a_change_of_interval_is_followed_from_the_change(
     assert all(r.reason is Reason.CHANGED and r.due <= changed_at for r in skipped), skipped
 
 
+@pytest.mark.parametrize("catch_up", ["latest", "none"])
+def test_a_one_off_entry_created_after_its_instant_is_a_missed_occurrence(
+        server: RedisServer, url: str, store: Store, catch_up: str) -> None:
+    """A clocked instant that passed before the entry was created (its writer was slow, or
+    no beat ran) is judged by the catch-up policy: ``latest`` sends it once, late, as
+    django-celery-beat and RedBeat do; ``none`` records it skipped. Never silently
+    nothing."""
+    fleet = beats(app(server, url), app(server, url))
+    at = fleet[0].clock.now() - 5_000
+    define(store, fleet[0].app, "late", {"task": "t.noop", "schedule": {"clocked": iso(at)},
+                                         "args": ["late"], "claims": {"catch_up": catch_up}})
+    assert [d.name for d in store.due(fleet[0].clock.now(), 10)] == ["late"], \
+        "a one-off entry created after its instant is indexed due"
+    tick_until(fleet, lambda: any(r.due == at and r.state in (RunState.SENT, RunState.SKIPPED)
+                                  for r in store.history("late")), 10,
+               "the missed occurrence to be judged")
+    run_for(1.5, *fleet)
+    [run] = store.history("late")
+    assert run.due == at
+    if catch_up == "latest":
+        assert run.state is RunState.SENT, run
+        assert [due for due, _ in once_each(server, "late")] == [at]
+    else:
+        assert run.state is RunState.SKIPPED and run.reason is Reason.CATCH_UP, run
+        assert sent(server, "late") == []
+    assert not store.due(fleet[0].clock.now() + 60_000, 10), "nothing more is due"
+
+
+def test_an_edit_to_a_one_off_instant_already_past_takes_effect_from_the_change(
+        server: RedisServer, url: str, store: Store) -> None:
+    """An edit counts from its own instant, whatever the schedule: an instant it sets that
+    already passed is not sent (only an entry created after its instant has missed it)."""
+    fleet = beats(app(server, url), app(server, url))
+    now = fleet[0].clock.now()
+    spec = {"task": "t.noop", "args": ["edited"]}
+    define(store, fleet[0].app, "moved", {**spec, "schedule": {"clocked": iso(now + 60_000)}})
+    define(store, fleet[0].app, "moved", {**spec, "schedule": {"clocked": iso(now - 5_000)}})
+    run_for(1.5, *fleet)
+    assert sent(server, "moved") == []
+    assert not store.due(fleet[0].clock.now() + 120_000, 10), "nothing is due"
+
+
 @pytest.mark.parametrize("how", ["disabled", "deleted"])
 def test_a_claim_held_when_its_entry_is_disabled_or_deleted_keeps_its_definition(
         server: RedisServer, url: str, store: Store, how: str) -> None:

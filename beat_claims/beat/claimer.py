@@ -422,7 +422,8 @@ class Claimer:
         not_before = self.source.bounds(name)[0]
         if state.checkpoint is None and not_before is not None:
             return not_before - 1
-        after = state.checkpoint if state.checkpoint is not None else state.anchor
+        after = occurrences.looked_after(self.source.schedule[name].schedule, state.anchor,
+                                         state.checkpoint)
         if not_before is not None and not_before - 1 > after:
             after = not_before - 1
         return after

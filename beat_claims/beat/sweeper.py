@@ -355,8 +355,7 @@ class IndexKeeper:
             return None
         # A dynamic entry this beat does not hold (no beat holds them all): computed from
         # its definition, as every beat would.
-        after = state.checkpoint if state.checkpoint is not None else state.anchor
-        return next_due.of_definition(name, parsed, self.app, state.anchor, after,
+        return next_due.of_definition(name, parsed, self.app, state.anchor, state.checkpoint,
                                       self.settings)
 
     def _from_record(self, name: str, record: EntryRecord,
