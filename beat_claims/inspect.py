@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery
 from celery.beat import ScheduleEntry
 
-from . import occurrences, unstarted
+from . import occurrences, schedule_words, unstarted
 from .beat.composition import DYNAMIC
 from .beat.liveness import owner_alive
 from .beat.stored import PAGE
@@ -101,7 +101,7 @@ def status(app: Celery, store: Store | None = None,
         entries.append({
             "name": name,
             "schedule": (info.description if info is not None and info.description else
-                         occurrences.describe(sched) if sched else None),
+                         schedule_words.describe(sched) if sched else None),
             "in_schedule": sched is not None or registered,
             "definition": _definition_doc(definition),
             "beat_schedule_differs_in": differs.get(name, []),

@@ -128,7 +128,7 @@ def test_an_added_entry_is_listed_and_its_page_shows_where_it_came_from(
                                                                             "admin:op")
     assert stored["at"]["changed_at"]["utc"] == entry.as_dict()["changed_at"]
     assert "2 positional, 1 keyword" in text and "headers (auth)" in text
-    assert "<code>site.report</code>" in text and "every 30s" in text
+    assert "<code>site.report</code>" in text and "every 30 s" in text
     assert_no_secret(listed.content.decode(), text, logged(), caplog.text)
     # Adding it again: refused on its name, nothing written.
     again = client.post(url("add"), FORM)

@@ -56,7 +56,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from beat_claims import inspect, occurrences, operations
+from beat_claims import inspect, operations, schedule_words
 from beat_claims.definitions import Definition, DefinitionError
 from beat_claims.entries import (
     DefinedInBeatSchedule,
@@ -961,10 +961,10 @@ def _json(value: Any) -> str:
 
 
 def _describe(definition: Definition) -> str:
-    """A schedule as the status shows schedules (``every 30s``), or its JSON form when
-    it cannot be computed here."""
+    """A schedule in words, as the status shows schedules (``every 30 s``), or its JSON
+    form when it cannot be computed here."""
     try:
-        return occurrences.describe(definition.schedule.celery(project_app()))
+        return schedule_words.describe(definition.schedule, project_app())
     except Exception:
         return _json(definition.schedule.to_json())
 
