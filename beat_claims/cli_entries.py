@@ -17,6 +17,7 @@ from typing import IO, Any
 import click
 from celery.bin.base import CeleryCommand
 
+from . import schedule_words
 from .cli import _app, _fail, _print, _run, by_option, claims, json_option
 from .definitions import MAX_DEFINITION_BYTES, Definition
 from .entries import (
@@ -150,20 +151,6 @@ def _entries(ctx: click.Context, by: str | None = None) -> Entries:
 
 
 # -- what is printed ----------------------------------------------------------------------
-def schedule_text(schedule: dict[str, Any]) -> str:
-    """A schedule's JSON form in words."""
-    kind, body = next(iter(schedule.items()))
-    if kind == "every":
-        return f"every {body:g}s"
-    if kind == "crontab":
-        fields = " ".join(str(body[k]) for k in ("minute", "hour", "day_of_month",
-                                                 "month_of_year", "day_of_week"))
-        return f"crontab '{fields}'" + (f" ({body['timezone']})" if "timezone" in body else "")
-    if kind == "clocked":
-        return f"once at {body}"
-    return f"solar {body['event']} at {body['latitude']:g},{body['longitude']:g}"
-
-
 def summary_doc(entry: StoredEntry) -> dict[str, Any]:
     """An entry without its arguments: what every command but show and export prints."""
     d = entry.definition
@@ -180,7 +167,7 @@ def summary_text(entry: StoredEntry) -> str:
     if d is None:
         return f"{entry.name} (version {entry.version}): {entry.problem}"
     return (f"{entry.name} (version {entry.version}): {d.task}, "
-            f"{schedule_text(d.schedule.to_json())}"
+            f"{schedule_words.describe(d.schedule)}"
             + ("" if d.enabled else ", disabled"))
 
 
@@ -340,7 +327,7 @@ def list_(ctx: click.Context, after: str, limit: int, as_json: bool) -> None:
         d = e.definition
         lines.append(f"{e.name[:30]:30} {e.version:>7} {e.origin.value:7}"
                      f" {'yes' if e.enabled else 'no':7} {(d.task if d else '?')[:30]:30}"
-                     f" {schedule_text(d.schedule.to_json()) if d else e.problem}")
+                     f" {schedule_words.describe(d.schedule) if d else e.problem}")
     if len(found) == limit:
         lines.append(f"(more: --after {found[-1].name})")
     click.echo("\n".join(lines))
@@ -476,5 +463,5 @@ def _raised(result: BulkResult) -> StoredEntry:
     return result.entry
 
 
-__all__ = ["entries", "export_doc", "schedule_text", "summary_doc"]
+__all__ = ["entries", "export_doc", "summary_doc"]
 

@@ -7,12 +7,13 @@ documents are a documented interface (README, "Inspecting runs").
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
 from celery.beat import ScheduleEntry
 
-from . import occurrences, unstarted
+from . import occurrences, schedule_words, unstarted
 from .beat.composition import DYNAMIC
 from .beat.liveness import owner_alive
 from .beat.stored import PAGE
@@ -45,13 +46,15 @@ def beat_schedules(app: Celery) -> dict[str, Any]:
 
 
 def status(app: Celery, store: Store | None = None,
-           schedules: dict[str, Any] | None = None) -> dict[str, Any]:
+           schedules: dict[str, Any] | None = None,
+           seen: Callable[[list[Run]], None] | None = None) -> dict[str, Any]:
     """One JSON-ready document describing every entry the store knows.
 
     ``schedules`` (entry name -> Celery schedule) gives the next occurrences; by default
     they are read from ``beat_schedule``. A database schedule source passes its own.
     Each entry's ``unstarted``: its runs sent and not started for longer than
-    ``beat_claims_unstarted_after`` (null when none).
+    ``beat_claims_unstarted_after`` (null when none). ``seen`` is given each entry's runs
+    as they are read (the admin's fleet timeline: no second read of every history).
     """
     unstarted_after = Settings.from_app(app).unstarted_after
     store = store or open_store(app)
@@ -77,6 +80,8 @@ def status(app: Celery, store: Store | None = None,
         anchor = info.anchor if info is not None else None
         checkpoint = info.checkpoint if info is not None else None
         runs = store.history(name)
+        if seen is not None:
+            seen(runs)
         next_due = None
         # Some live beat schedules it: this app's schedule has it, a live beat registered
         # it, or it is a dynamic definition (every beat schedules those).
@@ -101,7 +106,7 @@ def status(app: Celery, store: Store | None = None,
         entries.append({
             "name": name,
             "schedule": (info.description if info is not None and info.description else
-                         occurrences.describe(sched) if sched else None),
+                         schedule_words.describe(sched) if sched else None),
             "in_schedule": sched is not None or registered,
             "definition": _definition_doc(definition),
             "beat_schedule_differs_in": differs.get(name, []),

@@ -335,28 +335,11 @@ class _Search:
             return None
 
 
-def describe(sched: Any) -> str:
-    """A short human description for status output."""
-    if is_interval(sched):
-        return f"every {period_ms(sched) / 1000:g}s"
-    instant = clocked_instant(sched)
-    if instant is not None:
-        return f"once at {iso(instant)}"
-    if isinstance(sched, crontab) and "tz" in vars(sched):
-        # A crontab with its own timezone (django-celery-beat's TzAwareCrontab): say which,
-        # on one line (its repr spans several).
-        fields = " ".join(str(getattr(sched, f"_orig_{name}")) for name in (
-            "minute", "hour", "day_of_month", "month_of_year", "day_of_week"))
-        return f"<crontab: {fields} (m/h/dM/MY/d) {sched.tz}>"
-    return repr(sched)
-
-
 __all__ = [
     "BEFORE_ANY",
     "DueWindow",
     "UnsupportedSchedule",
     "clocked_instant",
-    "describe",
     "due_between",
     "from_ms",
     "is_interval",

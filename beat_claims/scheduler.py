@@ -35,7 +35,7 @@ from celery.beat import ScheduleEntry, _evaluate_entry_args, _evaluate_entry_kwa
 from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
 
-from . import occurrences
+from . import occurrences, schedule_words
 from .beat.claimer import REGISTER_CHUNK, Claimer, PolicyBounds, usable_cores
 from .beat.clock import StoreClock
 from .beat.composition import Composition
@@ -943,7 +943,7 @@ class Scheduler(BaseScheduler):
         names = sorted(self.schedule)
         if self._resync_seeds is None:
             held = list(self.holdings.held.values()) + list(self.holdings.checked)
-            descriptions = {n: occurrences.describe(self.schedule[n].schedule) for n in names}
+            descriptions = {n: schedule_words.describe(self.schedule[n].schedule) for n in names}
             self._resync_aside = self.knowledge.set_aside_seeds(set(descriptions))
             self._resync_seeds = self.knowledge.seeds(descriptions, held)
             self.holdings.clear()

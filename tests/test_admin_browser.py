@@ -208,9 +208,12 @@ class Admin:
         self.follow(form.find_element(By.CSS_SELECTOR, "input[value='Backfill']"))
 
     def action_form(self, action: str, entry: str | None) -> WebElement:
-        """The form of an action button: the page's, or that of ``entry``'s row."""
+        """The form of an action button: the page's, or that of ``entry``'s row (its
+        actions menu opened first)."""
         within: Any = self.driver if entry is None else self.entry_row(entry)
         assert within is not None, f"no row for {entry}"
+        for menu in within.find_elements(By.CSS_SELECTOR, "details.bc-menu:not([open])"):
+            menu.find_element(By.TAG_NAME, "summary").click()
         button = within.find_element(By.CSS_SELECTOR, f"input[value='{action}']")
         form: WebElement = button.find_element(By.XPATH, "./ancestor::form")
         return form
@@ -238,7 +241,9 @@ class Admin:
         if not found:
             return None
         since = found[0].find_element(By.TAG_NAME, "time")
-        return {"text": found[0].text, "since": str(since.get_attribute("title")),
+        # (its whole text: a long note is cut with an ellipsis in the row, whole in its title)
+        text = " ".join(str(found[0].get_attribute("textContent")).split())
+        return {"text": text, "since": str(since.get_attribute("title")),
                 "label": found[0].find_element(By.CSS_SELECTOR, ".bc-state").text}
 
     def resumed_at(self) -> str:
@@ -260,7 +265,7 @@ class Admin:
             due = cells[0].find_element(By.CSS_SELECTOR, "time")
             rows.append({"due": due.get_attribute("title"), "due_text": due.text,
                          "state": cells[1].find_element(By.CSS_SELECTOR, ".bc-state").text,
-                         "manual": "(manual," in cells[0].text, "detail": cells[9].text})
+                         "manual": "(manual," in cells[0].text, "detail": cells[-1].text})
         return rows
 
     def wait_for_run(self, state: str, timeout: float, **match: Any) -> dict[str, Any]:
@@ -274,20 +279,27 @@ class Admin:
 
     def hidden_buttons(self) -> list[str]:
         """The action buttons and fields a person cannot see without scrolling sideways:
-        outside the box of the module that holds them (its overflow is scrolled)."""
+        outside the box of the module that holds them (its overflow is scrolled), each
+        row's actions menu open (and closed again)."""
         found: list[str] = self.driver.execute_script("""
-            return Array.from(document.querySelectorAll('.beat-claims .bc-actions input'))
+            const closed = document.querySelectorAll('details.bc-menu:not([open])');
+            closed.forEach(d => { d.open = true; });
+            const hidden = Array.from(document.querySelectorAll('.beat-claims .bc-actions input'))
               .filter(el => el.type !== 'hidden').filter(el => {
                 const box = el.closest('.module').getBoundingClientRect();
                 const r = el.getBoundingClientRect();
                 return r.left < box.left || r.right > box.right;
-              }).map(el => el.value || el.placeholder);""")
+              }).map(el => el.value || el.placeholder);
+            closed.forEach(d => { d.open = false; });
+            return hidden;""")
         return found
 
     def times(self) -> list[dict[str, Any]]:
-        """Every time on the page: its text, its title and how many lines it takes."""
+        """Every time on the page: its text, its title and how many lines it takes
+        (those folded away, as dead beats are, left out: they take none)."""
         found: list[dict[str, Any]] = self.driver.execute_script("""
-            return Array.from(document.querySelectorAll('.beat-claims time')).map(t => ({
+            return Array.from(document.querySelectorAll('.beat-claims time'))
+              .filter(t => !t.closest('details:not([open])')).map(t => ({
               text: t.textContent, title: t.title, lines: t.getClientRects().length}));""")
         return found
 
@@ -493,7 +505,8 @@ def test_an_operator_runs_an_entry_now_and_sees_it_done(
         assert (paused["label"], paused["since"]) == ("paused", iso(info.paused.at))
         assert paused["text"].startswith(f"paused by admin:{USER} since ")
         assert paused["text"].endswith("deploy in progress”"), paused
-        assert all(t["lines"] == 1 for t in browser.times())
+        assert all(t["lines"] == 1 for t in browser.times()), [
+            t for t in browser.times() if t["lines"] != 1]
         assert browser.hidden_buttons() == []
         browser.with_a_claim()
         assert browser.hidden_buttons() == []

@@ -81,8 +81,7 @@ def test_add_list_show_edit_enable_disable_and_remove(target: Target) -> None:
     out = target.ok("add", "nightly", "--task", "proj.report", "--crontab", "0 3 * * *",
                     "--args", json.dumps([1, SECRET]), "--kwargs", '{"mode": "full"}',
                     "--by", "alice@ops")
-    assert out.startswith("created nightly (version 1): proj.report, crontab '0 3 * * *'"
-                          " (UTC)"), out
+    assert out.startswith("created nightly (version 1): proj.report, at 03:00 UTC"), out
     assert SECRET not in out
     made = json.loads(target.ok("add", "fast", "--json", "-", "-j", stdin=json.dumps(
         {"task": "proj.ping", "schedule": {"every": 30}, "description": "a ping"})))
@@ -95,7 +94,7 @@ def test_add_list_show_edit_enable_disable_and_remove(target: Target) -> None:
     assert [(e["name"], e["version"]) for e in listed["entries"]] == [("fast", 1),
                                                                       ("nightly", 1)]
     table = target.ok("list")
-    assert "nightly" in table and "crontab '0 3 * * *' (UTC)" in table
+    assert "nightly" in table and "at 03:00 UTC" in table
     assert SECRET not in json.dumps(listed) + table  # arguments: show and export only
 
     shown = json.loads(target.ok("show", "nightly", "-j"))
@@ -104,7 +103,7 @@ def test_add_list_show_edit_enable_disable_and_remove(target: Target) -> None:
     assert SECRET in target.ok("show", "nightly")
 
     out = target.ok("edit", "nightly", "--version", "1", "--every", "60")
-    assert out.startswith("changed nightly (version 2): proj.report, every 60s"), out
+    assert out.startswith("changed nightly (version 2): proj.report, every minute"), out
     stale = one_line(target("edit", "nightly", "--version", "1", "--every", "90"))
     assert stale == ("beat-claims: entry 'nightly': version 1 is stale, the store holds"
                      " version 2: nothing was written (read it again and edit that version)")

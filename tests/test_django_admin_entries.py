@@ -128,7 +128,7 @@ def test_an_added_entry_is_listed_and_its_page_shows_where_it_came_from(
                                                                             "admin:op")
     assert stored["at"]["changed_at"]["utc"] == entry.as_dict()["changed_at"]
     assert "2 positional, 1 keyword" in text and "headers (auth)" in text
-    assert "<code>site.report</code>" in text and "every 30s" in text
+    assert "<code>site.report</code>" in text and "every 30 s" in text
     assert_no_secret(listed.content.decode(), text, logged(), caplog.text)
     # Adding it again: refused on its name, nothing written.
     again = client.post(url("add"), FORM)
@@ -275,7 +275,10 @@ def test_disable_and_enable_at_the_version_read(
     text = html(response)  # the entry's page
     assert 'value="Enable"' in text and 'class="bc-state bc-disabled">disabled' in text
     listed = client.get(url("changelist")).content.decode()
-    assert 'api, version 2 <span class="bc-state bc-disabled">disabled</span>' in listed
+    row = listed[listed.index(">nightly-report</a>"):]
+    row = row[:row.index("</th>")]  # the entry's cell in the list: its label, its version
+    assert '<span class="bc-state bc-disabled">disabled</span>' in row, row
+    assert "api, version 2" in row, row
     # A stale one: refused, naming both versions; nothing written.
     response = client.post(url("enable", "nightly-report"), {"version": 1}, follow=True)
     assert any("version 1 is stale, the store holds version 2" in m

@@ -36,7 +36,7 @@ from django_celery_beat.models import (
 )
 from django_celery_beat.tzcrontab import TzAwareCrontab
 
-from beat_claims import occurrences
+from beat_claims import occurrences, schedule_words
 from beat_claims.contrib.django.database_scheduler import (
     DatabaseScheduler,
     schedules_from_db,
@@ -108,10 +108,10 @@ def test_rows_become_entries_as_django_celery_beat_builds_them(
     assert e.options == {"queue": "q1", "exchange": "ex", "routing_key": "rk", "priority": 3,
                          "expires": 30,
                          "headers": {"h": "v", "periodic_task_name": "interval"}}
-    assert occurrences.describe(e.schedule) == "every 2s"
+    assert schedule_words.describe(e.schedule) == "every 2 s"
     cron = s.schedule["cron"].schedule
     assert isinstance(cron, TzAwareCrontab) and str(cron.tz) == "Europe/Paris"
-    assert occurrences.describe(cron) == "<crontab: 15 4 * * * (m/h/dM/MY/d) Europe/Paris>"
+    assert schedule_words.describe(cron) == "at 04:15 Europe/Paris"
     assert isinstance(s.schedule["solar"].schedule, solar)
     assert occurrences.clocked_instant(s.schedule["clocked"].schedule) == to_ms(soon)
     assert s.schedule["from-config"].task == "t.config"  # beat_schedule wins a name clash
@@ -304,7 +304,7 @@ def test_schedules_from_db_for_status_pages(server: RedisServer) -> None:
     row("off", interval=every(5), enabled=False)
     assert set(schedules_from_db()) == {"on"}
     assert set(schedules_from_db(enabled_only=False)) == {"on", "off"}
-    assert occurrences.describe(schedules_from_db()["on"]) == "every 5s"
+    assert schedule_words.describe(schedules_from_db()["on"]) == "every 5 s"
 
 
 # -- two real beats and a worker ----------------------------------------------------

@@ -13,11 +13,11 @@ from celery.schedules import BaseSchedule, crontab, schedule, solar
 from beat_claims.occurrences import (
     DueWindow,
     UnsupportedSchedule,
-    describe,
     due_between,
     next_after,
 )
 from beat_claims.runs import iso, to_ms
+from beat_claims.schedule_words import describe
 
 
 def make_app(tz: str) -> Celery:
@@ -177,7 +177,7 @@ def test_clocked_is_one_absolute_instant_whatever_the_anchor() -> None:
     assert due_between(once, 0, at, at + 120_000, keep=5) == DueWindow([], 0, True)
     assert due_between(once, 0, at - 1, at, keep=0) == DueWindow([], 1, True)
     assert due_between(once, 0, at - 1, at, keep=0).last is None
-    assert describe(once) == "once at 2026-05-01T12:00:00.250Z"
+    assert describe(once) == "once at 2026-05-01 12:00:00.250 UTC"
 
 
 def test_clocked_naive_time_is_utc_as_in_django_celery_beat() -> None:
@@ -225,10 +225,10 @@ def test_crontab_in_its_own_timezone_matches_django_celery_beats_is_due(app: Cel
         t = mine
 
 
-def test_describe_names_the_crontabs_own_timezone(app: Celery) -> None:
+def test_a_crontab_is_said_in_its_own_timezone_or_its_apps(app: Celery) -> None:
     cron = tz_crontab(app, "Europe/Paris", minute="0", hour="2")
-    assert describe(cron) == "<crontab: 0 2 * * * (m/h/dM/MY/d) Europe/Paris>"
-    assert describe(crontab(minute=0, hour=2, app=app)) == repr(crontab(minute=0, hour=2))
+    assert describe(cron) == "at 02:00 Europe/Paris"
+    assert describe(crontab(minute=0, hour=2, app=app)) == "at 02:00 America/New_York"
 
 
 # -- long gaps: the newest due instants without walking the whole gap (hole 8) -----------

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .. import occurrences
+from .. import occurrences, schedule_words
 from ..catch_up import plan
 from ..enums import Overlap, Reason
 from ..metrics import Metrics
@@ -324,7 +324,7 @@ class Claimer:
 
     def _seed(self, name: str, repair: bool = False) -> EntrySeed:
         known = self.knowledge.entries.get(name)
-        description = occurrences.describe(self.source.schedule[name].schedule)
+        description = schedule_words.describe(self.source.schedule[name].schedule)
         if known is None:
             return EntrySeed(name, description)
         return EntrySeed(name, description, known.anchor, known.checkpoint,

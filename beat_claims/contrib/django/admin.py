@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from enum import Enum
@@ -54,9 +55,9 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
-from beat_claims import inspect, occurrences, operations
+from beat_claims import inspect, operations, schedule_words
 from beat_claims.definitions import Definition, DefinitionError
 from beat_claims.entries import (
     DefinedInBeatSchedule,
@@ -68,13 +69,14 @@ from beat_claims.entries import (
     StoredEntry,
 )
 from beat_claims.enums import Origin
-from beat_claims.runs import from_ms, iso
+from beat_claims.runs import Run, from_ms, iso
 from beat_claims.settings import ConfigurationError, Settings
 from beat_claims.stores import StoreConfigurationError, StoreError
 from beat_claims.stores.base import Store
 from beat_claims.urls import redact_url
 
 from . import status as source
+from . import timeline
 from .apps import project_app
 from .entry_form import FIELDS, EntryForm
 from .models import Entry
@@ -207,7 +209,8 @@ class EntryAdmin(admin.ModelAdmin):
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        doc, error = self._status()
+        recent: list[dict[str, Any]] = []
+        doc, error = self._status(lambda runs: recent.extend(_recent(runs)))
         owners = {o["id"]: o for o in doc["owners"]}
         stored: dict[str, StoredEntry] = {}
         if error is None:
@@ -224,7 +227,13 @@ class EntryAdmin(admin.ModelAdmin):
         context = {
             **self._context(request, "Entries"),
             "add_url": self._url("add"),
-            "owners": [dict(o, at=_times(o, OWNER_TIMES)) for o in doc["owners"]],
+            "owners": [dict(o, at=_times(o, OWNER_TIMES)) for o in doc["owners"]
+                       if o["alive"]],
+            "dead_owners": [dict(o, at=_times(o, OWNER_TIMES)) for o in doc["owners"]
+                            if not o["alive"]],
+            "fleet": timeline.fleet_svg(
+                recent, {i: _owner_label(i, owners) for i in owners},
+                timeline.ms(doc.get("generated_at")) or _ms(timezone.now()), _label),
             "entries": entries,
             "error": error,
             **(extra_context or {}),
@@ -244,12 +253,15 @@ class EntryAdmin(admin.ModelAdmin):
         owners = {o["id"]: o for o in doc["owners"]}
         found = next((e for e in doc["entries"] if e["name"] == name), None)
         can_backfill = self._may(request, "backfill_entry")
-        runs: list[dict[str, Any]] = []
+        kept: list[dict[str, Any]] = []  # every run the store keeps (history_limit)
         if error is None:
             try:
-                runs = source.history(name, limit)["runs"]
+                kept = source.history(name)["runs"]
             except STORE_ERRORS as exc:
                 error = self._store_error(exc)
+        state, outcome = request.GET.get("state", ""), request.GET.get("outcome", "")
+        runs = [r for r in kept if (not state or r["state"] == state)
+                and (not outcome or outcome in (r.get("reason"), r.get("exc_type")))][:limit]
         results = self._task_results([r["task_id"] for r in runs if r["task_id"]])
         stored: dict[str, Any] | None = None
         if error is None:
@@ -268,6 +280,8 @@ class EntryAdmin(admin.ModelAdmin):
             "stored": stored,
             "name": name,
             "runs": [self._run_row(r, owners, results) for r in runs],
+            "timeline": timeline.entry_svg(runs, _label),
+            "filters": _filters(kept, state, outcome, limit),
             "limit": limit,
             "error": error,
             "changelist_url": self._url("changelist"),
@@ -829,10 +843,12 @@ class EntryAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(target)
 
     # -- data ---------------------------------------------------------------------------
-    def _status(self) -> tuple[dict[str, Any], str | None]:
-        """The status document, each entry with its pause (``operations.entry_doc``)."""
+    def _status(self, seen: Callable[[list[Run]], None] | None = None
+                ) -> tuple[dict[str, Any], str | None]:
+        """The status document, each entry with its pause (``operations.entry_doc``);
+        ``seen`` is given each entry's runs as they are read."""
         try:
-            doc = source.status()
+            doc = source.status(seen=seen)
             pauses = {r.name: operations.entry_doc(r) for r in source.store_for().entries()}
         except STORE_ERRORS as exc:
             return {"owners": [], "entries": []}, self._store_error(exc)
@@ -892,6 +908,8 @@ class EntryAdmin(admin.ModelAdmin):
             **run,
             "owner_label": _owner_label(run.get("owner"), owners),
             "at": _times(run, RUN_TIMES),
+            "after": {f: timeline.after(run["due_ms"], at) for f in RUN_TIMES[1:]
+                      if (at := timeline.ms(run.get(f))) is not None},
             "detail": detail,
             "releasable": run["state"] in RELEASABLE,
             "result_url": result_url,
@@ -933,10 +951,56 @@ def _shown(ms: int) -> str:
 
 def _times(doc: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     """``doc``'s instants (ISO 8601 UTC strings) for time.html: each as ``at``, an aware
-    datetime the template shows in the current timezone, and ``utc``, the exact instant;
-    None where there is none."""
-    return {f: {"at": datetime.fromisoformat(doc[f].replace("Z", "+00:00")), "utc": doc[f]}
-            if doc.get(f) else None for f in fields}
+    datetime the template shows in the current timezone, ``utc``, the exact instant, and
+    ``short``, its time alone when it is today (in the current timezone), else its day and
+    time to the minute (the entries list's narrow columns); None where there is none."""
+    today = timezone.localdate()
+    out: dict[str, Any] = {}
+    for f in fields:
+        if not doc.get(f):
+            out[f] = None
+            continue
+        at = datetime.fromisoformat(doc[f].replace("Z", "+00:00"))
+        local = timezone.localtime(at)
+        short = f"{local:%H:%M:%S}" if local.date() == today else f"{local:%b %d, %H:%M}"
+        out[f] = {"at": at, "utc": doc[f], "short": short}
+    return out
+
+
+def _label(ms: int) -> str:
+    """An instant as the timelines say it: in the current timezone, to the second."""
+    return f"{timezone.localtime(from_ms(ms)):%Y-%m-%d %H:%M:%S}"
+
+
+#: How far back the entries list keeps runs for the fleet's timeline (its hour, and a
+#: margin for a store clock ahead of this server's).
+RECENT_MS = 2 * 3_600_000
+
+
+def _recent(runs: list[Run]) -> Iterable[dict[str, Any]]:
+    """The runs of the fleet's last hours, as documents."""
+    since = _ms(timezone.now()) - RECENT_MS
+    return (r.as_dict() for r in runs if max(r.due, r.sent_at or 0) >= since)
+
+
+def _filters(runs: list[dict[str, Any]], state: str, outcome: str, limit: int
+             ) -> dict[str, Any]:
+    """The runs filter: each state and each outcome (a reason, an exception's type) of
+    the runs kept, with how many, its query string and whether it is the one chosen."""
+    def link(key: str, value: str, count: int) -> dict[str, Any]:
+        query = {key: value} if value else {}
+        if limit != HISTORY_LIMIT:
+            query["limit"] = str(limit)
+        return {"value": value, "count": count, "query": urlencode(query),
+                "chosen": (state if key == "state" else outcome) == value
+                and (not value or not (outcome if key == "state" else state))}
+
+    states = Counter(r["state"] for r in runs)
+    outcomes = Counter(o for r in runs for o in {r.get("reason"), r.get("exc_type")} if o)
+    return {"all": link("state", "", len(runs)) | {"chosen": not state and not outcome},
+            "states": [link("state", s, n) for s, n in sorted(states.items())],
+            "outcomes": [link("outcome", o, n) for o, n in outcomes.most_common()],
+            "active": bool(state or outcome)}
 
 
 def _owner_label(owner_id: str | None, owners: dict[str, Any]) -> str:
@@ -961,10 +1025,10 @@ def _json(value: Any) -> str:
 
 
 def _describe(definition: Definition) -> str:
-    """A schedule as the status shows schedules (``every 30s``), or its JSON form when
-    it cannot be computed here."""
+    """A schedule in words, as the status shows schedules (``every 30 s``), or its JSON
+    form when it cannot be computed here."""
     try:
-        return occurrences.describe(definition.schedule.celery(project_app()))
+        return schedule_words.describe(definition.schedule, project_app())
     except Exception:
         return _json(definition.schedule.to_json())
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.apps import apps as django_apps
 
 from beat_claims import inspect
+from beat_claims.runs import Run
 from beat_claims.settings import Settings
 from beat_claims.stores import open_store
 from beat_claims.stores.base import Store
@@ -82,10 +84,12 @@ def enabled_rows() -> set[str]:
     return set(PeriodicTask.objects.filter(enabled=True).values_list("name", flat=True))
 
 
-def status(app: Any = None) -> dict[str, Any]:
-    """The ``celery claims status`` document of the project's app."""
+def status(app: Any = None, seen: Callable[[list[Run]], None] | None = None
+           ) -> dict[str, Any]:
+    """The ``celery claims status`` document of the project's app (``seen``: see
+    :func:`beat_claims.inspect.status`)."""
     app = app or project_app()
-    return inspect.status(app, store_for(app), schedules=schedules(app))
+    return inspect.status(app, store_for(app), schedules=schedules(app), seen=seen)
 
 
 def history(entry: str, limit: int | None = None, app: Any = None) -> dict[str, Any]:
