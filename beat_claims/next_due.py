@@ -82,9 +82,8 @@ def of_definition(name: str, definition: Definition, app: Celery, anchor: int, a
     if settings is None:
         return None
     try:
-        policy = settings.policy_for(
-            name, dict(definition.claims) or None)
-        return next_instant(name, definition.schedule.celery(app), anchor, after, None,
-                            policy)
+        sched = definition.schedule.celery(app)
+        policy = settings.policy_for(name, dict(definition.claims) or None, sched)
+        return next_instant(name, sched, anchor, after, None, policy)
     except Exception:  # (a schedule this version cannot compute: the entry is due at once)
         return None
