@@ -160,9 +160,10 @@ def dynamic_schedules(app: Celery, store: Store, settings: Settings, limit: int
             schedules[stored.name] = followed
             try:
                 claims = validate(stored.name, stored.definition).claims
-                policies[stored.name] = settings.policy_for(stored.name, claims or None)
+                policies[stored.name] = settings.policy_for(stored.name, claims or None,
+                                                            followed)
             except (DefinitionError, ConfigurationError):
-                policies[stored.name] = settings.policy
+                policies[stored.name] = settings.default_policy(followed)
         if len(page) < want:
             break
         after = page[-1].name

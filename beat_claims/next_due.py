@@ -89,10 +89,9 @@ def of_definition(
     if settings is None:
         return None
     try:
-        policy = settings.policy_for(name, dict(definition.claims) or None)
         sched = definition.schedule.celery(app)
-        return next_instant(
-            name, sched, anchor, occurrences.looked_after(sched, anchor, checkpoint), None, policy
-        )
+        policy = settings.policy_for(name, dict(definition.claims) or None, sched)
+        after = occurrences.looked_after(sched, anchor, checkpoint)
+        return next_instant(name, sched, anchor, after, None, policy)
     except Exception:  # (a schedule this version cannot compute: the entry is due at once)
         return None

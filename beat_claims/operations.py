@@ -351,13 +351,14 @@ def policies(app: Any, settings: Settings, names: Sequence[str]) -> dict[str, Po
     out = {}
     for name in names:
         spec = schedule.get(name)
-        options = (spec.get("claims") if isinstance(spec, Mapping) else None)
+        options, sched = ((spec.get("claims"), spec.get("schedule"))
+                          if isinstance(spec, Mapping) else (None, None))
         if options is None and isinstance(by_name, Mapping):
             options = by_name.get(name)
         try:
-            out[name] = settings.policy_for(name, options)
+            out[name] = settings.policy_for(name, options, sched)
         except ConfigurationError:
-            out[name] = settings.policy
+            out[name] = settings.default_policy(sched)
     return out
 
 

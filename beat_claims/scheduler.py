@@ -35,7 +35,7 @@ from celery.beat import ScheduleEntry, _evaluate_entry_args, _evaluate_entry_kwa
 from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
 
-from . import occurrences, schedule_words
+from . import celery_settings, occurrences, schedule_words
 from .beat.claimer import REGISTER_CHUNK, Claimer, PolicyBounds, usable_cores
 from .beat.clock import StoreClock
 from .beat.composition import Composition
@@ -141,6 +141,10 @@ class Scheduler(BaseScheduler):
 
     def _setup(self, app: Celery, store: Store | None, *args: Any, **kwargs: Any) -> None:
         self.settings = Settings.from_app(app)
+        #: Celery's settings this beat does not apply as Celery would (named at start).
+        self._not_applied = celery_settings.not_applied(
+            app.conf, self.settings, schedule_filename=kwargs.get("schedule_filename"),
+            max_interval=kwargs.get("max_interval"))
         self.owner = Owner.current()
         self.store: Store = store or open_store(self.settings)
         self.metrics = Metrics()
@@ -236,6 +240,9 @@ class Scheduler(BaseScheduler):
             self.metrics.start(self.settings.metrics_port)
         logger.info("beat-claims: owner %s, %d entries, store %s", self.owner,
                     len(self.schedule), self.info)
+        line = celery_settings.start_line(self._not_applied)
+        if line is not None:
+            logger.warning("%s", line)
 
     def _warn_unbounded_overlap(self) -> None:
         """An entry that waits for its previous run (overlap skip or buffer_one) waits for
@@ -313,7 +320,8 @@ class Scheduler(BaseScheduler):
                     occurrences.next_after(entry.schedule, 0, 0)
                 except occurrences.UnsupportedSchedule as exc:
                     raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
-            policies[name] = self.settings.policy_for(name, getattr(entry, "claims", None))
+            policies[name] = self.settings.policy_for(name, getattr(entry, "claims", None),
+                                                      entry.schedule)
         replaced = [p for p in (self.policies.get(name) for name in policies) if p is not None]
         for name, policy in policies.items():
             if policy is None:
@@ -334,7 +342,8 @@ class Scheduler(BaseScheduler):
         # (a pinned claim's entry may have left the schedule: it is judged by its policy)
         entries = {**{ref.entry: entry for ref, entry in self.pinned.items()},
                    **self.schedule}
-        policies = {name: self.settings.policy_for(name, getattr(entry, "claims", None))
+        policies = {name: self.settings.policy_for(name, getattr(entry, "claims", None),
+                                                   entry.schedule)
                     for name, entry in entries.items()}
         for name, entry in self.schedule.items():
             try:
@@ -573,6 +582,11 @@ class Scheduler(BaseScheduler):
 
     # -- the loop ---------------------------------------------------------------------
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One pass; the seconds until the next, never more than ``max_interval`` (Celery's
+        ``beat_max_loop_interval``): an outage's backoff is waited out in shorter sleeps."""
+        return min(self._pass(), self.max_interval)
+
+    def _pass(self) -> float:
         if self._closed:
             self._closed = False  # started again after close(): claim afresh
             self.liveness.lapse()
@@ -843,7 +857,8 @@ class Scheduler(BaseScheduler):
             if known.definition is not None:
                 try:
                     out[taken.name] = self.settings.policy_for(
-                        taken.name, dict(known.definition.claims) or None)
+                        taken.name, dict(known.definition.claims) or None,
+                        known.definition.schedule.celery(self.app))
                 except Exception:  # (refused where it entered; named once when held)
                     continue
         return out

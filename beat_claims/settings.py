@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from celery import Celery
+from celery.schedules import crontab
 
 from .enums import CatchUp, Overlap
 from .urls import redact_url
@@ -110,6 +111,9 @@ class Settings:
     #: nobody chose: see the start-up warning about overlap policies).
     run_timeout_set: bool = False
     policy: Policy = Policy()
+    #: The default policy of crontab entries, when Celery's ``beat_cron_starting_deadline``
+    #: is their catch-up window (``beat_claims.celery_settings``); None: ``policy``.
+    cron_policy: Policy | None = None
 
     @property
     def heartbeat_ttl(self) -> float:
@@ -157,6 +161,10 @@ class Settings:
                                                    DEFAULT_RUN_TIMEOUT)),
             jitter=_jitter("beat_claims_jitter", conf.get("beat_claims_jitter", 0.0)),
         )
+        deadline = cron_starting_deadline(conf)
+        # beat-claims' own window, when set, is every entry's (named at start).
+        cron_policy = (replace(policy, catch_up_window=deadline)
+                       if deadline is not None and policy.catch_up_window is None else None)
         return cls(
             url=url,
             key_prefix=prefix,
@@ -201,12 +209,22 @@ class Settings:
                                                        DEFAULT_UNSTARTED_AFTER)),
             run_timeout_set="beat_claims_run_timeout" in conf,
             policy=policy,
+            cron_policy=cron_policy,
         )
 
-    def policy_for(self, entry_name: str, options: Any) -> Policy:
-        """The entry's policy: the defaults overridden by its ``claims`` dict."""
+    def default_policy(self, schedule: Any = None) -> Policy:
+        """The defaults of an entry with ``schedule``: a crontab's catch-up window is
+        Celery's ``beat_cron_starting_deadline`` when that is set (Celery applies it to
+        crontab entries alone)."""
+        if self.cron_policy is not None and isinstance(schedule, crontab):
+            return self.cron_policy
+        return self.policy
+
+    def policy_for(self, entry_name: str, options: Any, schedule: Any = None) -> Policy:
+        """The entry's policy: the defaults (for its ``schedule``, when given) overridden
+        by its ``claims`` dict."""
         if options is None:
-            return self.policy
+            return self.default_policy(schedule)
         if not isinstance(options, dict):
             raise ConfigurationError(
                 f"entry {entry_name!r}: 'claims' must be a dict, got {options!r}")
@@ -231,7 +249,20 @@ class Settings:
                 changes[key] = _jitter(label, value)
             else:
                 changes[key] = _optional_seconds(label, value)
-        return replace(self.policy, **changes)
+        return replace(self.default_policy(schedule), **changes)
+
+
+def cron_starting_deadline(conf: Any) -> float | None:
+    """Celery's ``beat_cron_starting_deadline`` in seconds (None: not set). Celery skips a
+    crontab entry's missed run older than this; 0 skips every missed one."""
+    value = conf.get("beat_cron_starting_deadline")
+    if value is None:
+        return None
+    name = "beat_cron_starting_deadline"
+    seconds = _number(name, value)
+    if seconds < 0:
+        raise ConfigurationError(f"{name}={value!r}: must be 0 or more seconds")
+    return seconds
 
 
 def _refuse_unknown(conf: Any) -> None:

@@ -69,9 +69,9 @@ class Fleet:
         self.logs[proc.pid] = log
         return proc
 
-    def beat(self, **env: str) -> subprocess.Popen[bytes]:
-        return self._spawn("beat", ["beat", "-S", "claims", "--loglevel", "INFO",
-                                    "-s", str(self.log_dir / f"unused-{len(self.procs)}")], **env)
+    def beat(self, *extra: str, loglevel: str = "INFO", **env: str) -> subprocess.Popen[bytes]:
+        return self._spawn("beat", ["beat", "-S", "claims", "--loglevel", loglevel, *extra],
+                           **env)
 
     def worker(self, *extra: str, concurrency: int = 2, pool: str = "prefork",
                wrap: Sequence[str] = (), **env: str) -> subprocess.Popen[bytes]:

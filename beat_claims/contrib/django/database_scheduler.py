@@ -702,7 +702,9 @@ class DatabaseScheduler(Scheduler):
             self._in_db = False
 
     def sync(self) -> None:
-        """Celery calls this every ``beat_sync_every`` and at close: write back what is owed."""
+        """Celery calls this every three minutes (its ``sync_every``; ``beat_sync_every``
+        counts sends this scheduler makes its own way, so never) and at close: write back
+        what is owed."""
         if (self._sent or self._to_disable or self._to_arm) and not self._in_db:
             self._write_back()
 
