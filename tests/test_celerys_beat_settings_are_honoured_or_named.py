@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from celery.schedules import crontab, schedule
 
-from beat_claims import occurrences
+from beat_claims import schedule_words
 from beat_claims.catch_up import plan
 from beat_claims.celery_settings import not_applied, start_line
 from beat_claims.enums import Reason
@@ -129,9 +129,9 @@ def test_a_beat_honours_beat_cron_starting_deadline_for_crontab_entries(
                 "hourly": {"every": 3600}}
     anchor = int(now.timestamp() * 1000) - 2 * 3_600_000
     store.register([
-        EntrySeed("stale", occurrences.describe(crontab(minute=schedule["stale"]["cron"])),
+        EntrySeed("stale", schedule_words.describe(crontab(minute=schedule["stale"]["cron"])),
                   anchor),
-        EntrySeed("recent", occurrences.describe(crontab(minute=schedule["recent"]["cron"])),
+        EntrySeed("recent", schedule_words.describe(crontab(minute=schedule["recent"]["cron"])),
                   anchor),
         EntrySeed("hourly", "every 3600s", anchor - 20 * 60_000),  # last due 20 min ago
     ])
