@@ -49,7 +49,7 @@ from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
 from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import IndexKeeper, Sweeper
-from .beat.window import LOOKAHEAD, DynamicWindow, Taken
+from .beat.window import LOOKAHEAD, DynamicWindow, Share, Taken
 from .enums import Overlap, Reason
 from .exception_text import entry_exception, frames
 from .metrics import Metrics
@@ -657,6 +657,7 @@ class Scheduler(BaseScheduler):
                                     " wipe)", epoch_begun=True)
             self.metrics.heartbeat()
             self._register_again_after_a_lapse()
+            self.window.share = Share.among(self.owner.id, self.liveness.peers())
         if heartbeat or not self.stored.loaded:
             self._follow_definitions()
         settling = self.liveness.settling_for()
@@ -864,8 +865,10 @@ class Scheduler(BaseScheduler):
         return out
 
     def _let_go(self) -> None:
-        """Let go of the dynamic entries not due within the look-ahead with nothing of
-        them held (looked at every half second at most: the index brings them back)."""
+        """Let go of the dynamic entries with nothing of them held that are not due within
+        the look-ahead, or are another live beat's share and not due yet (its beat takes
+        them in time; late, this one takes them again). Looked at every half second at
+        most: the index brings them back."""
         if not self.window.held or time.monotonic() < self._let_go_at:
             return
         self._let_go_at = time.monotonic() + 0.5
@@ -874,9 +877,10 @@ class Scheduler(BaseScheduler):
                 | {claim.entry for claim in self.holdings.checked}
                 | {ref.entry for ref in self.pinned})
         slots = self.claimer.slots
+        share, now = self.window.share, self.clock.now()
         self._drop_held([name for name in self.window.held if name not in busy and (
             name not in self.schedule or slots.get(name, NOT_DUE) == NOT_DUE
-            or slots[name] > limit)])
+            or slots[name] > limit or (name not in share and slots[name] > now))])
 
     def _drop_held(self, names: list[str]) -> None:
         if not names:

@@ -499,3 +499,41 @@ def test_an_entry_let_go_is_taken_back_in_time_for_its_next_occurrence(
         assert len(runs) >= 3 and not late, f"late (ms): {late}; {len(runs)} sent"
     finally:
         beat.close()
+
+
+def test_live_beats_each_take_their_own_share_of_the_due_index(server: RedisServer) -> None:
+    """Two beats take disjoint shares of the dynamic entries (a hash of the name among the
+    live beats): each occurrence is planned and claimed by one beat, not raced for by
+    both; every occurrence is sent once. When one beat stops, the other takes its share."""
+    app = make_app(server, schedule={})
+    names = [f"shared-{i:03d}" for i in range(60)]
+    with Entries(app) as entries:
+        entries.bulk_create({"name": n, "task": "t.noop", "schedule": {"every": 1}}
+                            for n in names)
+    a, b = beats(app, app)
+    held: dict[str, set[str]] = {a.owner.id: set(), b.owner.id: set()}
+    try:
+        # (until each has heartbeated once knowing the other, the first took everything)
+        run_for(a.settings.heartbeat_interval * 2 + 1, a, b)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            for beat in (a, b):
+                wait = beat.tick()
+                held[beat.owner.id] |= set(beat.window.held)
+            time.sleep(min(0.05, max(0.0, wait)))
+        both = held[a.owner.id] & held[b.owner.id]
+        assert len(both) <= len(names) // 10, f"held by both beats: {sorted(both)}"
+        assert held[a.owner.id] and held[b.owner.id], "each beat holds a share"
+        sent = occurrences_sent(server)
+        twice = {k: n for k, n in Counter(sent).items() if n > 1}
+        assert twice == {}, twice
+        b.close()
+        stopped_at = a.store.now()
+        run_for(a.settings.heartbeat_interval * 3 + 3, a)
+        late = [n for n in names
+                if not any(r.due > stopped_at + 2_000 and r.state is RunState.SENT
+                           for r in a.store.history(n))]
+        assert not late, f"the stopped beat's share was not taken over: {late}"
+    finally:
+        a.close()
+        b.close()

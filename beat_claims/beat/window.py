@@ -22,12 +22,21 @@ entry this beat does not hold, once it has read up to the look-ahead: such an en
 one let go by a beat that died before it was due again) is found within one heartbeat
 interval, and the time to read past what is due and not taken (another fleet's overdue
 entries, a page of 1,000 a call).
+
+Live beats share the index: each takes the entries of its own share (a hash of the name
+among the live beats, :class:`Share`), and another's only once it is late by
+:data:`HELP_AFTER` (its beat is slow, stopped, or not yet known to be dead). Two beats
+holding the same entries would each plan every occurrence and one would lose each claim:
+twice the work for the same sends. The share is a hint: a beat that holds an entry of
+another's (their views of who is alive differ for a moment) loses or wins its claim by
+compare-and-set, as always.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -51,6 +60,28 @@ EVER = 2 ** 53 - 1
 #: Definitions kept read, by name and version (the next time an entry falls due, its
 #: definition is not read again unless it changed).
 CACHED = 10_000
+#: How late (ms) an entry of another live beat's share must be before this beat takes it:
+#: found at the next pass from the first entry, at most a heartbeat interval later.
+HELP_AFTER = 1_000
+
+
+@dataclass(frozen=True)
+class Share:
+    """Which dynamic entries are this beat's to take: those whose name hashes to its rank
+    among the live beats (``rank`` of ``beats``; all of them when it is alone, or not
+    among them: not yet joined, or its heartbeat lapsed)."""
+
+    rank: int = 0
+    beats: int = 1
+
+    @classmethod
+    def among(cls, me: str, peers: list[str]) -> Share:
+        if me not in peers or len(peers) < 2:
+            return cls()
+        return cls(peers.index(me), len(peers))
+
+    def __contains__(self, name: str) -> bool:
+        return self.beats < 2 or zlib.crc32(name.encode()) % self.beats == self.rank
 
 
 @dataclass(frozen=True)
@@ -77,6 +108,8 @@ class DynamicWindow:
         self.held: set[str] = set()
         #: Whether ``name`` is one of this beat's own entries or already held (skipped).
         self.scheduled: Callable[[str], bool] = lambda name: name in self.held
+        #: This beat's share of the index among the live beats (set at each heartbeat).
+        self.share = Share()
         self._cursor: tuple[int, str] | None = None
         self._pass_began = float("-inf")
         #: The pass under way has read up to the look-ahead (it may start over).
@@ -139,7 +172,8 @@ class DynamicWindow:
                 self._cursor = (last.next_due, last.name)
             found: list[DueEntry] = []
             for d in page:
-                if self.scheduled(d.name):
+                if self.scheduled(d.name) or (d.name not in self.share
+                                              and d.next_due > now - HELP_AFTER):
                     continue
                 if d.state is not None:
                     found.append(d)
