@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .settings import Settings, cron_starting_deadline
+from .settings import Settings, cron_starting_deadline, max_loop_interval
 
 #: Celery's default ``beat_schedule_filename``.
 DEFAULT_SCHEDULE_FILENAME = "celerybeat-schedule"
@@ -30,13 +30,15 @@ DEFAULT_SCHEDULE_FILENAME = "celerybeat-schedule"
 def not_applied(conf: Any, settings: Settings, *, schedule_filename: Any = None,
                 max_interval: Any = None) -> list[str]:
     """Each of Celery's ``beat_*`` settings set to a value beat-claims does not apply as
-    Celery would: the setting, its value and what the beat does instead.
+    Celery would: the setting, its value and what the beat does instead. A value no beat
+    can run with is refused (:class:`ConfigurationError`, naming the setting).
     ``schedule_filename`` and ``max_interval``: what Celery's beat service passed the
     scheduler (the command line's ``--schedule`` and ``--max-interval``, else the
     settings)."""
     notes = []
     asked = max_interval or conf.get("beat_max_loop_interval")
-    if asked and float(asked) > settings.heartbeat_interval:
+    loop = max_loop_interval(conf, max_interval)  # (refused when not a positive number)
+    if loop is not None and loop > settings.heartbeat_interval:
         notes.append(f"beat_max_loop_interval={asked!r} (the beat wakes at least every"
                      f" beat_claims_heartbeat_interval, {settings.heartbeat_interval:g} s,"
                      " to renew its heartbeat)")

@@ -299,11 +299,15 @@ class Entries:
         return result.version
 
     # -- bulk -----------------------------------------------------------------------------
-    def bulk_create(self, items: Iterable[Mapping[str, Any]]) -> builtins.list[BulkResult]:
+    def bulk_create(self, items: Iterable[Mapping[str, Any]], counts_from_change: bool = False
+                    ) -> builtins.list[BulkResult]:
         """Create entries, each given as its definition's fields and its ``name``: every
         item is validated before anything is written (:class:`DefinitionError` naming the
-        first bad one), then they are written a chunk at a time. One result per item."""
-        changes = [EntryChange(name, self.definition(name, fields), 0)
+        first bad one), then they are written a chunk at a time. One result per item.
+        ``counts_from_change``: each counts from its creation (a one-off instant already
+        past is not sent; see :class:`EntryChange`)."""
+        changes = [EntryChange(name, self.definition(name, fields), 0,
+                               counts_from_change=counts_from_change)
                    for name, fields in _named(items)]
         return self._write(changes)
 
@@ -462,8 +466,11 @@ def plan_import(entries: Entries, items: Iterable[Mapping[str, Any]]) -> ImportP
 
 
 def apply_import(entries: Entries, plan: ImportPlan) -> list[BulkResult]:
-    """The plan's creates and updates written: one result each (creates first)."""
-    created = entries.bulk_create({"name": name, **d.as_dict()} for name, d in plan.create)
+    """The plan's creates and updates written: one result each (creates first). A created
+    entry counts from the import, as a changed one does: a one-off instant already past
+    may have run in the store the entries were exported from, and is not sent again."""
+    created = entries.bulk_create(({"name": name, **d.as_dict()} for name, d in plan.create),
+                                  counts_from_change=True)
     updated = entries.bulk_update({"name": name, "version": version, **d.as_dict()}
                                   for name, version, d in plan.update)
     return created + updated

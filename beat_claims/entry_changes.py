@@ -80,6 +80,10 @@ class EntryChange:
     ``expected_version``: the version of the definition the caller read (0: it creates the
     entry's definition). ``previous``: what the beats ran for an entry the store holds no
     definition of (a beat's own ``beat_schedule`` entry), to record what the change skips.
+    ``counts_from_change``: an entry it creates counts from the change, as an edited one
+    does (a one-off instant already past is not sent), rather than from before any instant
+    (one already past is missed, for its catch-up policy): an import puts back definitions
+    whose one-off instants may have run in the store they were exported from.
     """
 
     name: str
@@ -87,6 +91,7 @@ class EntryChange:
     expected_version: int
     change_id: str = field(default_factory=new_change_id)
     previous: Definition | None = None
+    counts_from_change: bool = False
 
 
 class _Position(Protocol):
@@ -114,9 +119,10 @@ def plan_change(change: EntryChange, stored: StoredDefinition | None,
     exists = position is not None and position.anchor is not None
     old = _old_definition(change, stored)
     if not exists:  # created, anchored at the store's clock: at ``now`` or just after
+        checkpoint = now if change.counts_from_change else None
         return DefinitionWrite(change.name, text, change.expected_version, origin, by,
-                               change.change_id,
-                               next_due=_next_due(change, app, now, None, settings))
+                               change.change_id, checkpoint=checkpoint,
+                               next_due=_next_due(change, app, now, checkpoint, settings))
     assert position is not None and position.anchor is not None
     if (old is not None and change.definition is not None
             and _sends_the_same(old, change.definition)):  # the checkpoint stays

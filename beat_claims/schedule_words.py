@@ -3,7 +3,8 @@ a beat registers as an entry's description, and what ``celery claims status`` an
 admin show, so that an operator reads a schedule without decoding a ``repr``.
 
 A crontab too irregular for a sentence keeps its five fields, on one line, with its
-timezone; a schedule of an unknown kind keeps its ``repr``.
+timezone; a schedule of an unknown kind, or one no beat can run (an interval not positive, or
+longer than ten years), keeps its ``repr``: saying a schedule never fails what shows it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from celery import Celery
 from celery.schedules import crontab, solar
 
 from .definitions import Clocked, Cron, Every, Solar
-from .occurrences import clocked_instant, is_interval, period_ms
+from .occurrences import UnsupportedSchedule, clocked_instant, is_interval, period_ms
 from .runs import from_ms
 
 #: Units an interval is said in, largest first: (milliseconds, short name).
@@ -44,7 +45,10 @@ def describe(sched: Any, app: Celery | None = None) -> str:
     if isinstance(sched, (Every, Cron, Clocked)):
         sched = sched.celery(app)
     if is_interval(sched):
-        return _interval(period_ms(sched))
+        try:
+            return _interval(period_ms(sched))
+        except UnsupportedSchedule:  # (one no beat runs: the page describing it still shows)
+            return repr(sched)
     instant = clocked_instant(sched)
     if instant is not None:
         ms = f".{instant % 1000:03d}" if instant % 1000 else ""

@@ -265,6 +265,21 @@ def cron_starting_deadline(conf: Any) -> float | None:
     return seconds
 
 
+def max_loop_interval(conf: Any, given: Any = None) -> float | None:
+    """The longest sleep between two ticks Celery's beat service asks for: ``given`` (what
+    it passed the scheduler, ``celery beat --max-interval``) or ``beat_max_loop_interval``
+    (None: neither, Celery's default). Celery's loop sleeps only for a positive interval: a
+    value that is not one would make the beat tick without sleeping, forever."""
+    name, value = (("--max-interval (max_interval)", given) if given
+                   else ("beat_max_loop_interval", conf.get("beat_max_loop_interval")))
+    if not value:  # (0, None: Celery's default)
+        return None
+    seconds = _number(name, value)
+    if seconds <= 0:
+        raise ConfigurationError(f"{name}={value!r}: must be a positive number of seconds")
+    return seconds
+
+
 def _refuse_unknown(conf: Any) -> None:
     """A misspelt setting would leave the beat on its defaults without a word."""
     import difflib

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from beat_claims.contrib.django.timeline import after, entry_svg, fleet_svg
+from beat_claims.contrib.django.timeline import NAMED, FleetCounts, after, entry_svg, fleet_svg
+from beat_claims.runs import Run, RunState
 
 NOW = 1_800_000_000_000
 HOSTILE = '<script>alert("x")</script>&'
@@ -50,3 +51,19 @@ def test_the_fleets_timeline_has_a_lane_a_beat_with_its_last_hour() -> None:
 def test_a_runs_times_are_said_after_its_due_instant() -> None:
     assert [after(0, t) for t in (12, 1500, 180_000, 5_400_000, 3 * 86_400_000)] == [
         "+12 ms", "+1.5 s", "+3 min", "+1.5 h", "+3 d"]
+
+
+def test_the_fleets_hour_is_counted_as_runs_are_read_in_memory_bounded_by_beats_and_minutes(
+        ) -> None:
+    """The entries page reads every entry's history once: the fleet's timeline counts each
+    run as it is read (a cell a beat and a minute, a few entry names each), never keeps the
+    runs, so a fleet of many entries does not hold all their runs at once."""
+    counts = FleetCounts(since=NOW - 3_600_000)
+    counts.add_runs(Run(f"entry-{i}", NOW - 1 - (i % 3_600) * 1000, RunState.DONE,
+                        owner=f"beat-{i % 2}", sent_at=NOW - (i % 3_600) * 1000)
+                    for i in range(20_000))
+    assert counts.size() <= 2 * 61 * (1 + NAMED), counts.size()
+    svg = str(counts.svg({"beat-0": "A", "beat-1": "B"}, NOW, label))
+    assert re.findall(r'data-beat="(\w)"', svg) == ["A", "B"]
+    [title] = re.findall(r"<title>(A, t\d+: [^<]*)</title>", svg)[:1]
+    assert "more" in title, title

@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from beat_claims.cli_entries import export_doc
 from beat_claims.definitions import validate
+from beat_claims.entries import Entries, apply_import, plan_import
 from beat_claims.entry_changes import EntryChange, apply_changes
 from beat_claims.enums import Origin, Reason, RunState
 from beat_claims.runs import iso
@@ -206,6 +208,36 @@ def test_an_edit_to_a_one_off_instant_already_past_takes_effect_from_the_change(
     run_for(1.5, *fleet)
     assert sent(server, "moved") == []
     assert not store.due(fleet[0].clock.now() + 120_000, 10), "nothing is due"
+
+
+def test_a_one_off_entry_that_ran_is_not_sent_again_when_import_puts_it_back(
+        server: RedisServer, url: str, store: Store) -> None:
+    """``export`` then ``import`` into a store that came back empty (here: the same store
+    under another prefix, empty) puts back the definitions, not what ran: the import
+    counts from its own instant, as an edit does, so a one-off instant that passed (and
+    ran in the store it was exported from) is not sent a second time."""
+    fleet = beats(app(server, url), app(server, url))
+    at = fleet[0].clock.now() + 1_000
+    define(store, fleet[0].app, "once", {"task": "t.noop", "schedule": {"clocked": iso(at)},
+                                         "args": ["once"]})
+    tick_until(fleet, lambda: [due for due, _ in sent(server, "once")] == [at], 10,
+               "the one-off entry to be sent")
+    exported = [export_doc(e.name, e.definition) for e in Entries(fleet[0].app, store).iterate()
+                if e.definition is not None]
+    for s in fleet:
+        s.close()
+
+    empty = app(server, url)
+    empty.conf.beat_claims_key_prefix = "came-back-empty"
+    with Entries(empty) as entries:
+        plan = plan_import(entries, exported)
+        assert [name for name, _ in plan.create] == ["once"], plan
+        assert [r.error for r in apply_import(entries, plan)] == [None]
+        assert not entries.store.due(fleet[0].clock.now() + 60_000, 10), \
+            "the one-off instant that passed is indexed as not due"
+    again = beats(empty)
+    run_for(1.5 + 2 * INTERVAL, *again)
+    assert [due for due, _ in once_each(server, "once")] == [at]
 
 
 @pytest.mark.parametrize("how", ["disabled", "deleted"])

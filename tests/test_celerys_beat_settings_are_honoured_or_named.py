@@ -18,6 +18,7 @@ from beat_claims.catch_up import plan
 from beat_claims.celery_settings import not_applied, start_line
 from beat_claims.enums import Reason
 from beat_claims.runs import RunState
+from beat_claims.scheduler import Scheduler
 from beat_claims.settings import ConfigurationError, Policy, Settings
 from beat_claims.stores.base import EntrySeed
 from beat_claims.stores.redis import RedisStore
@@ -74,6 +75,18 @@ def test_a_bad_deadline_fails_at_start_naming_the_setting(value: object) -> None
     with pytest.raises(ConfigurationError) as err:
         Settings.from_app(make_app(beat_cron_starting_deadline=value))
     assert "beat_cron_starting_deadline" in str(err.value) and repr(value) in str(err.value)
+
+
+@pytest.mark.parametrize("value", [-1, "soon", True, float("nan")])
+def test_a_bad_max_loop_interval_fails_at_start_naming_the_setting(value: object) -> None:
+    """Celery's loop sleeps only for a positive interval: a negative one would make the beat
+    tick without sleeping, forever; a word would fail later, far from the setting."""
+    with pytest.raises(ConfigurationError) as err:
+        Scheduler(app=make_app(beat_max_loop_interval=value)).close()
+    assert "beat_max_loop_interval" in str(err.value) and repr(value) in str(err.value)
+    with pytest.raises(ConfigurationError) as err:  # celery beat --max-interval
+        Scheduler(app=make_app(), max_interval=value).close()
+    assert "max_interval" in str(err.value) and repr(value) in str(err.value)
 
 
 def test_beat_claims_catch_up_window_wins_over_the_deadline_and_that_is_named() -> None:

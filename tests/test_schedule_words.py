@@ -89,3 +89,10 @@ def test_a_stored_definitions_schedule_in_the_same_words(app: Celery) -> None:
     assert describe(Cron(minute="0", hour="2", timezone="UTC"), app) == "at 02:00 UTC"
     assert describe(Solar("sunrise", 52.5, 13.4)) == "at sunrise at 52.5°N 13.4°E"
     assert describe(Clocked(0)) == "once at 1970-01-01 00:00:00 UTC"
+
+
+@pytest.mark.parametrize("every", [timedelta(0), timedelta(seconds=-5), timedelta(days=4000)])
+def test_an_interval_no_beat_can_run_is_said_by_its_repr_not_raised(every: timedelta) -> None:
+    """``celery claims status`` and the admin's pages describe every entry in the app's
+    beat_schedule, one a beat refuses at start included: saying it must not fail the page."""
+    assert describe(schedule(every)) == repr(schedule(every))

@@ -209,8 +209,9 @@ class EntryAdmin(admin.ModelAdmin):
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        recent: list[dict[str, Any]] = []
-        doc, error = self._status(lambda runs: recent.extend(_recent(runs)))
+        # The fleet's last hours, counted as each entry's runs are read (never kept).
+        recent = timeline.FleetCounts(since=_ms(timezone.now()) - RECENT_MS)
+        doc, error = self._status(recent.add_runs)
         owners = {o["id"]: o for o in doc["owners"]}
         stored: dict[str, StoredEntry] = {}
         if error is None:
@@ -231,8 +232,8 @@ class EntryAdmin(admin.ModelAdmin):
                        if o["alive"]],
             "dead_owners": [dict(o, at=_times(o, OWNER_TIMES)) for o in doc["owners"]
                             if not o["alive"]],
-            "fleet": timeline.fleet_svg(
-                recent, {i: _owner_label(i, owners) for i in owners},
+            "fleet": recent.svg(
+                {i: _owner_label(i, owners) for i in owners},
                 timeline.ms(doc.get("generated_at")) or _ms(timezone.now()), _label),
             "entries": entries,
             "error": error,
@@ -975,12 +976,6 @@ def _label(ms: int) -> str:
 #: How far back the entries list keeps runs for the fleet's timeline (its hour, and a
 #: margin for a store clock ahead of this server's).
 RECENT_MS = 2 * 3_600_000
-
-
-def _recent(runs: list[Run]) -> Iterable[dict[str, Any]]:
-    """The runs of the fleet's last hours, as documents."""
-    since = _ms(timezone.now()) - RECENT_MS
-    return (r.as_dict() for r in runs if max(r.due, r.sent_at or 0) >= since)
 
 
 def _filters(runs: list[dict[str, Any]], state: str, outcome: str, limit: int

@@ -19,6 +19,8 @@ from typing import Any
 
 from django.utils.safestring import SafeString, mark_safe
 
+from beat_claims.runs import Run
+
 #: The drawing's coordinates (it scales to the width of its box).
 WIDTH = 1000
 LABEL = 170  # the fleet's lane labels
@@ -90,55 +92,107 @@ def entry_svg(runs: list[dict[str, Any]], label: Callable[[int], str]) -> SafeSt
                 parts + axis)
 
 
+#: The most entries named in a cell of the fleet's timeline (the others are counted).
+NAMED = 5
+
+
+class FleetCounts:
+    """The fleet's recent runs, counted as they are read (the entries page reads every
+    entry's history once): a cell a beat and a minute, with its runs by state and at most
+    :data:`NAMED` entry names, so that what is kept grows with the beats and the minutes,
+    never with the runs. ``since``: runs sent (or due, when not sent) before it are left
+    out."""
+
+    def __init__(self, since: int) -> None:
+        self.since = since
+        #: (owner, minute) -> runs by state; names: the first NAMED entries, with counts.
+        self.states: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
+        self.names: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
+
+    def add(self, entry: str, state: str, owner: str | None, at: int) -> None:
+        """One run: its entry, state, beat (None: none) and when it was sent (or due)."""
+        if at < self.since:
+            return
+        cell = (owner or "", at // MINUTE)
+        self.states[cell][state] += 1
+        named = self.names[cell]
+        if entry in named or len(named) < NAMED:
+            named[entry] += 1
+
+    def add_runs(self, runs: Iterable[Run]) -> None:
+        for run in runs:
+            self.add(run.entry, run.state.value, run.owner, run.sent_at or run.due)
+
+    def size(self) -> int:
+        """How many counters it keeps (bounded by beats x minutes x (states + NAMED))."""
+        return sum(len(c) for c in self.states.values()) + sum(
+            len(c) for c in self.names.values())
+
+    def svg(self, beats: dict[str, str], now: int, label: Callable[[int], str]
+            ) -> SafeString:
+        """The hour before ``now``, by whole minutes: a lane a beat (``beats``: owner id ->
+        its name) that sent or recorded a run in it, each minute a bar of its runs stacked
+        by state, the entries named in its title."""
+        start, first = now - HOUR, (now - HOUR) // MINUTE
+        cells: dict[str, dict[int, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+        names: dict[str, dict[int, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+        for (owner, minute), counts in self.states.items():
+            if not first <= minute <= (now - 1) // MINUTE:
+                continue
+            lane = beats.get(owner, owner[:8]) if owner else "(no beat)"
+            cells[lane][minute - first] += counts
+            names[lane][minute - first] += self.names[(owner, minute)]
+        if not cells:
+            return mark_safe("")
+        width = (WIDTH - LABEL - 10) / 61  # (an hour spans 61 minutes of the clock)
+
+        def x(t: int) -> float:
+            return round(LABEL + (t - first * MINUTE) / MINUTE * width, 1)
+
+        peak = max(sum(c.values()) for lane in cells.values() for c in lane.values())
+        parts = []
+        for i, lane in enumerate(sorted(cells)):
+            top = 6 + i * (LANE + 6)
+            marks = [f'<text class="bc-tl-label" x="{LABEL - 6}" y="{top + LANE - 3}"'
+                     f' text-anchor="end">{escape(_short(lane, 26))}</text>']
+            for slot, counts in sorted(cells[lane].items()):
+                title = escape(f"{lane}, {label((first + slot) * MINUTE)}:"
+                               f" {_said(counts, names[lane][slot])}")
+                bottom = float(top + LANE)
+                for state, n in sorted(counts.items(), key=lambda kv: _order(kv[0])):
+                    high = max(2.0, LANE * n / peak)
+                    bottom -= high
+                    marks.append(f'<rect class="bc-tl-mark bc-tl-{escape(state)}"'
+                                 f' x="{LABEL + slot * width:.1f}" y="{bottom:.1f}"'
+                                 f' width="{max(width - 2, 1):.1f}" height="{high:.1f}">'
+                                 f"<title>{title}</title></rect>")
+            parts.append(f'<g class="bc-fleet-lane" data-beat="{escape(lane)}">'
+                         + "".join(marks) + "</g>")
+        height = 6 + len(cells) * (LANE + 6) + AXIS
+        axis = _axis(start, now, x, height - AXIS, label)
+        return _svg("bc-fleet", height, f"Runs sent by each beat from {label(start)} to"
+                    f" {label(now)}", parts + axis)
+
+
+def _said(counts: Counter[str], named: Counter[str]) -> str:
+    """A cell's runs by state, and the entries named (``a x2, b and 40 more``)."""
+    entries = ", ".join(f"{e} x{n}" if n > 1 else e for e, n in named.most_common())
+    more = sum(counts.values()) - sum(named.values())
+    if more > 0:
+        entries += f" and {more} more"
+    return ", ".join(f"{n} {state}" for state, n in counts.most_common()) + f" ({entries})"
+
+
 def fleet_svg(runs: Iterable[dict[str, Any]], beats: dict[str, str], now: int,
               label: Callable[[int], str]) -> SafeString:
-    """The last hour before ``now``: a lane a beat (``beats``: owner id -> its name) that
-    sent or recorded a run in it, each minute a bar of its runs stacked by state, the
-    entries named in its title."""
-    start = now - HOUR
-    cells: dict[str, dict[int, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
-    names: dict[str, dict[int, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+    """The last hour before ``now`` of ``runs`` (status documents): see
+    :meth:`FleetCounts.svg`."""
+    counts = FleetCounts(now - HOUR)
     for run in runs:
         at = ms(run.get("sent_at")) or run["due_ms"]
-        if not start <= at < now:
-            continue
-        owner = run.get("owner") or ""
-        lane = beats.get(owner, owner[:8]) if owner else "(no beat)"
-        minute = (at - start) // MINUTE
-        cells[lane][minute][run["state"]] += 1
-        names[lane][minute][run["entry"]] += 1
-    if not cells:
-        return mark_safe("")
-    width = (WIDTH - LABEL - 10) / 60
-    peak = max(sum(c.values()) for lane in cells.values() for c in lane.values())
-    parts = []
-    for i, lane in enumerate(sorted(cells)):
-        top = 6 + i * (LANE + 6)
-        marks = [f'<text class="bc-tl-label" x="{LABEL - 6}" y="{top + LANE - 3}"'
-                 f' text-anchor="end">{escape(_short(lane, 26))}</text>']
-        for minute, counts in sorted(cells[lane].items()):
-            bottom = float(top + LANE)
-            said = ", ".join(f"{n} {state}" for state, n in counts.most_common())
-            entries = ", ".join(f"{e} x{n}" if n > 1 else e
-                                for e, n in names[lane][minute].most_common(5))
-            title = escape(f"{lane}, {label(start + minute * MINUTE)}: {said} ({entries})")
-            for state, n in sorted(counts.items(), key=lambda kv: _order(kv[0])):
-                high = max(2.0, LANE * n / peak)
-                bottom -= high
-                marks.append(f'<rect class="bc-tl-mark bc-tl-{escape(state)}"'
-                             f' x="{LABEL + minute * width:.1f}" y="{bottom:.1f}"'
-                             f' width="{max(width - 2, 1):.1f}" height="{high:.1f}">'
-                             f"<title>{title}</title></rect>")
-        parts.append(f'<g class="bc-fleet-lane" data-beat="{escape(lane)}">'
-                     + "".join(marks) + "</g>")
-    height = 6 + len(cells) * (LANE + 6) + AXIS
-
-    def x(t: int) -> float:
-        return round(LABEL + (t - start) / MINUTE * width, 1)
-
-    axis = _axis(start, now, x, height - AXIS, label)
-    return _svg("bc-fleet", height, f"Runs sent by each beat from {label(start)} to"
-                f" {label(now)}", parts + axis)
+        if at < now:
+            counts.add(run["entry"], run["state"], run.get("owner"), at)
+    return counts.svg(beats, now, label)
 
 
 def _run_mark(span: Span, x: Callable[[int], float], y: float) -> str:
