@@ -603,9 +603,12 @@ def _build(kind: str, app: Any, workdir: str, index: int) -> Any:
     extra = {}
     if "remote_control" in inspect.signature(Service).parameters:  # Celery 5.7: no pidbox
         extra["remote_control"] = False
+    # (a file of its own for PersistentScheduler; the others are given Celery's default,
+    # as `celery beat` gives it: beat-claims names a schedule file set, which it ignores)
+    filename = (os.path.join(workdir, f"celerybeat-schedule-{index}") if kind == "persistent"
+                else app.conf.beat_schedule_filename)
     service = Service(app, max_interval=MAX_LOOP_INTERVAL, scheduler_cls=LABELS[kind],
-                      schedule_filename=os.path.join(workdir, f"celerybeat-schedule-{index}"),
-                      **extra)
+                      schedule_filename=filename, **extra)
     sched = service.scheduler
     for receiver, response in signals.beat_init.send_robust(sender=service):
         if isinstance(response, Exception):  # celery beat logs and goes on; we cannot
