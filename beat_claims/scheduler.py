@@ -49,7 +49,7 @@ from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
 from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import IndexKeeper, Sweeper
-from .beat.window import LOOKAHEAD, DynamicWindow, Share, Taken
+from .beat.window import HELP_AFTER, LOOKAHEAD, DynamicWindow, Share, Taken
 from .enums import Overlap, Reason
 from .exception_text import entry_exception, frames
 from .metrics import Metrics
@@ -175,6 +175,7 @@ class Scheduler(BaseScheduler):
         self.composition.between = self.liveness.keep_alive
         #: The dynamic entries this beat holds for now, taken from the store's due index.
         self.window = DynamicWindow(self.store, logger, interval)
+        self.window.late_here = lambda now: (self.claimer.next_due() or now) <= now - HELP_AFTER
         self.window.scheduled = lambda name: (name in self.schedule
                                               or name in self.composition.local)
         self.stored.wanted = lambda name: (name in self.composition.local

@@ -537,3 +537,31 @@ def test_live_beats_each_take_their_own_share_of_the_due_index(server: RedisServ
     finally:
         a.close()
         b.close()
+
+
+def test_a_beat_takes_another_beats_late_entries_only_while_it_keeps_up(
+        server: RedisServer) -> None:
+    """Another live beat's entries are taken once a second late (that beat stopped, or is
+    not yet known dead), but not by a beat late itself: it would only race the other for
+    their claims."""
+    app = make_app(server, schedule={})
+    names = [f"late-{i:02d}" for i in range(20)]
+    with Entries(app) as entries:
+        entries.bulk_create({"name": n, "task": "t.noop", "schedule": {"every": 1}}
+                            for n in names)
+    store = RedisStore.from_url(server.url, "beat-claims")
+    wait_for = store.now() + window.HELP_AFTER + 1_500
+    while store.now() < wait_for:  # (no beat runs: every entry falls late)
+        time.sleep(0.05)
+    share = window.Share(0, 2)
+    mine = {n for n in names if n in share}
+    assert 0 < len(mine) < len(names)
+
+    def taken(late_here: bool) -> set[str]:
+        found = window.DynamicWindow(store, logging.getLogger("test"), 5.0)
+        found.share = share
+        found.late_here = lambda now: late_here
+        return {t.name for t in found.scan(store.now())}
+
+    assert taken(late_here=False) == set(names)
+    assert taken(late_here=True) == mine

@@ -25,7 +25,9 @@ entries, a page of 1,000 a call).
 
 Live beats share the index: each takes the entries of its own share (a hash of the name
 among the live beats, :class:`Share`), and another's only once it is late by
-:data:`HELP_AFTER` (its beat is slow, stopped, or not yet known to be dead). Two beats
+:data:`HELP_AFTER` (its beat stopped, not yet known to be dead, or slow), and only while
+nothing it holds itself is that late (a beat that falls behind would only race the other
+for its claims). Two beats
 holding the same entries would each plan every occurrence and one would lose each claim:
 twice the work for the same sends. The share is a hint: a beat that holds an entry of
 another's (their views of who is alive differ for a moment) loses or wins its claim by
@@ -110,6 +112,9 @@ class DynamicWindow:
         self.scheduled: Callable[[str], bool] = lambda name: name in self.held
         #: This beat's share of the index among the live beats (set at each heartbeat).
         self.share = Share()
+        #: Whether something this beat holds is late by HELP_AFTER at ``now``: it takes
+        #: no other beat's entry then.
+        self.late_here: Callable[[int], bool] = lambda now: False
         self._cursor: tuple[int, str] | None = None
         self._pass_began = float("-inf")
         #: The pass under way has read up to the look-ahead (it may start over).
@@ -158,6 +163,8 @@ class DynamicWindow:
             self._pass_began = time.monotonic()
             self._restart_wanted = self._reached = False
         before = now + LOOKAHEAD
+        # Another beat's entries late by HELP_AFTER (at most: none while this one is late).
+        others_from = now - HELP_AFTER if not self.late_here(now) else -1
         taken: list[Taken] = []
         room = HELD_MAX - len(self.held)
         self._next_scan = now  # (a pass cut short goes on at the next tick)
@@ -173,7 +180,7 @@ class DynamicWindow:
             found: list[DueEntry] = []
             for d in page:
                 if self.scheduled(d.name) or (d.name not in self.share
-                                              and d.next_due > now - HELP_AFTER):
+                                              and d.next_due > others_from):
                     continue
                 if d.state is not None:
                     found.append(d)
