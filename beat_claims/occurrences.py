@@ -170,6 +170,29 @@ def next_after(sched: Any, anchor_ms: int, after_ms: int) -> int | None:
         return anchor_ms + k * period
     if not isinstance(sched, BaseSchedule) or not hasattr(sched, "remaining_estimate"):
         raise UnsupportedSchedule(f"{type(sched).__name__} has no remaining_estimate()")
+    pure = isinstance(sched, crontab)
+    if pure:
+        known = _NEXT.get((id(sched), after_ms))
+        if known is not None and known[0] is sched:
+            return known[1]
+    found = _next_of_calendar(sched, after_ms)
+    if pure:
+        if len(_NEXT) >= NEXT_KEPT:
+            _NEXT.clear()
+        _NEXT[(id(sched), after_ms)] = (sched, found)  # (holding it: its id is not reused)
+    return found
+
+
+#: Next instants of crontab schedules computed lately, by the schedule object and the
+#: instant after which: a beat asks the same several times an occurrence (its plan, its
+#: place on the heap, the due index), and entries that share a schedule object (built once
+#: per spec) ask the same at the same checkpoint. A crontab's arithmetic depends on
+#: nothing else (its clock is frozen at the instant asked).
+_NEXT: dict[tuple[int, int], tuple[Any, int]] = {}
+NEXT_KEPT = 8192
+
+
+def _next_of_calendar(sched: Any, after_ms: int) -> int:
     probe = after_ms
     for _ in range(1440):
         nxt = _celery_next(sched, probe)
