@@ -28,8 +28,9 @@ from ..stores.base import ChangeCursor, Store, StoredDefinition
 PAGE = 1000
 #: Pages of the change feed one heartbeat reads at most; the rest waits for the next one.
 CHANGE_PAGES_PER_HEARTBEAT = 10
-#: Records whose reading (their definition validated) is kept, by name and version.
-READ_LATELY = 10_000
+#: Records whose reading (their definition validated) is kept, by name and version: as
+#: many as a beat holds dynamic entries (about 1 KB each).
+READ_LATELY = 5_000
 #: The fields a corrupt record's message may name (its values are never logged).
 _STORED_FIELDS = re.compile(r"\b(version|definition|origin|changed_at)\b")
 
