@@ -658,7 +658,7 @@ class Scheduler(BaseScheduler):
                                     " wipe)", epoch_begun=True)
             self.metrics.heartbeat()
             self._register_again_after_a_lapse()
-            self.window.share = Share.among(self.owner.id, self.liveness.peers())
+            self.window.share = Share.among(self.owner.id, self.liveness.sharers())
         if heartbeat or not self.stored.loaded:
             self._follow_definitions()
         settling = self.liveness.settling_for()

@@ -513,8 +513,15 @@ def test_live_beats_each_take_their_own_share_of_the_due_index(server: RedisServ
     a, b = beats(app, app)
     held: dict[str, set[str]] = {a.owner.id: set(), b.owner.id: set()}
     try:
-        # (until each has heartbeated once knowing the other, the first took everything)
-        run_for(a.settings.heartbeat_interval * 2 + 1, a, b)
+        # A beat just started is joining: no share waits for it until it has been seen
+        # alive for two heartbeat intervals.
+        run_for(a.settings.heartbeat_interval * 1.2, a, b)
+        assert a.window.share == window.Share(), a.window.share
+        run_for(a.settings.heartbeat_interval * 2, a, b)
+        assert a.window.share.beats == b.window.share.beats == 2
+        assert a.window.share.rank != b.window.share.rank
+        # (what each held before the shares were set is let go once not due)
+        run_for(1, a, b)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             for beat in (a, b):

@@ -78,6 +78,8 @@ class Liveness:
         self.owners: tuple[OwnerStatus, ...] = ()
         #: The sweep query the last heartbeat answered, and its answer (see take_swept).
         self.swept: tuple[LiveQuery, LiveRuns] | None = None
+        #: When each live beat was first seen alive (monotonic): see :meth:`sharers`.
+        self._seen: dict[str, float] = {}
 
     def due(self) -> bool:
         return time.monotonic() - self.last >= self.interval or self.join.beat_due()
@@ -200,6 +202,20 @@ class Liveness:
     def peers(self) -> list[str]:
         """The live beats' ids in a stable order (to share a burst between them)."""
         return sorted(self.live_ids())
+
+    def sharers(self) -> list[str]:
+        """The live beats the due index is shared among, in a stable order: this one, and
+        those seen alive for two heartbeat intervals at least. A beat that has just
+        started is still joining (it claims nothing for about that long): its share would
+        wait, late, for the others to help."""
+        now = time.monotonic()
+        live = self.live_ids()
+        for gone in set(self._seen) - live:
+            del self._seen[gone]
+        for found in live:
+            self._seen.setdefault(found, now)
+        return sorted(i for i in live
+                      if i == self.owner.id or now - self._seen[i] >= 2 * self.interval)
 
 
 def owner_alive(status: OwnerStatus) -> bool:
