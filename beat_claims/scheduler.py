@@ -664,6 +664,7 @@ class Scheduler(BaseScheduler):
             self._write_own()
             self._to_update.clear()  # (the whole schedule is taken in)
             self.claimer.sync(self.schedule)
+            self.claimer.read_moved()  # (now, not at the first claim: see read_moved)
             self.index_keeper.reindex(self.claimer.states)  # (registered: due at once)
             self._ready = True
             if not self._registered_once:
