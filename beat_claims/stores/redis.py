@@ -213,7 +213,7 @@ SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
            "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat",
            "kept", "beats_alive", "registrant", "unregister", "define", "changes", "index",
-           "due", "states")
+           "due", "states", "unindexed")
 
 
 def _lua_names() -> str:
@@ -302,7 +302,7 @@ def _sha(name: str) -> str:
 
 #: Scripts that only read: flagged so in the library (a server out of memory runs them).
 READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive", "changes", "due",
-                               "states"})
+                               "states", "unindexed"})
 
 
 @cache
@@ -1519,12 +1519,11 @@ class RedisStore(Store):
             items = list(pairs.items())
             pairs = dict(items[[d for d, _ in items].index(last) + 1:])
         batch = list(pairs.items())
-        rows = self._chunked(batch, lambda pipe, item: pipe.hmget(
-            self.entry_keys(item[1])[0], ["anchor", "next_due"]))
+        rows = self._batched("unindexed", [name for _, name in batch], [()] * len(batch))
         names: list[str] = []
         for (d, name), row in zip(batch, rows):
-            if isinstance(row, Exception) or row[0] is None or row[1] is not None:
-                continue  # (gone, not an entry, or indexed)
+            if row != "1":
+                continue  # (gone, not an entry, indexed, or a record that cannot be read)
             if len(names) == limit:
                 return Unindexed(tuple(names), f"{scan}:{last}", False)
             names.append(name)

@@ -102,6 +102,20 @@ def test_a_key_of_another_type_fails_only_its_entry_of_a_call_for_many(
     assert script_calls(server, "fcall") == (1, 0)  # one call for the four marks
 
 
+def test_a_rebuild_page_reads_whether_its_entries_are_indexed_in_one_call(
+        redis_store: RedisStore, server: RedisServer) -> None:
+    """A rebuild sweep's page (every entry an idle beat looks at, a page a sweep) asks the
+    server whether each entry has a next_due in one script call, not one command each
+    (each reply parsed on its own); an entry without one is still answered."""
+    names = [f"e{i}" for i in range(50)]
+    register(redis_store, *names)
+    server.client().hdel(redis_store.entry_keys("e7")[0], "next_due")
+    server.client().config_resetstat()
+    page = redis_store.unindexed(1000)
+    assert page.names == ("e7",) and page.complete
+    assert script_calls(server, "fcall") == (1, 0)  # (its HMGETs run inside it)
+
+
 def test_a_batch_survives_a_function_flush(redis_store: RedisStore,
                                            server: RedisServer) -> None:
     """A restart without persistence or FUNCTION FLUSH: the calls refused are sent again
