@@ -537,9 +537,14 @@ class Definition:
         """The canonical JSON text: sorted keys, no spaces, every field."""
         return self._json
 
-    def digest(self) -> str:
-        """A stable digest of the canonical JSON (32 hex digits): what beats compare."""
+    @cached_property
+    def _digest(self) -> str:
         return hashlib.blake2b(self._json.encode("utf-8"), digest_size=16).hexdigest()
+
+    def digest(self) -> str:
+        """A stable digest of the canonical JSON (32 hex digits): what beats compare (at
+        every heartbeat, for every entry of the beat's own schedule: computed once)."""
+        return self._digest
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Definition):

@@ -680,7 +680,9 @@ class Scheduler(BaseScheduler):
             self._write_own()
             self._to_update.clear()  # (the whole schedule is taken in)
             self.claimer.sync(self.schedule)
-            self.index_keeper.reindex(self.claimer.states)  # (registered: due at once)
+            self.claimer.read_moved()  # (now, not at the first claim: see read_moved)
+            # (registered: due at once)
+            self.index_keeper.index_registered(self.claimer.states, self.liveness.keep_alive)
             self._ready = True
             if not self._registered_once:
                 # A stop signal's handler (Celery's raises SystemExit) run inside a

@@ -48,3 +48,14 @@ def test_a_beat_whose_heartbeat_lapsed_registers_its_entries_again(
              "the beat to register its entries again", between=s.tick)
     assert s.owner.id in registrants(s.store, "b")
     s.close()
+
+
+def test_a_beat_reads_its_entries_definitions_again_once_registered_not_at_its_first_claim(
+        server: RedisServer) -> None:
+    """Registering tells a beat each entry's state, which goes with the definition in force
+    at it: the definitions are read again right after, while the beat gets ready, so that
+    the first burst after a start does not wait on every entry's definition."""
+    s = make(make_app(server, dict(SCHEDULE)))
+    assert s.claimer.states.keys() == {"a", "b"}
+    assert not s.claimer.moved, sorted(s.claimer.moved)  # (nothing left to read at a claim)
+    s.close()

@@ -23,6 +23,7 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab
 
+from beat_claims.beat.sweeper import INDEX_PAGE
 from beat_claims.entries import Entries
 from beat_claims.occurrences import jitter_offset
 from beat_claims.scheduler import Scheduler
@@ -194,6 +195,24 @@ def test_after_a_mixed_schedule_the_index_holds_what_the_heaps_hold(
     assert {"every-1s", "jittered", "bounded", "dyn"} <= sent, sent
     for s in beats:
         s.close()
+
+
+def test_a_beat_indexes_the_entries_it_registers_as_it_gets_ready(
+        any_store: StoreUnderTest, observer: Store) -> None:
+    """A registration indexes a new entry due at once; the beat that registered it writes
+    each one's next instant before it claims anything, however many (more than a sweep's
+    page here), not a page a sweep afterwards (a burst right after a start would wait on
+    those sweeps)."""
+    schedule: dict[str, Any] = {
+        f"hourly-{i}": {"task": "t.noop", "schedule": timedelta(hours=1)}
+        for i in range(INDEX_PAGE + 200)}
+    schedule["at-noon"] = {"task": "t.noop", "schedule": crontab(minute=0, hour=12)}
+    app = app_for(any_store, schedule=schedule)
+    s = BoundedScheduler(app=app)
+    settled(s)
+    assert index_of(observer) == heaps_of(observer, [s])
+    assert not s.index_keeper.pending, sorted(s.index_keeper.pending)
+    s.close()
 
 
 def wipe_index(target: StoreUnderTest, store: Store) -> None:

@@ -554,15 +554,7 @@ class Claimer:
 
     def _plans(self, names: list[str], now: int, first: bool, send: bool = False
                ) -> dict[str, tuple[ClaimPlan, Any]]:
-        if self.moved:
-            # A state read from the store goes with the definition in force at it: one read
-            # after the state was (a change writes both at once).
-            moved, self.moved = sorted(self.moved), set()
-            try:
-                self.source.states_moved(moved)
-            except BaseException:
-                self.moved.update(moved)
-                raise
+        self.read_moved()
         plans: dict[str, tuple[ClaimPlan, Any]] = {}
         for name in names:
             if name not in self.source.schedule:
@@ -580,6 +572,22 @@ class Claimer:
                 continue
             plans[name] = planned
         return plans
+
+    def read_moved(self) -> None:
+        """Read again what defines the entries whose state this beat learned from the store
+        and has not planned from since (:attr:`moved`): a state read from the store goes
+        with the definition in force at it, one read after the state was (a change writes
+        both at once). Done before planning, and by the scheduler as soon as it registered
+        its entries: every one of them moved then, and the first burst after a start
+        would otherwise wait on their definitions."""
+        if not self.moved:
+            return
+        moved, self.moved = sorted(self.moved), set()
+        try:
+            self.source.states_moved(moved)
+        except BaseException:
+            self.moved.update(moved)
+            raise
 
     def close(self) -> None:
         """Stop the claim thread (a claim made ahead has been settled by then)."""

@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import next_due
@@ -294,6 +294,37 @@ class IndexKeeper:
     def reindex(self, names: Iterable[str]) -> None:
         """Index ``names`` again at the next sweeps (one page a sweep)."""
         self.pending.update(names)
+
+    def index_registered(self, names: Iterable[str], between: Callable[[], None]) -> None:
+        """Index the entries this beat just registered (a registration indexes a new entry
+        due at once) from the states it answered, :data:`INDEX_PAGE` a store call
+        (``between`` between two: the heartbeat kept alive, as a registration does),
+        rather than from the store's records a page a sweep: the first burst after a start
+        would wait on those sweeps. What the store refuses (the entry moved meanwhile),
+        cannot be computed, or is not written for a store error is left to the sweeps."""
+        names = sorted(names)
+        for start in range(0, len(names), INDEX_PAGE):
+            page = names[start:start + INDEX_PAGE]
+            writes = []
+            for name in page:
+                state = self.claimer.states.get(name)
+                version = self.source.version_of(name)
+                at = None if state is None or version is None else self.next_due_of(
+                    name, state, version)
+                if state is None or version is None or at is None:
+                    self.pending.add(name)
+                else:
+                    writes.append(IndexWrite(name, state, version, at))
+            try:
+                if start:
+                    between()
+                written = self.store.index(writes) if writes else []
+            except StoreError as exc:
+                self.logger.debug("beat-claims: the due index of the entries registered is"
+                                  " left to the sweeps: %s", exc)
+                self.pending.update(names[start:])
+                return
+            self.pending.update(w.name for w, ok in zip(writes, written) if not ok)
 
     def store_went_back(self) -> None:
         """Every entry is looked at again: those this beat schedules (once it registered

@@ -191,6 +191,9 @@ CHUNK = 1000
 #: Times the script calls a server refused are sent again in one round trip (the library
 #: lost, then no functions at all, then the scripts lost meanwhile).
 MEND_PASSES = 3
+#: Entries a call of a script made for many (claim, sent) takes at most: one command to
+#: pack and one reply to read for all of them, rather than one of each per entry.
+ENTRY_BATCH = 100
 #: Entries whose script arguments (keys and name, encoded) are kept; then they start again.
 ENTRY_HEADS = 2048
 #: redis-py's option to read a command's reply as bytes.
@@ -210,7 +213,7 @@ SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
            "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat",
            "kept", "beats_alive", "registrant", "unregister", "define", "changes", "index",
-           "due", "states")
+           "due", "states", "unindexed")
 
 
 def _lua_names() -> str:
@@ -299,7 +302,7 @@ def _sha(name: str) -> str:
 
 #: Scripts that only read: flagged so in the library (a server out of memory runs them).
 READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive", "changes", "due",
-                               "states"})
+                               "states", "unindexed"})
 
 
 @cache
@@ -730,16 +733,73 @@ class RedisStore(Store):
         pipe.execute_command(*self._call(name), len(keys), *keys, *args,
                              **(_UNDECODED if raw else {}))
 
-    def _entry_script(self, pipe: Pipeline, name: str, entry: str, *args: Any) -> None:
-        # The entry's keys and name as the bytes redis-py would send (it sends bytes as they
-        # are): a claim, its check and its sent mark each pass the same eleven.
+    def _entry_head(self, entry: str) -> tuple[bytes, ...]:
+        """The entry's keys and name as the bytes redis-py would send (it sends bytes as
+        they are): a claim, its check and its sent mark each pass the same eleven."""
         heads = self._entry_heads
         head = heads.get(entry)
         if head is None:
             if len(heads) >= ENTRY_HEADS:
                 heads = self._entry_heads = {}  # (a new dict: other threads may read the old)
             head = heads[entry] = tuple(k.encode() for k in (*self.entry_keys(entry), entry))
+        return head
+
+    def _entry_script(self, pipe: Pipeline, name: str, entry: str, *args: Any) -> None:
+        head = self._entry_head(entry)
         pipe.execute_command(*self._call(name), len(head) - 1, *head, *args)
+
+    def _entry_batches(self, entries: Sequence[str]) -> list[list[int]]:
+        """The positions of ``entries`` grouped by the call of a script made for many that
+        takes them: :data:`ENTRY_BATCH` at most, and on a cluster all of one bucket (its
+        keys in one slot)."""
+        if self.single_node:
+            return [list(range(start, min(start + ENTRY_BATCH, len(entries))))
+                    for start in range(0, len(entries), ENTRY_BATCH)]
+        buckets: dict[str, list[int]] = {}
+        for i, entry in enumerate(entries):
+            buckets.setdefault(self._tag(entry)[0], []).append(i)
+        return [positions[start:start + ENTRY_BATCH] for positions in buckets.values()
+                for start in range(0, len(positions), ENTRY_BATCH)]
+
+    def _batched(self, name: str, entries: Sequence[str], args: Sequence[Sequence[Any]]
+                 ) -> list[Any]:
+        """Script ``name`` (one made for many entries: see each_entry in the Lua prelude)
+        for each of ``entries`` with its ``args``, :data:`CHUNK` entries a round trip: each
+        entry's reply (or error), in order. An entry's error that says the server cannot
+        serve us now (out of memory at a write, by EVALSHA) is an outage for the whole
+        call, as it would be for a call of its own (its caller reconciles, as after a
+        reply lost)."""
+        if not entries:
+            return []
+        out: list[Any] = [None] * len(entries)
+        trips: list[list[list[int]]] = [[]]
+        size = 0
+        for batch in self._entry_batches(entries):
+            if size + len(batch) > CHUNK:
+                trips.append([])
+                size = 0
+            trips[-1].append(batch)
+            size += len(batch)
+        for trip in trips:
+
+            def build(pipe: Pipeline, trip: list[list[int]] = trip) -> None:
+                for batch in trip:
+                    keys: list[bytes] = []
+                    argv: list[Any] = []
+                    for i in batch:
+                        head = self._entry_head(entries[i])
+                        keys += head[:-1]
+                        argv.append(len(args[i]) + 1)
+                        argv.append(head[-1])
+                        argv += args[i]
+                    pipe.execute_command(*self._call(name), len(keys), *keys, *argv)
+
+            for batch, reply in zip(trip, self._round_trip(build)):
+                answers = _each_reply(reply, len(batch))
+                _raise_outage([a for a in answers if isinstance(a, Exception)])
+                for i, answer in zip(batch, answers):
+                    out[i] = answer
+        return out
 
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
@@ -937,7 +997,7 @@ class RedisStore(Store):
     def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
         plans = checked_plans(plans)
 
-        def build(pipe: Pipeline, plan: ClaimPlan) -> None:
+        def arguments(plan: ClaimPlan) -> list[Any]:
             args: list[Any] = [owner.id]
             if plan.expected is None:
                 args += ["", ""]
@@ -954,10 +1014,11 @@ class RedisStore(Store):
                 args += step
             args += ["" if plan.next_due is None else plan.next_due,
                      "" if plan.version is None else plan.version]
-            self._entry_script(pipe, "claim", plan.entry, *args)
+            return args
 
-        return [_claim_result(plan.entry, reply)
-                for plan, reply in zip(plans, self._chunked(plans, build))]
+        return [_claim_result(plan.entry, reply) for plan, reply in zip(
+            plans, self._batched("claim", [p.entry for p in plans],
+                                 [arguments(p) for p in plans]))]
 
     def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
         def build(pipe: Pipeline, item: Check) -> None:
@@ -987,9 +1048,9 @@ class RedisStore(Store):
 
     def record_sent(self, owner: Owner, claims: Sequence[Claim]) -> int:
         claims = list(claims)
-        replies = self._chunked(claims, lambda pipe, c: self._entry_script(
-            pipe, "sent", c.entry, c.token, c.due))
-        return sum(1 for r in replies if r == 1)
+        replies = self._batched("sent", [c.entry for c in claims],
+                                [(c.token, c.due) for c in claims])
+        return sum(1 for r in replies if r == "1")
 
     def release(self, owner: Owner, releases: Sequence[Release], max_attempts: int = 0
                 ) -> list[RunState | None]:
@@ -1458,12 +1519,11 @@ class RedisStore(Store):
             items = list(pairs.items())
             pairs = dict(items[[d for d, _ in items].index(last) + 1:])
         batch = list(pairs.items())
-        rows = self._chunked(batch, lambda pipe, item: pipe.hmget(
-            self.entry_keys(item[1])[0], ["anchor", "next_due"]))
+        rows = self._batched("unindexed", [name for _, name in batch], [()] * len(batch))
         names: list[str] = []
         for (d, name), row in zip(batch, rows):
-            if isinstance(row, Exception) or row[0] is None or row[1] is not None:
-                continue  # (gone, not an entry, or indexed)
+            if row != "1":
+                continue  # (gone, not an entry, indexed, or a record that cannot be read)
             if len(names) == limit:
                 return Unindexed(tuple(names), f"{scan}:{last}", False)
             names.append(name)
@@ -1647,6 +1707,19 @@ def _scan_reply(reply: Any) -> tuple[int, dict[str, str]]:
     if not isinstance(found, dict):
         found = dict(zip(found[::2], found[1::2]))
     return int(following), {str(k): str(v) for k, v in found.items()}
+
+
+def _each_reply(reply: Any, n: int) -> list[Any]:
+    """The replies of the ``n`` entries of one call of a script made for many (see
+    each_entry in the Lua prelude): an entry whose script raised has that error, and an
+    error of the whole call is each entry's."""
+    if isinstance(reply, Exception):
+        return [reply] * n
+    answers: list[Any] = str(reply).split("\n")
+    if len(answers) != n:
+        return [StoreError(f"the server's reply is not the script's: {reply!r:.200}")] * n
+    return [redis.ResponseError(answer[1:]) if answer.startswith("!") else answer
+            for answer in answers]
 
 
 def _claim_result(entry: str, reply: Any) -> ClaimResult:

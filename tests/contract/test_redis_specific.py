@@ -25,7 +25,7 @@ from beat_claims.stores.redis import RedisStore, _NotRun, library_name
 
 from ..conftest import RedisServer, own_redis
 from ..inprocess import make, make_app, occurrences_sent, run_for
-from .helpers import A, above_clock, plan, query, register, send
+from .helpers import A, above_clock, check, plan, query, register, send
 
 #: Servers that take no functions, each as redis-server's options: an ACL without
 #: FUNCTION and FCALL; FCALL not a command at all (as before Redis 7.0); an ACL that runs
@@ -69,12 +69,51 @@ def test_scripts_run_as_one_library_of_functions(redis_store: RedisStore,
                                     for name, s in states.items()])
     for r in results:
         send(redis_store, A, r.claims[0])
-    # register (and its anchoring instant), claim, check, sent: once each
-    assert script_calls(server, "fcall")[0] == 30 * 4 + 1
+    # register (and its anchoring instant), check, sent: once each; the claims: one call
+    assert script_calls(server, "fcall")[0] == 30 * 3 + 1 + 1
     assert script_calls(server, "evalsha") == (0, 0)
     stats = server.client().info("commandstats")
     assert stats["cmdstat_function|load"]["calls"] == 1
     assert server.client().function_list(library=library_name())
+
+
+def test_a_key_of_another_type_fails_only_its_entry_of_a_call_for_many(
+        redis_store: RedisStore, server: RedisServer) -> None:
+    """The claims of many entries are one script call, and so are their sent marks: an
+    entry whose script raises (a key of another type where its history is) is answered
+    corrupt, not sent, and the entries before and after it in the same call are claimed
+    and marked as if alone."""
+    names = [f"e{i}" for i in range(5)]
+    states = register(redis_store, *names)
+    server.client().set(redis_store.entry_keys("e2")[2], "not a sorted set")
+    server.client().config_resetstat()
+    results = redis_store.claim(A, [plan(s, s.anchor + 1000, entry=name)
+                                    for name, s in states.items()])
+    assert script_calls(server, "fcall") == (1, 0)  # one call for the five
+    statuses = {r.entry: r.status for r in results}
+    assert statuses == {**{n: ClaimStatus.OK for n in names}, "e2": ClaimStatus.CORRUPT}
+    corrupt = next(r for r in results if r.entry == "e2")
+    assert "WRONGTYPE" in (corrupt.detail or ""), corrupt.detail
+    claims = [r.claims[0] for r in results if r.entry != "e2"]
+    for c in claims:
+        assert check(redis_store, A, c).verdict is CheckVerdict.SEND
+    server.client().config_resetstat()
+    assert redis_store.record_sent(A, claims) == 4
+    assert script_calls(server, "fcall") == (1, 0)  # one call for the four marks
+
+
+def test_a_rebuild_page_reads_whether_its_entries_are_indexed_in_one_call(
+        redis_store: RedisStore, server: RedisServer) -> None:
+    """A rebuild sweep's page (every entry an idle beat looks at, a page a sweep) asks the
+    server whether each entry has a next_due in one script call, not one command each
+    (each reply parsed on its own); an entry without one is still answered."""
+    names = [f"e{i}" for i in range(50)]
+    register(redis_store, *names)
+    server.client().hdel(redis_store.entry_keys("e7")[0], "next_due")
+    server.client().config_resetstat()
+    page = redis_store.unindexed(1000)
+    assert page.names == ("e7",) and page.complete
+    assert script_calls(server, "fcall") == (1, 0)  # (its HMGETs run inside it)
 
 
 def test_a_batch_survives_a_function_flush(redis_store: RedisStore,
@@ -88,8 +127,8 @@ def test_a_batch_survives_a_function_flush(redis_store: RedisStore,
                                     for name, s in states.items()])
     assert [r.status for r in results] == [ClaimStatus.OK] * 30
     assert all(len(r.claims) == 1 for r in results)
-    # refused once each (not found), then run once each
-    assert script_calls(server, "fcall") == (30, 30)
+    # one call for the 30 claims: refused once (not found), then run once
+    assert script_calls(server, "fcall") == (1, 1)
 
 
 def test_a_library_another_process_loaded_meanwhile_is_used(redis_store: RedisStore,
@@ -148,8 +187,9 @@ def test_a_server_that_takes_no_functions_is_sent_scripts(
                 send(store, A, r.claims[0])
             hb = store.heartbeat(A, 10, sweep=query(A, live=(A,), mine_before=1))
             assert hb.live is not None and hb.live.complete
-        # register (and its anchoring instant), claim, check, sent; a heartbeat, a sweep
-        assert script_calls(no_functions, "evalsha") == (30 * 4 + 1 + 2, 0)
+        # register (and its anchoring instant), check, sent; one call for the 30 claims; a
+        # heartbeat, a sweep
+        assert script_calls(no_functions, "evalsha") == (30 * 3 + 1 + 1 + 2, 0)
         assert script_calls(no_functions, "fcall")[0] == 0
         said = [r for r in caplog.records if "EVALSHA" in r.getMessage()]
         assert len(said) == 1, [r.getMessage() for r in said]
@@ -182,7 +222,7 @@ def test_a_batch_survives_a_script_flush(no_functions: RedisServer) -> None:
                                   for name, s in states.items()])
         assert [r.status for r in results] == [ClaimStatus.OK] * 30
         assert all(len(r.claims) == 1 for r in results)
-        assert script_calls(no_functions, "evalsha")[1] == 30  # NOSCRIPT once each
+        assert script_calls(no_functions, "evalsha")[1] == 1  # NOSCRIPT once (one call)
     finally:
         store.close()
 

@@ -27,6 +27,31 @@ local function entry_keys(keys, name)
           tasks = keys[10], next = keys[11], name = name}
 end
 
+-- The same script for each of many entries in one call (claim.lua, sent.lua): one reply
+-- for the client to read, not one per entry. ``keys``: each entry's eleven keys, entry
+-- after entry; ``argv``: for each entry, the number of its arguments, then those (its name
+-- first). ``one(KEYS, ARGV)`` is the script for one entry. Returns the replies in order; an
+-- entry whose script raised an error (a record of a wrong type) has '!' and the error's
+-- text instead: its writes are left as far as they got, as a call of its own would leave
+-- them, and the entries after it go on.
+local function each_entry(keys, argv, one)
+  local replies, k, a = {}, 0, 1
+  while a <= #argv do
+    local n = tonumber(argv[a])
+    local one_keys, one_argv = {}, {}
+    for i = 1, 11 do one_keys[i] = keys[k + i] end
+    for i = 1, n do one_argv[i] = argv[a + i] end
+    local ok, reply = pcall(one, one_keys, one_argv)
+    if not ok then
+      if type(reply) == 'table' then reply = reply.err end
+      reply = '!' .. (string.gsub(tostring(reply), '\n', ' '))
+    end
+    replies[#replies + 1] = reply
+    k, a = k + 11, a + n + 1
+  end
+  return replies
+end
+
 -- The entry's next due instant in the due index (the entry's next_due field and its
 -- bucket's zset, written together): a whole number of ms >= 0, or -1 (NOT_DUE: out of
 -- the zset; the field says it was computed). '' leaves both as they are.
