@@ -83,7 +83,8 @@ class Share:
         return cls(peers.index(me), len(peers))
 
     def __contains__(self, name: str) -> bool:
-        return self.beats < 2 or zlib.crc32(name.encode()) % self.beats == self.rank
+        return (self.beats < 2
+                or zlib.crc32(name.encode("utf-8", "surrogatepass")) % self.beats == self.rank)
 
 
 @dataclass(frozen=True)
