@@ -97,12 +97,18 @@ def _celery_next(sched: BaseSchedule, at_ms: int) -> int:
     """
     tz = _tz(sched)
     local = from_ms(at_ms).astimezone(tz)
-    if isinstance(sched, crontab) and (
-            type(sched).remaining_estimate is crontab.remaining_estimate):
+    if _own_arithmetic(sched):
         _, delta, _ = _frozen_now(sched, at_ms, tz).remaining_delta(local)
         return to_ms(local + delta)
     remaining = _frozen_now(sched, at_ms).remaining_estimate(local)
     return at_ms + round(remaining.total_seconds() * 1000)
+
+
+def _own_arithmetic(sched: Any) -> bool:
+    """A crontab computed by Celery's own arithmetic (a subclass that overrides
+    ``remaining_estimate`` may depend on more than its fields and the instant asked)."""
+    return isinstance(sched, crontab) and (
+        type(sched).remaining_estimate is crontab.remaining_estimate)
 
 
 def _tz(sched: BaseSchedule) -> Any:
@@ -170,7 +176,7 @@ def next_after(sched: Any, anchor_ms: int, after_ms: int) -> int | None:
         return anchor_ms + k * period
     if not isinstance(sched, BaseSchedule) or not hasattr(sched, "remaining_estimate"):
         raise UnsupportedSchedule(f"{type(sched).__name__} has no remaining_estimate()")
-    pure = isinstance(sched, crontab)
+    pure = _own_arithmetic(sched)
     if pure:
         known = _NEXT.get((id(sched), after_ms))
         if known is not None and known[0] is sched:
