@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -18,6 +19,18 @@ import redis
 
 if TYPE_CHECKING:
     from .any_store import StoreUnderTest
+
+
+#: Where every process of a run caches the modules it compiled: outside the checkout, so that
+#: no ``__pycache__`` appears in it, and yet each xdist worker need not rewrite the test
+#: modules' asserts again nor each ``celery`` process compile beat-claims again (as they do
+#: where the environment says PYTHONDONTWRITEBYTECODE). A given PYTHONPYCACHEPREFIX is kept.
+PYCACHE = os.environ.get("PYTHONPYCACHEPREFIX") or os.path.join(
+    tempfile.gettempdir(), f"beat-claims-pycache-{os.getuid()}")
+sys.pycache_prefix = PYCACHE
+sys.dont_write_bytecode = False
+os.environ["PYTHONPYCACHEPREFIX"] = PYCACHE
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def free_port() -> int:
@@ -157,10 +170,6 @@ def broker(broker_server: RedisServer) -> RedisServer:
 @pytest.fixture
 def tmp_dir(tmp_path: Path) -> Path:
     return tmp_path
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
 
 
 @pytest.hookimpl(trylast=True)
