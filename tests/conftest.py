@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -18,6 +19,18 @@ import redis
 
 if TYPE_CHECKING:
     from .any_store import StoreUnderTest
+
+
+#: Where every process of a run caches the modules it compiled: outside the checkout, so that
+#: no ``__pycache__`` appears in it, and yet each xdist worker need not rewrite the test
+#: modules' asserts again nor each ``celery`` process compile beat-claims again (as they do
+#: where the environment says PYTHONDONTWRITEBYTECODE). A given PYTHONPYCACHEPREFIX is kept.
+PYCACHE = os.environ.get("PYTHONPYCACHEPREFIX") or os.path.join(
+    tempfile.gettempdir(), f"beat-claims-pycache-{os.getuid()}")
+sys.pycache_prefix = PYCACHE
+sys.dont_write_bytecode = False
+os.environ["PYTHONPYCACHEPREFIX"] = PYCACHE
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def free_port() -> int:
@@ -159,8 +172,25 @@ def tmp_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+#: The contract suite's directory: its many short tests go last (see below).
+CONTRACT = Path(__file__).parent / "contract"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The order xdist hands the tests out in (``--dist loadgroup``: one test at a time to
+    whichever worker is free): the contract suite's thousands of short tests last, so
+    that the long waits of the others (real beats and workers, schedules in real time)
+    have all begun while the short ones fill the workers' ends (first, they left a few
+    workers alone with the long ones at the end of a run). A test that uses a
+    module-scoped fixture runs on the worker that made it (its xdist group: the module),
+    else each worker would make it again."""
+    items.sort(key=lambda item: CONTRACT in item.path.parents)  # (stable: else as found)
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d.scope == "module" for found in defs for d in found):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.hookimpl(trylast=True)

@@ -307,6 +307,7 @@ def test_more_entries_due_at_once_than_a_beat_holds_are_said_and_all_sent(
     monkeypatch.setattr(window, "HELD_MAX", 3)
     # The default heartbeat interval: a pass starts over from the first entry only every 5 s.
     app = make_app(server, schedule={}, beat_claims_heartbeat_interval=5)
+    seed_settled_epoch(server)  # (claims at once, not after a TTL of 15 s)
     with Entries(app) as entries:
         entries.bulk_create([{"name": f"burst-{i}", "task": "t.noop", "schedule": {"every": 4}}
                              for i in range(7)])
@@ -487,6 +488,7 @@ def test_an_entry_let_go_is_taken_back_in_time_for_its_next_occurrence(
     the scan stopped. It is taken back in time: each occurrence is sent on time, not at
     the next pass of the index from the first entry (up to a heartbeat interval late)."""
     app = make_app(server, schedule={}, beat_claims_heartbeat_interval=5.0)
+    seed_settled_epoch(server)  # (claims at once, not after a TTL of 15 s)
     with Entries(app) as entries:
         entries.create("dyn", "t.noop", {"every": period})
     beat = make(app)

@@ -11,7 +11,7 @@ import pytest
 
 from beat_claims.enums import RunState
 
-from .conftest import RedisServer
+from .conftest import RedisServer, seed_settled_epoch
 from .inprocess import make, make_app, occurrences_sent, run_for
 
 
@@ -21,6 +21,7 @@ def test_a_step_of_the_wall_clock_between_heartbeats_changes_nothing(
     app = make_app(server, {"e": {"task": "t.noop", "schedule": timedelta(seconds=1),
                                   "claims": {"run_timeout": 30}}},
                    beat_claims_heartbeat_interval=2, beat_claims_catch_up="all")
+    seed_settled_epoch(server)  # (claims at once, not after a TTL of 6 s)
     s = make(app)
     run_for(1.2, s)
     real = time.time

@@ -19,7 +19,7 @@ from beat_claims.runs import Owner, RunState, iso, task_id_for
 from beat_claims.settings import ConfigurationError
 from beat_claims.stores.base import ClaimPlan, Reclaim
 
-from .conftest import RedisServer
+from .conftest import RedisServer, seed_settled_epoch
 from .inprocess import beats, make, make_app, messages, occurrences_sent, run_for
 from .processes import wait_for
 
@@ -105,6 +105,7 @@ def test_close_releases_unsent_claims_idempotently_even_when_reentered(
 
 def test_released_runs_are_sent_by_another_beat_at_its_next_sweep(server: RedisServer) -> None:
     app = make_app(server, beat_claims_heartbeat_interval=1.5)
+    seed_settled_epoch(server)  # (claims at once, not after a TTL of 4.5 s)
     a, b = beats(app, app)
     run_for(0.3, b)  # b is up and has looked at the store once
     a.sender.send = lambda claims, schedule: None  # type: ignore[method-assign]

@@ -206,7 +206,7 @@ def test_the_time_a_judgement_may_take_is_the_shorter_time_limit_less_a_second(
         soft: float | None, left: float | None) -> None:
     app = Celery("t", set_as_current=False)
 
-    @app.task(time_limit=hard, soft_time_limit=soft)
+    @app.task(time_limit=hard, soft_time_limit=soft, shared=False)
     def limited() -> None: ...
 
     request = types.SimpleNamespace(timelimit=message)
