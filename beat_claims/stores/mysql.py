@@ -704,7 +704,8 @@ class MySQLStore(RowStore):
                         session: Any = _Session(self, conn, write)
                         if rows:  # the chunk's rows read at once (mysql_rows.py)
                             session = Rows(session.execute, self._sql, self.tables.runs,
-                                           self.tables.entries, self._savepoint, DUE_AT_ONCE)
+                                           self.tables.entries, self._savepoint, DUE_AT_ONCE,
+                                           self.tables.base)
                         if lock is not None:
                             lock(session)
                         result = work(session)

@@ -74,10 +74,14 @@ class Rows:
 
     def __init__(self, send: Callable[[str, Sequence[Any]], Cursor], sql: dict[str, str],
                  runs: str, entries: str, savepoints: Sequence[str],
-                 due_at_once: int = 0) -> None:
+                 due_at_once: int = 0, base: str = "") -> None:
         self._send = send
         self._due_at_once = due_at_once
         self._runs_table, self._entries_table = runs, entries
+        # The runs' indexes the reads name (see ``load``).
+        self._by_kind = f"{runs} FORCE INDEX (`{base}_runs_kind`)"
+        self._by_key = f"{runs} FORCE INDEX (PRIMARY)"
+        self._by_place = f"{runs} FORCE INDEX (`{base}_runs_history`)"
         self._names = {text: name for name, text in sql.items()}
         self._kept = {sql[name] for name in KEPT_READS}
         self._read: dict[tuple[str, tuple[Any, ...]], list[tuple[Any, ...]]] = {}
@@ -109,15 +113,18 @@ class Rows:
             self.by_entry.setdefault(name, set())
         keys = sorted(set(keys))
         columns = ", ".join(("entry", "due", *RUN_COLUMNS))
-        statement = (f"SELECT {columns} FROM {self._runs_table} WHERE entry IN ({marks})"
+        # Each part names its index: left to choose, MariaDB's optimizer weighs every index
+        # of the runs for each value of a long IN list (a chunk's 100 keys: 20 ms of the
+        # server's time, instead of 1 ms). A run found by two parts is the same row.
+        statement = (f"SELECT {columns} FROM {self._by_kind} WHERE entry IN ({marks})"
                      " AND kind IN ('due', 'waiting', 'held', 'open')")
         params: list[Any] = list(names)
         if keys:
-            statement += (f" UNION SELECT {columns} FROM {self._runs_table} WHERE (entry, due)"
+            statement += (f" UNION ALL SELECT {columns} FROM {self._by_key} WHERE (entry, due)"
                           f" IN ({', '.join(['(%s, %s)'] * len(keys))})")
             params += [v for key in keys for v in key]
         if claims is not None:  # (and the lost keep: a trim reads it)
-            statement += (f" UNION SELECT {columns} FROM {self._runs_table} WHERE entry IN"
+            statement += (f" UNION ALL SELECT {columns} FROM {self._by_place} WHERE entry IN"
                           f" ({marks}) AND place = 'x'")
             params += list(names)
             self.lost.update(names)
@@ -132,7 +139,7 @@ class Rows:
         for name in names:
             self.counts[name] = {"h": 0, "x": 0}
         for entry, place, n in self._send(
-                f"SELECT entry, place, COUNT(*) FROM {self._runs_table} WHERE entry IN"
+                f"SELECT entry, place, COUNT(*) FROM {self._by_place} WHERE entry IN"
                 f" ({marks}) AND place IN ('h', 'x') GROUP BY entry, place", names).fetchall():
             self.counts[entry][str(place)] = int(n)
         full = {name: self.counts[name]["h"] + claims.get(name, 0) - limit for name in names}
@@ -143,7 +150,7 @@ class Rows:
         found: dict[str, list[int]] = {name: [] for name in trimmed}
         for row in self._send(
                 f"SELECT {columns} FROM (SELECT {columns}, ROW_NUMBER() OVER (PARTITION BY"
-                f" entry ORDER BY due) AS n FROM {self._runs_table} WHERE entry IN"
+                f" entry ORDER BY due) AS n FROM {self._by_place} WHERE entry IN"
                 f" ({', '.join(['%s'] * len(trimmed))}) AND place = 'h') AS oldest"
                 " WHERE n <= %s", [*trimmed, most]).fetchall():
             key = (row[0], int(row[1]))
