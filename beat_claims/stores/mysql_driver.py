@@ -1,0 +1,127 @@
+"""The MySQL store's client library: mysqlclient (``MySQLdb``, in C) when it is installed,
+else PyMySQL (pure Python).
+
+Both speak the same protocol and raise the same DB-API errors with the server's codes; the
+store's work is the same statements either way. What differs is the client's own time: a
+result's rows are parsed in C (600 runs read: 0.7 ms of CPU against PyMySQL's 6.4 ms; see
+docs/stores.md), and a signal (a beat's SIGTERM) is handled once the reply of the
+statement under way has come (within the store's timeout: ``read_timeout``) rather than at
+once. ``?driver=pymysql`` (or ``mysqlclient``) in the URL chooses one.
+
+Statements go to the server a batch at a time (``run``): several statements, their values
+bound here by the library's own escaping, sent as one text (the session is opened with
+multi-statements on) and their results read in order, one round trip for all of them. The
+server stops at the first that fails (its error is raised; those after it never ran).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .base import StoreConfigurationError
+from .mysql_rows import Cursor, Statement
+
+#: The libraries, in the order they are tried: (the name ``?driver=`` gives, the module).
+DRIVERS = (("mysqlclient", "MySQLdb"), ("pymysql", "pymysql"))
+#: The capability flags both set: FOUND_ROWS (an UPDATE's rowcount counts the rows it
+#: matched, as SQLite's does), MULTI_STATEMENTS and MULTI_RESULTS (a batch in one round trip).
+FOUND_ROWS, MULTI_STATEMENTS, MULTI_RESULTS = 2, 1 << 16, 1 << 17
+
+
+@dataclasses.dataclass(frozen=True)
+class Driver:
+    """One client library, and what the store needs of it."""
+
+    name: str
+    module: Any
+
+    # (the DB-API's error classes, as the library names them)
+    @property
+    def Error(self) -> type[Exception]:
+        return self.module.MySQLError
+
+    @property
+    def OperationalError(self) -> type[Exception]:
+        return self.module.OperationalError
+
+    @property
+    def InterfaceError(self) -> type[Exception]:
+        return self.module.InterfaceError
+
+    @property
+    def item_errors(self) -> tuple[type[Exception], ...]:
+        """Errors of one value the tables refuse (a name longer than its column)."""
+        return (self.module.DataError, self.module.IntegrityError)
+
+    def connect(self, params: dict[str, Any], timeout: float, init_command: str) -> Any:
+        """A session: UTF-8 (utf8mb4), no autocommit, replies waited for ``timeout`` + 1
+        seconds at most, bytes sent as ``_binary'...'`` (names and ids are VARBINARY: a
+        utf8mb4 string compared with them costs a conversion per row)."""
+        wait = max(1, round(timeout + 1))
+        params = dict(params)
+        flags = FOUND_ROWS | MULTI_STATEMENTS | MULTI_RESULTS
+        if self.name == "mysqlclient":
+            # (whole seconds; its bytes are _binary'...' only when asked)
+            params["connect_timeout"] = max(1, math.ceil(params.get("connect_timeout", 5)))
+            params["binary_prefix"] = True
+        return self.module.connect(**params, charset="utf8mb4", autocommit=False,
+                                   read_timeout=wait, write_timeout=wait, client_flag=flags,
+                                   init_command=init_command)
+
+    def ping(self, conn: Any) -> None:
+        """Whether the session still answers (never reconnects: the store opens anew)."""
+        if self.name == "mysqlclient":
+            conn.ping()
+        else:
+            conn.ping(reconnect=False)
+
+    def run(self, conn: Any, statements: Sequence[Statement]) -> list[Cursor]:
+        """The statements in one round trip: each one's rows (as the library gives them)
+        and the rows it changed, in order."""
+        # (the cursor is closed only once every reply is read: closing it with a reply
+        # unread reads on, or raises over the error that stopped the reading; the store
+        # drops a session whose reply was not read whole)
+        cur = conn.cursor()
+        text = ";\n".join(cur.mogrify(statement, tuple(params)) if params else statement
+                          for statement, params in statements)
+        cur.execute(text)
+        out = []
+        for i in range(len(statements)):
+            if i and not cur.nextset():
+                raise self.InterfaceError(
+                    0, f"{len(statements)} statements sent, {i} results read")
+            rows = cur.fetchall() if cur.description is not None else ()
+            out.append(Cursor(list(rows), cur.rowcount))
+        cur.close()
+        return out
+
+
+def choose(name: str | None = None) -> Driver:
+    """The library named (``mysqlclient`` or ``pymysql``), or the first installed."""
+    wanted = [(n, m) for n, m in DRIVERS if name in (None, n)]
+    if not wanted:
+        raise StoreConfigurationError(
+            f"beat_claims_url: driver={name!r}: one of {', '.join(n for n, _ in DRIVERS)}")
+    for driver, module in wanted:
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            continue
+        if driver == "mysqlclient" and not hasattr(
+                importlib.import_module("MySQLdb.cursors").Cursor, "mogrify"):
+            continue  # (before 2.2: no mogrify, no batch)
+        return Driver(driver, found)
+    if name == "mysqlclient":
+        raise StoreConfigurationError(
+            "beat_claims_url: driver=mysqlclient: mysqlclient 2.2 or later is not installed:"
+            " pip install 'beat-claims[mysqlclient]'")
+    raise StoreConfigurationError(
+        "beat_claims_url: the MySQL store needs PyMySQL (or mysqlclient): pip install"
+        " 'beat-claims[mysql]'")
+
+
+__all__ = ["DRIVERS", "Driver", "choose"]
