@@ -659,7 +659,8 @@ class MySQLStore(RowStore):
             for v in params)) for statement, params in statements])
         self._in_flight = None
         self._used_at = time.monotonic()
-        return [Cursor([tuple(_text(v) for v in row) for row in cur.fetchall()], cur.rowcount)
+        return [Cursor([tuple([v.decode("utf-8", "surrogateescape") if type(v) is bytes
+                               else v for v in row]) for row in cur.fetchall()], cur.rowcount)
                 for cur in found]
 
     def _failure(self, exc: Exception, starting: bool = False) -> Exception:

@@ -86,8 +86,12 @@ class Driver:
         # unread reads on, or raises over the error that stopped the reading; the store
         # drops a session whose reply was not read whole)
         cur = conn.cursor()
-        text = ";\n".join(cur.mogrify(statement, tuple(params)) if params else statement
-                          for statement, params in statements)
+        if self.name == "mysqlclient":
+            text: str | bytes = b";\n".join(_bound(conn, statement, params)
+                                            for statement, params in statements)
+        else:
+            text = ";\n".join(cur.mogrify(statement, tuple(params)) if params else statement
+                              for statement, params in statements)
         cur.execute(text)
         out = []
         for i in range(len(statements)):
@@ -98,6 +102,32 @@ class Driver:
             out.append(Cursor(list(rows), cur.rowcount))
         cur.close()
         return out
+
+
+def _bound(conn: Any, statement: str, params: Sequence[Any]) -> bytes:
+    """mysqlclient's statement with its values, as its ``mogrify`` binds them (the same
+    text, checked by the tests), at a third of its cost: the names, records and numbers of
+    a chunk's multi-row statements are many (a thousand values each), and its ``literal``
+    tries every type in turn for each. Bytes are ``_binary'...'``, escaped by the library
+    (``string_literal``, in C); a type other than these is the library's to write."""
+    text = statement.encode("utf-8")
+    if not params:
+        return text
+    escape = conn.string_literal
+    out = []
+    for value in params:
+        kind = type(value)
+        if value is None:
+            out.append(b"NULL")
+        elif kind is int:
+            out.append(b"%d" % value)
+        elif kind is bytes:
+            out.append(b"_binary" + escape(value))
+        elif kind is str:
+            out.append(escape(value.encode(conn.encoding)))
+        else:
+            out.append(conn.literal(value))
+    return text % tuple(out)
 
 
 def choose(name: str | None = None) -> Driver:

@@ -89,7 +89,10 @@ class Rows:
         self._by_kind = f"{runs} FORCE INDEX (`{base}_runs_kind`)"
         self._by_key = f"{runs} FORCE INDEX (PRIMARY)"
         self._by_place = f"{runs} FORCE INDEX (`{base}_runs_history`)"
-        self._names = {text: name for name, text in sql.items()}
+        # (each statement the copy answers, by its text: the method that answers it)
+        self._answers: dict[str, Callable[..., Any]] = {
+            text: getattr(self, f"_{name}") for name, text in sql.items()
+            if hasattr(self, f"_{name}")}
         self._kept = {sql[name] for name in KEPT_READS}
         self._read: dict[tuple[str, tuple[Any, ...]], list[tuple[Any, ...]]] = {}
         self._make, self._undo, self._release = savepoints
@@ -183,8 +186,7 @@ class Rows:
             return Cursor([])
         if statement == self._undo:
             raise ItemFailed()
-        name = self._names.get(statement)
-        handler = getattr(self, f"_{name}", None) if name else None
+        handler = self._answers.get(statement)
         if handler is not None:
             answer = handler(*params)
             if answer is not NotImplemented:

@@ -4,6 +4,7 @@ naming the setting. Whichever writes, either reads the same records."""
 
 from __future__ import annotations
 
+import decimal
 import importlib.util
 from collections.abc import Iterator
 from typing import cast
@@ -19,7 +20,7 @@ from beat_claims.stores.base import (
     StoreConfigurationError,
 )
 from beat_claims.stores.mysql import MySQLStore, parse_url
-from beat_claims.stores.mysql_driver import choose
+from beat_claims.stores.mysql_driver import _bound, choose
 
 from .backend_mysql import BACKEND as backend_mysql
 from .backend_mysql import INSTALLED_DRIVERS, with_driver
@@ -69,3 +70,29 @@ def test_what_one_library_writes_the_other_reads_the_same(mysql_store: Store) ->
     assert [e.name for e in entries] == names
     assert [[run.task_id for run in history] for history in histories] == [
         [f"t-{name}"] for name in names], histories
+
+
+def test_mysqlclients_statements_are_bound_as_its_own_mogrify_binds_them(
+        request: pytest.FixtureRequest) -> None:
+    """The store binds mysqlclient's values itself (faster than its ``mogrify``): the same
+    text, for every kind of value the store sends and a few it does not."""
+    if "mysqlclient" not in INSTALLED_DRIVERS:
+        pytest.skip("mysqlclient is not installed")
+    with backend_mysql.open(request, 100) as opened, with_driver(
+            cast(MySQLStore, opened), "mysqlclient") as store:
+        store.now()
+        conn = store._db
+        values = (None, 0, -7, 2 ** 62, True, 1.5, decimal.Decimal("12.345"),
+                  b"", b"plain", b"it's \\ \x00 \n \r \x1a \"",
+                  "caf\N{LATIN SMALL LETTER E WITH ACUTE}".encode(),
+                  "text 'quoted' \\ \N{HOT BEVERAGE}", "")
+        statement = "SELECT " + ", ".join(["%s"] * len(values)) + " FROM DUAL WHERE 1 %% 2"
+        assert _bound(conn, statement, values) == conn.cursor().mogrify(
+            statement, values).encode(conn.encoding)
+        assert _bound(conn, "SELECT 1 %% 2", ()) == b"SELECT 1 %% 2"
+        # (bytes that are no UTF-8, which its mogrify cannot show: the server reads them
+        # back as they were)
+        raw = (b"\xff\xfe not UTF-8 ' \\", b"\x80", "\udcff".encode("utf-8", "surrogateescape"))
+        cur = conn.cursor()
+        cur.execute(_bound(conn, "SELECT %s, %s, %s", raw))
+        assert cur.fetchall() == (raw,)
