@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -194,6 +195,11 @@ MEND_PASSES = 3
 #: Entries a call of a script made for many (claim, sent) takes at most: one command to
 #: pack and one reply to read for all of them, rather than one of each per entry.
 ENTRY_BATCH = 100
+#: Entries of the registry one page of a rebuild pass looks at (one HSCAN step's COUNT):
+#: the server makes their keys and reads their records, the beat handles a string a bucket.
+REGISTRY_SCAN = 10_000
+#: A digest of an entry's name, as the registry's fields hold it (see digest()).
+_DIGEST = re.compile(r"[0-9a-f]{4,}")
 #: Entries whose script arguments (keys and name, encoded) are kept; then they start again.
 ENTRY_HEADS = 2048
 #: redis-py's option to read a command's reply as bytes.
@@ -213,7 +219,7 @@ SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
            "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat",
            "kept", "beats_alive", "registrant", "unregister", "define", "changes", "index",
-           "due", "states", "unindexed")
+           "due", "states", "unindexed", "registry_scan")
 
 
 def _lua_names() -> str:
@@ -302,7 +308,7 @@ def _sha(name: str) -> str:
 
 #: Scripts that only read: flagged so in the library (a server out of memory runs them).
 READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive", "changes", "due",
-                               "states", "unindexed"})
+                               "states", "unindexed", "registry_scan"})
 
 
 @cache
@@ -482,7 +488,12 @@ class RedisStore(Store):
     # -- keys -------------------------------------------------------------------------
     def _tag(self, entry: str) -> tuple[str, str]:
         d = digest(entry)
-        return f"{{{self.prefix}:{int(d[:4], 16) % BUCKETS:02d}}}", d
+        return self._bucket_tag(d), d
+
+    def _bucket_tag(self, d: str) -> str:
+        """The hash tag of the bucket of the entry whose name's digest is ``d`` (as
+        registry_scan.lua makes it too)."""
+        return f"{{{self.prefix}:{int(d[:4], 16) % BUCKETS:02d}}}"
 
     def entry_keys(self, entry: str) -> list[str]:
         """The keys of one entry, in the order every entry script expects them."""
@@ -1503,32 +1514,50 @@ class RedisStore(Store):
         return [reply == 1 for reply in replies]
 
     def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
-        """One HSCAN of the registry of every entry (``{P}:entries``) a call, from
-        ``cursor`` ("SCAN:DIGEST": the scan's cursor, and the entry answered last from its
-        batch when a page ended inside it); each entry it names whose record has no
-        next_due is answered. The pass is HSCAN's: an entry that stays unindexed through it
-        is answered at least once (maybe twice)."""
+        """One HSCAN step of the registry of every entry (``{P}:entries``, about
+        :data:`REGISTRY_SCAN` entries) a call, from ``cursor`` ("SCAN:DIGEST": the scan's
+        cursor, and the entry answered last from its step when a page ended inside it);
+        each entry it names whose record has no next_due is answered. The pass is HSCAN's:
+        an entry that stays unindexed through it is answered at least once (maybe twice).
+
+        Two round trips whatever the step's size, a third only when some are answered
+        (their names): the server makes the entries' keys (``registry_scan.lua``) and
+        reads their records (``unindexed.lua``), so the beat handles one string a bucket,
+        not a reply an entry. An idle beat's pass over 100,000 entries is ten pages."""
         limit = page_limit(limit, 1)
         scan_text, _, last = cursor.partition(":")
         scan = int(scan_text) if scan_text.isdigit() else 0
-        reply = self._round_trip(lambda pipe: pipe.execute_command(
-            "HSCAN", self._registry, scan, "COUNT", limit))[0]
+        reply = self._round_trip(lambda pipe: self._script(
+            pipe, "registry_scan", [self._registry], scan, REGISTRY_SCAN, self.prefix,
+            BUCKETS, raw=True))[0]
         _raise_if_error(reply)
-        following, pairs = _scan_reply(reply)
-        if last in pairs:  # (the rest of a batch a page ended inside)
-            items = list(pairs.items())
-            pairs = dict(items[[d for d, _ in items].index(last) + 1:])
-        batch = list(pairs.items())
-        rows = self._batched("unindexed", [name for _, name in batch], [()] * len(batch))
-        names: list[str] = []
-        for (d, name), row in zip(batch, rows):
-            if row != "1":
-                continue  # (gone, not an entry, indexed, or a record that cannot be read)
-            if len(names) == limit:
-                return Unindexed(tuple(names), f"{scan}:{last}", False)
-            names.append(name)
-            last = d
-        return Unindexed(tuple(names), "" if following == 0 else f"{following}:",
+        following = int(reply[0])
+        groups = [blob.split(b"\n") for blob in reply[1:] if blob]
+        if _DIGEST.fullmatch(last):  # (the rest of a step a page ended inside)
+            groups = _after(groups, f"{self._bucket_tag(last)}:e:{last}".encode())
+        if self.single_node and len(groups) > 1:
+            groups = [list(itertools.chain.from_iterable(groups))]
+        found: list[str] = []  # the digests of those without next_due, in the step's order
+
+        def check(pipe: Pipeline) -> None:
+            for group in groups:
+                self._script(pipe, "unindexed", group)
+
+        checked = self._round_trip(check) if groups else []
+        for group, answer in zip(groups, checked):
+            _raise_if_error(answer)
+            if answer:
+                found += [group[int(i) - 1].rsplit(b":", 1)[1].decode()
+                          for i in str(answer).split(",")]
+        more = len(found) > limit
+        found = found[:limit]
+        names = self._round_trip(lambda pipe: pipe.hmget(self._registry, found))[0] if (
+            found) else []
+        _raise_if_error(names)
+        answered = tuple(str(name) for name in names if name is not None)
+        if more:
+            return Unindexed(answered, f"{scan}:{found[-1]}", False)
+        return Unindexed(answered, "" if following == 0 else f"{following}:",
                          following == 0)
 
     # -- reads ------------------------------------------------------------------------
@@ -1707,6 +1736,16 @@ def _scan_reply(reply: Any) -> tuple[int, dict[str, str]]:
     if not isinstance(found, dict):
         found = dict(zip(found[::2], found[1::2]))
     return int(following), {str(k): str(v) for k, v in found.items()}
+
+
+def _after(groups: list[list[bytes]], key: bytes) -> list[list[bytes]]:
+    """The keys of ``groups`` (bucket after bucket) that come after ``key``; all of them
+    when ``key`` is not among them (the step is not the one it came from: the registry
+    changed, and looking at some twice is harmless)."""
+    for i, group in enumerate(groups):
+        if key in group:
+            return [group[group.index(key) + 1:], *groups[i + 1:]]
+    return groups
 
 
 def _each_reply(reply: Any, n: int) -> list[Any]:

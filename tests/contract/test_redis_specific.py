@@ -102,18 +102,23 @@ def test_a_key_of_another_type_fails_only_its_entry_of_a_call_for_many(
     assert script_calls(server, "fcall") == (1, 0)  # one call for the four marks
 
 
-def test_a_rebuild_page_reads_whether_its_entries_are_indexed_in_one_call(
+def test_a_rebuild_page_looks_at_thousands_of_entries_in_two_script_calls(
         redis_store: RedisStore, server: RedisServer) -> None:
-    """A rebuild sweep's page (every entry an idle beat looks at, a page a sweep) asks the
-    server whether each entry has a next_due in one script call, not one command each
-    (each reply parsed on its own); an entry without one is still answered."""
-    names = [f"e{i}" for i in range(50)]
-    register(redis_store, *names)
-    server.client().hdel(redis_store.entry_keys("e7")[0], "next_due")
+    """A rebuild sweep's page (what an idle beat looks at, a page a sweep) is one HSCAN
+    step of the registry of up to REGISTRY_SCAN entries, made into the entries' keys and
+    read on the server: two script calls and one read of the names found, not a command
+    or a reply an entry; an entry without a next_due is still answered."""
+    names = [f"e{i}" for i in range(3000)]
+    for start in range(0, len(names), 1000):
+        register(redis_store, *names[start:start + 1000])
+    for name in ("e7", "e2999"):
+        server.client().hdel(redis_store.entry_keys(name)[0], "next_due")
     server.client().config_resetstat()
     page = redis_store.unindexed(1000)
-    assert page.names == ("e7",) and page.complete
-    assert script_calls(server, "fcall") == (1, 0)  # (its HMGETs run inside it)
+    assert sorted(page.names) == ["e2999", "e7"] and page.complete
+    assert script_calls(server, "fcall") == (2, 0)  # (the HSCAN and HMGETs run inside)
+    stats = server.client().info("commandstats")
+    assert stats["cmdstat_hmget"]["calls"] == 3000 + 1  # (the names: one read)
 
 
 def test_a_batch_survives_a_function_flush(redis_store: RedisStore,
