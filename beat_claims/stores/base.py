@@ -243,11 +243,14 @@ class Unindexed:
     """A page of entries that have no ``next_due`` at all (written before the store kept
     the index, or by a version that does not know it): what a rebuild sweep indexes.
     ``cursor``: what to ask with next (opaque; "" starts over); ``complete``: the pass
-    over every entry is done (the last page)."""
+    over every entry is done (the last page); ``looked_at``: the entries whose records the
+    page read to find them (Redis: every entry of its scan step), 0 where the store's own
+    index answers only those without one (what a pass costs: see the sweeper's pace)."""
 
     names: tuple[str, ...]
     cursor: str
     complete: bool
+    looked_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -1006,13 +1009,15 @@ class RebuildPage:
     """What one page of a rebuild sweep did (:func:`rebuild_page`): the cursor to go on
     from, whether the pass is complete, and the entries it indexed, found moved (their
     writer indexed them, or will), and left (``next_due_of`` answered None, or a record
-    that cannot be read: another caller's, or the next pass's)."""
+    that cannot be read: another caller's, or the next pass's); ``looked_at``: as
+    :attr:`Unindexed.looked_at`."""
 
     cursor: str
     complete: bool
     indexed: tuple[str, ...]
     moved: tuple[str, ...]
     left: tuple[str, ...]
+    looked_at: int = 0
 
 
 def rebuild_page(store: Store,
@@ -1049,7 +1054,7 @@ def rebuild_page(store: Store,
     return RebuildPage(page.cursor, page.complete,
                        tuple(w.name for w, ok in zip(writes, written) if ok),
                        tuple(w.name for w, ok in zip(writes, written) if not ok),
-                       tuple(left))
+                       tuple(left), page.looked_at)
 
 
 # -- liveness -----------------------------------------------------------------------------

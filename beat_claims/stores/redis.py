@@ -1555,10 +1555,11 @@ class RedisStore(Store):
             found) else []
         _raise_if_error(names)
         answered = tuple(str(name) for name in names if name is not None)
+        looked_at = sum(len(group) for group in groups)
         if more:
-            return Unindexed(answered, f"{scan}:{found[-1]}", False)
+            return Unindexed(answered, f"{scan}:{found[-1]}", False, looked_at)
         return Unindexed(answered, "" if following == 0 else f"{following}:",
-                         following == 0)
+                         following == 0, looked_at)
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:

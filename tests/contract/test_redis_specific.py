@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from beat_claims.beat.sweeper import REBUILD_PAUSE, REBUILD_READS
 from beat_claims.stores.base import (
     CheckVerdict,
     ClaimStatus,
@@ -119,6 +120,38 @@ def test_a_rebuild_page_looks_at_thousands_of_entries_in_two_script_calls(
     assert script_calls(server, "fcall") == (2, 0)  # (the HSCAN and HMGETs run inside)
     stats = server.client().info("commandstats")
     assert stats["cmdstat_hmget"]["calls"] == 3000 + 1  # (the names: one read)
+
+
+def test_a_rebuild_pass_waits_a_sweep_for_each_thousand_records_it_read(
+        server: RedisServer) -> None:
+    """A Redis store's rebuild pass reads every entry's record, 10,000 a sweep: once a pass
+    found nothing to index, the next starts after a sweep for each thousand records read
+    (REBUILD_READS; at least REBUILD_PAUSE sweeps), so an idle beat's upkeep a minute does
+    not grow with the entries, and an entry left without next_due is still indexed within
+    that many sweeps and a pass."""
+    entries = 36_000
+    beat = make(make_app(server, schedule={}))
+    try:
+        for start in range(0, entries, 4000):
+            beat.store.register([EntrySeed(f"e{i}") for i in range(start, start + 4000)])
+        client = server.client()
+
+        def scans() -> int:
+            return int(client.info("commandstats").get("cmdstat_hscan", {}).get("calls", 0))
+
+        scanned: list[bool] = []
+        for _ in range(3 * (entries // REBUILD_READS)):
+            before = scans()
+            beat.index_keeper.sweep()
+            scanned.append(scans() > before)
+        passes = "".join("p" if s else "." for s in scanned).strip(".").split("p")
+        waits = [len(w) for w in passes if w]
+        seen = "".join("p" if s else "." for s in scanned)
+        assert waits and set(waits) == {entries // REBUILD_READS}, seen
+        assert "ppppp" not in seen  # (10,000 records a sweep: a pass of four pages)
+        assert entries // REBUILD_READS > REBUILD_PAUSE  # (the reads set the pause here)
+    finally:
+        beat.close()
 
 
 def test_a_batch_survives_a_function_flush(redis_store: RedisStore,
