@@ -134,6 +134,8 @@ class EntryState:
 #: ``next_due`` of an entry that is not due at all (its definition deleted or disabled, or
 #: a schedule with no occurrence left): out of the due index, and not unindexed either.
 NOT_DUE = -1
+#: Later than any instant the due index holds (UTC ms): what reads up to its end ask for.
+LATEST = 2 ** 53 - 1
 #: ``next_due`` a store writes where the writer does not know it (a new entry registered,
 #: a definition written without one): due at once, so the next :meth:`Store.due` answers
 #: it and its reader computes the real instant (an index earlier than truth costs a read).
@@ -1443,6 +1445,15 @@ class Store(abc.ABC):
         start): page with the last answered (``next_due``, name). Each with its state and
         definition version (:class:`DueEntry`). Reads only. Entries :data:`NOT_DUE` and
         entries not indexed are never answered."""
+
+    def next_indexed(self, after: tuple[int, str] | None = None) -> int | None:
+        """The due index's first ``next_due`` after ``after`` (exclusive, as :meth:`due`
+        pages; None: from the start), or None when it holds none after it: when a reader
+        that has read up to ``after`` reads again. Without the entry's state (a store that
+        reads the state apart from the index, Redis, skips that read: an idle beat asks
+        this once a heartbeat interval)."""
+        found = self.due(LATEST, 1, after)
+        return found[0].next_due if found else None
 
     @abc.abstractmethod
     def index(self, writes: Sequence[IndexWrite]) -> list[bool]:

@@ -63,8 +63,9 @@ leaves the index as it was: its claims move a checkpoint past the indexed instan
 index earlier than truth: a read), its definition writes leave the instant of the old
 definition (repaired by the beats that follow the change feed), its new entries have no
 next_due (found by :meth:`RedisStore.unindexed`). Entries written before the index are
-not in it either: a rebuild sweep pages through them (:meth:`RedisStore.unindexed`, one
-``HSCAN`` of ``{P}:entries`` a page) and indexes each.
+not in it either: a rebuild sweep pages through them (:meth:`RedisStore.unindexed`: one
+``HSCAN`` step of ``{P}:entries``, 10,000 entries, a page, their keys made and their
+records read by two scripts on the server) and indexes each.
 
 On a cluster the due index spreads over as many masters as the buckets do (``BUCKETS``
 hash tags, one slot each: up to 16 masters). :meth:`RedisStore.due` is two round trips:
@@ -112,6 +113,7 @@ from ..runs import Owner, Run, iso
 from ..urls import raise_redacted, redact_url
 from .base import (
     CHANGES_PER_MS,
+    LATEST,
     TOKENS_PER_MS,
     TOMBSTONES_DROPPED,
     BackfillForgotten,
@@ -1457,6 +1459,19 @@ class RedisStore(Store):
     # -- the due index ----------------------------------------------------------------
     def due(self, before: int, limit: int, after: tuple[int, str] | None = None
             ) -> list[DueEntry]:
+        chosen = self._indexed(before, limit, after)
+        states = self._states([n for _, n in chosen])
+        return [DueEntry(n, due, *states[n]) for due, n in chosen]
+
+    def next_indexed(self, after: tuple[int, str] | None = None) -> int | None:
+        """One round trip: the index alone, not the entry's state."""
+        chosen = self._indexed(LATEST, 1, after)
+        return chosen[0][0] if chosen else None
+
+    def _indexed(self, before: int, limit: int, after: tuple[int, str] | None
+                 ) -> list[tuple[int, str]]:
+        """The first ``limit`` (next_due, name) of the due index at or before ``before``
+        after ``after``, every bucket's merged (one round trip; see :meth:`due`)."""
         before, limit, after = due_cursor(before, limit, after)
         groups = self._bucket_groups()
         low, name = ("", "") if after is None else (str(after[0]), after[1])
@@ -1476,9 +1491,7 @@ class RedisStore(Store):
                 found += [(int(float(due)), n.encode(), n)
                           for n, due in zip(mine or (), dues or ())]
         # (each bucket's answer is in order: merged, by name as the zsets order them)
-        chosen = [(due, n) for due, _, n in sorted(found)[:limit]]
-        states = self._states([n for _, n in chosen])
-        return [DueEntry(n, due, *states[n]) for due, n in chosen]
+        return [(due, n) for due, _, n in sorted(found)[:limit]]
 
     def _states(self, names: list[str]) -> dict[str, tuple[EntryState | None, int]]:
         """Each entry's state and definition version (None: it cannot be read), read by

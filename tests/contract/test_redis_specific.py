@@ -122,6 +122,19 @@ def test_a_rebuild_page_looks_at_thousands_of_entries_in_two_script_calls(
     assert stats["cmdstat_hmget"]["calls"] == 3000 + 1  # (the names: one read)
 
 
+def test_the_next_indexed_instant_is_read_without_the_entrys_state(
+        redis_store: RedisStore, server: RedisServer) -> None:
+    """An idle beat asks once a heartbeat interval when the due index's next entry comes
+    (after its read up to now): one script call over the buckets' indexes, not a second
+    for that entry's state, which it does not use."""
+    states = register(redis_store, "a", "b")
+    assert redis_store.index([IndexWrite(n, s, 0, 5000) for n, s in states.items()]) == [
+        True, True]
+    server.client().config_resetstat()
+    assert redis_store.next_indexed((4000, "z")) == 5000
+    assert script_calls(server, "fcall") == (1, 0)
+
+
 def test_a_rebuild_pass_waits_a_sweep_for_each_thousand_records_it_read(
         server: RedisServer) -> None:
     """A Redis store's rebuild pass reads every entry's record, 10,000 a sweep: once a pass
