@@ -659,6 +659,9 @@ class Scheduler(BaseScheduler):
             self.metrics.heartbeat()
             self._register_again_after_a_lapse()
             self.window.share = Share.among(self.owner.id, self.liveness.sharers())
+            # Its pass from the first entry (once an interval) in this tick: an idle beat
+            # wakes once an interval, not once for each.
+            self.window.restart()
         if heartbeat or not self.stored.loaded:
             self._follow_definitions()
         settling = self.liveness.settling_for()

@@ -38,6 +38,11 @@ JOIN_INTERVALS = 1.5
 JOIN_CONFIRM = 0.5
 
 
+#: How long before it is due a heartbeat is taken by a tick that wakes for something else
+#: (seconds): the due index's read follows the heartbeat's interval, a few ms behind.
+EARLY = 0.05
+
+
 #: Each of a beat's newest writes, as its log says it lost.
 WROTE = {Wrote.CLAIM: "claim", Wrote.CHECK: "check before publish", Wrote.SENT: "sent mark"}
 
@@ -82,7 +87,12 @@ class Liveness:
         self._seen: dict[str, float] = {}
 
     def due(self) -> bool:
-        return time.monotonic() - self.last >= self.interval or self.join.beat_due()
+        """A heartbeat is due once an interval has passed, or :data:`EARLY` before (a
+        tenth of the interval at most): the tick at hand takes it (an idle beat wakes once
+        an interval, not once for another timer due a moment before the heartbeat, and
+        again for the heartbeat)."""
+        early = min(EARLY, self.interval / 10)
+        return time.monotonic() - self.last >= self.interval - early or self.join.beat_due()
 
     def beat(self, resync: bool = False, settling: bool = False,
              sweep: LiveQuery | None = None) -> bool:
