@@ -1114,6 +1114,10 @@ class Heartbeat:
     lost: tuple[Written, ...] = ()
     """The items of the heartbeat's ``written`` the store no longer holds: it went back
     (see :meth:`Store.heartbeat`)."""
+    changes: Changes | None = None
+    """With a ``changes`` cursor, where the backend reads the change feed in the same
+    round trip: the page from that cursor, as :meth:`Store.changes` answers it (its
+    default limit). None otherwise."""
     last_beat: int | None = None
     """When the store last saw a heartbeat of any beat before this one (store clock, UTC
     ms; None: never). Kept with the epoch, never forgotten: a store restored from a copy
@@ -1221,15 +1225,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None,
-                  written: Sequence[Written] = ()) -> Heartbeat:
+                  written: Sequence[Written] = (), changes: ChangeCursor | None = None
+                  ) -> Heartbeat:
         """Renew ``owner``'s liveness for ``ttl`` seconds and read the store's clock, epoch
         and owners. With ``resync`` the caller found the store went back: start a new epoch
         and settle for ``ttl`` (no claiming meanwhile). With ``settling`` the caller is
         still registering what it knows: a store that is settling stays so for ``ttl``
         more. With ``sweep``, a backend that can answer that :meth:`live_runs` query in the
         same round trip does (``live``: an idle beat's heartbeat and sweep are one round
-        trip); one that cannot leaves ``live`` None, and the caller asks apart. Whatever
-        fails the sweep's part never fails the heartbeat.
+        trip); one that cannot leaves ``live`` None, and the caller asks apart. So with
+        ``changes`` (a cursor of the change feed) and :meth:`changes` (``changes``).
+        Whatever fails the sweep's or the feed's part never fails the heartbeat.
 
         ``written``: the newest writes the caller made; ``lost`` answers those the store no
         longer holds: no such entry, an entry whose token counter is below the write's

@@ -200,6 +200,9 @@ ENTRY_BATCH = 100
 #: Entries of the registry one page of a rebuild pass looks at (one HSCAN step's COUNT):
 #: the server makes their keys and reads their records, the beat handles a string a bucket.
 REGISTRY_SCAN = 10_000
+#: Changes of the feed a read answers at most by default (Store.changes'), and with a
+#: heartbeat.
+FEED_PAGE = 1000
 #: A digest of an entry's name, as the registry's fields hold it (see digest()).
 _DIGEST = re.compile(r"[0-9a-f]{4,}")
 #: Entries whose script arguments (keys and name, encoded) are kept; then they start again.
@@ -393,6 +396,17 @@ def _refuses_writes(reply: Any) -> bool:
     return isinstance(reply, ResponseError) and "script:" not in str(reply) and (
         isinstance(reply, redis.exceptions.OutOfMemoryError)  # type: ignore[attr-defined]
         or str(reply).split(" ", 1)[0] in _WRITES_REFUSED_CODES)
+
+
+@dataclass(frozen=True)
+class _FeedRead:
+    """One read of the change feed: ``limit`` changes after ``cursor``, one script call a
+    group of buckets (``groups``), each bucket from its ``positions`` in its log."""
+
+    cursor: ChangeCursor | None
+    limit: int
+    groups: list[list[int]]
+    positions: tuple[tuple[int, str, int], ...]
 
 
 @dataclass
@@ -817,7 +831,8 @@ class RedisStore(Store):
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None,
-                  written: Sequence[Written] = ()) -> Heartbeat:
+                  written: Sequence[Written] = (), changes: ChangeCursor | None = None
+                  ) -> Heartbeat:
         def build(pipe: Pipeline) -> None:
             self._script(pipe, "heartbeat", self._heartbeat_keys, owner.id,
                          self._owner_json(owner), max(1, round(ttl * 1000)),
@@ -827,12 +842,16 @@ class RedisStore(Store):
                 self._kept_build(pipe, written)
             if combined is not None:  # run after the heartbeat's script, in the same trip
                 self._live_build(pipe, combined)
+            if feed is not None:
+                self._changes_build(pipe, feed)
 
-        # On one server the sweep's scripts follow the heartbeat's in its round trip, and
-        # whatever fails them leaves the heartbeat standing (the sweep asks again, and meets
-        # it there). A cluster would fail the whole batch for one bucket's slot being moved
-        # (TRYAGAIN): there the sweep asks apart.
+        # On one server the sweep's scripts and the change feed's follow the heartbeat's
+        # in its round trip, and whatever fails them leaves the heartbeat standing (the
+        # caller asks again, and meets it there). A cluster would fail the whole batch for
+        # one bucket's slot being moved (TRYAGAIN): there they are asked apart.
         combined = sweep if self.single_node else None
+        feed = self._feed_read(changes, FEED_PAGE) if self.single_node and (
+            changes is not None) else None
 
         self._heartbeating.on = True
         try:
@@ -858,13 +877,21 @@ class RedisStore(Store):
                 except StoreError:  # judged at the next heartbeat; the heartbeat stands
                     kept = []
             replies = replies[1:]
+        fed: Changes | None = None
+        if feed is not None:
+            replies, feed_replies = replies[:-len(feed.groups)], replies[-len(feed.groups):]
+            try:
+                fed = self._changes_parse(feed, feed_replies)
+            except StoreError:  # (the caller reads the feed apart, and meets it there)
+                fed = None
         return Heartbeat(now=int(now), epoch=str(epoch_id), store_id=str(store_id),
                          settle_until=int(settle) if settle else None,
                          owners=tuple(_owner_statuses(owners, alive, int(now))),
                          live=self._sweep_reply(replies, combined),
                          lost=self._lost(written, kept),
                          last_beat=int(last_beat) if last_beat else None,
-                         owner_known=known == "1", epoch_since=int(since) if since else None)
+                         owner_known=known == "1", epoch_since=int(since) if since else None,
+                         changes=fed)
 
     def _kept_build(self, pipe: Pipeline, written: Sequence[Written]) -> None:
         for item in written:
@@ -1424,21 +1451,30 @@ class RedisStore(Store):
             found += reply
         return [name.decode(errors="replace") for name in sorted(found)[:limit]]
 
-    def changes(self, cursor: ChangeCursor | None, limit: int = 1000) -> Changes:
-        limit = page_limit(limit, 1)
-        groups = self._bucket_groups()
+    def changes(self, cursor: ChangeCursor | None, limit: int = FEED_PAGE) -> Changes:
+        feed = self._feed_read(cursor, page_limit(limit, 1))
+        return self._changes_parse(feed, self._round_trip(
+            lambda pipe: self._changes_build(pipe, feed)))
+
+    def _feed_read(self, cursor: ChangeCursor | None, limit: int) -> _FeedRead:
         positions = (cursor.positions if cursor is not None and len(cursor.positions) ==
                      BUCKETS else ((0, "", 0),) * BUCKETS)
+        return _FeedRead(cursor, limit, self._bucket_groups(), positions)
 
-        def build(pipe: Pipeline) -> None:
-            for group in groups:
-                keys = [k for b in group for k in self._bucket_keys(b, "changes", "seq")]
-                args = [x for b in group for x in (positions[b][0], positions[b][1])]
-                self._script(pipe, "changes", keys, limit, *args, raw=True)
+    def _changes_build(self, pipe: Pipeline, feed: _FeedRead) -> None:
+        """The change log's scripts of one read of the feed (one a group of buckets)."""
+        for group in feed.groups:
+            keys = [k for b in group for k in self._bucket_keys(b, "changes", "seq")]
+            args = [x for b in group for x in (feed.positions[b][0], feed.positions[b][1])]
+            self._script(pipe, "changes", keys, feed.limit, *args, raw=True)
 
+    def _changes_parse(self, feed: _FeedRead, replies: Sequence[Any]) -> Changes:
+        """The feed's page from its scripts' replies (and the definitions of what changed:
+        one more round trip when anything did)."""
+        cursor, limit, groups, positions = feed.cursor, feed.limit, feed.groups, feed.positions
         reads: list[LogRead] = []
         complete = True
-        for group, reply in zip(groups, self._round_trip(build)):
+        for group, reply in zip(groups, replies):
             _raise_if_error(reply)
             for bucket, row in zip(group, self._json_reply(reply, len(group))):
                 read = _log_read(row, positions[bucket])

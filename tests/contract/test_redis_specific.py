@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from beat_claims.beat.sweeper import REBUILD_PAUSE, REBUILD_READS
+from beat_claims.enums import Origin
 from beat_claims.stores.base import (
     CheckVerdict,
     ClaimStatus,
+    DefinitionWrite,
     EntrySeed,
     EntryState,
     IndexWrite,
@@ -101,6 +103,23 @@ def test_a_key_of_another_type_fails_only_its_entry_of_a_call_for_many(
     server.client().config_resetstat()
     assert redis_store.record_sent(A, claims) == 4
     assert script_calls(server, "fcall") == (1, 0)  # one call for the four marks
+
+
+def test_a_heartbeat_reads_the_change_feed_in_its_round_trip(
+        redis_store: RedisStore, server: RedisServer) -> None:
+    """An idle beat reads the definitions' change feed at each heartbeat: on one server
+    its page rides in the heartbeat's round trip (its script after the heartbeat's), the
+    page the feed answers from that cursor."""
+    cursor = redis_store.changes(None).cursor
+    redis_store.write_definitions([DefinitionWrite("e", '{"task": "t"}', 0, Origin.API,
+                                                   "ops")])
+    calls = server.client().info("commandstats")["cmdstat_fcall"]["calls"]
+    hb = redis_store.heartbeat(A, 10, changes=cursor)
+    # heartbeat and change feed: one script each (and the definition changed, read after)
+    assert server.client().info("commandstats")["cmdstat_fcall"]["calls"] - calls == 2
+    assert hb.changes is not None and [d.name for d in hb.changes.changed] == ["e"]
+    assert hb.changes == redis_store.changes(cursor)
+    assert redis_store.heartbeat(A, 10).changes is None  # (not asked)
 
 
 def test_a_rebuild_page_looks_at_thousands_of_entries_in_two_script_calls(
