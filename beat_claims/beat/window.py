@@ -172,7 +172,8 @@ class DynamicWindow:
                 self._fall_behind()
                 self._next_scan = now + self.period
                 break
-            page = self.store.due(before, PAGE, self._cursor)
+            ahead = self.store.due_ahead(before, PAGE, self._cursor)
+            page = ahead.entries
             if page:
                 last = page[-1]
                 self._cursor = (last.next_due, last.name)
@@ -193,21 +194,21 @@ class DynamicWindow:
                 if self._behind:
                     self._behind = False
                     self.logger.info("beat-claims: the due index is read up to now again")
-                self._next_scan = self._after_pass(now)
+                self._next_scan = self._after_pass(now, ahead.beyond)
                 break
         if len(taken) > room:  # (those left out are behind the cursor: read again)
             self._fall_behind()
             self._next_scan = now + self.period
         return taken[:max(0, room)]
 
-    def _after_pass(self, now: int) -> int:
+    def _after_pass(self, now: int, beyond: int | None) -> int:
         """When to scan next, the index read up to the look-ahead: once the next entry it
         holds comes within half the look-ahead (an idle beat reads the index once a
         heartbeat interval, not once a second), at least :attr:`period` from now, and at
-        the latest when the next pass from the first entry begins."""
+        the latest when the next pass from the first entry begins. ``beyond``: the index's
+        first instant after what the pass read (None: none)."""
         restart_at = now + max(0, int(
             (self._pass_began + self.restart_every - time.monotonic()) * 1000))
-        beyond = self.store.next_indexed(self._cursor)
         at = beyond - LOOKAHEAD // 2 if beyond is not None else restart_at
         return max(now + self.period, min(at, restart_at))
 

@@ -226,6 +226,17 @@ class DueEntry:
 
 
 @dataclass(frozen=True)
+class DueAhead:
+    """What :meth:`Store.due_ahead` answers: the page :meth:`Store.due` answers
+    (``entries``), and when it is short (it holds every entry due by ``before`` after the
+    cursor) the index's first instant after ``before`` (``beyond``: when its reader reads
+    again; None: the index holds none, or the page is full)."""
+
+    entries: list[DueEntry]
+    beyond: int | None
+
+
+@dataclass(frozen=True)
 class IndexWrite:
     """A sweep's (re)indexing of one entry: ``next_due`` (UTC ms >= 0, or
     :data:`NOT_DUE`) as computed from the entry's anchor and checkpoint (``expected``;
@@ -1455,11 +1466,21 @@ class Store(abc.ABC):
     def next_indexed(self, after: tuple[int, str] | None = None) -> int | None:
         """The due index's first ``next_due`` after ``after`` (exclusive, as :meth:`due`
         pages; None: from the start), or None when it holds none after it: when a reader
-        that has read up to ``after`` reads again. Without the entry's state (a store that
-        reads the state apart from the index, Redis, skips that read: an idle beat asks
-        this once a heartbeat interval)."""
+        that has read up to ``after`` reads again."""
         found = self.due(LATEST, 1, after)
         return found[0].next_due if found else None
+
+    def due_ahead(self, before: int, limit: int, after: tuple[int, str] | None = None
+                  ) -> DueAhead:
+        """:meth:`due`, and when its page is short the index's first instant after
+        ``before`` (:class:`DueAhead`): what a reader that reads up to ``before`` asks,
+        and when to ask again. A store that can read both in one round trip does (Redis:
+        an idle beat reads its index once a heartbeat interval)."""
+        entries = self.due(before, limit, after)
+        if len(entries) >= limit:
+            return DueAhead(entries, None)
+        last = (entries[-1].next_due, entries[-1].name) if entries else after
+        return DueAhead(entries, self.next_indexed(last))
 
     @abc.abstractmethod
     def index(self, writes: Sequence[IndexWrite]) -> list[bool]:

@@ -113,7 +113,6 @@ from ..runs import Owner, Run, iso
 from ..urls import raise_redacted, redact_url
 from .base import (
     CHANGES_PER_MS,
-    LATEST,
     TOKENS_PER_MS,
     TOMBSTONES_DROPPED,
     BackfillForgotten,
@@ -131,6 +130,7 @@ from .base import (
     DefinitionResult,
     DefinitionWrite,
     Delivery,
+    DueAhead,
     DueEntry,
     EntryRecord,
     EntrySeed,
@@ -1495,19 +1495,20 @@ class RedisStore(Store):
     # -- the due index ----------------------------------------------------------------
     def due(self, before: int, limit: int, after: tuple[int, str] | None = None
             ) -> list[DueEntry]:
-        chosen = self._indexed(before, limit, after)
-        states = self._states([n for _, n in chosen])
-        return [DueEntry(n, due, *states[n]) for due, n in chosen]
+        return self._due(before, limit, after, False).entries
 
-    def next_indexed(self, after: tuple[int, str] | None = None) -> int | None:
-        """One round trip: the index alone, not the entry's state."""
-        chosen = self._indexed(LATEST, 1, after)
-        return chosen[0][0] if chosen else None
+    def due_ahead(self, before: int, limit: int, after: tuple[int, str] | None = None
+                  ) -> DueAhead:
+        """The first instant after ``before`` read by the same scripts as the page: the
+        same round trips as :meth:`due` (none more)."""
+        return self._due(before, limit, after, True)
 
-    def _indexed(self, before: int, limit: int, after: tuple[int, str] | None
-                 ) -> list[tuple[int, str]]:
-        """The first ``limit`` (next_due, name) of the due index at or before ``before``
-        after ``after``, every bucket's merged (one round trip; see :meth:`due`)."""
+    def _due(self, before: int, limit: int, after: tuple[int, str] | None, ahead: bool
+             ) -> DueAhead:
+        """The first ``limit`` entries of the due index at or before ``before`` after
+        ``after``, every bucket's merged (one round trip), with their states (one more,
+        when there are any); with ``ahead``, each bucket's first instant after ``before``
+        too (the least of them: ``beyond``, once the page is short)."""
         before, limit, after = due_cursor(before, limit, after)
         groups = self._bucket_groups()
         low, name = ("", "") if after is None else (str(after[0]), after[1])
@@ -1515,19 +1516,25 @@ class RedisStore(Store):
         def build(pipe: Pipeline) -> None:
             for group in groups:
                 keys = [self._bucket_keys(b, "next")[0] for b in group]
-                self._script(pipe, "due", keys, before, limit, low, name, raw=True)
+                self._script(pipe, "due", keys, before, limit, low, name,
+                             "1" if ahead else "", raw=True)
 
         found: list[tuple[int, bytes, str]] = []
+        beyond: list[int] = []
         for reply in self._round_trip(build):
             _raise_if_error(reply)
-            names, instants, bad = self._json_reply(reply, 3)
+            names, instants, bad, later = self._json_reply(reply, 4)
             for key in bad:
                 self._note_bad_key(key)
             for mine, dues in zip(names, instants):
                 found += [(int(float(due)), n.encode(), n)
                           for n, due in zip(mine or (), dues or ())]
+            beyond += [at for at in map(_finite_ms, later or ()) if at is not None]
         # (each bucket's answer is in order: merged, by name as the zsets order them)
-        return [(due, n) for due, _, n in sorted(found)[:limit]]
+        chosen = [(due, n) for due, _, n in sorted(found)[:limit]]
+        states = self._states([n for _, n in chosen])
+        return DueAhead([DueEntry(n, due, *states[n]) for due, n in chosen],
+                        min(beyond) if ahead and beyond and len(chosen) < limit else None)
 
     def _states(self, names: list[str]) -> dict[str, tuple[EntryState | None, int]]:
         """Each entry's state and definition version (None: it cannot be read), read by

@@ -16,6 +16,7 @@ from beat_claims.stores.base import (
     ClaimPlan,
     ClaimStatus,
     DefinitionWrite,
+    DueAhead,
     DueEntry,
     EntryRecord,
     EntryState,
@@ -210,6 +211,14 @@ def test_the_next_indexed_instant_after_a_cursor_is_the_one_due_would_page_to(
     assert store.next_indexed((2000, "b")) == LATER
     assert store.next_indexed((1500, "zz")) == 2000
     assert store.next_indexed((LATER, "c")) is None
+    # Read with a page: the first instant after what the page could hold, once it is short.
+    ahead = store.due_ahead(2000, 10)
+    assert ([d.name for d in ahead.entries], ahead.beyond) == (["a", "b"], LATER)
+    ahead = store.due_ahead(2000, 10, (2000, "a"))
+    assert ([d.name for d in ahead.entries], ahead.beyond) == (["b"], LATER)
+    assert store.due_ahead(2000, 2).beyond is None  # (a full page: more may be due)
+    assert store.due_ahead(1999, 10) == DueAhead([], 2000)
+    assert store.due_ahead(LATER, 10, (2000, "b")).beyond is None  # (nothing after)
 
 
 def test_due_refuses_a_limit_out_of_bounds(store: Store) -> None:

@@ -141,16 +141,17 @@ def test_a_rebuild_page_looks_at_thousands_of_entries_in_two_script_calls(
     assert stats["cmdstat_hmget"]["calls"] == 3000 + 1  # (the names: one read)
 
 
-def test_the_next_indexed_instant_is_read_without_the_entrys_state(
+def test_an_idle_read_of_the_due_index_and_its_next_instant_is_one_script_call(
         redis_store: RedisStore, server: RedisServer) -> None:
-    """An idle beat asks once a heartbeat interval when the due index's next entry comes
-    (after its read up to now): one script call over the buckets' indexes, not a second
-    for that entry's state, which it does not use."""
+    """An idle beat reads the due index once a heartbeat interval: what falls due soon
+    (nothing) and when the next entry comes, in one script call over the buckets'
+    indexes, not one for each and a third for that entry's state, which it does not use."""
     states = register(redis_store, "a", "b")
     assert redis_store.index([IndexWrite(n, s, 0, 5000) for n, s in states.items()]) == [
         True, True]
     server.client().config_resetstat()
-    assert redis_store.next_indexed((4000, "z")) == 5000
+    ahead = redis_store.due_ahead(4000, 1000, (3000, "z"))
+    assert (ahead.entries, ahead.beyond) == ([], 5000)
     assert script_calls(server, "fcall") == (1, 0)
 
 
