@@ -176,6 +176,7 @@ from .base import (
     written_worker_record,
 )
 from .redis_client import ClusterClient, RedisOptions, connect
+from .redis_packer import Packed, takes_packed
 
 logger = get_logger("celery.beat.claims")
 
@@ -203,8 +204,10 @@ REGISTRY_SCAN = 10_000
 #: Changes of the feed a read answers at most by default (Store.changes'), and with a
 #: heartbeat.
 FEED_PAGE = 1000
+#: Hexadecimal digits of an entry name's digest (the registry's fields, the keys' ends).
+DIGEST_CHARS = 20
 #: A digest of an entry's name, as the registry's fields hold it (see digest()).
-_DIGEST = re.compile(r"[0-9a-f]{4,}")
+_DIGEST = re.compile(f"[0-9a-f]{{{DIGEST_CHARS}}}")
 #: Entries whose script arguments (keys and name, encoded) are kept; then they start again.
 ENTRY_HEADS = 2048
 #: redis-py's option to read a command's reply as bytes.
@@ -449,7 +452,7 @@ def _not_run(reply: Any, command: Sequence[Any]) -> _NotRun | None:
 
 
 def digest(name: str) -> str:
-    return hashlib.blake2b(name.encode(), digest_size=10).hexdigest()
+    return hashlib.blake2b(name.encode(), digest_size=DIGEST_CHARS // 2).hexdigest()
 
 
 class RedisStore(Store):
@@ -505,6 +508,10 @@ class RedisStore(Store):
     def _tag(self, entry: str) -> tuple[str, str]:
         d = digest(entry)
         return self._bucket_tag(d), d
+
+    @cached_property
+    def _takes_packed(self) -> bool:
+        return takes_packed(self.client)
 
     def _bucket_tag(self, d: str) -> str:
         """The hash tag of the bucket of the entry whose name's digest is ``d`` (as
@@ -1585,7 +1592,7 @@ class RedisStore(Store):
         scan = int(scan_text) if scan_text.isdigit() else 0
         reply = self._round_trip(lambda pipe: self._script(
             pipe, "registry_scan", [self._registry], scan, REGISTRY_SCAN, self.prefix,
-            BUCKETS, raw=True))[0]
+            BUCKETS, DIGEST_CHARS, raw=True))[0]
         _raise_if_error(reply)
         following = int(reply[0])
         groups = [blob.split(b"\n") for blob in reply[1:] if blob]
@@ -1597,7 +1604,14 @@ class RedisStore(Store):
 
         def check(pipe: Pipeline) -> None:
             for group in groups:
-                self._script(pipe, "unindexed", group)
+                if packed:  # (keys of one length: the server's own, sent back as they came)
+                    pipe.execute_command(*self._call("unindexed"), len(group),
+                                         Packed.of_one_length(b"\n".join(group), len(group),
+                                                              len(group[0])))
+                else:
+                    self._script(pipe, "unindexed", group)
+
+        packed = self._takes_packed
 
         checked = self._round_trip(check) if groups else []
         for group, answer in zip(groups, checked):
