@@ -146,6 +146,16 @@ def stored_entry(found: StoredDefinition) -> StoredEntry:
                        found.changed_at, problem)
 
 
+def _written(change: EntryChange, found: StoredDefinition) -> StoredEntry:
+    """The entry a write left: the definition validated on its way in when the store
+    holds that same text (a million written need not be parsed and validated again,
+    nor held twice), else the stored one read as any other."""
+    if change.definition is None or found.definition != change.definition.to_json():
+        return stored_entry(found)
+    return StoredEntry(found.name, change.definition, found.version, found.origin,
+                       found.changed_by, found.changed_at, found.corrupt)
+
+
 def schedule_json(given: Any, app: Celery | None = None) -> Any:
     """A schedule as a definition's JSON form: Celery's objects, a ``timedelta`` or a number
     of seconds, an aware ``datetime`` converted; a JSON form as it is. A crontab without a
@@ -375,7 +385,7 @@ class Entries:
                     continue
                 result = next(results)
                 if result.status is WriteStatus.OK and result.current is not None:
-                    out.append(BulkResult(change.name, stored_entry(result.current)))
+                    out.append(BulkResult(change.name, _written(change, result.current)))
                 else:
                     out.append(BulkResult(change.name, None,
                                           _refusal(result, change.expected_version)))

@@ -55,8 +55,9 @@ created at the start, every store schema (or table) in it dropped before each ru
 at the end. Another store is compared with Redis by the
 ratio of their times to the last publish (``beat_claims_K+<store>/beat_claims_K``; the goal:
 at most 2). Its setup is known to be done when its tables hold at least one row per entry;
-a PostgreSQL statement (psycopg's ``Cursor.execute``) and a MySQL statement or commit
-(PyMySQL's ``Connection.query``, ``commit``) count as a store round trip; SQLite
+a PostgreSQL statement (psycopg's ``Cursor.execute``) and a MySQL query (one statement or
+a batch of them) or commit (PyMySQL's or mysqlclient's ``Connection.query``, ``commit``)
+count as a store round trip; SQLite
 has none (the file is read in the beat's process), nor has any store but Redis store
 commands. PersistentScheduler and RedBeat keep their own state as always (a file; the
 store redis-server).
@@ -524,24 +525,24 @@ class _Counters:
         psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
 
     def count_mysql(self) -> None:
-        """Each statement a PyMySQL cursor sends is one round trip to the store (the MySQL
-        store sends a few statements per item, and a commit per chunk)."""
-        import pymysql.connections
+        """Each query a PyMySQL or mysqlclient connection sends (one statement, or a batch
+        of them in one text) and each commit is one round trip to the store."""
+        import importlib
 
-        query = pymysql.connections.Connection.query
-        commit = pymysql.connections.Connection.commit
         counters = self
+        for module in ("pymysql.connections", "MySQLdb.connections"):
+            try:
+                connection = importlib.import_module(module).Connection
+            except ImportError:
+                continue
+            for method in ("query", "commit"):
+                real = getattr(connection, method)
 
-        def counted_query(self: Any, *args: Any, **kwargs: Any) -> Any:
-            counters.store += 1
-            return query(self, *args, **kwargs)
+                def counted(self: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                    counters.store += 1
+                    return _real(self, *args, **kwargs)
 
-        def counted_commit(self: Any) -> Any:
-            counters.store += 1
-            return commit(self)
-
-        pymysql.connections.Connection.query = counted_query  # type: ignore[method-assign]
-        pymysql.connections.Connection.commit = counted_commit  # type: ignore[method-assign]
+                setattr(connection, method, counted)
 
 
 def _peak_rss_kib() -> int:

@@ -13,7 +13,7 @@ from redis.exceptions import DataError
 
 from beat_claims.stores import redis_packer
 from beat_claims.stores.redis_client import connect
-from beat_claims.stores.redis_packer import RespPacker
+from beat_claims.stores.redis_packer import Packed, RespPacker, takes_packed
 
 from .conftest import RedisServer
 
@@ -85,4 +85,20 @@ def test_a_store_client_is_utf_8_whatever_the_url_says(server: RedisServer) -> N
     client.set("名前", "表ソ能")
     assert server.client().get("名前".encode()) == "表ソ能"
     assert client.get("名前") == "表ソ能"
+    client.close()
+
+
+def test_arguments_already_in_the_protocol_are_sent_as_they_are(server: RedisServer) -> None:
+    """A run of keys of one length (a rebuild sweep's, made by the server) is joined once,
+    not packed key by key: the same bytes as the keys one by one, and a client of the
+    store's own pool takes it."""
+    keys = [b"{p:%02d}:e:%020x" % (i % 16, i) for i in range(50)]
+    run = Packed.of_one_length(b"\n".join(keys), len(keys), len(keys[0]))
+    assert RespPacker().pack("FCALL", "f", len(keys), run, "x") == RespPacker().pack(
+        "FCALL", "f", len(keys), *keys, "x")
+    client = connect(server.url)
+    assert takes_packed(client) is not redis_packer._PACKS_IN_C
+    if takes_packed(client):
+        client.mset({k: "1" for k in keys[:10]})
+        assert client.execute_command("DEL", run) == 10
     client.close()

@@ -57,8 +57,6 @@ PAGES_PER_SCAN = 20
 #: falls behind) until what it holds is sent and let go. About 4 KB an entry held: a
 #: beat ready at 60 MiB stays under 100 MB whatever falls due at once.
 HELD_MAX = 5_000
-#: Later than any instant the index holds (UTC ms).
-EVER = 2 ** 53 - 1
 #: Definitions kept read, by name and version (the next time an entry falls due, its
 #: definition is not read again unless it changed).
 CACHED = 10_000
@@ -174,7 +172,8 @@ class DynamicWindow:
                 self._fall_behind()
                 self._next_scan = now + self.period
                 break
-            page = self.store.due(before, PAGE, self._cursor)
+            ahead = self.store.due_ahead(before, PAGE, self._cursor)
+            page = ahead.entries
             if page:
                 last = page[-1]
                 self._cursor = (last.next_due, last.name)
@@ -195,22 +194,22 @@ class DynamicWindow:
                 if self._behind:
                     self._behind = False
                     self.logger.info("beat-claims: the due index is read up to now again")
-                self._next_scan = self._after_pass(now)
+                self._next_scan = self._after_pass(now, ahead.beyond)
                 break
         if len(taken) > room:  # (those left out are behind the cursor: read again)
             self._fall_behind()
             self._next_scan = now + self.period
         return taken[:max(0, room)]
 
-    def _after_pass(self, now: int) -> int:
+    def _after_pass(self, now: int, beyond: int | None) -> int:
         """When to scan next, the index read up to the look-ahead: once the next entry it
         holds comes within half the look-ahead (an idle beat reads the index once a
         heartbeat interval, not once a second), at least :attr:`period` from now, and at
-        the latest when the next pass from the first entry begins."""
+        the latest when the next pass from the first entry begins. ``beyond``: the index's
+        first instant after what the pass read (None: none)."""
         restart_at = now + max(0, int(
             (self._pass_began + self.restart_every - time.monotonic()) * 1000))
-        beyond = self.store.due(EVER, 1, self._cursor)
-        at = beyond[0].next_due - LOOKAHEAD // 2 if beyond else restart_at
+        at = beyond - LOOKAHEAD // 2 if beyond is not None else restart_at
         return max(now + self.period, min(at, restart_at))
 
     def _fall_behind(self) -> None:

@@ -49,6 +49,11 @@ mark. ``LAYOUT`` is kept in ``P_meta``; tables of a newer layout are refused.
 
 Round trips: the transitions read and write row by row within their transaction (as the
 SQLite store does), so a call costs a few statements per item; a chunk costs one commit.
+The calls of the hot path read a chunk's rows at once and write them in a few multi-row
+statements (``mysql_rows.py``), and send their statements in batches (``mysql_driver.py``):
+the clock, the entries' locks and their runs in one round trip, the writes and the COMMIT
+in another (a third when a claim trims full histories). The client library is mysqlclient
+when it is installed, else PyMySQL (``?driver=`` chooses).
 
 MySQL 8 differs from MariaDB 10.11 where said: ``@@server_uuid``, the InnoDB table id
 (``information_schema.INNODB_TABLES`` on MySQL 8, ``INNODB_SYS_TABLES`` on MariaDB), the
@@ -99,7 +104,8 @@ from .base import (
     stored_definition,
     written_next_due,
 )
-from .mysql_rows import Cursor, ItemFailed, Rows
+from .mysql_driver import Driver, choose
+from .mysql_rows import Cursor, ItemFailed, Rows, Statement
 from .sqlite import (
     _STORES,
     ANCHOR_SHARED_MS,
@@ -111,13 +117,6 @@ from .sqlite import (
     _statements,
     _workers_statements,
 )
-
-try:  # the driver comes with the extra: beat-claims[mysql]
-    import pymysql
-    import pymysql.constants
-    import pymysql.err
-except ImportError:  # pragma: no cover - said when a store is opened
-    pymysql = None
 
 logger = get_logger("celery.beat.claims")
 
@@ -151,6 +150,10 @@ IDLE_CHECK = 10.0
 NAMES_PER_READ = 1000
 #: A "LIMIT" that does not limit (MySQL has no LIMIT -1).
 NO_LIMIT = 2 ** 62
+
+#: The server's clock (UTC, in a session whose time zone is UTC), read first in each
+#: transaction.
+CLOCK = "SELECT UNIX_TIMESTAMP(NOW(6))"
 
 #: ``mysql://`` and ``mariadb://`` (the same store).
 SCHEMES = ("mysql", "mariadb")
@@ -284,8 +287,8 @@ def _tables(prefix: str) -> Tables:
 # -- connections --------------------------------------------------------------------------
 def parse_url(url: str) -> dict[str, Any]:
     """The connection parameters of a ``mysql://`` or ``mariadb://`` URL (user, password,
-    host, port, database; ``?unix_socket=``, ``?charset=`` ignored, ``ssl_ca=`` and
-    ``connect_timeout=`` taken)."""
+    host, port, database; ``?unix_socket=``, ``?charset=`` ignored, ``ssl_ca=``,
+    ``connect_timeout=`` and ``driver=`` taken)."""
     where = f"beat_claims_url={redact_url(url)!r}"
     try:
         parts = urllib.parse.urlsplit(url)
@@ -316,6 +319,8 @@ def parse_url(url: str) -> dict[str, Any]:
                     f"{where}: connect_timeout is not a number of seconds") from None
         elif key in ("ssl_ca", "ssl_cert", "ssl_key"):
             params.setdefault("ssl", {})[key.removeprefix("ssl_")] = value
+        elif key == "driver":  # (the client library: see mysql_driver.py)
+            params["driver"] = value
         elif key != "charset":
             raise StoreConfigurationError(f"{where}: unknown option {key!r}")
     return params
@@ -391,9 +396,14 @@ class _Session:
         self._write = write
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> Cursor:
-        if statement == self._store._meta_get and self._write:
-            statement += " FOR UPDATE"
-        return self._store._statement(self._conn, statement, params)
+        return self.execute_many([(statement, params)])[0]
+
+    def execute_many(self, statements: Sequence[Statement]) -> list[Cursor]:
+        """The statements in one round trip."""
+        meta_get = self._store._meta_get
+        return self._store._batch(self._conn, [
+            (statement + " FOR UPDATE" if statement == meta_get and self._write else statement,
+             params) for statement, params in statements])
 
 
 class MySQLStore(RowStore):
@@ -401,11 +411,9 @@ class MySQLStore(RowStore):
 
     def __init__(self, params: dict[str, Any], prefix: str = "beat-claims",
                  history_limit: int = 100, timeout: float = 5.0, url: str = "") -> None:
-        if pymysql is None:
-            raise StoreConfigurationError(
-                "beat_claims_url: the MySQL store needs PyMySQL: pip install"
-                " 'beat-claims[mysql]'")
         self._params = dict(params)
+        #: The client library (mysqlclient when installed, else PyMySQL; ``?driver=``).
+        self.driver: Driver = choose(self._params.get("driver"))
         self.database = str(params.get("database") or "")
         self.path = self.database  # (what the SQLite store's messages name)
         self.prefix = prefix
@@ -435,7 +443,9 @@ class MySQLStore(RowStore):
         self._used_at = time.monotonic()
         #: Transactions run again after a deadlock or a lock wait timeout (since opened).
         self.retries = 0
-        self.statements = 0
+        #: Exchanges with the server since opened: a statement, a batch of statements
+        #: (``_batch``), a COMMIT, a ROLLBACK or a ping is one each.
+        self.round_trips = 0
         _STORES.add(self)
 
     @classmethod
@@ -496,10 +506,11 @@ class MySQLStore(RowStore):
         if self._db is not None and time.monotonic() - self._used_at > IDLE_CHECK:
             try:  # (closed by the server while idle: opened again, nothing was lost)
                 self._in_flight = self._db
-                self._db.ping(reconnect=False)
+                self.round_trips += 1
+                self.driver.ping(self._db)
                 self._in_flight = None
                 self._used_at = time.monotonic()
-            except pymysql.err.MySQLError:
+            except self.driver.Error:
                 self._in_flight = None
                 self._drop_connection()
         if self._db is None:
@@ -507,26 +518,22 @@ class MySQLStore(RowStore):
         return self._db
 
     def _open(self, starting: bool) -> Any:
-        params = dict(self._params)
+        params = {k: v for k, v in self._params.items() if k != "driver"}
         params.setdefault("connect_timeout", min(self.timeout, 5.0))
         try:
-            conn = pymysql.connect(
-                **params, charset="utf8mb4", autocommit=False,
-                read_timeout=max(1, round(self.timeout + 1)),
-                write_timeout=max(1, round(self.timeout + 1)),
-                # (rowcount: the rows an UPDATE matched, as SQLite counts them)
-                client_flag=pymysql.constants.CLIENT.FOUND_ROWS,
-                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        except pymysql.err.MySQLError as exc:
+            conn = self.driver.connect(
+                params, self.timeout,
+                "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        except self.driver.Error as exc:
             raise self._failure(exc, starting) from exc
-        if not self.database:  # (named by an option file: read_default_file)
-            self.database = self.path = str(_text(getattr(conn, "db", None)) or "")
-            if not self.database:
-                _close(conn)
-                raise StoreConfigurationError(
-                    f"beat_claims_url={self._url!r}: no database is named (NAME, or"
-                    " database in the option file)")
         try:
+            if not self.database:  # (named by an option file: read_default_file)
+                row = self._statement(conn, "SELECT DATABASE()").fetchone()
+                self.database = self.path = str(row[0] or "") if row else ""
+                if not self.database:
+                    raise StoreConfigurationError(
+                        f"beat_claims_url={self._url!r}: no database is named (NAME, or"
+                        " database in the option file)")
             wait = max(1, round(self.timeout))
             # (lock_wait_timeout: a table's metadata lock, behind an operator's LOCK TABLES
             # or ALTER, is waited for no longer than a row's, not a day or a year on the
@@ -543,7 +550,7 @@ class MySQLStore(RowStore):
         except StoreConfigurationError:
             _close(conn)
             raise
-        except pymysql.err.MySQLError as exc:
+        except self.driver.Error as exc:
             _close(conn)
             raise self._failure(exc, starting) from exc
         except BaseException:
@@ -560,7 +567,7 @@ class MySQLStore(RowStore):
         try:
             row = self._statement(conn, "SELECT @@server_uuid").fetchone()  # MySQL
             server = str(row[0]) if row else ""
-        except pymysql.err.MySQLError:
+        except self.driver.Error:
             pass
         if not server:
             row = self._statement(conn, "SELECT @@hostname, @@port, @@server_id").fetchone()
@@ -572,7 +579,7 @@ class MySQLStore(RowStore):
             try:
                 row = self._statement(conn, f"SELECT TABLE_ID FROM {view} WHERE NAME = %s",
                                       (table,)).fetchone()
-            except pymysql.err.MySQLError:
+            except self.driver.Error:
                 continue
             if row:
                 tables = f"id{row[0]}"
@@ -620,14 +627,15 @@ class MySQLStore(RowStore):
             self._end(db, commit=True)
             self._ready = True
         finally:
-            with contextlib.suppress(pymysql.err.MySQLError):
+            with contextlib.suppress(self.driver.Error):
                 self._end(db, commit=False)
-            with contextlib.suppress(pymysql.err.MySQLError):
+            with contextlib.suppress(self.driver.Error):
                 self._statement(db, "SELECT RELEASE_LOCK(%s)", (lock,))
 
     def _end(self, conn: Any, commit: bool) -> None:
         """COMMIT or ROLLBACK, its reply read as a statement's is (see _in_flight)."""
         self._in_flight = conn
+        self.round_trips += 1
         if commit:
             conn.commit()
         else:
@@ -635,20 +643,25 @@ class MySQLStore(RowStore):
         self._in_flight = None
 
     def _statement(self, conn: Any, statement: str, params: Sequence[Any] = ()) -> Cursor:
-        """One statement, one round trip: its rows (names and ids as text). Text is sent
-        as UTF-8 bytes (``_binary'...'``): names and ids are VARBINARY, and a utf8mb4 string
-        compared with them costs a conversion per row (a batch of keys 50x slower); a text
-        column takes the bytes as its UTF-8 text."""
-        self.statements += 1
-        self._in_flight = conn  # (until its reply is read: see _transaction)
-        with conn.cursor() as cur:
-            rowcount = cur.execute(statement, tuple(
-                v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v
-                for v in params) if params else None)
-            rows = cur.fetchall() if cur.description is not None else ()
+        """One statement, one round trip: its rows (names and ids as text)."""
+        return self._batch(conn, [(statement, params)])[0]
+
+    def _batch(self, conn: Any, statements: Sequence[Statement]) -> list[Cursor]:
+        """Statements in one round trip (see mysql_driver.py): each one's rows (names and
+        ids as text), in order. Text is sent as UTF-8 bytes (``_binary'...'``): names and
+        ids are VARBINARY, and a utf8mb4 string compared with them costs a conversion per
+        row (a batch of keys 50x slower); a text column takes the bytes as its UTF-8
+        text."""
+        self.round_trips += 1
+        self._in_flight = conn  # (until every reply is read: see _transaction)
+        found = self.driver.run(conn, [(statement, tuple(
+            v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v
+            for v in params)) for statement, params in statements])
         self._in_flight = None
         self._used_at = time.monotonic()
-        return Cursor([tuple(_text(v) for v in row) for row in rows], rowcount)
+        return [Cursor([tuple([v.decode("utf-8", "surrogateescape") if type(v) is bytes
+                               else v for v in row]) for row in cur.fetchall()], cur.rowcount)
+                for cur in found]
 
     def _failure(self, exc: Exception, starting: bool = False) -> Exception:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
@@ -685,7 +698,7 @@ class MySQLStore(RowStore):
                 if heartbeat and write:  # the tables or the server may be other ones
                     try:
                         self._db_file = self._identity(conn)
-                    except pymysql.err.MySQLError as exc:
+                    except self.driver.Error as exc:
                         self._drop_connection()
                         raise self._failure(exc) from exc
                 if not heartbeat and self._heartbeat_file not in (None, self._db_file):
@@ -695,25 +708,26 @@ class MySQLStore(RowStore):
                         " epoch must be read again before anything else")
                 try:
                     try:
-                        row = self._statement(conn, "SELECT UNIX_TIMESTAMP(NOW(6))"
-                                              ).fetchone()
-                        if not row or row[0] is None:  # (never a clock of 0)
-                            raise StoreError(f"{self.description}: the server's clock"
-                                             f" could not be read ({row!r})")
-                        self._now_ms = int(row[0] * 1000)
                         session: Any = _Session(self, conn, write)
-                        if rows:  # the chunk's rows read at once (mysql_rows.py)
-                            session = Rows(session.execute, self._sql, self.tables.runs,
-                                           self.tables.entries, self._savepoint, DUE_AT_ONCE)
+                        if rows:  # the chunk's rows read at once (mysql_rows.py), the
+                            # clock with them, in one round trip
+                            session = Rows(session.execute_many, self._sql, self.tables.runs,
+                                           self.tables.entries, self._savepoint, DUE_AT_ONCE,
+                                           self.tables.base, (CLOCK, (), self._read_clock))
+                        else:
+                            self._read_clock(self._statement(conn, CLOCK))
                         if lock is not None:
                             lock(session)
-                        result = work(session)
                         if rows:
-                            session.flush()
-                        self._end(conn, commit=True)
+                            session.begin()
+                        result = work(session)
+                        if rows:  # its writes and the COMMIT in one round trip
+                            session.flush(("COMMIT", ()))
+                        else:
+                            self._end(conn, commit=True)
                         return result
                     except BaseException as exc:
-                        if self._in_flight is conn and not _answered(exc):
+                        if self._in_flight is conn and not _answered(self.driver, exc):
                             # Interrupted with a reply half read (a signal's SystemExit, a
                             # timeout): the next statement would read this one's reply. The
                             # session goes, and the server rolls its transaction back.
@@ -724,7 +738,7 @@ class MySQLStore(RowStore):
                             with contextlib.suppress(Exception):
                                 self._end(conn, commit=False)
                         raise
-                except pymysql.err.MySQLError as exc:
+                except self.driver.Error as exc:
                     code = exc.args[0] if exc.args else None
                     if code in (ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT) and attempt < RETRIES:
                         attempt += 1
@@ -741,16 +755,23 @@ class MySQLStore(RowStore):
                             # their epoch, as after a reconnect to them)
                             self._db_file = self._identity(conn)
                             self._end(conn, commit=True)
-                        except (pymysql.err.MySQLError, StoreConfigurationError) as again:
+                        except (self.driver.Error, StoreConfigurationError) as again:
                             raise StoreError(f"{self.description}: {again}") from again
                         continue
-                    if items and isinstance(exc, (pymysql.err.DataError,
-                                                  pymysql.err.IntegrityError)):
+                    if items and isinstance(exc, self.driver.item_errors):
                         raise ItemFailed(f"{type(exc).__name__}: {exc}") from exc
-                    if isinstance(exc, (pymysql.err.OperationalError,
-                                        pymysql.err.InterfaceError)):
+                    if isinstance(exc, (self.driver.OperationalError,
+                                        self.driver.InterfaceError)):
                         self._drop_connection()
                     raise self._failure(exc) from exc
+
+    def _read_clock(self, found: Cursor) -> None:
+        """The server's clock, as CLOCK read it, for the transaction's transitions."""
+        row = found.fetchone()
+        if not row or row[0] is None:  # (never a clock of 0)
+            raise StoreError(f"{self.description}: the server's clock could not be read"
+                             f" ({row!r})")
+        self._now_ms = int(row[0] * 1000)
 
     _savepoint = ("SAVEPOINT item", "ROLLBACK TO SAVEPOINT item", "RELEASE SAVEPOINT item")
 
@@ -778,7 +799,7 @@ class MySQLStore(RowStore):
         return self._transaction(lambda db: run(db, part), lock=lock)
 
     def _outage(self, exc: BaseException) -> bool:
-        return _is_outage(exc)
+        return _is_outage(self.driver, exc)
 
     def history(self, entry: str, limit: int | None = None) -> list[Any]:
         return super().history(entry, NO_LIMIT if limit is None else limit)
@@ -1026,24 +1047,21 @@ def _entry_of(item: Any) -> str | None:
     return None
 
 
-def _answered(exc: BaseException) -> bool:
+def _answered(driver: Driver, exc: BaseException) -> bool:
     """Whether ``exc`` is the server's answer (an error packet read whole: the session can
     go on), not an interruption of the reply."""
     code = exc.args[0] if exc.args else None
     # (the client's own errors are 2000 to 2999: a connection lost, a reply cut short)
-    return (pymysql is not None and isinstance(exc, pymysql.err.MySQLError)
-            and not isinstance(exc, pymysql.err.InterfaceError) and isinstance(code, int)
-            and code >= 1000 and not 2000 <= code < 3000)
+    return (isinstance(exc, driver.Error) and not isinstance(exc, driver.InterfaceError)
+            and isinstance(code, int) and code >= 1000 and not 2000 <= code < 3000)
 
 
-def _is_outage(exc: BaseException) -> bool:
+def _is_outage(driver: Driver, exc: BaseException) -> bool:
     """An error of the server or the connection (the whole call fails, or runs again),
     not of one item."""
-    if pymysql is None:
-        return False
-    if isinstance(exc, (pymysql.err.OperationalError, pymysql.err.InterfaceError)):
+    if isinstance(exc, (driver.OperationalError, driver.InterfaceError)):
         return True
-    return isinstance(exc, pymysql.err.MySQLError) and bool(exc.args) and exc.args[0] in (
+    return isinstance(exc, driver.Error) and bool(exc.args) and exc.args[0] in (
         ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT, ER_NO_SUCH_TABLE)
 
 

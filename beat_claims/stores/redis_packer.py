@@ -6,11 +6,16 @@ small (a heartbeat carrying its sweep has 56 arguments, a claim about 20), that 
 their packing. An idle beat does little else: packing was about a fifth of an idle tick's
 CPU. This packer builds the same bytes with one join, about 2.3x as fast on those calls;
 when redis-py packs in C (``hiredis``), it is not used.
+
+It also takes arguments already in the protocol (:class:`Packed`): a rebuild sweep's
+10,000 keys a call, made by the server and sent back to it, cost the beat a join instead
+of four steps each.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import redis.utils
@@ -22,6 +27,23 @@ from redis.connection import AbstractConnection
 #: they take.
 _PACKS_IN_C = bool(getattr(redis.utils, "HIREDIS_PACK_AVAILABLE",
                            getattr(redis.utils, "HIREDIS_AVAILABLE", False)))
+
+
+@dataclass(frozen=True)
+class Packed:
+    """``count`` arguments already in the protocol (``data``: each ``$<length>\\r\\n``,
+    its bytes, ``\\r\\n``). Only :class:`RespPacker` takes it: ask :func:`takes_packed`
+    of the client first."""
+
+    count: int
+    data: bytes
+
+    @classmethod
+    def of_one_length(cls, joined: bytes, count: int, size: int) -> Packed:
+        """``count`` arguments of ``size`` bytes each, ``\\n``-separated in ``joined``
+        (none of them holding one)."""
+        return cls(count, b"$%d\r\n" % size + joined.replace(b"\n", b"\r\n$%d\r\n" % size)
+                   + b"\r\n")
 
 
 class RespPacker:
@@ -41,10 +63,15 @@ class RespPacker:
             args = (*first.encode().split(), *args[1:])
         elif b" " in first:
             args = (*first.split(), *args[1:])
-        parts = [b"*%d\r\n" % len(args)]
+        count = len(args)
+        parts = [b""]
         add = parts.append
         for arg in args:
             kind = type(arg)
+            if kind is Packed:
+                count += arg.count - 1
+                add(arg.data)
+                continue
             if kind is str:
                 arg = arg.encode()
             elif kind is int:
@@ -54,6 +81,7 @@ class RespPacker:
             add(b"$%d\r\n" % len(arg))
             add(arg)
             add(b"\r\n")
+        parts[0] = b"*%d\r\n" % count
         return [b"".join(parts)]
 
 
@@ -65,8 +93,15 @@ def packer_options() -> dict[str, Any]:
     return {"command_packer": RespPacker()}
 
 
+def takes_packed(client: Any) -> bool:
+    """Whether ``client``'s connections pack with :class:`RespPacker` (and so take
+    :class:`Packed` arguments): a client of :func:`packer_options`' pool."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    return isinstance(kwargs, dict) and isinstance(kwargs.get("command_packer"), RespPacker)
+
+
 def _connection_parameters() -> frozenset[str]:
     return frozenset(inspect.signature(AbstractConnection.__init__).parameters)
 
 
-__all__ = ["RespPacker", "packer_options"]
+__all__ = ["Packed", "RespPacker", "packer_options", "takes_packed"]

@@ -1,7 +1,8 @@
 """The MySQL / MariaDB backend of the contract suite: the machine's server (``BC_MYHOST``,
 ``BC_MYPORT``, ``BC_MYUSER``, ``BC_MYPASSWORD``; MariaDB on 127.0.0.1:3306 as root by
-default), in a database of its own created once per session
-(``beat_claims_contract_<random>``, dropped at the end), a fresh prefix (tables) per test.
+default; ``BC_MYDRIVER``: the client library, else the store's choice), in a database of
+its own created once per session (``beat_claims_contract_<random>``, dropped at the end), a
+fresh prefix (tables) per test.
 
 The fault hooks write with SQL, as an operator or a broken tool would. A run's record is
 ``LONGTEXT`` (any text); an entry's anchor, checkpoint and token are ``BIGINT`` (text is
@@ -14,6 +15,7 @@ taken just before (``mariadb-dump`` / ``mysqldump``, loaded with the ``mariadb``
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -28,13 +30,20 @@ import pytest
 
 from beat_claims.stores.base import Store, WorkerProcess, worker_id
 from beat_claims.stores.mysql import MySQLStore
+from beat_claims.stores.mysql_driver import DRIVERS
 
-from .backend import Backend, counting
+from .backend import Backend
 
 HOST = os.environ.get("BC_MYHOST", "127.0.0.1")
 PORT = int(os.environ.get("BC_MYPORT", "3306"))
 USER = os.environ.get("BC_MYUSER", "root")
 PASSWORD = os.environ.get("BC_MYPASSWORD", "")
+#: The client library the stores use (``mysqlclient``, ``pymysql``; unset: the store's
+#: choice, mysqlclient when installed).
+DRIVER = os.environ.get("BC_MYDRIVER", "")
+
+#: The client libraries installed here (``?driver=``), the store's choice first.
+INSTALLED_DRIVERS = [name for name, module in DRIVERS if importlib.util.find_spec(module)]
 
 #: The session's database and the connection the hooks use (created on first use).
 _session: dict[str, Any] = {}
@@ -43,7 +52,7 @@ _urls: weakref.WeakKeyDictionary[MySQLStore, str] = weakref.WeakKeyDictionary()
 
 def url(dbname: str) -> str:
     auth = f"{USER}:{PASSWORD}" if PASSWORD else USER
-    return f"mysql://{auth}@{HOST}:{PORT}/{dbname}"
+    return f"mysql://{auth}@{HOST}:{PORT}/{dbname}" + (f"?driver={DRIVER}" if DRIVER else "")
 
 
 def _connect(dbname: str | None) -> Any:
@@ -125,6 +134,20 @@ def _my_open(request: pytest.FixtureRequest, history_limit: int) -> Iterator[Sto
         _drop_tables(store)
 
 
+@contextlib.contextmanager
+def with_driver(store: MySQLStore, driver: str) -> Iterator[MySQLStore]:
+    """The same store (its tables) through the client library ``driver``."""
+    if store.driver.name == driver:
+        yield store
+        return
+    other = MySQLStore({**store._params, "driver": driver}, store.prefix, store.history_limit,
+                       store.timeout)
+    try:
+        yield other
+    finally:
+        other.close()
+
+
 def _my_reopen(store: Store) -> Store:
     s = _my(store)
     other = MySQLStore.from_url(_urls[s], s.prefix, s.history_limit)
@@ -179,6 +202,12 @@ def _kill_others(dbname: str) -> None:
                     cur.execute(f"KILL {int(session)}")
 
 
+def _round_trips(store: MySQLStore) -> Callable[[], int]:
+    """The store's exchanges with its server from now on (its own counter)."""
+    start = store.round_trips
+    return lambda: store.round_trips - start
+
+
 def _my_wipe(store: Store) -> None:
     _drop_tables(store)
 
@@ -228,4 +257,4 @@ BACKEND = Backend(open=_my_open, reopen=_my_reopen, corrupt_run=_my_corrupt_run,
                   restart=_my_restart,
                   corrupt_worker_record=_my_corrupt_worker_record, copy=_my_copy,
                   drop_next_due=_my_drop_next_due,
-                  round_trips=lambda store: counting(store, "_statement"))
+                  round_trips=lambda store: _round_trips(_my(store)))

@@ -1,52 +1,75 @@
 """MySQL only: a call interrupted while it reads a reply (a signal's SystemExit in a beat
 that is stopping, a KeyboardInterrupt) leaves no reply behind for the next call to read;
 tables made again under a call are another epoch; a session the server closed while it was
-idle is opened again."""
+idle is opened again. With each client library installed (PyMySQL, mysqlclient)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from collections.abc import Iterator
 from typing import Any, cast
 
-import pymysql.connections
 import pytest
 
 from beat_claims.stores.base import EntrySeed, Store, StoreError
 from beat_claims.stores.mysql import IDLE_CHECK, MySQLStore
 
 from .backend_mysql import BACKEND as backend_mysql
+from .backend_mysql import INSTALLED_DRIVERS, with_driver
 from .backend_mysql import admin as backend_mysql_admin
 from .backend_mysql import sql as backend_mysql_sql
 from .helpers import owner
 
 
-@pytest.fixture
+@pytest.fixture(params=INSTALLED_DRIVERS)
 def mysql_store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    with backend_mysql.open(request, 100) as store:
+    with backend_mysql.open(request, 100) as opened, with_driver(
+            cast(MySQLStore, opened), request.param) as store:
         yield store
 
 
-def interrupt_the_next_reply(monkeypatch: pytest.MonkeyPatch, why: str,
-                             reader: str = "_read_query_result") -> None:
-    """The next reply ``reader`` reads (a result; ``_read_ok_packet``: a COMMIT's, a
-    ROLLBACK's, a ping's) raises SystemExit (a SIGTERM while it was on its way); the
+#: Where each library reads a reply, in Python: a result (the first statement's; PyMySQL
+#: reads it in ``_read_query_result``, mysqlclient's ``query`` returns with its rows not
+#: yet read) and an OK packet (a COMMIT's, a ROLLBACK's, a ping's: PyMySQL's
+#: ``_read_ok_packet``; mysqlclient reads them in C, where a signal is handled once the
+#: reply is in: the SystemExit comes as the call returns).
+READERS = {"pymysql": {"result": [("pymysql.connections", "_read_query_result")],
+                       "ok": [("pymysql.connections", "_read_ok_packet")]},
+           "mysqlclient": {"result": [("MySQLdb.connections", "query")],
+                           "ok": [("MySQLdb.connections", name)
+                                  for name in ("commit", "rollback", "ping")]}}
+
+
+def interrupt_the_next_reply(monkeypatch: pytest.MonkeyPatch, store: Store, why: str,
+                             reply: str = "result") -> None:
+    """The next ``reply`` (a result, or an OK packet: a COMMIT's, a ROLLBACK's, a ping's)
+    the store's library reads raises SystemExit (a SIGTERM while it was on its way); the
     replies after it are read as usual."""
-    real = getattr(pymysql.connections.Connection, reader)
+    driver = cast(MySQLStore, store).driver.name
     interrupted = []
+    for module, name in READERS[driver][reply]:
+        connection = importlib.import_module(module).Connection
+        real = getattr(connection, name)
 
-    def stopping(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not interrupted:
+        def stopping(self: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            if interrupted:
+                return _real(self, *args, **kwargs)
             interrupted.append(True)
+            if driver == "mysqlclient":  # (the reply comes in C: the signal after it,
+                # whatever the reply was)
+                with contextlib.suppress(Exception):
+                    _real(self, *args, **kwargs)
             raise SystemExit(why)
-        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(pymysql.connections.Connection, reader, stopping)
+        monkeypatch.setattr(connection, name, stopping)
 
 
 def test_a_call_interrupted_in_its_reply_leaves_nothing_for_the_next_one_to_read(
         mysql_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     mysql_store.register([EntrySeed("a", "every 1s (a)"), EntrySeed("b", "every 2s (b)")])
-    interrupt_the_next_reply(monkeypatch, "SIGTERM while the reply was on its way")
+    interrupt_the_next_reply(monkeypatch, mysql_store,
+                             "SIGTERM while the reply was on its way")
     with pytest.raises(SystemExit):
         mysql_store.entries(["a"])
     [b] = mysql_store.entries(["b"])
@@ -59,7 +82,8 @@ def test_a_heartbeat_interrupted_while_it_reads_the_server_identity_leaves_no_re
     """The heartbeat reads the server's and the tables' identity before its transaction;
     a SIGTERM there must not leave that reply for the next call."""
     mysql_store.register([EntrySeed("a", "every 1s (a)"), EntrySeed("b", "every 2s (b)")])
-    interrupt_the_next_reply(monkeypatch, "SIGTERM while the identity's reply was on its way")
+    interrupt_the_next_reply(monkeypatch, mysql_store,
+                             "SIGTERM while the identity's reply was on its way")
     with pytest.raises(SystemExit):
         mysql_store.heartbeat(owner(1), 10.0)
     found = mysql_store.entries(["b"])
@@ -112,8 +136,8 @@ def test_a_rollback_interrupted_in_its_reply_leaves_nothing_for_the_next_call_to
     store = cast(MySQLStore, mysql_store)
 
     def failing(db: Any) -> None:
-        interrupt_the_next_reply(monkeypatch, "SIGTERM while the rollback's reply was on"
-                                 " its way", "_read_ok_packet")
+        interrupt_the_next_reply(monkeypatch, store, "SIGTERM while the rollback's reply"
+                                 " was on its way", "ok")
         raise ValueError("a transition that fails")
 
     with pytest.raises(SystemExit):
@@ -160,8 +184,8 @@ def test_a_ping_interrupted_in_its_reply_leaves_nothing_for_the_next_call_to_rea
     mysql_store.register([EntrySeed("a", "every 1s (a)")])
     store = cast(MySQLStore, mysql_store)
     store._used_at -= IDLE_CHECK + 1  # (idle: its next call pings first)
-    interrupt_the_next_reply(monkeypatch, "SIGTERM while the ping's reply was on its way",
-                             "_read_ok_packet")
+    interrupt_the_next_reply(monkeypatch, mysql_store,
+                             "SIGTERM while the ping's reply was on its way", "ok")
     with pytest.raises(SystemExit):
         mysql_store.entries(["a"])
     for _ in range(3):

@@ -3,9 +3,11 @@
 -- the first ARGV[2] after (ARGV[3], ARGV[4]) (exclusive; ARGV[3] '' : from the start),
 -- read by rank (O(log N) to find the start, whatever the ties before it). The caller
 -- merges the buckets.
+-- With ARGV[5] '1', also each bucket's first instant after ARGV[1] (when to read again).
 -- KEYS: the buckets' due indexes (one bucket per call on a cluster, where each has its
 -- own slot; all of them on one server). Returns, as one JSON string, [names of each key,
--- instants of each key (as text), keys of the wrong kind].
+-- instants of each key (as text), keys of the wrong kind, the first instants after
+-- ARGV[1] (as text; of the keys that have one)].
 local limit = tonumber(ARGV[2])
 local after_due, after_name = tonumber(ARGV[3]), ARGV[4]
 
@@ -35,11 +37,16 @@ local function start_of(key)
   return lo
 end
 
-local names, instants, bad = {}, {}, {}
+local names, instants, bad, later = {}, {}, {}, {}
 for _, key in ipairs(KEYS) do
   if key_is(key, 'zset') then
     local start = start_of(key)
-    local stop = math.min(redis.call('ZCOUNT', key, '-inf', ARGV[1]), start + limit)
+    local due = redis.call('ZCOUNT', key, '-inf', ARGV[1])
+    local stop = math.min(due, start + limit)
+    if ARGV[5] == '1' then
+      local next = redis.call('ZRANGE', key, due, due, 'WITHSCORES')
+      if next[2] then later[#later + 1] = next[2] end
+    end
     local mine, dues = {}, {}
     if start < stop then
       local rows = redis.call('ZRANGE', key, start, stop - 1, 'WITHSCORES')
@@ -56,4 +63,4 @@ for _, key in ipairs(KEYS) do
     instants[#instants + 1] = {}
   end
 end
-return cjson.encode({names, instants, bad})
+return cjson.encode({names, instants, bad, later})
