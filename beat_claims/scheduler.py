@@ -413,7 +413,7 @@ class Scheduler(BaseScheduler):
         compose the schedule again if anything did."""
         first = not self.stored.loaded
         try:
-            changed = self.stored.refresh()
+            changed = self.stored.refresh(self.liveness.take_changes)
         except (StoreError, StoreConfigurationError) as exc:
             if first:
                 raise  # nothing is claimed before the definitions are read
@@ -653,12 +653,16 @@ class Scheduler(BaseScheduler):
             # (not the first heartbeat after an outage: that one only has to work).
             sweep = (self.sweeper.query()
                      if self._ready and sweep_due and not self.store_outage.active else None)
-            if self.liveness.beat(sweep=sweep):
+            feed = self.stored.cursor if self.stored.loaded else None  # (read with it)
+            if self.liveness.beat(sweep=sweep, changes=feed):
                 raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
                                     " wipe)", epoch_begun=True)
             self.metrics.heartbeat()
             self._register_again_after_a_lapse()
             self.window.share = Share.among(self.owner.id, self.liveness.sharers())
+            # Its pass from the first entry (once an interval) in this tick: an idle beat
+            # wakes once an interval, not once for each.
+            self.window.restart()
         if heartbeat or not self.stored.loaded:
             self._follow_definitions()
         settling = self.liveness.settling_for()

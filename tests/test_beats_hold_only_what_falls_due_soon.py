@@ -572,3 +572,24 @@ def test_a_beat_takes_another_beats_late_entries_only_while_it_keeps_up(
 
     assert taken(late_here=False) == set(names)
     assert taken(late_here=True) == mine
+
+
+def test_an_idle_beat_wakes_once_a_heartbeat_interval(server: RedisServer) -> None:
+    """An idle beat (dynamic entries, none due soon) reads the due index from its first
+    entry in the tick of its heartbeat, and a heartbeat due a moment after the tick at
+    hand is taken by it: it wakes once an interval, not once for the heartbeat and again
+    for the index's read a moment apart."""
+    app = make_app(server, schedule={})
+    with Entries(app) as entries:
+        entries.bulk_create(idle_entries(100))
+    beat = make(app)
+    try:
+        heartbeats: list[bool] = []  # (whether each tick heartbeated)
+        for _ in range(12):
+            last = beat.liveness.last
+            wait = beat.tick()
+            heartbeats.append(beat.liveness.last != last)
+            time.sleep(max(0.0, wait))
+        assert all(heartbeats[2:]), heartbeats  # (the first: what make() left to do)
+    finally:
+        beat.close()

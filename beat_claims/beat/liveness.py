@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 
 from ..runs import Owner, iso, process_is_gone
 from ..stores.base import (
+    ChangeCursor,
+    Changes,
     Heartbeat,
     LiveQuery,
     LiveRuns,
@@ -36,6 +38,11 @@ JOIN_INTERVALS = 1.5
 #: long after (at most half an interval) before it claims: a beat that found at its
 #: heartbeat that the store lost its writes starts a new epoch in its very next call.
 JOIN_CONFIRM = 0.5
+
+
+#: How long before it is due a heartbeat is taken by a tick that wakes for something else
+#: (seconds): the due index's read follows the heartbeat's interval, a few ms behind.
+EARLY = 0.05
 
 
 #: Each of a beat's newest writes, as its log says it lost.
@@ -78,22 +85,31 @@ class Liveness:
         self.owners: tuple[OwnerStatus, ...] = ()
         #: The sweep query the last heartbeat answered, and its answer (see take_swept).
         self.swept: tuple[LiveQuery, LiveRuns] | None = None
+        #: The change feed's cursor the last heartbeat read from, and the page it answered
+        #: (see take_changes).
+        self.fed: tuple[ChangeCursor, Changes] | None = None
         #: When each live beat was first seen alive (monotonic): see :meth:`sharers`.
         self._seen: dict[str, float] = {}
 
     def due(self) -> bool:
-        return time.monotonic() - self.last >= self.interval or self.join.beat_due()
+        """A heartbeat is due once an interval has passed, or :data:`EARLY` before (a
+        tenth of the interval at most): the tick at hand takes it (an idle beat wakes once
+        an interval, not once for another timer due a moment before the heartbeat, and
+        again for the heartbeat)."""
+        early = min(EARLY, self.interval / 10)
+        return time.monotonic() - self.last >= self.interval - early or self.join.beat_due()
 
     def beat(self, resync: bool = False, settling: bool = False,
-             sweep: LiveQuery | None = None) -> bool:
+             sweep: LiveQuery | None = None, changes: ChangeCursor | None = None) -> bool:
         """Renew the heartbeat and read the store's clock, owners and epoch (and with
-        ``sweep``, that sweep's answer, in the same round trip). True when the epoch changed
+        ``sweep``, that sweep's answer, with ``changes`` the change feed's page from that
+        cursor, in the same round trip where the store can). True when the epoch changed
         since the last heartbeat (the store may have lost writes)."""
-        self.swept = None
+        self.swept = self.fed = None
         reckoned = self.clock.now()  # what the sweep's cutoffs were reckoned from
         asked = time.monotonic()
         hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
-                                  sweep=sweep, written=self.written())
+                                  sweep=sweep, written=self.written(), changes=changes)
         answered = time.monotonic()
         # This beat's record, renewed less than a TTL ago, is forgotten by no store (a
         # stopped beat's lapses; it is forgotten an hour after): a store without it is a
@@ -123,6 +139,8 @@ class Liveness:
         in_step = abs(hb.now - expected) <= CLOCK_STEP_MS
         if sweep is not None and hb.live is not None and not changed and in_step:
             self.swept = (sweep, hb.live)
+        if changes is not None and hb.changes is not None and not changed:
+            self.fed = (changes, hb.changes)
         if earlier and not (resync or settling):
             raise StoreWentBack(
                 f"the store's epoch went back to one that began at {iso(hb.epoch_since or 0)},"
@@ -162,6 +180,16 @@ class Liveness:
             return None
         query, found = swept
         return found if query.live_owners <= self.live_ids() else None
+
+    def take_changes(self, cursor: ChangeCursor | None) -> Changes | None:
+        """The change feed's page read from ``cursor`` with this tick's heartbeat, once (a
+        page read a moment ago, in the same round trip: what reading it now would answer,
+        but for a write in between, which the next read from its cursor answers). None:
+        the caller reads it."""
+        fed, self.fed = self.fed, None
+        if fed is None or cursor is None or fed[0] != cursor:
+            return None
+        return fed[1]
 
     def keep_alive(self) -> None:
         """During a long burst of sends: keep looking alive, but only from this loop. A

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from ..definitions import Definition, DefinitionError, validate
-from ..stores.base import ChangeCursor, Store, StoredDefinition
+from ..stores.base import ChangeCursor, Changes, Store, StoredDefinition
 
 #: Definitions (or changes) one store call reads.
 PAGE = 1000
@@ -74,16 +74,19 @@ class StoredEntries:
         #: went back): answered by the next refresh, as the cursor has moved past them.
         self._unanswered: set[str] = set()
 
-    def refresh(self) -> set[str]:
+    def refresh(self, read: Callable[[ChangeCursor | None], Changes | None] = lambda c: None
+                ) -> set[str]:
         """Read what changed since the last read (everything, the first time or when the
-        feed says to); the names whose record changed."""
+        feed says to); the names whose record changed. ``read(cursor)``: the page from
+        ``cursor`` if it was read already (with the heartbeat), else None."""
         if not self.loaded:
             return self._reload()
         changed = self._unanswered
         for page in range(CHANGE_PAGES_PER_HEARTBEAT):
             if page:
                 self.between()
-            answer = self.store.changes(self.cursor, PAGE)
+            answer = (read(self.cursor) if not page else None) or self.store.changes(
+                self.cursor, PAGE)
             if answer.reload:
                 # The cursor moves once every definition was read: a read that fails
                 # midway is told to reload again.

@@ -52,10 +52,13 @@ LOST_BATCH = 1000
 #: Entries one sweep indexes at most in each of the due index's two looks (see
 #: :class:`IndexKeeper`): one page of each a sweep.
 INDEX_PAGE = 1000
-#: Sweeps between two rebuild passes at least, once a pass had nothing to index (a pass
-#: then waits as many sweeps as it took pages, if more: it costs half the sweeps at most).
-#: An index wiped is rebuilt within that many sweeps and a pass.
+#: Sweeps between two rebuild passes at least, once a pass had nothing to index. A pass
+#: then waits as many sweeps as it took pages, or as it read thousands of records (a Redis
+#: store's pass reads every entry's, 10,000 a page: one sweep in eleven), if more. An
+#: index wiped is rebuilt within that many sweeps and a pass.
 REBUILD_PAUSE = 30
+#: Records a pass may read for each sweep it then waits (see REBUILD_PAUSE).
+REBUILD_READS = 1000
 
 
 def next_cursor(runs: list[OpenRun], limit: int) -> int | None:
@@ -262,7 +265,8 @@ class IndexKeeper:
     * a rebuild pass over the entries with no ``next_due`` at all (a store migrated to the
       index, an index wiped): passes follow one another until one indexes nothing, then
       start again after :data:`REBUILD_PAUSE` sweeps (or as many as the last pass took
-      pages, if more), and at once after the store went back.
+      pages, or read thousands of records, if more), and at once after the store went
+      back.
 
     An idle beat asks nothing more of the store between two passes. Each write is
     :meth:`Store.index`, conditional on the state and definition version it was computed
@@ -288,6 +292,7 @@ class IndexKeeper:
         self._passing = True  # a pass at start: entries written before the index
         self._pass_indexed = 0
         self._pass_pages = 0
+        self._pass_reads = 0  # records the pass read (Unindexed.looked_at)
         self._pause = 0  # sweeps left before the next pass
         self._failing = False  # the last sweep's upkeep met a store error (logged once)
 
@@ -334,7 +339,7 @@ class IndexKeeper:
 
     def _start_pass(self) -> None:
         self._cursor, self._passing = "", True
-        self._pass_indexed = self._pass_pages = self._pause = 0
+        self._pass_indexed = self._pass_pages = self._pass_reads = self._pause = 0
 
     def sweep(self) -> None:
         """One page of each kind of upkeep. The store failing it (a Redis Cluster master
@@ -441,6 +446,7 @@ class IndexKeeper:
         self._cursor = page.cursor
         self._pass_indexed += len(page.indexed)
         self._pass_pages += 1
+        self._pass_reads += page.looked_at
         if page.indexed:
             self.logger.debug("beat-claims: the due index: %d entries indexed by the"
                               " rebuild sweep", len(page.indexed))
@@ -450,4 +456,5 @@ class IndexKeeper:
             self._start_pass()  # (until a whole pass has nothing to index)
         else:
             self._passing = False
-            self._pause = max(REBUILD_PAUSE, self._pass_pages)
+            self._pause = max(REBUILD_PAUSE, self._pass_pages,
+                              self._pass_reads // REBUILD_READS)

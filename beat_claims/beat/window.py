@@ -57,8 +57,6 @@ PAGES_PER_SCAN = 20
 #: falls behind) until what it holds is sent and let go. About 4 KB an entry held: a
 #: beat ready at 60 MiB stays under 100 MB whatever falls due at once.
 HELD_MAX = 5_000
-#: Later than any instant the index holds (UTC ms).
-EVER = 2 ** 53 - 1
 #: Definitions kept read, by name and version (the next time an entry falls due, its
 #: definition is not read again unless it changed).
 CACHED = 10_000
@@ -209,8 +207,8 @@ class DynamicWindow:
         the latest when the next pass from the first entry begins."""
         restart_at = now + max(0, int(
             (self._pass_began + self.restart_every - time.monotonic()) * 1000))
-        beyond = self.store.due(EVER, 1, self._cursor)
-        at = beyond[0].next_due - LOOKAHEAD // 2 if beyond else restart_at
+        beyond = self.store.next_indexed(self._cursor)
+        at = beyond - LOOKAHEAD // 2 if beyond is not None else restart_at
         return max(now + self.period, min(at, restart_at))
 
     def _fall_behind(self) -> None:

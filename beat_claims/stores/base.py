@@ -134,6 +134,8 @@ class EntryState:
 #: ``next_due`` of an entry that is not due at all (its definition deleted or disabled, or
 #: a schedule with no occurrence left): out of the due index, and not unindexed either.
 NOT_DUE = -1
+#: Later than any instant the due index holds (UTC ms): what reads up to its end ask for.
+LATEST = 2 ** 53 - 1
 #: ``next_due`` a store writes where the writer does not know it (a new entry registered,
 #: a definition written without one): due at once, so the next :meth:`Store.due` answers
 #: it and its reader computes the real instant (an index earlier than truth costs a read).
@@ -243,11 +245,14 @@ class Unindexed:
     """A page of entries that have no ``next_due`` at all (written before the store kept
     the index, or by a version that does not know it): what a rebuild sweep indexes.
     ``cursor``: what to ask with next (opaque; "" starts over); ``complete``: the pass
-    over every entry is done (the last page)."""
+    over every entry is done (the last page); ``looked_at``: the entries whose records the
+    page read to find them (Redis: every entry of its scan step), 0 where the store's own
+    index answers only those without one (what a pass costs: see the sweeper's pace)."""
 
     names: tuple[str, ...]
     cursor: str
     complete: bool
+    looked_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -1006,13 +1011,15 @@ class RebuildPage:
     """What one page of a rebuild sweep did (:func:`rebuild_page`): the cursor to go on
     from, whether the pass is complete, and the entries it indexed, found moved (their
     writer indexed them, or will), and left (``next_due_of`` answered None, or a record
-    that cannot be read: another caller's, or the next pass's)."""
+    that cannot be read: another caller's, or the next pass's); ``looked_at``: as
+    :attr:`Unindexed.looked_at`."""
 
     cursor: str
     complete: bool
     indexed: tuple[str, ...]
     moved: tuple[str, ...]
     left: tuple[str, ...]
+    looked_at: int = 0
 
 
 def rebuild_page(store: Store,
@@ -1049,7 +1056,7 @@ def rebuild_page(store: Store,
     return RebuildPage(page.cursor, page.complete,
                        tuple(w.name for w, ok in zip(writes, written) if ok),
                        tuple(w.name for w, ok in zip(writes, written) if not ok),
-                       tuple(left))
+                       tuple(left), page.looked_at)
 
 
 # -- liveness -----------------------------------------------------------------------------
@@ -1107,6 +1114,10 @@ class Heartbeat:
     lost: tuple[Written, ...] = ()
     """The items of the heartbeat's ``written`` the store no longer holds: it went back
     (see :meth:`Store.heartbeat`)."""
+    changes: Changes | None = None
+    """With a ``changes`` cursor, where the backend reads the change feed in the same
+    round trip: the page from that cursor, as :meth:`Store.changes` answers it (its
+    default limit). None otherwise."""
     last_beat: int | None = None
     """When the store last saw a heartbeat of any beat before this one (store clock, UTC
     ms; None: never). Kept with the epoch, never forgotten: a store restored from a copy
@@ -1214,15 +1225,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None,
-                  written: Sequence[Written] = ()) -> Heartbeat:
+                  written: Sequence[Written] = (), changes: ChangeCursor | None = None
+                  ) -> Heartbeat:
         """Renew ``owner``'s liveness for ``ttl`` seconds and read the store's clock, epoch
         and owners. With ``resync`` the caller found the store went back: start a new epoch
         and settle for ``ttl`` (no claiming meanwhile). With ``settling`` the caller is
         still registering what it knows: a store that is settling stays so for ``ttl``
         more. With ``sweep``, a backend that can answer that :meth:`live_runs` query in the
         same round trip does (``live``: an idle beat's heartbeat and sweep are one round
-        trip); one that cannot leaves ``live`` None, and the caller asks apart. Whatever
-        fails the sweep's part never fails the heartbeat.
+        trip); one that cannot leaves ``live`` None, and the caller asks apart. So with
+        ``changes`` (a cursor of the change feed) and :meth:`changes` (``changes``).
+        Whatever fails the sweep's or the feed's part never fails the heartbeat.
 
         ``written``: the newest writes the caller made; ``lost`` answers those the store no
         longer holds: no such entry, an entry whose token counter is below the write's
@@ -1438,6 +1451,15 @@ class Store(abc.ABC):
         start): page with the last answered (``next_due``, name). Each with its state and
         definition version (:class:`DueEntry`). Reads only. Entries :data:`NOT_DUE` and
         entries not indexed are never answered."""
+
+    def next_indexed(self, after: tuple[int, str] | None = None) -> int | None:
+        """The due index's first ``next_due`` after ``after`` (exclusive, as :meth:`due`
+        pages; None: from the start), or None when it holds none after it: when a reader
+        that has read up to ``after`` reads again. Without the entry's state (a store that
+        reads the state apart from the index, Redis, skips that read: an idle beat asks
+        this once a heartbeat interval)."""
+        found = self.due(LATEST, 1, after)
+        return found[0].next_due if found else None
 
     @abc.abstractmethod
     def index(self, writes: Sequence[IndexWrite]) -> list[bool]:

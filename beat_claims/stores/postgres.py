@@ -2229,8 +2229,10 @@ class PostgresStore(Store):
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None,
-                  written: Sequence[Written] = ()) -> Heartbeat:
-        # (``sweep``: a second call here, so the sweep asks apart: ``live`` stays None)
+                  written: Sequence[Written] = (), changes: ChangeCursor | None = None
+                  ) -> Heartbeat:
+        # (``sweep``, ``changes``: a second call here, so the caller asks apart: ``live``
+        # and ``changes`` stay None)
         try:
             [(reply,)] = self._execute(
                 f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s, %s, %s)",

@@ -63,8 +63,9 @@ leaves the index as it was: its claims move a checkpoint past the indexed instan
 index earlier than truth: a read), its definition writes leave the instant of the old
 definition (repaired by the beats that follow the change feed), its new entries have no
 next_due (found by :meth:`RedisStore.unindexed`). Entries written before the index are
-not in it either: a rebuild sweep pages through them (:meth:`RedisStore.unindexed`, one
-``HSCAN`` of ``{P}:entries`` a page) and indexes each.
+not in it either: a rebuild sweep pages through them (:meth:`RedisStore.unindexed`: one
+``HSCAN`` step of ``{P}:entries``, 10,000 entries, a page, their keys made and their
+records read by two scripts on the server) and indexes each.
 
 On a cluster the due index spreads over as many masters as the buckets do (``BUCKETS``
 hash tags, one slot each: up to 16 masters). :meth:`RedisStore.due` is two round trips:
@@ -89,6 +90,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -111,6 +113,7 @@ from ..runs import Owner, Run, iso
 from ..urls import raise_redacted, redact_url
 from .base import (
     CHANGES_PER_MS,
+    LATEST,
     TOKENS_PER_MS,
     TOMBSTONES_DROPPED,
     BackfillForgotten,
@@ -194,6 +197,14 @@ MEND_PASSES = 3
 #: Entries a call of a script made for many (claim, sent) takes at most: one command to
 #: pack and one reply to read for all of them, rather than one of each per entry.
 ENTRY_BATCH = 100
+#: Entries of the registry one page of a rebuild pass looks at (one HSCAN step's COUNT):
+#: the server makes their keys and reads their records, the beat handles a string a bucket.
+REGISTRY_SCAN = 10_000
+#: Changes of the feed a read answers at most by default (Store.changes'), and with a
+#: heartbeat.
+FEED_PAGE = 1000
+#: A digest of an entry's name, as the registry's fields hold it (see digest()).
+_DIGEST = re.compile(r"[0-9a-f]{4,}")
 #: Entries whose script arguments (keys and name, encoded) are kept; then they start again.
 ENTRY_HEADS = 2048
 #: redis-py's option to read a command's reply as bytes.
@@ -213,7 +224,7 @@ SCRIPTS = ("register", "claim", "check", "sent", "release", "reclaim", "live", "
            "start", "finish", "requeue", "request", "forget", "heartbeat", "leave",
            "anchor_instant", "server", "pause", "resume", "backfill", "worker_heartbeat",
            "kept", "beats_alive", "registrant", "unregister", "define", "changes", "index",
-           "due", "states", "unindexed")
+           "due", "states", "unindexed", "registry_scan")
 
 
 def _lua_names() -> str:
@@ -302,7 +313,7 @@ def _sha(name: str) -> str:
 
 #: Scripts that only read: flagged so in the library (a server out of memory runs them).
 READ_ONLY_SCRIPTS = frozenset({"live", "open", "server", "beats_alive", "changes", "due",
-                               "states", "unindexed"})
+                               "states", "unindexed", "registry_scan"})
 
 
 @cache
@@ -385,6 +396,17 @@ def _refuses_writes(reply: Any) -> bool:
     return isinstance(reply, ResponseError) and "script:" not in str(reply) and (
         isinstance(reply, redis.exceptions.OutOfMemoryError)  # type: ignore[attr-defined]
         or str(reply).split(" ", 1)[0] in _WRITES_REFUSED_CODES)
+
+
+@dataclass(frozen=True)
+class _FeedRead:
+    """One read of the change feed: ``limit`` changes after ``cursor``, one script call a
+    group of buckets (``groups``), each bucket from its ``positions`` in its log."""
+
+    cursor: ChangeCursor | None
+    limit: int
+    groups: list[list[int]]
+    positions: tuple[tuple[int, str, int], ...]
 
 
 @dataclass
@@ -482,7 +504,12 @@ class RedisStore(Store):
     # -- keys -------------------------------------------------------------------------
     def _tag(self, entry: str) -> tuple[str, str]:
         d = digest(entry)
-        return f"{{{self.prefix}:{int(d[:4], 16) % BUCKETS:02d}}}", d
+        return self._bucket_tag(d), d
+
+    def _bucket_tag(self, d: str) -> str:
+        """The hash tag of the bucket of the entry whose name's digest is ``d`` (as
+        registry_scan.lua makes it too)."""
+        return f"{{{self.prefix}:{int(d[:4], 16) % BUCKETS:02d}}}"
 
     def entry_keys(self, entry: str) -> list[str]:
         """The keys of one entry, in the order every entry script expects them."""
@@ -804,7 +831,8 @@ class RedisStore(Store):
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None,
-                  written: Sequence[Written] = ()) -> Heartbeat:
+                  written: Sequence[Written] = (), changes: ChangeCursor | None = None
+                  ) -> Heartbeat:
         def build(pipe: Pipeline) -> None:
             self._script(pipe, "heartbeat", self._heartbeat_keys, owner.id,
                          self._owner_json(owner), max(1, round(ttl * 1000)),
@@ -814,12 +842,16 @@ class RedisStore(Store):
                 self._kept_build(pipe, written)
             if combined is not None:  # run after the heartbeat's script, in the same trip
                 self._live_build(pipe, combined)
+            if feed is not None:
+                self._changes_build(pipe, feed)
 
-        # On one server the sweep's scripts follow the heartbeat's in its round trip, and
-        # whatever fails them leaves the heartbeat standing (the sweep asks again, and meets
-        # it there). A cluster would fail the whole batch for one bucket's slot being moved
-        # (TRYAGAIN): there the sweep asks apart.
+        # On one server the sweep's scripts and the change feed's follow the heartbeat's
+        # in its round trip, and whatever fails them leaves the heartbeat standing (the
+        # caller asks again, and meets it there). A cluster would fail the whole batch for
+        # one bucket's slot being moved (TRYAGAIN): there they are asked apart.
         combined = sweep if self.single_node else None
+        feed = self._feed_read(changes, FEED_PAGE) if self.single_node and (
+            changes is not None) else None
 
         self._heartbeating.on = True
         try:
@@ -845,13 +877,21 @@ class RedisStore(Store):
                 except StoreError:  # judged at the next heartbeat; the heartbeat stands
                     kept = []
             replies = replies[1:]
+        fed: Changes | None = None
+        if feed is not None:
+            replies, feed_replies = replies[:-len(feed.groups)], replies[-len(feed.groups):]
+            try:
+                fed = self._changes_parse(feed, feed_replies)
+            except StoreError:  # (the caller reads the feed apart, and meets it there)
+                fed = None
         return Heartbeat(now=int(now), epoch=str(epoch_id), store_id=str(store_id),
                          settle_until=int(settle) if settle else None,
                          owners=tuple(_owner_statuses(owners, alive, int(now))),
                          live=self._sweep_reply(replies, combined),
                          lost=self._lost(written, kept),
                          last_beat=int(last_beat) if last_beat else None,
-                         owner_known=known == "1", epoch_since=int(since) if since else None)
+                         owner_known=known == "1", epoch_since=int(since) if since else None,
+                         changes=fed)
 
     def _kept_build(self, pipe: Pipeline, written: Sequence[Written]) -> None:
         for item in written:
@@ -1411,21 +1451,30 @@ class RedisStore(Store):
             found += reply
         return [name.decode(errors="replace") for name in sorted(found)[:limit]]
 
-    def changes(self, cursor: ChangeCursor | None, limit: int = 1000) -> Changes:
-        limit = page_limit(limit, 1)
-        groups = self._bucket_groups()
+    def changes(self, cursor: ChangeCursor | None, limit: int = FEED_PAGE) -> Changes:
+        feed = self._feed_read(cursor, page_limit(limit, 1))
+        return self._changes_parse(feed, self._round_trip(
+            lambda pipe: self._changes_build(pipe, feed)))
+
+    def _feed_read(self, cursor: ChangeCursor | None, limit: int) -> _FeedRead:
         positions = (cursor.positions if cursor is not None and len(cursor.positions) ==
                      BUCKETS else ((0, "", 0),) * BUCKETS)
+        return _FeedRead(cursor, limit, self._bucket_groups(), positions)
 
-        def build(pipe: Pipeline) -> None:
-            for group in groups:
-                keys = [k for b in group for k in self._bucket_keys(b, "changes", "seq")]
-                args = [x for b in group for x in (positions[b][0], positions[b][1])]
-                self._script(pipe, "changes", keys, limit, *args, raw=True)
+    def _changes_build(self, pipe: Pipeline, feed: _FeedRead) -> None:
+        """The change log's scripts of one read of the feed (one a group of buckets)."""
+        for group in feed.groups:
+            keys = [k for b in group for k in self._bucket_keys(b, "changes", "seq")]
+            args = [x for b in group for x in (feed.positions[b][0], feed.positions[b][1])]
+            self._script(pipe, "changes", keys, feed.limit, *args, raw=True)
 
+    def _changes_parse(self, feed: _FeedRead, replies: Sequence[Any]) -> Changes:
+        """The feed's page from its scripts' replies (and the definitions of what changed:
+        one more round trip when anything did)."""
+        cursor, limit, groups, positions = feed.cursor, feed.limit, feed.groups, feed.positions
         reads: list[LogRead] = []
         complete = True
-        for group, reply in zip(groups, self._round_trip(build)):
+        for group, reply in zip(groups, replies):
             _raise_if_error(reply)
             for bucket, row in zip(group, self._json_reply(reply, len(group))):
                 read = _log_read(row, positions[bucket])
@@ -1446,6 +1495,19 @@ class RedisStore(Store):
     # -- the due index ----------------------------------------------------------------
     def due(self, before: int, limit: int, after: tuple[int, str] | None = None
             ) -> list[DueEntry]:
+        chosen = self._indexed(before, limit, after)
+        states = self._states([n for _, n in chosen])
+        return [DueEntry(n, due, *states[n]) for due, n in chosen]
+
+    def next_indexed(self, after: tuple[int, str] | None = None) -> int | None:
+        """One round trip: the index alone, not the entry's state."""
+        chosen = self._indexed(LATEST, 1, after)
+        return chosen[0][0] if chosen else None
+
+    def _indexed(self, before: int, limit: int, after: tuple[int, str] | None
+                 ) -> list[tuple[int, str]]:
+        """The first ``limit`` (next_due, name) of the due index at or before ``before``
+        after ``after``, every bucket's merged (one round trip; see :meth:`due`)."""
         before, limit, after = due_cursor(before, limit, after)
         groups = self._bucket_groups()
         low, name = ("", "") if after is None else (str(after[0]), after[1])
@@ -1465,9 +1527,7 @@ class RedisStore(Store):
                 found += [(int(float(due)), n.encode(), n)
                           for n, due in zip(mine or (), dues or ())]
         # (each bucket's answer is in order: merged, by name as the zsets order them)
-        chosen = [(due, n) for due, _, n in sorted(found)[:limit]]
-        states = self._states([n for _, n in chosen])
-        return [DueEntry(n, due, *states[n]) for due, n in chosen]
+        return [(due, n) for due, _, n in sorted(found)[:limit]]
 
     def _states(self, names: list[str]) -> dict[str, tuple[EntryState | None, int]]:
         """Each entry's state and definition version (None: it cannot be read), read by
@@ -1503,33 +1563,52 @@ class RedisStore(Store):
         return [reply == 1 for reply in replies]
 
     def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
-        """One HSCAN of the registry of every entry (``{P}:entries``) a call, from
-        ``cursor`` ("SCAN:DIGEST": the scan's cursor, and the entry answered last from its
-        batch when a page ended inside it); each entry it names whose record has no
-        next_due is answered. The pass is HSCAN's: an entry that stays unindexed through it
-        is answered at least once (maybe twice)."""
+        """One HSCAN step of the registry of every entry (``{P}:entries``, about
+        :data:`REGISTRY_SCAN` entries) a call, from ``cursor`` ("SCAN:DIGEST": the scan's
+        cursor, and the entry answered last from its step when a page ended inside it);
+        each entry it names whose record has no next_due is answered. The pass is HSCAN's:
+        an entry that stays unindexed through it is answered at least once (maybe twice).
+
+        Two round trips whatever the step's size, a third only when some are answered
+        (their names): the server makes the entries' keys (``registry_scan.lua``) and
+        reads their records (``unindexed.lua``), so the beat handles one string a bucket,
+        not a reply an entry. An idle beat's pass over 100,000 entries is ten pages."""
         limit = page_limit(limit, 1)
         scan_text, _, last = cursor.partition(":")
         scan = int(scan_text) if scan_text.isdigit() else 0
-        reply = self._round_trip(lambda pipe: pipe.execute_command(
-            "HSCAN", self._registry, scan, "COUNT", limit))[0]
+        reply = self._round_trip(lambda pipe: self._script(
+            pipe, "registry_scan", [self._registry], scan, REGISTRY_SCAN, self.prefix,
+            BUCKETS, raw=True))[0]
         _raise_if_error(reply)
-        following, pairs = _scan_reply(reply)
-        if last in pairs:  # (the rest of a batch a page ended inside)
-            items = list(pairs.items())
-            pairs = dict(items[[d for d, _ in items].index(last) + 1:])
-        batch = list(pairs.items())
-        rows = self._batched("unindexed", [name for _, name in batch], [()] * len(batch))
-        names: list[str] = []
-        for (d, name), row in zip(batch, rows):
-            if row != "1":
-                continue  # (gone, not an entry, indexed, or a record that cannot be read)
-            if len(names) == limit:
-                return Unindexed(tuple(names), f"{scan}:{last}", False)
-            names.append(name)
-            last = d
-        return Unindexed(tuple(names), "" if following == 0 else f"{following}:",
-                         following == 0)
+        following = int(reply[0])
+        groups = [blob.split(b"\n") for blob in reply[1:] if blob]
+        if _DIGEST.fullmatch(last):  # (the rest of a step a page ended inside)
+            groups = _after(groups, f"{self._bucket_tag(last)}:e:{last}".encode())
+        if self.single_node and len(groups) > 1:
+            groups = [list(itertools.chain.from_iterable(groups))]
+        found: list[str] = []  # the digests of those without next_due, in the step's order
+
+        def check(pipe: Pipeline) -> None:
+            for group in groups:
+                self._script(pipe, "unindexed", group)
+
+        checked = self._round_trip(check) if groups else []
+        for group, answer in zip(groups, checked):
+            _raise_if_error(answer)
+            if answer:
+                found += [group[int(i) - 1].rsplit(b":", 1)[1].decode()
+                          for i in str(answer).split(",")]
+        more = len(found) > limit
+        found = found[:limit]
+        names = self._round_trip(lambda pipe: pipe.hmget(self._registry, found))[0] if (
+            found) else []
+        _raise_if_error(names)
+        answered = tuple(str(name) for name in names if name is not None)
+        looked_at = sum(len(group) for group in groups)
+        if more:
+            return Unindexed(answered, f"{scan}:{found[-1]}", False, looked_at)
+        return Unindexed(answered, "" if following == 0 else f"{following}:",
+                         following == 0, looked_at)
 
     # -- reads ------------------------------------------------------------------------
     def entries(self, names: Sequence[str] | None = None) -> list[EntryRecord]:
@@ -1707,6 +1786,16 @@ def _scan_reply(reply: Any) -> tuple[int, dict[str, str]]:
     if not isinstance(found, dict):
         found = dict(zip(found[::2], found[1::2]))
     return int(following), {str(k): str(v) for k, v in found.items()}
+
+
+def _after(groups: list[list[bytes]], key: bytes) -> list[list[bytes]]:
+    """The keys of ``groups`` (bucket after bucket) that come after ``key``; all of them
+    when ``key`` is not among them (the step is not the one it came from: the registry
+    changed, and looking at some twice is harmless)."""
+    for i, group in enumerate(groups):
+        if key in group:
+            return [group[group.index(key) + 1:], *groups[i + 1:]]
+    return groups
 
 
 def _each_reply(reply: Any, n: int) -> list[Any]:

@@ -1172,8 +1172,10 @@ class RowStore(Store):
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None,
-                  written: Sequence[Written] = ()) -> Heartbeat:
-        # (``sweep``: a second call here, so the sweep asks apart: ``live`` stays None)
+                  written: Sequence[Written] = (), changes: ChangeCursor | None = None
+                  ) -> Heartbeat:
+        # (``sweep``, ``changes``: a second call here, so the caller asks apart: ``live``
+        # and ``changes`` stay None)
         ttl_ms = max(1, round(ttl * 1000))
 
         def work(db: sqlite3.Connection) -> tuple[

@@ -195,6 +195,23 @@ def test_due_answers_in_next_due_then_name_order_page_by_page(store: Store) -> N
         x for x in rest if x > (2000, "a0")]
 
 
+def test_the_next_indexed_instant_after_a_cursor_is_the_one_due_would_page_to(
+        store: Store) -> None:
+    """What a reader that has read up to a cursor asks to know when to read again: the
+    index's first instant after it, as :meth:`Store.due` would answer it next; None past
+    the last. Entries not due are not in the index."""
+    register(store, "a", "b", "c", "off")
+    states = {d.name: d.state for d in store.due(now(store), MAX_PAGE)}
+    writes = [IndexWrite(n, states[n], 0, t)  # type: ignore[arg-type]
+              for n, t in (("a", 2000), ("b", 2000), ("c", LATER), ("off", NOT_DUE))]
+    assert store.index(writes) == [True] * 4
+    assert store.next_indexed() == 2000
+    assert store.next_indexed((2000, "a")) == 2000  # ("b", the tie after it)
+    assert store.next_indexed((2000, "b")) == LATER
+    assert store.next_indexed((1500, "zz")) == 2000
+    assert store.next_indexed((LATER, "c")) is None
+
+
 def test_due_refuses_a_limit_out_of_bounds(store: Store) -> None:
     for limit in (0, -1, MAX_PAGE + 1):
         with pytest.raises(ValueError, match="limit"):

@@ -13,9 +13,12 @@ from typing import Any
 
 import pytest
 
+from beat_claims.beat.sweeper import REBUILD_PAUSE, REBUILD_READS
+from beat_claims.enums import Origin
 from beat_claims.stores.base import (
     CheckVerdict,
     ClaimStatus,
+    DefinitionWrite,
     EntrySeed,
     EntryState,
     IndexWrite,
@@ -102,18 +105,85 @@ def test_a_key_of_another_type_fails_only_its_entry_of_a_call_for_many(
     assert script_calls(server, "fcall") == (1, 0)  # one call for the four marks
 
 
-def test_a_rebuild_page_reads_whether_its_entries_are_indexed_in_one_call(
+def test_a_heartbeat_reads_the_change_feed_in_its_round_trip(
         redis_store: RedisStore, server: RedisServer) -> None:
-    """A rebuild sweep's page (every entry an idle beat looks at, a page a sweep) asks the
-    server whether each entry has a next_due in one script call, not one command each
-    (each reply parsed on its own); an entry without one is still answered."""
-    names = [f"e{i}" for i in range(50)]
-    register(redis_store, *names)
-    server.client().hdel(redis_store.entry_keys("e7")[0], "next_due")
+    """An idle beat reads the definitions' change feed at each heartbeat: on one server
+    its page rides in the heartbeat's round trip (its script after the heartbeat's), the
+    page the feed answers from that cursor."""
+    cursor = redis_store.changes(None).cursor
+    redis_store.write_definitions([DefinitionWrite("e", '{"task": "t"}', 0, Origin.API,
+                                                   "ops")])
+    calls = server.client().info("commandstats")["cmdstat_fcall"]["calls"]
+    hb = redis_store.heartbeat(A, 10, changes=cursor)
+    # heartbeat and change feed: one script each (and the definition changed, read after)
+    assert server.client().info("commandstats")["cmdstat_fcall"]["calls"] - calls == 2
+    assert hb.changes is not None and [d.name for d in hb.changes.changed] == ["e"]
+    assert hb.changes == redis_store.changes(cursor)
+    assert redis_store.heartbeat(A, 10).changes is None  # (not asked)
+
+
+def test_a_rebuild_page_looks_at_thousands_of_entries_in_two_script_calls(
+        redis_store: RedisStore, server: RedisServer) -> None:
+    """A rebuild sweep's page (what an idle beat looks at, a page a sweep) is one HSCAN
+    step of the registry of up to REGISTRY_SCAN entries, made into the entries' keys and
+    read on the server: two script calls and one read of the names found, not a command
+    or a reply an entry; an entry without a next_due is still answered."""
+    names = [f"e{i}" for i in range(3000)]
+    for start in range(0, len(names), 1000):
+        register(redis_store, *names[start:start + 1000])
+    for name in ("e7", "e2999"):
+        server.client().hdel(redis_store.entry_keys(name)[0], "next_due")
     server.client().config_resetstat()
     page = redis_store.unindexed(1000)
-    assert page.names == ("e7",) and page.complete
-    assert script_calls(server, "fcall") == (1, 0)  # (its HMGETs run inside it)
+    assert sorted(page.names) == ["e2999", "e7"] and page.complete
+    assert script_calls(server, "fcall") == (2, 0)  # (the HSCAN and HMGETs run inside)
+    stats = server.client().info("commandstats")
+    assert stats["cmdstat_hmget"]["calls"] == 3000 + 1  # (the names: one read)
+
+
+def test_the_next_indexed_instant_is_read_without_the_entrys_state(
+        redis_store: RedisStore, server: RedisServer) -> None:
+    """An idle beat asks once a heartbeat interval when the due index's next entry comes
+    (after its read up to now): one script call over the buckets' indexes, not a second
+    for that entry's state, which it does not use."""
+    states = register(redis_store, "a", "b")
+    assert redis_store.index([IndexWrite(n, s, 0, 5000) for n, s in states.items()]) == [
+        True, True]
+    server.client().config_resetstat()
+    assert redis_store.next_indexed((4000, "z")) == 5000
+    assert script_calls(server, "fcall") == (1, 0)
+
+
+def test_a_rebuild_pass_waits_a_sweep_for_each_thousand_records_it_read(
+        server: RedisServer) -> None:
+    """A Redis store's rebuild pass reads every entry's record, 10,000 a sweep: once a pass
+    found nothing to index, the next starts after a sweep for each thousand records read
+    (REBUILD_READS; at least REBUILD_PAUSE sweeps), so an idle beat's upkeep a minute does
+    not grow with the entries, and an entry left without next_due is still indexed within
+    that many sweeps and a pass."""
+    entries = 36_000
+    beat = make(make_app(server, schedule={}))
+    try:
+        for start in range(0, entries, 4000):
+            beat.store.register([EntrySeed(f"e{i}") for i in range(start, start + 4000)])
+        client = server.client()
+
+        def scans() -> int:
+            return int(client.info("commandstats").get("cmdstat_hscan", {}).get("calls", 0))
+
+        scanned: list[bool] = []
+        for _ in range(3 * (entries // REBUILD_READS)):
+            before = scans()
+            beat.index_keeper.sweep()
+            scanned.append(scans() > before)
+        passes = "".join("p" if s else "." for s in scanned).strip(".").split("p")
+        waits = [len(w) for w in passes if w]
+        seen = "".join("p" if s else "." for s in scanned)
+        assert waits and set(waits) == {entries // REBUILD_READS}, seen
+        assert "ppppp" not in seen  # (10,000 records a sweep: a pass of four pages)
+        assert entries // REBUILD_READS > REBUILD_PAUSE  # (the reads set the pause here)
+    finally:
+        beat.close()
 
 
 def test_a_batch_survives_a_function_flush(redis_store: RedisStore,

@@ -1,11 +1,11 @@
--- Whether entries have a record without a next_due (what a rebuild sweep indexes), read
--- for many in one call (KEYS and ARGV as each_entry takes them: the entry's keys; its
--- name): '1' for an entry with an anchor and no next_due, '0' for any other (gone, not
--- an entry, or indexed), '\n'-separated, in order.
-local function unindexed_one(KEYS, ARGV)
-  local v = redis.call('HMGET', KEYS[1], 'anchor', 'next_due')
-  if v[1] and not v[2] then return '1' end
-  return '0'
+-- Which of these entries have a record without a next_due (what a rebuild sweep indexes),
+-- read for many in one call (one bucket per call on a cluster; any on one server).
+-- KEYS: the entries' hashes. Returns the positions (from 1) of those with an anchor and
+-- no next_due, ','-separated ('' : none); a key that is gone, not a hash, or indexed is
+-- left out (a record that cannot be read is not the rebuild's to repair).
+local out = {}
+for i, key in ipairs(KEYS) do
+  local v = redis.pcall('HMGET', key, 'anchor', 'next_due')
+  if not v.err and v[1] and not v[2] then out[#out + 1] = i end
 end
-
-return table.concat(each_entry(KEYS, ARGV, unindexed_one), '\n')
+return table.concat(out, ',')
