@@ -16,6 +16,7 @@ import pytest
 
 from beat_claims.stores.base import ClaimPlan, ClaimStatus, EntrySeed, SendAtOnce
 from beat_claims.stores.mysql import MySQLStore
+from beat_claims.stores.mysql_driver import Driver
 
 from .backend_mysql import BACKEND as backend_mysql
 from .backend_mysql import HOST, INSTALLED_DRIVERS, PASSWORD, PORT, USER, with_driver
@@ -79,3 +80,36 @@ def test_a_statement_failing_in_the_middle_of_a_batch_leaves_the_session_usable(
     store._end(conn, commit=False)
     found = store._batch(conn, [("SELECT 4", ()), ("SELECT %s", (5,))])
     assert [c.fetchall() for c in found] == [[(4,)], [(5,)]]
+
+
+@pytest.mark.parametrize("lost", [1, 2], ids=["reads", "writes-and-commit"])
+def test_a_claim_whose_batch_reply_is_lost_is_claimed_once_when_asked_again(
+        quick_store: MySQLStore, monkeypatch: pytest.MonkeyPatch, lost: int) -> None:
+    """The reply of the claim's first batch (its reads: nothing written) or of its second
+    (its writes and the COMMIT: all written) lost after the server ran it: the call fails,
+    its session goes, and the claim asked again hands out no second token."""
+    store = quick_store
+    state = store.register([EntrySeed("e", "every 1s")])["e"]
+    plan = ClaimPlan("e", state, (state.anchor + 1000,), send=SendAtOnce(("t-1",)))
+    real, batches = Driver.run, []
+
+    def losing(self: Driver, conn: Any, statements: Any) -> Any:
+        found = real(self, conn, statements)
+        batches.append(statements)
+        if len(batches) == lost:
+            raise SystemExit("the reply was lost")
+        return found
+
+    monkeypatch.setattr(Driver, "run", losing)
+    with pytest.raises(SystemExit):
+        store.claim(A, [plan])
+    monkeypatch.setattr(Driver, "run", real)
+    assert any(s == "COMMIT" for s, _ in batches[-1]) is (lost == 2)
+    [again] = store.claim(A, [plan])
+    history = store.history("e")
+    assert [run.task_id for run in history] == ["t-1"]
+    if lost == 2:  # committed: asked again, a conflict, the same token
+        assert again.status is ClaimStatus.CONFLICT and again.claims == ()
+        assert store.entries(["e"])[0].token == history[0].token
+    else:  # nothing written: the claim asked again is the first
+        assert again.status is ClaimStatus.OK and len(again.claims) == 1
