@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -12,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -174,23 +175,48 @@ def tmp_dir(tmp_path: Path) -> Path:
 
 #: The contract suite's directory: its many short tests go last (see below).
 CONTRACT = Path(__file__).parent / "contract"
+#: A fixture made once for its module: ``@pytest.fixture(scope="module", ...)``.
+MODULE_FIXTURE = re.compile(r"@pytest\.fixture\([^)]*scope=[\"']module[\"']")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The order xdist hands the tests out in (``--dist loadgroup``: one test at a time to
-    whichever worker is free): the contract suite's thousands of short tests last, so
-    that the long waits of the others (real beats and workers, schedules in real time)
-    have all begun while the short ones fill the workers' ends (first, they left a few
-    workers alone with the long ones at the end of a run). A test that uses a
-    module-scoped fixture runs on the worker that made it (its xdist group: the module),
-    else each worker would make it again."""
+    """The order xdist hands the tests out in (``--dist loadgroup``, see below): the
+    contract suite's thousands of short tests last, so that the long waits of the others
+    (real beats and workers, schedules in real time) have all begun while the short ones
+    fill the workers' ends (first, they left a few workers alone with the long ones at the
+    end of a run)."""
     items.sort(key=lambda item: CONTRACT in item.path.parents)  # (stable: else as found)
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d.scope == "module" for found in defs for d in found):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def modules_with_module_fixtures(root: Path) -> set[str]:
+    """The test modules (as node ids name them, from ``root``) that define a fixture made
+    once per module."""
+    return {path.relative_to(root).as_posix()
+            for path in Path(__file__).parent.rglob("test_*.py")
+            if MODULE_FIXTURE.search(path.read_text(encoding="utf-8"))}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (pyproject's addopts): one test at a time to whichever worker
+    is free, in the order above, except that the tests of a module that defines a
+    module-scoped fixture (a fleet run once for the module, the docs site built once)
+    all go to one worker, which makes that fixture once. xdist's own grouping, by
+    ``xdist_group`` marks, is kept; it cannot group by module here: it renames the items,
+    which pytest 9.2 ignores (pytest-xdist issue 1386)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    together = modules_with_module_fixtures(config.rootpath)
+
+    class ModuleFixturesOnOneWorker(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in together else super()._split_scope(nodeid)
+
+    return ModuleFixturesOnOneWorker(config, log)
 
 
 @pytest.hookimpl(trylast=True)
