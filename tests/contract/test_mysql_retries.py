@@ -1,0 +1,115 @@
+"""MySQL only: a transaction a lock wait timeout (1205) or a deadlock (1213) stopped in the
+middle of a batch of statements is run again from its start (its clock, its locks, its
+reads): the call answers as if it had run once, a fencing token is handed out once, a run
+is claimed once. With each client library installed."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pymysql
+import pytest
+
+from beat_claims.stores.base import ClaimPlan, ClaimStatus, EntrySeed, SendAtOnce
+from beat_claims.stores.mysql import MySQLStore
+from beat_claims.stores.mysql_driver import Driver
+
+from .backend_mysql import BACKEND as backend_mysql
+from .backend_mysql import HOST, INSTALLED_DRIVERS, PASSWORD, PORT, USER, with_driver
+from .helpers import A
+
+
+@pytest.fixture(params=INSTALLED_DRIVERS)
+def quick_store(request: pytest.FixtureRequest) -> Iterator[MySQLStore]:
+    """The store through each library, waiting 1 s for a row lock (not 5)."""
+    with backend_mysql.open(request, 100) as opened, with_driver(
+            cast(MySQLStore, opened), request.param) as chosen:
+        store = MySQLStore(dict(chosen._params), chosen.prefix, chosen.history_limit, 1.0)
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+def _holder(store: MySQLStore) -> Any:
+    return pymysql.connect(host=HOST, port=PORT, user=USER, password=PASSWORD,
+                           database=store.database, autocommit=False, charset="utf8mb4")
+
+
+def test_a_claim_behind_a_lock_wait_timeout_runs_again_and_claims_once(
+        quick_store: MySQLStore) -> None:
+    store = quick_store
+    states = store.register([EntrySeed("locked", "every 1s")])
+    state = states["locked"]
+    holder = _holder(store)
+    with contextlib.closing(holder):
+        holder.cursor().execute(f"SELECT name FROM {store.tables.entries} WHERE name = %s"
+                                " FOR UPDATE", (b"locked",))
+        answers: list[Any] = []
+        claiming = threading.Thread(target=lambda: answers.append(store.claim(A, [ClaimPlan(
+            "locked", state, (state.anchor + 1000,), send=SendAtOnce(("t-1",)))])))
+        claiming.start()
+        deadline = time.monotonic() + 30
+        while store.retries < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        holder.rollback()  # (the lock released after the first wait gave up)
+        claiming.join(30)
+    assert store.retries >= 1
+    [result] = answers[0]
+    assert result.status is ClaimStatus.OK, result
+    [claim] = result.claims
+    assert claim.token > state.token
+    assert [run.task_id for run in store.history("locked")] == ["t-1"]
+    # the next call on the same session reads its own replies
+    again = store.claim(A, [ClaimPlan("locked", result.state, (state.anchor + 2000,))])
+    assert [c.token > claim.token for c in again[0].claims] == [True]
+
+
+def test_a_statement_failing_in_the_middle_of_a_batch_leaves_the_session_usable(
+        quick_store: MySQLStore) -> None:
+    store = quick_store
+    store.now()
+    conn = store._db
+    with pytest.raises(store.driver.Error):
+        store._batch(conn, [("SELECT 1", ()), ("SELECT nothing FROM no_such_table", ()),
+                            ("SELECT 3", ())])
+    store._end(conn, commit=False)
+    found = store._batch(conn, [("SELECT 4", ()), ("SELECT %s", (5,))])
+    assert [c.fetchall() for c in found] == [[(4,)], [(5,)]]
+
+
+@pytest.mark.parametrize("lost", [1, 2], ids=["reads", "writes-and-commit"])
+def test_a_claim_whose_batch_reply_is_lost_is_claimed_once_when_asked_again(
+        quick_store: MySQLStore, monkeypatch: pytest.MonkeyPatch, lost: int) -> None:
+    """The reply of the claim's first batch (its reads: nothing written) or of its second
+    (its writes and the COMMIT: all written) lost after the server ran it: the call fails,
+    its session goes, and the claim asked again hands out no second token."""
+    store = quick_store
+    state = store.register([EntrySeed("e", "every 1s")])["e"]
+    plan = ClaimPlan("e", state, (state.anchor + 1000,), send=SendAtOnce(("t-1",)))
+    real, batches = Driver.run, []
+
+    def losing(self: Driver, conn: Any, statements: Any) -> Any:
+        found = real(self, conn, statements)
+        batches.append(statements)
+        if len(batches) == lost:
+            raise SystemExit("the reply was lost")
+        return found
+
+    monkeypatch.setattr(Driver, "run", losing)
+    with pytest.raises(SystemExit):
+        store.claim(A, [plan])
+    monkeypatch.setattr(Driver, "run", real)
+    assert any(s == "COMMIT" for s, _ in batches[-1]) is (lost == 2)
+    [again] = store.claim(A, [plan])
+    history = store.history("e")
+    assert [run.task_id for run in history] == ["t-1"]
+    if lost == 2:  # committed: asked again, a conflict, the same token
+        assert again.status is ClaimStatus.CONFLICT and again.claims == ()
+        assert store.entries(["e"])[0].token == history[0].token
+    else:  # nothing written: the claim asked again is the first
+        assert again.status is ClaimStatus.OK and len(again.claims) == 1
