@@ -21,11 +21,16 @@ def configured(app: Celery, **conf: Any) -> Iterator[Celery]:
     app.conf.get("broker_url")  # read the Django settings first: ``changes`` is then ours
     before = dict(app.conf.changes)
     app.conf.update(conf)
+    # The app caches the zone it reads from its conf (Django's TIME_ZONE, which a test may
+    # change): read again, here and after, or a later test's crontab on the current app
+    # would be in an earlier test's zone.
+    del app.timezone
     try:
         yield app
     finally:
         app.conf.changes.clear()
         app.conf.changes.update(before)
+        del app.timezone
 
 
 @contextmanager
