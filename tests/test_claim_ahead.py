@@ -208,10 +208,13 @@ def test_auto_claims_ahead_only_with_two_cores_more_than_the_beats_of_this_host(
              f"{ENTRIES} runs sent by two beats", 0.02, lambda: (a.tick(), b.tick()))
     no_duplicates(occurrences_sent(server))
     threads = _claim_threads(calls_a + calls_b)
+    seen = [(name, [(p.entry, p.expected is not None, p.claim) for p in plans][:3])
+            for name, plans in (calls_a + calls_b)[:12]]  # (the evidence, if it fails)
     if cores == 3:
-        assert threads == {"MainThread"}, threads
+        assert threads == {"MainThread"}, (threads, iso(due), seen)
     else:
-        assert any(t.startswith("beat-claims-claim") for t in threads), threads
+        assert any(t.startswith("beat-claims-claim") for t in threads), (
+            threads, iso(due), seen)
     a.close()
     b.close()
     lone = make(burst_app(server, beat_claims_claim_ahead="auto", beat_claims_key_prefix="x"))

@@ -225,8 +225,8 @@ def test_run_now_is_claimed_and_sent_by_a_beat(client: Client, store: RedisStore
     response = client.post(url("trigger", "hourly-report"), {"next": url("changelist")},
                            follow=True)
     assert response.redirect_chain[-1][0] == url("changelist")
-    assert any("Triggered a run of hourly-report" in str(m)
-               for m in response.context["messages"])
+    shown = [str(m) for m in response.context["messages"]]
+    assert any("Triggered a run of hourly-report" in m for m in shown), shown
     [run] = store.history("hourly-report")
     assert run.state is RunState.DUE
     assert run.manual is True and run.requested_by == "admin:op"
