@@ -257,7 +257,9 @@ def test_a_silent_tls_server_fails_within_the_timeout(silent: SilentServer) -> N
     client = connect(f"rediss://127.0.0.1:{silent.port}/0?ssl_cert_reqs=none", FAST)
     elapsed, error = timed(client.ping)
     assert isinstance(error, (redis.TimeoutError, redis.ConnectionError))
-    assert elapsed < FAST.timeout + 0.5
+    # Within the timeout, not the default 5 s: a loaded 2-core host adds up to a second to
+    # a handshake (1.2 s seen at a load of 10).
+    assert elapsed < FAST.timeout + 1.5, elapsed
     client.close()
 
 
