@@ -14,6 +14,7 @@ from ..runs import Owner, iso, process_is_gone
 from ..stores.base import (
     ChangeCursor,
     Changes,
+    Continuity,
     Heartbeat,
     LiveQuery,
     LiveRuns,
@@ -28,15 +29,11 @@ from .clock import StoreClock
 #: answer of a sweep asked with that heartbeat to be used (half a round trip either way
 #: of error in each reading, and some drift).
 CLOCK_STEP_MS = 250
-#: A beat that joins waits at most this many heartbeat intervals for the beats the store
-#: shows alive to heartbeat, and, when the store has seen no heartbeat for longer than a TTL
-#: (a fleet that was stopped, or an older copy of the store put back under running beats),
-#: this long in any case: every running beat has heartbeated by then, and found out
-#: whether the store lost what it wrote.
-JOIN_INTERVALS = 1.5
 #: Once every beat it waited for has heartbeated, a joining beat heartbeats once more this
-#: long after (at most half an interval) before it claims: a beat that found at its
-#: heartbeat that the store lost its writes starts a new epoch in its very next call.
+#: long after (at most half an interval) before it claims: a margin over the store's own
+#: step, in which a running beat that found the store went back began a new epoch with
+#: its renewal (where the store reads the owners and the epoch in two statements, or a
+#: Redis Cluster reads the writes a round trip before).
 JOIN_CONFIRM = 0.5
 
 
@@ -108,13 +105,20 @@ class Liveness:
         self.swept = self.fed = None
         reckoned = self.clock.now()  # what the sweep's cutoffs were reckoned from
         asked = time.monotonic()
-        hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
-                                  sweep=sweep, written=self.written(), changes=changes)
-        answered = time.monotonic()
         # This beat's record, renewed less than a TTL ago, is forgotten by no store (a
         # stopped beat's lapses; it is forgotten an hour after): a store without it is a
         # copy taken before it started, whatever else it holds.
         renewed_since = asked - self.renewed
+        # What the store must still show, judged in the heartbeat's own step: a store that
+        # went back begins a new epoch there, with this beat's renewal (a beat joining
+        # meanwhile never sees the renewal without it).
+        continuity = None
+        if self.epoch is not None and self.last_now is not None and not (resync or settling):
+            continuity = Continuity(self.epoch, self.last_now, renewed_since <= self.ttl)
+        hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
+                                  sweep=sweep, written=self.written(), changes=changes,
+                                  continuity=continuity)
+        answered = time.monotonic()
         self._renewed(asked)
         # This beat's reckoning of the store's clock at the instant the store read it (the
         # middle of the round trip, as the clock takes it).
@@ -141,21 +145,30 @@ class Liveness:
             self.swept = (sweep, hb.live)
         if changes is not None and hb.changes is not None and not changed:
             self.fed = (changes, hb.changes)
+        # (The store began a new epoch in the heartbeat's step when it went back: this
+        # beat registers what it knows. Found here alone, this beat begins one.)
+        begun = hb.went_back
         if earlier and not (resync or settling):
             raise StoreWentBack(
                 f"the store's epoch went back to one that began at {iso(hb.epoch_since or 0)},"
                 f" before this beat's last heartbeat at {iso(last_now or 0)}: it was put back"
-                " from a copy of an earlier epoch")
+                " from a copy of an earlier epoch", epoch_begun=begun)
         if hb.lost and not (resync or settling):
             lost = hb.lost[0]
             raise StoreWentBack(
                 f"the store no longer holds what this beat wrote ({lost.entry} due"
                 f" {iso(lost.due)}: its {WROTE[lost.kind]}, token {lost.token}): it was put"
-                " back from an older copy")
+                " back from an older copy", epoch_begun=begun)
         if not hb.owner_known and renewed_since <= self.ttl and not (resync or settling):
             raise StoreWentBack(
                 f"the store no longer holds what this beat wrote (its heartbeat's record,"
-                f" renewed {renewed_since:.1f}s before): it was put back from an older copy")
+                f" renewed {renewed_since:.1f}s before): it was put back from an older copy",
+                epoch_begun=begun)
+        if begun:
+            raise StoreWentBack(
+                "the store's epoch went back to one that began before this beat's last"
+                f" heartbeat at {iso(last_now or 0)}: it was put back from a copy of an"
+                " earlier epoch", epoch_begun=True)
         if not self.join.joined:
             self.join.step(hb, answered, owner_alive)
         return changed and not resync
@@ -260,16 +273,17 @@ class Joining:
 
     A store put back from an older copy keeps its epoch and identity; the beats that were
     running find it out at their next heartbeat (the store no longer holds what they
-    wrote) and start a new epoch, in which everyone registers again what it knows. A beat
-    that starts meanwhile knows nothing: it waits until every beat the store shows alive
-    has heartbeated since its own first heartbeat (or lapsed), for :data:`JOIN_INTERVALS`
-    heartbeat intervals at most (a beat that has not heartbeated by then is dead or
-    stalled, and would find nothing out in time: a replacement for a killed beat does not
-    wait for its heartbeat to lapse), and, when the store shows no heartbeat for longer
-    than a TTL (its copy may be older than that), for those intervals in any case; then it
-    heartbeats once more, and claims if that heartbeat shows no new epoch. On a new store,
-    or one whose last heartbeat is recent with no other beat alive (a beat restarted), it
-    joins at its first heartbeat.
+    wrote), and the store begins a new epoch in that heartbeat's own step, in which
+    everyone registers again what it knows. A beat that starts meanwhile knows nothing: it
+    waits until every beat the store shows alive has heartbeated since its own first
+    heartbeat, or lapsed (a beat late by less than its TTL, on a loaded host, is still
+    alive and still to find out: it is waited for; a replacement for a beat killed on
+    another host waits for its heartbeat to lapse, as its claims do; one on this host is
+    known dead at once); when the store shows no heartbeat for longer than a TTL (its copy
+    may be older than that: the running beats are not in it), it waits a TTL in any case.
+    Then it heartbeats once more, and claims if that heartbeat shows no new epoch. On a
+    new store, or one whose last heartbeat is recent with no other beat alive (a beat
+    restarted), it joins at its first heartbeat.
     """
 
     def __init__(self, owner_id: str, interval: float, ttl: float) -> None:
@@ -279,6 +293,9 @@ class Joining:
         self.joined = False
         self.began: float | None = None  # monotonic: the first heartbeat
         self.waiting_for: dict[str, int] = {}  # live beats at the first one: their expiry
+        #: When each of them lapses if it does not heartbeat (monotonic, as the store's
+        #: clock was read at this beat's first heartbeat): a heartbeat then finds it gone.
+        self.lapses: dict[str, float] = {}
         self.until = 0.0  # monotonic: not joined before
         self.confirm_at: float | None = None
 
@@ -288,17 +305,20 @@ class Joining:
         if self.began is None:
             self.began = answered
             self.waiting_for = {i: o.expires_at for i, o in statuses.items() if alive(o)}
+            self.lapses = {i: answered + max(0, expiry - hb.now) / 1000 + EARLY
+                           for i, expiry in self.waiting_for.items()}
             stale = hb.last_beat is not None and hb.now - hb.last_beat > self.ttl * 1000
-            self.until = answered + (JOIN_INTERVALS * self.interval if stale else 0.0)
+            self.until = answered + (self.ttl if stale else 0.0)
             if not self.waiting_for and not stale:
                 self.joined = True
             return
-        if answered >= self.began + JOIN_INTERVALS * self.interval:
-            self.waiting_for.clear()  # those still silent are dead or stalled
         for owner_id, expiry in list(self.waiting_for.items()):
             status = statuses.get(owner_id)
             if status is None or not alive(status) or status.expires_at > expiry:
                 del self.waiting_for[owner_id]  # it heartbeated since, or it is gone
+                self.lapses.pop(owner_id, None)
+            else:  # (reckoned again from this reading of the store's clock)
+                self.lapses[owner_id] = answered + max(0, expiry - hb.now) / 1000 + EARLY
         if self.waiting_for or answered < self.until:
             return
         if self.confirm_at is None:
@@ -313,7 +333,9 @@ class Joining:
         began = self.began or 0.0
         if self.until > began:
             return self.until
-        return began + JOIN_INTERVALS * self.interval if self.waiting_for else float("inf")
+        # Waiting for beats: a heartbeat an interval on finds those that heartbeat, one
+        # just after the first lapse finds that one gone.
+        return min(self.lapses.values(), default=float("inf"))
 
     def beat_due(self) -> bool:
         return not self.joined and self.began is not None and \

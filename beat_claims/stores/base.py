@@ -1096,6 +1096,37 @@ class Written:
 
 
 @dataclass(frozen=True)
+class Continuity:
+    """What a running beat saw at its last heartbeat, for the store to check in the
+    heartbeat's own atomic step. A store that no longer shows it went back (an older copy
+    put back in place) and begins a new epoch in that same step: a beat that starts
+    meanwhile, waiting for the running beats to heartbeat, sees their renewal only with the
+    new epoch, never before it (else it could claim an occurrence the copy lost, with a
+    higher token, before they found out)."""
+
+    epoch: str
+    """The epoch the caller's last heartbeat answered."""
+    seen_at: int
+    """The store's clock at that heartbeat (UTC ms): an epoch other than ``epoch`` that
+    began before it is an older copy's."""
+    owner_renewed: bool
+    """The caller's record was renewed less than a TTL ago: a store without it is a copy
+    taken before."""
+
+
+def went_back_from(continuity: Continuity | None, resyncing: bool,
+                   lost: Sequence[Written], owner_known: bool, epoch: str | None,
+                   epoch_since: int | None) -> bool:
+    """Whether what a heartbeat's step read does not show the caller's ``continuity``
+    (never for a caller that resyncs or settles: it registers what it knows)."""
+    if continuity is None or resyncing:
+        return False
+    return bool(lost) or (continuity.owner_renewed and not owner_known) or (
+        bool(epoch) and epoch != continuity.epoch and epoch_since is not None
+        and epoch_since < continuity.seen_at)
+
+
+@dataclass(frozen=True)
 class OwnerStatus:
     owner: Owner
     alive: bool
@@ -1143,6 +1174,11 @@ class Heartbeat:
     and in a store put back from a copy taken before it: a beat that heartbeated a moment
     ago and is not known has found the store went back, whatever it holds of its other
     writes (a beat that wrote nothing else yet: it only registered its entries)."""
+    went_back: bool = False
+    """The store did not show the heartbeat's ``continuity`` (a write of ``written`` lost,
+    the caller's record renewed a moment ago missing, or an epoch that began before the
+    caller's last heartbeat while it saw another) and began a new epoch in the heartbeat's
+    own step: ``epoch`` is the new one (every live beat registers what it knows again)."""
 
 
 # -- worker processes' liveness -----------------------------------------------------------
@@ -1236,8 +1272,8 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None,
-                  written: Sequence[Written] = (), changes: ChangeCursor | None = None
-                  ) -> Heartbeat:
+                  written: Sequence[Written] = (), changes: ChangeCursor | None = None,
+                  continuity: Continuity | None = None) -> Heartbeat:
         """Renew ``owner``'s liveness for ``ttl`` seconds and read the store's clock, epoch
         and owners. With ``resync`` the caller found the store went back: start a new epoch
         and settle for ``ttl`` (no claiming meanwhile). With ``settling`` the caller is
@@ -1257,8 +1293,15 @@ class Store(abc.ABC):
         history is judged by the counter alone, and so is a run with no token: never
         claimed, a backfill or a request put it there over what the instant held); an entry
         or run whose record cannot be read is not judged.
-        Read just after the heartbeat is written (in the same atomic step where the
-        backend can). ``owner_known``: whether the caller's record was there before."""
+        ``owner_known``: whether the caller's record was there before.
+
+        ``continuity`` (a running beat's, never with ``resync`` or ``settling``): when the
+        store does not show it (see :class:`Continuity`), the heartbeat begins a new epoch
+        as a resync does, and answers ``went_back``. The writes, the record and the epoch
+        are judged and the new epoch begun in the same atomic step as the renewal, so that
+        no other heartbeat reads the renewal without the new epoch (on a Redis Cluster,
+        where the runs live on other masters, the writes are read one round trip before the
+        step that renews and begins the epoch)."""
 
     @abc.abstractmethod
     def leave(self, owner: Owner) -> None:
@@ -1563,6 +1606,7 @@ __all__ = [
     "ClaimPlan",
     "ClaimResult",
     "ClaimStatus",
+    "Continuity",
     "Delivery",
     "DueEntry",
     "EntryRecord",
@@ -1619,6 +1663,7 @@ __all__ += [
     "page_limit",
     "stored_definition",
 ]
+__all__ += ["went_back_from"]
 __all__ += ["WORKER_RECORDS_KEPT", "WorkerLiveness", "WorkerLivenessRead",
             "read_worker_record", "worker_id",
             "worker_ttl_ms", "written_worker_record"]

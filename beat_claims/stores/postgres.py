@@ -115,6 +115,7 @@ from .base import (
     ClaimPlan,
     ClaimResult,
     ClaimStatus,
+    Continuity,
     DefinitionResult,
     DefinitionWrite,
     Delivery,
@@ -169,7 +170,7 @@ logger = get_logger("celery.beat.claims")
 T = TypeVar("T")
 
 #: The layout's version. A change to a table or a function gets a new one and a migration.
-LAYOUT = 9
+LAYOUT = 10
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version). A function whose arguments change must be dropped
 #: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
@@ -233,6 +234,13 @@ ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS definition text,
     # define() writing it, index() (functions).
     8: """
 ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS next_due bigint;
+""",
+    # 10: heartbeat() checks the caller's continuity (p_continuity: the epoch it saw, when,
+    # and whether its record was renewed within a TTL) and begins a new epoch in its own
+    # step when the store does not show it (another signature: dropped, then installed).
+    9: """
+DROP FUNCTION IF EXISTS {s}.heartbeat(text, jsonb, bigint, boolean, text, bigint, boolean,
+                                      text, jsonb);
 """,
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
@@ -1491,8 +1499,10 @@ BEGIN
 END $$;
 
 -- heartbeat.lua: the owner is alive for p_ttl more; the epoch changes when there is none,
--- when the server holding the data is another one, or on a resync, and then no beat claims
--- until settle_until; a caller still registering what it knows (p_settling) keeps a
+-- when the server holding the data is another one, on a resync, or when the store does not
+-- show the caller's continuity (p_continuity: 'epoch' it saw, 'seen' the clock then,
+-- 'renewed' its record renewed within a TTL; 'went_back' answers it), and then no beat
+-- claims until settle_until; a caller still registering what it knows (p_settling) keeps a
 -- settling store so for p_ttl more. Owners lapsed long ago are forgotten. The store's id is
 -- made by the first heartbeat. The last heartbeat's instant is kept (beat_at, answered as
 -- it was before this one), and the caller's newest writes (p_written: e, d, t, and k, what
@@ -1500,7 +1510,8 @@ END $$;
 -- longer holds, by position; 'known': whether the owner's record was there before.
 CREATE OR REPLACE FUNCTION {s}.heartbeat(p_owner text, p_info jsonb, p_ttl bigint,
                                          p_resync boolean, p_new text, p_forget bigint,
-                                         p_settling boolean, p_store text, p_written jsonb)
+                                         p_settling boolean, p_store text, p_written jsonb,
+                                         p_continuity jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   v_now bigint;
@@ -1517,11 +1528,17 @@ DECLARE
   v_entry record;
   v_run record;
   v_token bigint;
+  v_went_back boolean := false;
 BEGIN
   -- Its commit need not wait for the WAL flush: a heartbeat a crash loses makes its owner
   -- look dead sooner (its claims are taken back; fencing stops it), and a restart or a
   -- failover is a new epoch anyway.
   PERFORM set_config('synchronous_commit', 'off', true);
+  -- The epoch row is locked first whenever the caller's continuity is checked: the check
+  -- and the new epoch it may begin are one step, which no other heartbeat reads half way.
+  IF p_continuity IS NOT NULL AND NOT (p_resync OR p_settling) THEN
+    PERFORM 1 FROM {s}.epoch FOR UPDATE;
+  END IF;
   SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep;
   v_new := NOT FOUND OR v_epoch.server <> v_server OR p_resync;
   IF v_new THEN
@@ -1534,38 +1551,6 @@ BEGIN
       AND o.id <> p_owner ORDER BY o.expires_at LIMIT 100 FOR UPDATE SKIP LOCKED);
   PERFORM 1 FROM {s}.owners o WHERE o.id = p_owner FOR UPDATE;
   v_known := FOUND;
-  v_now := {s}.now_ms();  -- once the rows it writes are locked
-  INSERT INTO {s}.owners AS o (id, info, expires_at) VALUES (p_owner, p_info, v_now + p_ttl)
-    ON CONFLICT (id) DO UPDATE SET info = excluded.info, expires_at = excluded.expires_at;
-  IF v_new THEN
-    -- Long enough for every beat the store knows alive to notice: until the latest of
-    -- their heartbeats lapses (beats with a longer interval than the caller's), within
-    -- reason.
-    SELECT greatest(v_now + p_ttl, least(max(o.expires_at), v_now + 10 * p_ttl))
-      INTO v_until FROM {s}.owners o;
-    INSERT INTO {s}.epoch (one, id, settle_until, since, server)
-      VALUES (true, p_new, v_until, v_now, v_server) ON CONFLICT (one) DO NOTHING;
-    SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep FOR UPDATE;
-    -- Another heartbeat may have started the new epoch while this one waited.
-    IF v_epoch.id <> p_new AND (v_epoch.server <> v_server OR p_resync) THEN
-      UPDATE {s}.epoch SET id = p_new,
-          settle_until = greatest(coalesce(settle_until, 0), v_until),
-          since = v_now, server = v_server
-        RETURNING id, settle_until, server, since INTO v_epoch;
-    END IF;
-  ELSIF p_settling AND v_epoch.settle_until > v_now
-      AND v_epoch.settle_until < v_now + p_ttl THEN
-    UPDATE {s}.epoch SET settle_until = v_now + p_ttl
-      WHERE settle_until > v_now AND settle_until < v_now + p_ttl;
-    SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep;
-  END IF;
-  SELECT i.id INTO v_store FROM {s}.ident i;
-  IF NOT FOUND THEN
-    INSERT INTO {s}.ident (one, id) VALUES (true, p_store) ON CONFLICT (one) DO NOTHING;
-    SELECT i.id INTO v_store FROM {s}.ident i;
-  END IF;
-  SELECT ep.beat_at INTO v_last FROM {s}.epoch ep;
-  UPDATE {s}.epoch SET beat_at = greatest(coalesce(v_last, v_now), v_now);
   FOR v_item, v_n IN SELECT x.value, x.n - 1 FROM jsonb_array_elements(p_written)
       WITH ORDINALITY x (value, n) LOOP
     SELECT e.id, e.token INTO v_entry FROM {s}.entries e WHERE e.name = v_item ->> 'e';
@@ -1587,9 +1572,52 @@ BEGIN
       v_lost := v_lost || to_jsonb(v_n);
     END IF;
   END LOOP;
+  -- The caller's continuity, judged while the epoch row is locked: a store that went back
+  -- begins a new epoch with this very renewal.
+  v_went_back := coalesce(p_continuity IS NOT NULL AND NOT (p_resync OR p_settling) AND (
+    jsonb_array_length(v_lost) > 0
+    OR ((p_continuity ->> 'renewed')::boolean AND NOT v_known)
+    OR (v_epoch.id <> p_continuity ->> 'epoch'
+        AND v_epoch.since < (p_continuity ->> 'seen')::bigint)), false);
+  v_now := {s}.now_ms();  -- once the rows it writes are locked
+  INSERT INTO {s}.owners AS o (id, info, expires_at) VALUES (p_owner, p_info, v_now + p_ttl)
+    ON CONFLICT (id) DO UPDATE SET info = excluded.info, expires_at = excluded.expires_at;
+  IF v_went_back THEN
+    v_new := true;
+    PERFORM 1 FROM {s}.epoch FOR UPDATE;
+  END IF;
+  IF v_new THEN
+    -- Long enough for every beat the store knows alive to notice: until the latest of
+    -- their heartbeats lapses (beats with a longer interval than the caller's), within
+    -- reason.
+    SELECT greatest(v_now + p_ttl, least(max(o.expires_at), v_now + 10 * p_ttl))
+      INTO v_until FROM {s}.owners o;
+    INSERT INTO {s}.epoch (one, id, settle_until, since, server)
+      VALUES (true, p_new, v_until, v_now, v_server) ON CONFLICT (one) DO NOTHING;
+    SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep FOR UPDATE;
+    -- Another heartbeat may have started the new epoch while this one waited.
+    IF v_epoch.id <> p_new AND (v_epoch.server <> v_server OR p_resync OR v_went_back) THEN
+      UPDATE {s}.epoch SET id = p_new,
+          settle_until = greatest(coalesce(settle_until, 0), v_until),
+          since = v_now, server = v_server
+        RETURNING id, settle_until, server, since INTO v_epoch;
+    END IF;
+  ELSIF p_settling AND v_epoch.settle_until > v_now
+      AND v_epoch.settle_until < v_now + p_ttl THEN
+    UPDATE {s}.epoch SET settle_until = v_now + p_ttl
+      WHERE settle_until > v_now AND settle_until < v_now + p_ttl;
+    SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep;
+  END IF;
+  SELECT i.id INTO v_store FROM {s}.ident i;
+  IF NOT FOUND THEN
+    INSERT INTO {s}.ident (one, id) VALUES (true, p_store) ON CONFLICT (one) DO NOTHING;
+    SELECT i.id INTO v_store FROM {s}.ident i;
+  END IF;
+  SELECT ep.beat_at INTO v_last FROM {s}.epoch ep;
+  UPDATE {s}.epoch SET beat_at = greatest(coalesce(v_last, v_now), v_now);
   RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id, 'since', v_epoch.since,
     'settle', v_epoch.settle_until, 'server', v_server, 'store', v_store,
-    'last_beat', v_last, 'lost', v_lost, 'known', v_known,
+    'last_beat', v_last, 'lost', v_lost, 'known', v_known, 'went_back', v_went_back,
     'owners', (SELECT coalesce(jsonb_agg(jsonb_build_array(o.id, o.info, o.expires_at)),
                                '[]') FROM {s}.owners o));
 END $$;
@@ -2229,17 +2257,20 @@ class PostgresStore(Store):
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None,
-                  written: Sequence[Written] = (), changes: ChangeCursor | None = None
-                  ) -> Heartbeat:
+                  written: Sequence[Written] = (), changes: ChangeCursor | None = None,
+                  continuity: Continuity | None = None) -> Heartbeat:
         # (``sweep``, ``changes``: a second call here, so the caller asks apart: ``live``
         # and ``changes`` stay None)
         try:
             [(reply,)] = self._execute(
-                f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [owner.id, Jsonb(owner.as_dict()), max(1, round(ttl * 1000)), resync,
                  uuid.uuid4().hex, FORGET_OWNERS_MS, settling, uuid.uuid4().hex,
                  Jsonb([{"e": w.entry, "d": w.due, "t": w.token, "k": w.kind.value}
-                        for w in written])],
+                        for w in written]),
+                 None if continuity is None else Jsonb({
+                     "epoch": continuity.epoch, "seen": continuity.seen_at,
+                     "renewed": continuity.owner_renewed})],
                 heartbeat=True)
         except psycopg.Error as exc:
             raise StoreError(f"the server answered with an error: {exc}") from exc
@@ -2252,7 +2283,8 @@ class PostgresStore(Store):
                          lost=tuple(written[int(i)] for i in reply.get("lost") or ()),
                          last_beat=_maybe_int(reply.get("last_beat")),
                          owner_known=bool(reply.get("known")),
-                         epoch_since=_maybe_int(reply.get("since")))
+                         epoch_since=_maybe_int(reply.get("since")),
+                         went_back=bool(reply.get("went_back")))
 
     def leave(self, owner: Owner) -> None:
         try:

@@ -127,6 +127,7 @@ from .base import (
     ClaimPlan,
     ClaimResult,
     ClaimStatus,
+    Continuity,
     DefinitionResult,
     DefinitionWrite,
     Delivery,
@@ -838,15 +839,36 @@ class RedisStore(Store):
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None,
-                  written: Sequence[Written] = (), changes: ChangeCursor | None = None
-                  ) -> Heartbeat:
+                  written: Sequence[Written] = (), changes: ChangeCursor | None = None,
+                  continuity: Continuity | None = None) -> Heartbeat:
+        # On one server the newest writes are looked for by the heartbeat's own script (in
+        # the step that may begin a new epoch for them); on a cluster, whose runs live on
+        # other masters, a round trip before it, and what was lost passed to it.
+        found_lost = False
+        cluster_kept: list[Any] = []
+        if written and not self.single_node:
+            try:
+                cluster_kept = self._round_trip(lambda pipe: self._kept_build(pipe, written))
+            except StoreError:  # judged at the next heartbeat; the heartbeat stands
+                cluster_kept = []
+            found_lost = bool(self._lost(written, cluster_kept))
+        items = written if self.single_node else ()
+        keys = list(self._heartbeat_keys)
+        item_args: list[Any] = []
+        for item in items:
+            keys.extend(self._entry_head(item.entry)[:-1])
+            item_args += [item.entry, item.due, item.token, item.kind.value]
+        on_going = continuity is not None and not (resync or settling)
+        cont_args = ([continuity.epoch, continuity.seen_at,
+                      "1" if continuity.owner_renewed else "0"]
+                     if continuity is not None and on_going else ["", "0", "0"])
+
         def build(pipe: Pipeline) -> None:
-            self._script(pipe, "heartbeat", self._heartbeat_keys, owner.id,
+            self._script(pipe, "heartbeat", keys, owner.id,
                          self._owner_json(owner), max(1, round(ttl * 1000)),
                          "1" if resync else "0", uuid.uuid4().hex, FORGET_OWNERS_MS,
-                         "1" if settling else "0", uuid.uuid4().hex, *servers, raw=True)
-            if self.single_node:  # read just after the heartbeat, in the same round trip
-                self._kept_build(pipe, written)
+                         "1" if settling else "0", uuid.uuid4().hex, servers, *cont_args,
+                         "1" if found_lost else "0", *item_args, raw=True)
             if combined is not None:  # run after the heartbeat's script, in the same trip
                 self._live_build(pipe, combined)
             if feed is not None:
@@ -864,26 +886,18 @@ class RedisStore(Store):
         try:
             # On a cluster the script cannot read the other masters' run ids: they are read
             # just before (a master that restarts in between is caught by _check_server).
-            servers = () if self.single_node else (self._masters(),)
+            servers = "" if self.single_node else self._masters()
             replies = self._round_trip(build, vital=1)
         finally:
             self._heartbeating.on = False
         reply = replies[0]
         _raise_if_error(reply)
-        now, epoch_id, settle, owners, alive, server, store_id, last_beat, known, since = \
-            self._json_reply(reply, 10)
+        (now, epoch_id, settle, owners, alive, server, store_id, last_beat, known, since,
+         script_kept, went_back) = self._json_reply(reply, 12)
         self._server = str(server) or None
         self._servers = frozenset(self._server.split(",")) if self._server else frozenset()
-        if self.single_node:
-            kept, replies = replies[1:1 + len(written)], replies[1 + len(written):]
-        else:  # (one slot per script on a cluster: asked after the heartbeat, apart)
-            kept = []
-            if written:
-                try:
-                    kept = self._round_trip(lambda pipe: self._kept_build(pipe, written))
-                except StoreError:  # judged at the next heartbeat; the heartbeat stands
-                    kept = []
-            replies = replies[1:]
+        kept = script_kept if self.single_node else cluster_kept
+        replies = replies[1:]
         fed: Changes | None = None
         if feed is not None:
             replies, feed_replies = replies[:-len(feed.groups)], replies[-len(feed.groups):]
@@ -898,7 +912,7 @@ class RedisStore(Store):
                          lost=self._lost(written, kept),
                          last_beat=int(last_beat) if last_beat else None,
                          owner_known=known == "1", epoch_since=int(since) if since else None,
-                         changes=fed)
+                         changes=fed, went_back=went_back == "1")
 
     def _kept_build(self, pipe: Pipeline, written: Sequence[Written]) -> None:
         for item in written:

@@ -112,6 +112,7 @@ from .base import (
     ClaimPlan,
     ClaimResult,
     ClaimStatus,
+    Continuity,
     DefinitionResult,
     DefinitionWrite,
     Delivery,
@@ -155,6 +156,7 @@ from .base import (
     read_worker_record,
     registrants_from_json,
     stored_definition,
+    went_back_from,
     worker_id,
     worker_ttl_ms,
     written_next_due,
@@ -1172,20 +1174,21 @@ class RowStore(Store):
     # -- beats: liveness and entries ---------------------------------------------------
     def heartbeat(self, owner: Owner, ttl: float, resync: bool = False,
                   settling: bool = False, sweep: LiveQuery | None = None,
-                  written: Sequence[Written] = (), changes: ChangeCursor | None = None
-                  ) -> Heartbeat:
+                  written: Sequence[Written] = (), changes: ChangeCursor | None = None,
+                  continuity: Continuity | None = None) -> Heartbeat:
         # (``sweep``, ``changes``: a second call here, so the caller asks apart: ``live``
         # and ``changes`` stay None)
         ttl_ms = max(1, round(ttl * 1000))
 
         def work(db: sqlite3.Connection) -> tuple[
                 int, str, int | None, list[Any], tuple[int, int] | None, str, int | None,
-                tuple[Written, ...], bool, int | None]:
+                tuple[Written, ...], bool, int | None, bool]:
             """heartbeat.lua: the owner is alive for ttl more (and was known before, or
-            not); the epoch changes when the file has none, is another file, or on a
-            resync, and then no beat claims until every beat known alive has had its
-            heartbeat to notice (settle_until). The last heartbeat's instant is kept
-            (beat_at), and the caller's newest writes are looked for (kept.lua)."""
+            not); the caller's newest writes are looked for (kept.lua); the epoch changes
+            when the file has none, is another file, on a resync, or when the store does
+            not show the caller's continuity, and then no beat claims until every beat
+            known alive has had its heartbeat to notice (settle_until). The last
+            heartbeat's instant is kept (beat_at)."""
             q, now = self._sql, self._clock()
             known = db.execute(q["owner_known"], (owner.id,)).fetchone() is not None
             db.execute(q["owner_put"], (owner.id, json.dumps(owner.as_dict()), now + ttl_ms))
@@ -1197,7 +1200,10 @@ class RowStore(Store):
             db.execute(q["meta_set"], ("beat_at", str(max(now, last_beat or now))))
             epoch, settle = meta["epoch"], _maybe_int(meta["settle_until"])
             file = f"{self._db_file[0]}:{self._db_file[1]}" if self._db_file else ""
-            if not epoch or meta["epoch_file"] != file or resync:
+            lost = tuple(item for item in written if self._kept(db, item) is False)
+            went_back = went_back_from(continuity, resync or settling, lost, known,
+                                       epoch, since)
+            if not epoch or meta["epoch_file"] != file or resync or went_back:
                 epoch = uuid.uuid4().hex
                 # Long enough for every beat the store knows alive to notice: until the
                 # latest of their heartbeats lapses (beats with a longer interval than the
@@ -1217,18 +1223,18 @@ class RowStore(Store):
                 settle = now + ttl_ms
                 db.execute(q["meta_set"], ("settle_until", str(settle)))
             db.execute(q["owners_forget"], (now - FORGET_OWNERS_MS,))
-            lost = tuple(item for item in written if self._kept(db, item) is False)
             return (now, str(epoch), settle, db.execute(q["owners_all"]).fetchall(),
-                    self._db_file, self._store_id(db), last_beat, lost, known, since)
+                    self._db_file, self._store_id(db), last_beat, lost, known, since,
+                    went_back)
 
-        now, epoch, settle, rows, file_read, store_id, last_beat, lost, known, since = \
-            self._transaction(work, heartbeat=True)
+        (now, epoch, settle, rows, file_read, store_id, last_beat, lost, known, since,
+         went_back) = self._transaction(work, heartbeat=True)
         self._heartbeat_file = file_read
         owners = _owner_statuses(rows, now)
         self._warn_foreign_hosts(owners)
         return Heartbeat(now=now, epoch=epoch, settle_until=settle, owners=tuple(owners),
                          store_id=store_id, lost=lost, last_beat=last_beat, owner_known=known,
-                         epoch_since=since)
+                         epoch_since=since, went_back=went_back)
 
     def _kept(self, db: sqlite3.Connection, item: Written) -> bool | None:
         """kept.lua: whether the store still holds the caller's write (None: a record that

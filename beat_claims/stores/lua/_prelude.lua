@@ -120,6 +120,27 @@ local function get_entry(K)
   return e
 end
 
+-- Whether the store still holds a beat's newest write about a run (kept.lua; heartbeat.lua
+-- on one server): '1' held, '0' lost, '' a record that cannot be read (not judged).
+local function write_kept(K, due, token_text, kind)
+  local e = get_entry(K)
+  if not e then return '' end
+  local token = tonumber(token_text)
+  if not e.anchor or e.token < token then return '0' end
+  local run = get_run(K, due)
+  if run == false then return '' end
+  if run == nil then return '1' end
+  local mine = run.token or 0
+  if mine == 0 then return '1' end
+  if mine < token then return '0' end
+  if mine == token and ((kind == WROTE.check and run.state == STATE.claimed)
+      or (kind == WROTE.sent and (HELD[run.state] or run.state == STATE.due
+                                  or run.state == STATE.waiting))) then
+    return '0'
+  end
+  return '1'
+end
+
 local function held_member(K, run)
   return (run.owner or '') .. '|' .. fmt(run.token or 0) .. '|' .. fmt(run.due) .. '|' .. K.name
 end
