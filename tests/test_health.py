@@ -74,8 +74,12 @@ def test_a_live_beat_is_healthy_and_a_stopped_one_fails_the_probes(
         assert report(probe, 1)["failed"] == ["beat"]
         doc = report(t.cli("health", "--grace", "1", "-j", schedule=SCHEDULE), 1)
         assert doc["failed"] == ["beats", "overdue"]
-        assert [(i["entry"], i["kind"]) for i in items(doc, "overdue")] == [
-            ("tick", "not claimed")]
+        # tick's next occurrence, never claimed; and when the beat had claimed one ahead
+        # as it stopped (a loaded host: it logs "released 1 unsent claim(s)"), that run,
+        # released and due again.
+        overdue = [(i["entry"], i["kind"]) for i in items(doc, "overdue")]
+        assert ("tick", "not claimed") in overdue, overdue
+        assert set(overdue) <= {("tick", "not claimed"), ("tick", "due again")}, overdue
 
 
 @pytest.mark.parametrize("target", ["redis"], indirect=True)
