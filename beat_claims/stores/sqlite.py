@@ -1202,7 +1202,7 @@ class RowStore(Store):
             file = f"{self._db_file[0]}:{self._db_file[1]}" if self._db_file else ""
             lost = tuple(item for item in written if self._kept(db, item) is False)
             went_back = went_back_from(continuity, resync or settling, lost, known,
-                                       epoch, since)
+                                       epoch, since, last_beat)
             if not epoch or meta["epoch_file"] != file or resync or went_back:
                 epoch = uuid.uuid4().hex
                 # Long enough for every beat the store knows alive to notice: until the

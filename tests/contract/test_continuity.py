@@ -108,3 +108,19 @@ def test_a_caller_that_resyncs_or_settles_is_not_judged(store: Store,
     assert not settling.went_back and settling.epoch == last.epoch
     resync = store.heartbeat(A, TTL, resync=True, written=lost, continuity=seen(last))
     assert not resync.went_back and resync.epoch != last.epoch
+
+
+def test_a_store_whose_last_heartbeat_is_before_the_caller_s_begins_a_new_epoch(
+        store: Store) -> None:
+    """A copy taken before the caller's last heartbeat, which lost nothing else of the
+    caller's (its record, its writes, the epoch are in the copy): the store's last
+    heartbeat of any beat (beat_at, which only moves forward) is before the caller's."""
+    first = store.heartbeat(A, TTL)
+    other = store.heartbeat(B, TTL)
+    assert other.last_beat is not None and other.last_beat >= first.now
+    in_step = store.heartbeat(A, TTL, continuity=seen(first))  # (beat_at: B's, after)
+    assert not in_step.went_back and in_step.epoch == first.epoch
+    later = Continuity(in_step.epoch, in_step.now + 60_000, True)  # a copy's beat_at
+    hb = store.heartbeat(A, TTL, continuity=later)
+    assert hb.went_back and hb.epoch != first.epoch
+    assert hb.settle_until is not None and hb.settle_until >= hb.now + TTL * 1000
