@@ -10,8 +10,11 @@ nothing."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 from beat_claims.runs import Owner
-from beat_claims.stores.base import Continuity, Heartbeat, Store, Written
+from beat_claims.stores.base import Continuity, Heartbeat, Store, StoreError, Written
 
 from .conftest import Backend
 from .helpers import A, B, claims, one_claim
@@ -124,3 +127,40 @@ def test_a_store_whose_last_heartbeat_is_before_the_caller_s_begins_a_new_epoch(
     hb = store.heartbeat(A, TTL, continuity=later)
     assert hb.went_back and hb.epoch != first.epoch
     assert hb.settle_until is not None and hb.settle_until >= hb.now + TTL * 1000
+
+
+def test_beats_heartbeating_at_once_never_find_their_last_heartbeat_gone(
+        store: Store, backend: Backend) -> None:
+    """The store's last heartbeat of any beat only moves forward, whatever the order in
+    which heartbeats read the clock and commit: beats heartbeating at once (some settling,
+    which check nothing) never find it before their own last heartbeat."""
+    clients = [backend.reopen(store) for _ in range(4)]
+    found: list[str] = []
+
+    def beat(client: Store, i: int) -> None:
+        owner = Owner(id=f"beat-{i}", host="contract-host", pid=100 + i, started_at=1.0)
+        last = client.heartbeat(owner, TTL)
+        deadline = time.monotonic() + 3
+        try:
+            while time.monotonic() < deadline:
+                if i % 2:
+                    last = client.heartbeat(owner, TTL, settling=True)
+                    continue
+                hb = client.heartbeat(owner, TTL, continuity=seen(last))
+                if hb.went_back:
+                    found.append(f"{owner.id}: last heartbeat {hb.last_beat}, its own"
+                                 f" {last.now}")
+                last = hb
+        except StoreError as exc:
+            found.append(f"{owner.id}: {exc}")
+
+    threads = [threading.Thread(target=beat, args=(c, i)) for i, c in enumerate(clients)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        for c in clients:
+            c.close()
+    assert found == []
