@@ -10,14 +10,13 @@ nothing."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 from beat_claims.runs import Owner
 from beat_claims.stores.base import Continuity, Heartbeat, Store, StoreError, Written
 
 from .conftest import Backend
-from .helpers import A, B, claims, one_claim
+from .helpers import A, B, at_once, claims, one_claim
 
 TTL = 10.0
 
@@ -154,13 +153,5 @@ def test_beats_heartbeating_at_once_never_find_their_last_heartbeat_gone(
         except StoreError as exc:
             found.append(f"{owner.id}: {exc}")
 
-    threads = [threading.Thread(target=beat, args=(c, i)) for i, c in enumerate(clients)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-    finally:
-        for c in clients:
-            c.close()
+    at_once([lambda c=c, i=i: beat(c, i) for i, c in enumerate(clients)], clients)
     assert found == []

@@ -27,7 +27,7 @@ from beat_claims.stores.mysql_driver import Driver
 
 from .backend_mysql import BACKEND as backend_mysql
 from .backend_mysql import HOST, INSTALLED_DRIVERS, PASSWORD, PORT, USER, with_driver
-from .helpers import A
+from .helpers import A, at_once
 
 
 @pytest.fixture(params=INSTALLED_DRIVERS)
@@ -141,14 +141,6 @@ def test_heartbeats_of_beats_at_once_never_deadlock(quick_store: MySQLStore) -> 
         except StoreError as exc:
             failures.append(exc)
 
-    threads = [threading.Thread(target=beat, args=(s, i)) for i, s in enumerate(sessions)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-    finally:
-        for s in sessions:
-            s.close()
+    at_once([lambda s=s, i=i: beat(s, i) for i, s in enumerate(sessions)], sessions)
     assert failures == []
     assert sum(s.retries for s in sessions) == 0
