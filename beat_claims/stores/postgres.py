@@ -1534,11 +1534,11 @@ BEGIN
   -- look dead sooner (its claims are taken back; fencing stops it), and a restart or a
   -- failover is a new epoch anyway.
   PERFORM set_config('synchronous_commit', 'off', true);
-  -- The epoch row is locked first whenever the caller's continuity is checked: the check
-  -- and the new epoch it may begin are one step, which no other heartbeat reads half way.
-  IF p_continuity IS NOT NULL AND NOT (p_resync OR p_settling) THEN
-    PERFORM 1 FROM {s}.epoch FOR UPDATE;
-  END IF;
+  -- The epoch row is locked first by every heartbeat: the caller's continuity checked and
+  -- the new epoch it may begin are one step, which no other heartbeat reads half way (one
+  -- that read the epoch unlocked, then the owners after that step, answered a beat's
+  -- renewal with the epoch before it, and its clock later than the new epoch's start).
+  PERFORM 1 FROM {s}.epoch FOR UPDATE;
   SELECT ep.id, ep.settle_until, ep.server, ep.since, ep.beat_at INTO v_epoch
     FROM {s}.epoch ep;
   v_new := NOT FOUND OR v_epoch.server <> v_server OR p_resync;
