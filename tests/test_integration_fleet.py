@@ -161,9 +161,10 @@ def test_three_beats_one_worker_every_occurrence_exactly_once(
         # Everything due up to t1 - 2 s has been sent and run by now (or soon).
         want = expected(store, t0, t1 - 2000)
         all_ran_once(client, want, 15, "every expected occurrence to run")
-        # The beats took turns in sending.
+        # The beats sent (which one wins each claim depends on timing: a beat claiming
+        # ahead, on a loaded host, may win every one of these four entries' claims).
         senders = [b for b in beats if "Sending due task" in f.log(b)]
-        assert len(senders) >= 2
+        assert senders
 
         # SIGTERM one beat, SIGKILL another, start a new one.
         f.stop(beats[0], signal.SIGTERM)
