@@ -36,7 +36,7 @@ redis-server):
    store as a restarted beat does (its last heartbeat recent, no beat alive) and joins at
    its first heartbeat. With ``cold`` it does not: when the creation took longer than a
    heartbeat TTL (15 s), the store shows no heartbeat for longer than that (it may be an
-   older copy put back), and the beat waits 1.5 heartbeat intervals and a confirming
+   older copy put back), and the beat waits a heartbeat TTL and a confirming
    heartbeat before it claims (``beat_claims.beat.liveness.Joining``); its
    ``startup_marks`` show that wait (``joining``).
 4. The store's size is read again: ``store_bytes_per_entry`` = the growth / N.

@@ -241,3 +241,57 @@ def test_a_copy_put_back_under_beats_late_by_less_than_a_ttl_is_not_sent_again(
     assert sent_twice(server) == {}, published(server)
     assert went_back_lines(caplog.records)  # (the running beats found it out)
     assert len(epochs) >= 2, "no new epoch began"
+
+
+def test_an_old_copy_put_back_is_noticed_by_a_beat_that_lost_none_of_its_writes(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A copy older than a TTL (a backup): the beats it shows have lapsed in it. Beat B,
+    whose records the copy holds and which wrote nothing since (an hourly entry), is the
+    first to heartbeat after the copy is put back; beat A, which sent runs the copy lacks,
+    is late (alive, silent for less than a TTL). A beat started just after B's heartbeat
+    sees a recent heartbeat and no live beat but B: it must not claim the runs A sent
+    (catch_up "all") before A has registered them. The copy lacks B's own last heartbeat:
+    B must find out that the store went back, though it lost nothing else."""
+    interval = 1.0  # a TTL of 3 s
+    sent_often = any_store.app({"e": {"task": "t.noop", "schedule": timedelta(seconds=1),
+                                      "claims": {"catch_up": "all"}}},
+                               beat_claims_heartbeat_interval=interval)
+    hourly = any_store.app({"quiet": {"task": "t.noop", "schedule": timedelta(hours=1)}},
+                           beat_claims_heartbeat_interval=interval)
+    a = make(sent_often)
+    b = joined(hourly, a)
+    worker = Worker(any_store.open(), server)
+    copy = any_store.copy()
+    c: Scheduler | None = None
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    try:
+        wait_for(lambda: worker.executed, 15, "an occurrence run", interval=0.02,
+                 between=ticking(worker, a, b))
+        copy.take()
+        taken = time.monotonic()
+        # Older than a TTL, with runs it lacks; B heartbeats on time meanwhile.
+        wait_for(lambda: time.monotonic() - taken > a.liveness.ttl + 0.5
+                 and len(worker.executed) >= 3, 15, "runs the copy lacks", interval=0.02,
+                 between=ticking(worker, a, b))
+        assert b.knowledge.written() == []
+        a.liveness.lapse()  # alive: a heartbeat just before the copy is put back
+        a.tick()
+        silent_from = time.monotonic()
+        copy.put_back()
+        sent = len(published(server))
+        b.liveness.lapse()  # B heartbeats first
+        b.tick()
+        c = Scheduler(app=sent_often)
+        # A late (alive, silent for less than a TTL): B and the new beat tick.
+        work_for(a.liveness.ttl - 0.8, lambda: (b.tick(), c.tick(), worker.step()))
+        silent = time.monotonic() - silent_from
+        if silent >= a.liveness.ttl:  # (not the failure this test is about)
+            raise RuntimeError(f"a was silent {silent:.1f}s: taken for dead")
+        assert published(server)[sent:] == [], "the new beat sent while A was silent"
+        assert went_back_lines(caplog.records), "B did not notice"
+        work_for(4, ticking(worker, a, b, c))
+    finally:
+        for s in (a, b, *([c] if c else [])):
+            s.close()
+    assert sent_twice(server) == {}, published(server)

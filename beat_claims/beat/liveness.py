@@ -164,6 +164,14 @@ class Liveness:
                 f"the store no longer holds what this beat wrote (its heartbeat's record,"
                 f" renewed {renewed_since:.1f}s before): it was put back from an older copy",
                 epoch_begun=begun)
+        if (continuity is not None and hb.last_beat is not None
+                and hb.last_beat < continuity.seen_at):
+            # (beat_at only moves forward, whatever the store's clock does)
+            raise StoreWentBack(
+                f"the store's last heartbeat of any beat is at {iso(hb.last_beat)}, before"
+                f" this beat's own last heartbeat at {iso(continuity.seen_at)}: it went back"
+                " (a copy taken before put back, or writes lost with a restart or a"
+                " failover)", epoch_begun=begun)
         if begun:
             raise StoreWentBack(
                 "the store's epoch went back to one that began before this beat's last"

@@ -1108,7 +1108,9 @@ class Continuity:
     """The epoch the caller's last heartbeat answered."""
     seen_at: int
     """The store's clock at that heartbeat (UTC ms): an epoch other than ``epoch`` that
-    began before it is an older copy's."""
+    began before it is an older copy's, and so is a store whose last heartbeat of any beat
+    (``beat_at``, which only moves forward, whatever its clock does) is before it: a copy
+    taken before that heartbeat."""
     owner_renewed: bool
     """The caller's record was renewed less than a TTL ago: a store without it is a copy
     taken before."""
@@ -1116,14 +1118,16 @@ class Continuity:
 
 def went_back_from(continuity: Continuity | None, resyncing: bool,
                    lost: Sequence[Written], owner_known: bool, epoch: str | None,
-                   epoch_since: int | None) -> bool:
+                   epoch_since: int | None, last_beat: int | None = None) -> bool:
     """Whether what a heartbeat's step read does not show the caller's ``continuity``
-    (never for a caller that resyncs or settles: it registers what it knows)."""
+    (never for a caller that resyncs or settles: it registers what it knows).
+    ``last_beat``: the store's last heartbeat before this one (beat_at)."""
     if continuity is None or resyncing:
         return False
     return bool(lost) or (continuity.owner_renewed and not owner_known) or (
         bool(epoch) and epoch != continuity.epoch and epoch_since is not None
-        and epoch_since < continuity.seen_at)
+        and epoch_since < continuity.seen_at) or (
+        last_beat is not None and last_beat < continuity.seen_at)
 
 
 @dataclass(frozen=True)

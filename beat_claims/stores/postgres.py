@@ -1534,12 +1534,13 @@ BEGIN
   -- look dead sooner (its claims are taken back; fencing stops it), and a restart or a
   -- failover is a new epoch anyway.
   PERFORM set_config('synchronous_commit', 'off', true);
-  -- The epoch row is locked first whenever the caller's continuity is checked: the check
-  -- and the new epoch it may begin are one step, which no other heartbeat reads half way.
-  IF p_continuity IS NOT NULL AND NOT (p_resync OR p_settling) THEN
-    PERFORM 1 FROM {s}.epoch FOR UPDATE;
-  END IF;
-  SELECT ep.id, ep.settle_until, ep.server, ep.since INTO v_epoch FROM {s}.epoch ep;
+  -- The epoch row is locked first by every heartbeat: the caller's continuity checked and
+  -- the new epoch it may begin are one step, which no other heartbeat reads half way (one
+  -- that read the epoch unlocked, then the owners after that step, answered a beat's
+  -- renewal with the epoch before it, and its clock later than the new epoch's start).
+  PERFORM 1 FROM {s}.epoch FOR UPDATE;
+  SELECT ep.id, ep.settle_until, ep.server, ep.since, ep.beat_at INTO v_epoch
+    FROM {s}.epoch ep;
   v_new := NOT FOUND OR v_epoch.server <> v_server OR p_resync;
   IF v_new THEN
     PERFORM 1 FROM {s}.epoch FOR UPDATE;
@@ -1578,7 +1579,10 @@ BEGIN
     jsonb_array_length(v_lost) > 0
     OR ((p_continuity ->> 'renewed')::boolean AND NOT v_known)
     OR (v_epoch.id <> p_continuity ->> 'epoch'
-        AND v_epoch.since < (p_continuity ->> 'seen')::bigint)), false);
+        AND v_epoch.since < (p_continuity ->> 'seen')::bigint)
+    -- (the last heartbeat of any beat, which only moves forward, before the caller's: a
+    -- copy taken before it)
+    OR v_epoch.beat_at < (p_continuity ->> 'seen')::bigint), false);
   v_now := {s}.now_ms();  -- once the rows it writes are locked
   INSERT INTO {s}.owners AS o (id, info, expires_at) VALUES (p_owner, p_info, v_now + p_ttl)
     ON CONFLICT (id) DO UPDATE SET info = excluded.info, expires_at = excluded.expires_at;
@@ -1613,7 +1617,8 @@ BEGIN
     INSERT INTO {s}.ident (one, id) VALUES (true, p_store) ON CONFLICT (one) DO NOTHING;
     SELECT i.id INTO v_store FROM {s}.ident i;
   END IF;
-  SELECT ep.beat_at INTO v_last FROM {s}.epoch ep;
+  -- (read locked: forward only, a later instant another heartbeat wrote meanwhile stays)
+  SELECT ep.beat_at INTO v_last FROM {s}.epoch ep FOR UPDATE;
   UPDATE {s}.epoch SET beat_at = greatest(coalesce(v_last, v_now), v_now);
   RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id, 'since', v_epoch.since,
     'settle', v_epoch.settle_until, 'server', v_server, 'store', v_store,

@@ -1190,11 +1190,14 @@ class RowStore(Store):
             known alive has had its heartbeat to notice (settle_until). The last
             heartbeat's instant is kept (beat_at)."""
             q, now = self._sql, self._clock()
-            known = db.execute(q["owner_known"], (owner.id,)).fetchone() is not None
-            db.execute(q["owner_put"], (owner.id, json.dumps(owner.as_dict()), now + ttl_ms))
+            # The store's own rows first (MySQL: locked), then this owner's: a heartbeat
+            # that held its owner's row while it waited for them deadlocked with one that
+            # held them and forgot lapsed owners (its DELETE waits for every owner's row).
             meta = {key: (row[0] if (row := db.execute(q["meta_get"], (key,)).fetchone())
                           else None) for key in ("epoch", "settle_until", "epoch_file",
                                                  "beat_at", "epoch_since")}
+            known = db.execute(q["owner_known"], (owner.id,)).fetchone() is not None
+            db.execute(q["owner_put"], (owner.id, json.dumps(owner.as_dict()), now + ttl_ms))
             since = _maybe_int(meta["epoch_since"])
             last_beat = _maybe_int(meta["beat_at"])
             db.execute(q["meta_set"], ("beat_at", str(max(now, last_beat or now))))
@@ -1202,7 +1205,7 @@ class RowStore(Store):
             file = f"{self._db_file[0]}:{self._db_file[1]}" if self._db_file else ""
             lost = tuple(item for item in written if self._kept(db, item) is False)
             went_back = went_back_from(continuity, resync or settling, lost, known,
-                                       epoch, since)
+                                       epoch, since, last_beat)
             if not epoch or meta["epoch_file"] != file or resync or went_back:
                 epoch = uuid.uuid4().hex
                 # Long enough for every beat the store knows alive to notice: until the

@@ -3,7 +3,8 @@ run's life, written with the contract only."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import pytest
@@ -278,3 +279,17 @@ def a_definition_write_whose_reply_is_lost_is_written_once(
     [refused] = lossy.write_definitions([plain])
     assert (refused.status, refused.version) == (WriteStatus.CONFLICT, 2)
     assert refused.current is not None and refused.current.changed_by == "bob@ops"
+
+
+def at_once(steps: Sequence[Callable[[], None]], closing: Sequence[Store] = ()) -> None:
+    """Run ``steps`` in threads of their own at the same time, wait for them, then close
+    ``closing`` (the clients they used)."""
+    threads = [threading.Thread(target=step) for step in steps]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        for client in closing:
+            client.close()

@@ -10,11 +10,13 @@ nothing."""
 
 from __future__ import annotations
 
+import time
+
 from beat_claims.runs import Owner
-from beat_claims.stores.base import Continuity, Heartbeat, Store, Written
+from beat_claims.stores.base import Continuity, Heartbeat, Store, StoreError, Written
 
 from .conftest import Backend
-from .helpers import A, B, claims, one_claim
+from .helpers import A, B, at_once, claims, one_claim
 
 TTL = 10.0
 
@@ -50,7 +52,7 @@ def test_a_lost_write_begins_a_new_epoch_with_the_renewal(store: Store,
     assert hb.settle_until is not None and hb.settle_until >= hb.now + TTL * 1000
     # Another beat that reads the renewal reads the new epoch, settling, with it.
     after = store.heartbeat(B, TTL, continuity=seen(joiner))
-    assert expiry_of(after, A.id) > expiry_of(joiner, A.id)
+    assert expiry_of(after, A.id) == expiry_of(hb, A.id)  # (in one ms: no later than before)
     assert after.epoch == hb.epoch and not after.went_back
     assert after.settle_until == hb.settle_until
 
@@ -108,3 +110,48 @@ def test_a_caller_that_resyncs_or_settles_is_not_judged(store: Store,
     assert not settling.went_back and settling.epoch == last.epoch
     resync = store.heartbeat(A, TTL, resync=True, written=lost, continuity=seen(last))
     assert not resync.went_back and resync.epoch != last.epoch
+
+
+def test_a_store_whose_last_heartbeat_is_before_the_caller_s_begins_a_new_epoch(
+        store: Store) -> None:
+    """A copy taken before the caller's last heartbeat, which lost nothing else of the
+    caller's (its record, its writes, the epoch are in the copy): the store's last
+    heartbeat of any beat (beat_at, which only moves forward) is before the caller's."""
+    first = store.heartbeat(A, TTL)
+    other = store.heartbeat(B, TTL)
+    assert other.last_beat is not None and other.last_beat >= first.now
+    in_step = store.heartbeat(A, TTL, continuity=seen(first))  # (beat_at: B's, after)
+    assert not in_step.went_back and in_step.epoch == first.epoch
+    later = Continuity(in_step.epoch, in_step.now + 60_000, True)  # a copy's beat_at
+    hb = store.heartbeat(A, TTL, continuity=later)
+    assert hb.went_back and hb.epoch != first.epoch
+    assert hb.settle_until is not None and hb.settle_until >= hb.now + TTL * 1000
+
+
+def test_beats_heartbeating_at_once_never_find_their_last_heartbeat_gone(
+        store: Store, backend: Backend) -> None:
+    """The store's last heartbeat of any beat only moves forward, whatever the order in
+    which heartbeats read the clock and commit: beats heartbeating at once (some settling,
+    which check nothing) never find it before their own last heartbeat."""
+    clients = [backend.reopen(store) for _ in range(4)]
+    found: list[str] = []
+
+    def beat(client: Store, i: int) -> None:
+        owner = Owner(id=f"beat-{i}", host="contract-host", pid=100 + i, started_at=1.0)
+        last = client.heartbeat(owner, TTL)
+        deadline = time.monotonic() + 3
+        try:
+            while time.monotonic() < deadline:
+                if i % 2:
+                    last = client.heartbeat(owner, TTL, settling=True)
+                    continue
+                hb = client.heartbeat(owner, TTL, continuity=seen(last))
+                if hb.went_back:
+                    found.append(f"{owner.id}: last heartbeat {hb.last_beat}, its own"
+                                 f" {last.now}")
+                last = hb
+        except StoreError as exc:
+            found.append(f"{owner.id}: {exc}")
+
+    at_once([lambda c=c, i=i: beat(c, i) for i, c in enumerate(clients)], clients)
+    assert found == []

@@ -14,13 +14,20 @@ from typing import Any, cast
 import pymysql
 import pytest
 
-from beat_claims.stores.base import ClaimPlan, ClaimStatus, EntrySeed, SendAtOnce
+from beat_claims.runs import Owner
+from beat_claims.stores.base import (
+    ClaimPlan,
+    ClaimStatus,
+    EntrySeed,
+    SendAtOnce,
+    StoreError,
+)
 from beat_claims.stores.mysql import MySQLStore
 from beat_claims.stores.mysql_driver import Driver
 
 from .backend_mysql import BACKEND as backend_mysql
 from .backend_mysql import HOST, INSTALLED_DRIVERS, PASSWORD, PORT, USER, with_driver
-from .helpers import A
+from .helpers import A, at_once
 
 
 @pytest.fixture(params=INSTALLED_DRIVERS)
@@ -113,3 +120,27 @@ def test_a_claim_whose_batch_reply_is_lost_is_claimed_once_when_asked_again(
         assert store.entries(["e"])[0].token == history[0].token
     else:  # nothing written: the claim asked again is the first
         assert again.status is ClaimStatus.OK and len(again.claims) == 1
+
+
+def test_heartbeats_of_beats_at_once_never_deadlock(quick_store: MySQLStore) -> None:
+    """Each heartbeat locks the store's own rows (the epoch) and its owner's row, and
+    forgets lapsed owners (a DELETE that waits for every owner's row): taken in one order by
+    all, beats heartbeating at the same instant wait for one another and none is run again
+    for a deadlock (nor fails after RETRIES of them)."""
+    store = quick_store
+    sessions = [MySQLStore(dict(store._params), store.prefix, store.history_limit, 5.0)
+                for _ in range(4)]
+    failures: list[BaseException] = []
+
+    def beat(s: MySQLStore, i: int) -> None:
+        owner = Owner(f"beat-{i}", "contract-host", 100 + i, 1.0)
+        deadline = time.monotonic() + 3
+        try:
+            while time.monotonic() < deadline:
+                s.heartbeat(owner, 3.0, settling=i % 2 == 0)
+        except StoreError as exc:
+            failures.append(exc)
+
+    at_once([lambda s=s, i=i: beat(s, i) for i, s in enumerate(sessions)], sessions)
+    assert failures == []
+    assert sum(s.retries for s in sessions) == 0

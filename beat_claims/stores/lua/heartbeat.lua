@@ -11,7 +11,8 @@
 -- The caller's continuity (a running beat's: the epoch it saw, the store's clock then, and
 -- whether its record was renewed within a TTL) is judged in this same step: when the store
 -- went back (its newest writes lost, its record missing, an epoch that began before its
--- last heartbeat while it saw another) the epoch changes here, with this renewal, so that no
+-- last heartbeat while it saw another, a last heartbeat of any beat, beat_at, before the
+-- caller's: a copy taken before it) the epoch changes here, with this renewal, so that no
 -- beat reads the renewal without it. On one server the writes are looked for here
 -- (write_kept); on a cluster the client looked for them a round trip before (ARGV[13]).
 -- KEYS: owners hash, alive zset, epoch hash, store id, then on one server each written
@@ -56,7 +57,8 @@ while a + 3 <= #ARGV do
 end
 local went_back = ARGV[10] ~= '' and ARGV[4] ~= '1' and ARGV[7] ~= '1' and (
   lost or (ARGV[12] == '1' and not known)
-  or (id and id ~= ARGV[10] and since and since < tonumber(ARGV[11])))
+  or (id and id ~= ARGV[10] and since and since < tonumber(ARGV[11]))
+  or (last_beat and last_beat < tonumber(ARGV[11])))
 if not id or epoch[3] ~= server or ARGV[4] == '1' or went_back then
   id = ARGV[5]
   -- Long enough for every beat the store knows alive to notice: until the latest of their
