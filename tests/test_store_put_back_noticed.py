@@ -307,9 +307,7 @@ def _ms(due: str) -> int:
 
 
 @pytest.mark.parametrize("case", [
-    pytest.param("a dynamic entry, another beat ticking", marks=pytest.mark.xfail(
-        strict=True, reason="KNOWN BUG: a beat takes another's share of the due index at"
-        " the state a copy put back since its last heartbeat shows, and sends it")),
+    "a dynamic entry, another beat ticking",
     "a dynamic entry, the beat that sent it ticking",
     "a beat_schedule entry, another beat ticking",
 ])
