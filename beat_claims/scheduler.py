@@ -710,7 +710,15 @@ class Scheduler(BaseScheduler):
             self.claimer.register_again_next()
         if heartbeat:  # the epoch is the one this beat knows, and the store has settled
             self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS))
-        self._hold(self.window.scan(self.clock.now()), write_back=True)
+        now = self.clock.now()
+        taken = self.window.scan(now)
+        if any(t.next_due <= now for t in taken):
+            # Read already due: held in time, an entry is read before its instant. It may
+            # be an occurrence another beat sent that a copy put back since this beat's
+            # last heartbeat lost (this beat never held it: nothing it knows is older):
+            # the store is checked before it is claimed, as at a heartbeat.
+            self.liveness.confirm()
+        self._hold(taken, write_back=True)
         if self.window.unreadable:
             self._repair(sorted(self.window.unreadable))
         began = self.clock.now()

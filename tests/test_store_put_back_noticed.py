@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
+from beat_claims.entries import Entries
 from beat_claims.runs import Owner
 from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import Check, CheckResult, Claim
@@ -30,6 +31,7 @@ from .any_store import (
 from .conftest import RedisServer
 from .inprocess import beats, joined, make
 from .processes import wait_for
+from .test_store_put_back import Copy
 
 LOGGER = "celery.beat.claims"
 
@@ -42,6 +44,18 @@ def ticking(worker: Worker, *schedulers: Scheduler) -> Callable[[], None]:
         worker.step()
 
     return step
+
+
+def put_back_after_heartbeats(copy: Copy, server: RedisServer,
+                              *alive: Scheduler) -> tuple[float, int]:
+    """Each of ``alive`` heartbeats, then the copy is put back: when (monotonic), and how
+    many messages were published by then."""
+    for s in alive:
+        s.liveness.lapse()
+        s.tick()
+    silent_from = time.monotonic()
+    copy.put_back()
+    return silent_from, len(published(server))
 
 
 def work_for(seconds: float, step: Callable[[], None]) -> None:
@@ -217,12 +231,7 @@ def test_a_copy_put_back_under_beats_late_by_less_than_a_ttl_is_not_sent_again(
                  interval=0.02, between=step)
         c = Scheduler(app=app)  # (made now; it first heartbeats at its first tick)
         joiner = c
-        for s in (a, b):  # alive: a heartbeat just before the copy is put back
-            s.liveness.lapse()
-            s.tick()
-        silent_from = time.monotonic()
-        copy.put_back()
-        sent = len(published(server))
+        silent_from, sent = put_back_after_heartbeats(copy, server, a, b)
         # a and b late (alive, silent for less than a TTL): only the third beat ticks.
         work_for(a.liveness.ttl - 0.8, lambda: (joiner.tick(), worker.step()))
         silent = time.monotonic() - silent_from
@@ -275,11 +284,7 @@ def test_an_old_copy_put_back_is_noticed_by_a_beat_that_lost_none_of_its_writes(
                  and len(worker.executed) >= 3, 15, "runs the copy lacks", interval=0.02,
                  between=ticking(worker, a, b))
         assert b.knowledge.written() == []
-        a.liveness.lapse()  # alive: a heartbeat just before the copy is put back
-        a.tick()
-        silent_from = time.monotonic()
-        copy.put_back()
-        sent = len(published(server))
+        silent_from, sent = put_back_after_heartbeats(copy, server, a)
         b.liveness.lapse()  # B heartbeats first
         b.tick()
         c = Scheduler(app=sent_often)
@@ -295,3 +300,79 @@ def test_an_old_copy_put_back_is_noticed_by_a_beat_that_lost_none_of_its_writes(
         for s in (a, b, *([c] if c else [])):
             s.close()
     assert sent_twice(server) == {}, published(server)
+
+
+def _ms(due: str) -> int:
+    return int(datetime.fromisoformat(due.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+@pytest.mark.parametrize("case", [
+    "a dynamic entry, another beat ticking",
+    "a dynamic entry, the beat that sent it ticking",
+    "a beat_schedule entry, another beat ticking",
+])
+def test_an_occurrence_the_copy_lost_is_not_taken_again_before_a_heartbeat(
+        any_store: StoreUnderTest, server: RedisServer, case: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Two beats run an entry every 4 s; a copy is taken after one occurrence ran, and put
+    back about 1.3 s after beat A sent the next one, R (the copy shows the entry due at R,
+    unclaimed, more than HELP_AFTER late). Both beats heartbeated just before; then one of
+    them ticks alone for less than its heartbeat interval (the other is late, alive), then
+    both. R must not be sent again, whoever ticks.
+
+    A beat_schedule entry is held by every beat, which tried R too (and lost it to A): its
+    next claim is a compare-and-set on the state after R, and meets the copy's older one.
+    A dynamic entry is held by the beat whose share it is: A, having let it go between two
+    occurrences, kept what it knew aside, and meets the older state when it takes the
+    entry from the index again. Beat B never held it, and knows nothing of R: it reads the
+    due index from its first entry in time for the entry's next instant, 1.7 s after its
+    heartbeat (less than half an interval: no heartbeat comes with the send), sees R more
+    than HELP_AFTER late, and takes A's share. It must heartbeat before it claims what it
+    read already due (a copy put back since its last heartbeat may show it), and so find
+    out that the store went back."""
+    interval = 5.0  # (the default) a TTL of 15 s; a scan of the due index every second
+    dynamic = case.startswith("a dynamic")
+    every = {"task": "t.noop", "schedule": timedelta(seconds=4)}
+    app = any_store.app({} if dynamic else {"e": every},
+                        beat_claims_heartbeat_interval=interval)
+    a, b = beats(app, app)
+    worker = Worker(any_store.open(), server)
+    copy = any_store.copy()
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    try:
+        name = "e"
+        if dynamic:  # (shared among beats seen alive for two intervals)
+            wait_for(lambda: a.window.share.beats == b.window.share.beats == 2, 30,
+                     "the due index shared by both beats", interval=0.02,
+                     between=ticking(worker, a, b))
+            name = next(f"dyn-{i}" for i in range(100) if f"dyn-{i}" in a.window.share)
+            with Entries(app) as entries:
+                entries.create(name, "t.noop", {"every": 4})
+        wait_for(lambda: worker.executed, 15, "an occurrence run", interval=0.02,
+                 between=ticking(worker, a, b))
+        copy.take()
+        wait_for(lambda: len(worker.executed) >= 2, 15, "an occurrence the copy lacks",
+                 interval=0.02, between=ticking(worker, a, b))
+        entry, due, token = worker.executed[-1]
+        assert entry == name
+        sender, other = (a, b) if a.knowledge.newest_claim is not None and (
+            a.knowledge.newest_claim.token == token) else (b, a)
+        assert sender.knowledge.newest_claim is not None
+        assert sender.knowledge.newest_claim.token == token
+        if dynamic:
+            assert sender is a, "B took A's share"
+        wait_for(lambda: time.time() * 1000 > _ms(due) + 1300, 5, "R late by 1.3 s",
+                 interval=0.02, between=ticking(worker, a, b))
+        silent_from, sent = put_back_after_heartbeats(copy, server, a, b)
+        alone = sender if case.endswith("the beat that sent it ticking") else other
+        work_for(interval - 0.6, lambda: (alone.tick(), worker.step()))
+        if time.monotonic() - silent_from >= interval * 0.9:
+            raise RuntimeError("the window outlasted a heartbeat interval")
+        again = [p for p in published(server)[sent:] if p[:2] == (entry, due)]
+        work_for(5, ticking(worker, a, b))
+    finally:
+        a.close()
+        b.close()
+    assert again == [], f"{(entry, due)} sent again before a heartbeat: {again}"
+    assert sent_twice(server) == {}, published(server)
+    assert went_back_lines(caplog.records)

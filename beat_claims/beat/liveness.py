@@ -215,9 +215,17 @@ class Liveness:
     def keep_alive(self) -> None:
         """During a long burst of sends: keep looking alive, but only from this loop. A
         changed epoch stops the burst."""
-        if time.monotonic() - self.last >= self.interval / 2 and self.beat():
-            raise StoreWentBack("the store's epoch changed during a burst of sends",
-                                epoch_begun=True)
+        if time.monotonic() - self.last >= self.interval / 2:
+            self.confirm()
+
+    def confirm(self) -> None:
+        """Heartbeat now, whenever the last one was: what the beat read since may be what a
+        copy put back since shows, and it acts on it only once this heartbeat has checked
+        the store still holds what it wrote and saw (StoreWentBack if not, or if the epoch
+        changed)."""
+        if self.beat():
+            raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
+                                " wipe)", epoch_begun=True)
 
     def lapse(self) -> None:
         """Heartbeat again at the next chance (after an error, or a wake-up)."""

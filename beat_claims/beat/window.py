@@ -31,7 +31,10 @@ for its claims). Two beats
 holding the same entries would each plan every occurrence and one would lose each claim:
 twice the work for the same sends. The share is a hint: a beat that holds an entry of
 another's (their views of who is alive differ for a moment) loses or wins its claim by
-compare-and-set, as always.
+compare-and-set, as always. An entry read already due (another's, or one a copy of the
+store put back since the last heartbeat shows unclaimed at an occurrence another beat sent)
+is claimed only after a heartbeat since it was read (the scheduler's tick): a store that
+went back is found first.
 """
 
 from __future__ import annotations
