@@ -620,7 +620,9 @@ class MySQLStore(RowStore):
                                ("prefix", self.prefix)):
                 self._statement(db, self._sql["meta_set"], (key, value))
             # The store's id: made with its tables, and kept as long as they are; the
-            # anchoring row: what a call that may create entries locks first.
+            # anchoring row: what a call that may create entries locks first. (The
+            # heartbeat's row is made by the first heartbeat: a set-up that locked it
+            # after the store's id would wait for a heartbeat waiting for that id.)
             for key, value in (("store_id", os.urandom(16).hex()), ("anchoring", "0"),
                                ("anchoring_until", "0")):
                 self._statement(db, self._sql["meta_add"], (key, value))
@@ -714,6 +716,12 @@ class MySQLStore(RowStore):
                             session = Rows(session.execute_many, self._sql, self.tables.runs,
                                            self.tables.entries, self._savepoint, DUE_AT_ONCE,
                                            self.tables.base, (CLOCK, (), self._read_clock))
+                        elif heartbeat and write:
+                            # Heartbeats take turns, each reading the clock once it has its
+                            # turn: on a new store the rows they lock (the epoch) are not
+                            # there yet, and a locking read of a missing row locks nothing.
+                            self._read_clock(self._batch(conn, [
+                                (self._sql["meta_add"], ("heartbeat", "")), (CLOCK, ())])[1])
                         else:
                             self._read_clock(self._statement(conn, CLOCK))
                         if lock is not None:
