@@ -22,15 +22,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import signal
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from celery import Celery, signals
+from celery import Celery
 from celery.beat import ScheduleEntry, _evaluate_entry_args, _evaluate_entry_kwargs
 from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
@@ -47,6 +45,12 @@ from .beat.long_lived import freeze_long_lived
 from .beat.outage import MAX_BACKOFF, Outage
 from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
+from .beat.stop_signals import (
+    built_by_celery_beat,
+    deliver_held,
+    hold_stop_signals,
+    in_celery_stop_handler,
+)
 from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import IndexKeeper, Sweeper
 from .beat.window import HELP_AFTER, LOOKAHEAD, DynamicWindow, Share, Taken
@@ -130,7 +134,7 @@ class Scheduler(BaseScheduler):
         try:
             self._setup(app, store, *args, **kwargs)
         except (ConfigurationError, StoreConfigurationError) as exc:
-            if not _built_by_celery_beat():
+            if not built_by_celery_beat():
                 raise
             # One line, and the beat exits: a user's mistake, not a bug (no traceback).
             if logging.getLogger().handlers:
@@ -216,7 +220,7 @@ class Scheduler(BaseScheduler):
         self._evaluated: tuple[str, Any, Any] | None = None
         super().__init__(app, *args, **kwargs)
         self.max_interval: float = min(float(self.max_interval), interval)
-        if _built_by_celery_beat() and not kwargs.get("lazy"):
+        if built_by_celery_beat() and not kwargs.get("lazy"):
             self._first_contact()
 
     def _first_contact(self) -> None:
@@ -691,11 +695,11 @@ class Scheduler(BaseScheduler):
             if not self._registered_once:
                 # A stop signal's handler (Celery's raises SystemExit) run inside a
                 # finalizer of this collection would be ignored: it waits until after.
-                held = _hold_stop_signals()
+                held = hold_stop_signals()
                 try:
                     freeze_long_lived()
                 finally:
-                    _deliver_held(held)
+                    deliver_held(held)
         if self._to_update:
             names = set(self._to_update)
             self.claimer.update(names)
@@ -1126,10 +1130,10 @@ class Scheduler(BaseScheduler):
         call, the claim thread) runs inside a signal handler, where the code it interrupted
         may hold what that would wait for.
         """
-        if self._closed or self._closing or self._in_tick or _in_celery_stop_handler():
+        if self._closed or self._closing or self._in_tick or in_celery_stop_handler():
             return
         self._closing = True
-        deferred = _hold_stop_signals()
+        deferred = hold_stop_signals()
         try:
             try:
                 # A claim still in flight in the claim thread lands first: then it is
@@ -1147,7 +1151,7 @@ class Scheduler(BaseScheduler):
             self._closed = True
         finally:
             self._closing = False
-            _deliver_held(deferred)
+            deliver_held(deferred)
         super().close()
 
     def _give_back(self) -> None:
@@ -1179,74 +1183,3 @@ class Scheduler(BaseScheduler):
     @property
     def info(self) -> str:
         return self.store.description
-
-
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-Held = tuple[dict[Any, Any], list[int]]
-
-
-def _hold_stop_signals() -> Held | None:
-    """Defer SIGTERM/SIGINT while close() gives back claims: a second Ctrl-C must not cut
-    it short. (Blocking the signal in this thread is not enough: another thread may take
-    it, and Python runs the handler here all the same.)"""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    pending: list[int] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        pending.append(signum)
-
-    previous = {sig: signal.signal(sig, hold) for sig in _STOP_SIGNALS}
-    return previous, pending
-
-
-def _deliver_held(held: Held | None) -> None:
-    """Put the previous handlers back, then deliver what arrived meanwhile, once each."""
-    if held is None:
-        return
-    previous, pending = held
-    for sig, handler in previous.items():
-        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-    for sig in dict.fromkeys(pending):
-        signal.raise_signal(sig)
-
-
-def _built_by_celery_beat() -> bool:
-    """Whether Celery's beat service is building this scheduler (``celery beat``, ``worker
-    -B``, or its banner): a configuration error is then one line and an exit, not a
-    traceback. Built by other code (a test, a script), the error is raised as it is."""
-    return _called_from("celery.beat", "get_scheduler")
-
-
-def _in_celery_stop_handler() -> bool:
-    """Whether ``celery beat``'s SIGTERM/SIGINT handler is running (it closes the scheduler,
-    then raises SystemExit, and the service closes it again on its way out)."""
-    return _called_from("celery.apps.beat", "_sync")
-
-
-def _called_from(module: str, function: str) -> bool:
-    """Whether ``function`` of ``module`` is among the callers of the caller."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_globals.get("__name__") == module and frame.f_code.co_name == function:
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-@signals.beat_embedded_init.connect
-def _stop_cleanly_when_embedded(sender: Any = None, **kwargs: Any) -> None:
-    """``worker -B`` runs beat in a child process that is stopped with SIGTERM: exit
-    through the normal path so that close() gives back what this beat claimed."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    scheduler = getattr(sender, "scheduler", None)
-    if not isinstance(scheduler, Scheduler):
-        return
-
-    def _exit(signum: int, frame: Any) -> None:
-        raise SystemExit()
-
-    signal.signal(signal.SIGTERM, _exit)

@@ -10,4 +10,5 @@ them into Celery's scheduler interface.
 ``sweeper``    taking back claims nobody serves, picking up due runs, presuming runs lost
 ``recovery``   outcomes no worker reported, from the result backend
 ``outage``     logging an outage once, and the backoff
+``stop_signals`` stop signals held while a beat gives back; who is stopping or building it
 """
