@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
-from celery.beat import ScheduleEntry, _evaluate_entry_args, _evaluate_entry_kwargs
+from celery.beat import ScheduleEntry
 from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
 
@@ -43,6 +43,7 @@ from .beat.knowledge import Knowledge
 from .beat.liveness import Liveness, StoreWentBack
 from .beat.long_lived import freeze_long_lived
 from .beat.outage import MAX_BACKOFF, Outage
+from .beat.publisher import Publisher
 from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
 from .beat.stop_signals import (
@@ -55,9 +56,8 @@ from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import IndexKeeper, Sweeper
 from .beat.window import HELP_AFTER, LOOKAHEAD, DynamicWindow, Share, Taken
 from .enums import Overlap, Reason
-from .exception_text import entry_exception, frames
 from .metrics import Metrics
-from .runs import HEADER, MAX_DIFFERS, Owner, from_ms, iso
+from .runs import MAX_DIFFERS, Owner, iso
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
 from .stores import open_store
 from .stores.base import (
@@ -164,10 +164,19 @@ class Scheduler(BaseScheduler):
         self.claimer = Claimer(self.store, self.owner, self.settings, self, self.knowledge,
                                self.holdings, self.metrics, logger,
                                keep_alive=self.liveness.keep_alive)
+        #: Claims held when their entry's definition changed (or went): each is sent with
+        #: the entry it was claimed with (one definition per occurrence).
+        self.pinned: dict[RunRef, Any] = {}
+        self.publisher = Publisher(
+            app, self.settings, self.liveness, self.pinned, logger,
+            schedule=lambda: self.schedule, entry_for=self._entry_for,
+            hook=lambda entry, claim, task_id: self._publish(entry, claim, task_id),
+            on_sent=lambda entry, claim: self.on_sent(entry, claim),
+            producer=lambda: self.producer, send_task=self.send_task)
         self.sender = Sender(self.store, self.owner, self.settings, self.policies,
                              self.holdings, self.knowledge, self.liveness, self.clock,
-                             lambda claim, task_id: self._publish_claim(claim, task_id),
-                             self.metrics, self.claimer.skips, logger, self._arguments)
+                             self.publisher.publish_claim, self.metrics, self.claimer.skips,
+                             logger, self.publisher.arguments)
         self.sweeper = Sweeper(self.store, self.owner, self.settings, self, self.holdings,
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
         self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
@@ -187,9 +196,6 @@ class Scheduler(BaseScheduler):
         self.stored.wanted_names = lambda: [*self.composition.local, *self.window.held]
         self._let_go_at = 0.0
         self._take_up_after = ""  # (the last name a sweep's take-up looked at)
-        #: Claims held when their entry's definition changed (or went): each is sent with
-        #: the entry it was claimed with (one definition per occurrence).
-        self.pinned: dict[RunRef, Any] = {}
         # Retried at least every heartbeat interval: the beat's liveness depends on it.
         self.store_outage = Outage("store", self.store.description, logger,
                                    "nothing is sent unclaimed until it returns",
@@ -216,8 +222,6 @@ class Scheduler(BaseScheduler):
         self._closed = False
         self._closing = False
         self._in_tick = False
-        #: The entry last published, with its arguments as evaluated for that publish.
-        self._evaluated: tuple[str, Any, Any] | None = None
         super().__init__(app, *args, **kwargs)
         self.max_interval: float = min(float(self.max_interval), interval)
         if built_by_celery_beat() and not kwargs.get("lazy"):
@@ -1060,65 +1064,10 @@ class Scheduler(BaseScheduler):
                              " in the store", name, known.by, iso(known.at), change)
 
     # -- publishing -------------------------------------------------------------------
-    def _publish_claim(self, claim: Claim, task_id: str) -> Any:
-        entry = self._entry_for(claim)
-        result = self._publish(entry, claim, task_id)
-        self.pinned.pop(claim.ref, None)
-        try:
-            self.on_sent(entry, claim)
-        except Exception as exc:
-            # A schedule source's error may quote the entry's arguments (a database's
-            # error echoing the row it could not write): logged as a publish error is.
-            logger.error("beat-claims: on_sent(%r) failed: %s\n%s", claim.entry,
-                         entry_exception(exc, self._arguments(claim.entry), self.settings),
-                         frames(exc))
-        return result
-
-    def _arguments(self, name: str) -> tuple[Any, Any] | None:
-        """The entry's (args, kwargs), for masking them in exception messages: as
-        scheduled, and as last evaluated for a publish (a lazy argument's value); None for
-        an entry this beat does not have. A claim held from an older definition of the
-        entry (pinned) may carry other arguments: those are masked too."""
-        entry = self.schedule.get(name)
-        older = list({id(e): e for r, e in self.pinned.items() if r.entry == name}.values())
-        if entry is None and not older:
-            return None
-        if entry is None:
-            entry, older = older[0], older[1:]
-        args: list[Any] = [entry.args, *(e.args for e in older)]
-        kwargs: list[Any] = [list((e.kwargs or {}).values()) for e in older]
-        evaluated = self._evaluated
-        if evaluated is not None and evaluated[0] == name:
-            args += [evaluated[1], list((evaluated[2] or {}).values())]
-        if len(args) == 1:
-            return entry.args, entry.kwargs
-        return args, [list((entry.kwargs or {}).values()), *kwargs]
-
     def _publish(self, entry: ScheduleEntry, claim: Claim, task_id: str) -> Any:
-        if logger.isEnabledFor(logging.INFO):
-            logger.info("Scheduler: Sending due task %s (%s) due %s token %d", entry.name,
-                        entry.task, iso(claim.due), claim.token)
-        # Copy, never mutate, the entry's options and headers (apply_async copies shallowly).
-        options = dict(entry.options)
-        headers = dict(options.get("headers") or {})
-        headers["celery_beat_task"] = True
-        headers["periodic_task_name"] = entry.name  # django-celery-results records it
-        headers[HEADER] = {"entry": entry.name, "due": iso(claim.due), "token": claim.token,
-                           "prefix": self.settings.key_prefix,
-                           "store": self.liveness.store_id}
-        options["headers"] = headers
-        options["task_id"] = task_id
-        args = _evaluate_entry_args(entry.args)
-        kwargs = _evaluate_entry_kwargs(entry.kwargs)
-        self._evaluated = (entry.name, args, kwargs)  # should the publish fail
-        task = self.app.tasks.get(entry.task)
-        if task is not None:
-            result = task.apply_async(args, kwargs, producer=self.producer, **options)
-        else:
-            result = self.send_task(entry.task, args, kwargs, producer=self.producer, **options)
-        entry.last_run_at = from_ms(claim.due)
-        entry.total_run_count += 1
-        return result
+        """Publish one claimed occurrence (:meth:`Publisher.publish`): the hook a subclass
+        or a test wraps."""
+        return self.publisher.publish(entry, claim, task_id)
 
     # -- stop -------------------------------------------------------------------------
     def close(self) -> None:
