@@ -38,6 +38,7 @@ from .beat.claimer import REGISTER_CHUNK, Claimer, PolicyBounds, usable_cores
 from .beat.clock import StoreClock
 from .beat.composition import Composition
 from .beat.config_writes import write_own
+from .beat.dynamic import DynamicEntries
 from .beat.holdings import Holdings
 from .beat.knowledge import Knowledge
 from .beat.liveness import Liveness, StoreWentBack
@@ -54,18 +55,16 @@ from .beat.stop_signals import (
 )
 from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import IndexKeeper, Sweeper
-from .beat.window import HELP_AFTER, LOOKAHEAD, DynamicWindow, Share, Taken
+from .beat.window import HELP_AFTER, DynamicWindow, Share
 from .enums import Overlap, Reason
 from .metrics import Metrics
 from .runs import MAX_DIFFERS, Owner, iso
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
 from .stores import open_store
 from .stores.base import (
-    NOT_DUE,
     Claim,
     EntrySeed,
     EntryState,
-    IndexWrite,
     LiveQuery,
     Reclaim,
     RunRef,
@@ -194,8 +193,10 @@ class Scheduler(BaseScheduler):
         self.stored.wanted = lambda name: (name in self.composition.local
                                            or name in self.window.held)
         self.stored.wanted_names = lambda: [*self.composition.local, *self.window.held]
-        self._let_go_at = 0.0
-        self._take_up_after = ""  # (the last name a sweep's take-up looked at)
+        self.dynamic = DynamicEntries(
+            app, self.store, self.owner, self.settings, self.window, self.stored,
+            self.composition, self.claimer, self.clock, self.holdings, self.policies,
+            self.pinned, schedule=lambda: self.schedule, read_policies=self._read_policies_of)
         # Retried at least every heartbeat interval: the beat's liveness depends on it.
         self.store_outage = Outage("store", self.store.description, logger,
                                    "nothing is sent unclaimed until it returns",
@@ -589,6 +590,14 @@ class Scheduler(BaseScheduler):
         known = self.stored.known.get(name)
         return 0 if known is None else known.stored.version
 
+    def take_up(self, names: list[str]) -> list[str]:
+        """(:meth:`DynamicEntries.take_up`: a sweep takes up runs due again.)"""
+        return self.dynamic.take_up(names)
+
+    def policies_of(self, names: list[str]) -> dict[str, Policy]:
+        """(:meth:`DynamicEntries.policies_of`: a sweep judges runs of entries not held.)"""
+        return self.dynamic.policies_of(names)
+
     # -- the loop ---------------------------------------------------------------------
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass; the seconds until the next, never more than ``max_interval`` (Celery's
@@ -726,9 +735,9 @@ class Scheduler(BaseScheduler):
             # last heartbeat lost (this beat never held it: nothing it knows is older):
             # the store is checked before it is claimed, as at a heartbeat.
             self.liveness.confirm()
-        self._hold(taken, write_back=True)
+        self.dynamic.hold(taken, write_back=True)
         if self.window.unreadable:
-            self._repair(sorted(self.window.unreadable))
+            self.dynamic.repair(sorted(self.window.unreadable))
         began = self.clock.now()
         broker_down = self.broker_outage.waiting() > 0
         if sweep_due:
@@ -788,134 +797,11 @@ class Scheduler(BaseScheduler):
             self.claimer.skips.flush()
         if self.knowledge.pauses_stale:  # a skip for a pause: maybe a later one
             self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS, stale_only=True))
-        self._let_go()
+        self.dynamic.let_go()
         self.broker_outage.up()
         if self.sender.up_since is None:  # claiming and sending from here on
             self.sender.up_since = began
         return self._sleep_for()
-
-    # -- dynamic entries: held while due soon -----------------------------------------
-    def _hold(self, taken: list[Taken], write_back: bool = False) -> set[str]:
-        """Hold dynamic entries taken from the due index (or found apart from it) at the
-        state read with them: composed, their policies read, put on the heap. With
-        ``write_back`` (taken from the index), an entry not due within the look-ahead (its
-        index was earlier than its truth: new, or written by a writer that did not compute
-        it) has its real instant written back and is let go. The names now held."""
-        if not taken:
-            return set()
-        names = {t.name for t in taken}
-        self.window.held |= names  # (their definitions are followed from here on)
-        self.stored.take([t.record for t in taken])
-        built = self.composition.compose_some(names)
-        passed = names - set(built)
-        self.window.held -= passed
-        self.stored.forget(passed)
-        self.schedule.update(built)
-        self._read_policies_of(set(built))
-        self.claimer.adopt({t.name: t.state for t in taken if t.name in built})
-        if not write_back:
-            return set(built)
-        limit = self.clock.now() + LOOKAHEAD
-        writes: list[IndexWrite] = []
-        later: list[str] = []
-        for t in taken:
-            if t.name in built:
-                slot = self.claimer.slots.get(t.name)  # (what adopt put on the heap)
-                if slot is not None:
-                    at = slot
-                else:  # NOT_DUE, or it cannot be computed (noted when it was pushed)
-                    try:
-                        at = self.claimer.next_at(t.name, t.state)
-                    except Exception:
-                        continue
-                if at == NOT_DUE or at > limit:
-                    later.append(t.name)
-            else:
-                known = self.stored.known.get(t.name)
-                definition = known.definition if known is not None else None
-                if definition is None or definition.enabled:
-                    continue  # (not valid, or not buildable here: named once, in the log)
-                at = NOT_DUE
-            if at != t.next_due:
-                writes.append(IndexWrite(t.name, t.state, t.record.version, at))
-        if writes:
-            self.store.index(writes)
-        self._drop_held(later)
-        return set(built) - set(later)
-
-    def take_up(self, names: list[str]) -> list[str]:
-        """Hold, to claim them, the dynamic entries among ``names`` (a run of each is due
-        again: released, taken back, requested) this beat does not hold: the names held."""
-        wanted = sorted(n for n in names if n not in self.schedule)
-        if len(wanted) > PAGE:
-            # A page a sweep, on from where the last one stopped: entries other beats left
-            # due again (a fleet that is gone) must not hide the dynamic ones behind them.
-            wanted = ([n for n in wanted if n > self._take_up_after] or wanted)[:PAGE]
-            self._take_up_after = wanted[-1]
-        if not wanted:
-            return []
-        found = [(r.name, EntryState(r.anchor, r.checkpoint, r.token))
-                 for r in self.store.entries(wanted) if r.anchor is not None]
-        return sorted(self._hold(self.window.take(found)))
-
-    def _repair(self, names: list[str]) -> None:
-        """Register again the dynamic entries among ``names`` whose record in the store
-        cannot be read (the due index answered them without one): the store repairs the
-        record, and the next scan takes them (registered: this beat schedules them)."""
-        self.window.unreadable.clear()
-        taken = self.window.take((n, EntryState(0, None)) for n in names)
-        for t in taken:
-            self.claimer.note(t.name, "unreadable record", logging.ERROR,
-                              "beat-claims: %s: its record in the store cannot be read;"
-                              " repairing it (registered again)", t.name)
-        if taken:
-            self.store.register([EntrySeed(t.name) for t in taken], self.owner)
-
-    def policies_of(self, names: list[str]) -> dict[str, Policy]:
-        """The policies of those of ``names`` that are dynamic entries this beat does not
-        hold, from their definitions (one read; a definition not valid is left out)."""
-        wanted = [n for n in names if n not in self.policies][:PAGE]
-        out: dict[str, Policy] = {}
-        for taken in self.window.take((n, EntryState(0, None)) for n in wanted):
-            known = self.stored.read(taken.record)
-            if known.definition is not None:
-                try:
-                    out[taken.name] = self.settings.policy_for(
-                        taken.name, dict(known.definition.claims) or None,
-                        known.definition.schedule.celery(self.app))
-                except Exception:  # (refused where it entered; named once when held)
-                    continue
-        return out
-
-    def _let_go(self) -> None:
-        """Let go of the dynamic entries with nothing of them held that are not due within
-        the look-ahead, or are another live beat's share and not due yet (its beat takes
-        them in time; late, this one takes them again). Looked at every half second at
-        most: the index brings them back."""
-        if not self.window.held or time.monotonic() < self._let_go_at:
-            return
-        self._let_go_at = time.monotonic() + 0.5
-        limit = self.clock.now() + LOOKAHEAD
-        busy = ({ref.entry for ref in self.holdings.held}
-                | {claim.entry for claim in self.holdings.checked}
-                | {ref.entry for ref in self.pinned})
-        slots = self.claimer.slots
-        share, now = self.window.share, self.clock.now()
-        self._drop_held([name for name in self.window.held if name not in busy and (
-            name not in self.schedule or slots.get(name, NOT_DUE) == NOT_DUE
-            or slots[name] > limit or (name not in share and slots[name] > now))])
-
-    def _drop_held(self, names: list[str]) -> None:
-        if not names:
-            return
-        for name in names:
-            self.schedule.pop(name, None)
-            self.composition.chosen.pop(name, None)
-            self.policies.pop(name, None)
-        self.stored.forget(names)
-        next_at = [at for name in names if (at := self.claimer.slots.get(name)) is not None]
-        self.claimer.let_go(names)
-        self.window.let_go(names, next_at)
 
     def _register_again_after_a_lapse(self) -> None:
         """This beat's heartbeat lapsed (a stall, an outage): another beat's registration

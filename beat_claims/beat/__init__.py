@@ -7,6 +7,8 @@ them into Celery's scheduler interface.
 ``holdings``   claims this beat holds and has not handed to the broker (a hint)
 ``claimer``    the heap of due instants, and claiming what is due
 ``sender``     the check before publish, the publish, the sent mark, releases
+``dynamic``    the dynamic entries held while due soon: taken in, and let go
+``publisher``  the message of a claimed occurrence; its arguments masked in errors
 ``sweeper``    taking back claims nobody serves, picking up due runs, presuming runs lost
 ``recovery``   outcomes no worker reported, from the result backend
 ``outage``     logging an outage once, and the backoff
