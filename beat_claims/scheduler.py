@@ -44,6 +44,7 @@ from .beat.knowledge import Knowledge
 from .beat.liveness import Liveness, StoreWentBack
 from .beat.long_lived import freeze_long_lived
 from .beat.outage import MAX_BACKOFF, Outage
+from .beat.pauses import KnownPauses
 from .beat.publisher import Publisher
 from .beat.recovery import Recovery
 from .beat.sender import BrokerDown, Sender
@@ -58,7 +59,7 @@ from .beat.sweeper import IndexKeeper, Sweeper
 from .beat.window import HELP_AFTER, DynamicWindow, Share
 from .enums import Overlap, Reason
 from .metrics import Metrics
-from .runs import MAX_DIFFERS, Owner, iso
+from .runs import MAX_DIFFERS, Owner
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
 from .stores import open_store
 from .stores.base import (
@@ -79,10 +80,6 @@ logger = get_logger("celery.beat.claims")
 LOGGED_CHANGES = 10
 #: Later than any instant in the store's records (UTC ms, within what every store holds).
 EVER = 2 ** 53 - 1
-#: Pauses this beat knows checked against the store's records per heartbeat (one read, in
-#: turn): what it knows of each stays current, so that a resume is not undone and a later
-#: pause is restored if the store loses writes.
-PAUSE_CHECKS = 100
 
 
 class ClaimsEntry(ScheduleEntry):
@@ -179,6 +176,8 @@ class Scheduler(BaseScheduler):
         self.sweeper = Sweeper(self.store, self.owner, self.settings, self, self.holdings,
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
         self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
+        self.pauses = KnownPauses(self.store, self.owner, self.knowledge, logger,
+                                  schedule=lambda: self.schedule)
         self.stored = StoredEntries(self.store, logger)
         self.stored.between = self.liveness.keep_alive
         self.index_keeper = IndexKeeper(self.store, self, self.claimer, self.stored, logger,
@@ -726,7 +725,7 @@ class Scheduler(BaseScheduler):
         if self.claimer.again:  # after a lapse: a chunk a tick, between the claims
             self.claimer.register_again_next()
         if heartbeat:  # the epoch is the one this beat knows, and the store has settled
-            self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS))
+            self.pauses.check_in_turn()
         now = self.clock.now()
         taken = self.window.scan(now)
         if any(t.next_due <= now for t in taken):
@@ -795,8 +794,7 @@ class Scheduler(BaseScheduler):
                 self.claimer.push(name)
             self.knowledge.skipped_paused(self.claimer.skips.counts.get(Reason.PAUSED, ()))
             self.claimer.skips.flush()
-        if self.knowledge.pauses_stale:  # a skip for a pause: maybe a later one
-            self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS, stale_only=True))
+        self.pauses.check_stale()  # a skip for a pause: maybe a later one
         self.dynamic.let_go()
         self.broker_outage.up()
         if self.sender.up_since is None:  # claiming and sending from here on
@@ -900,54 +898,13 @@ class Scheduler(BaseScheduler):
                 self.store.register([seed for seed in chunk if seed.name in defined])
             del self._resync_aside[:REGISTER_CHUNK]
             self.liveness.beat(settling=True)
-        self._restore_pauses()
+        self.pauses.restore()
         self._resync_seeds = None
         self._went_back_why = None
         self._epoch_begun = False
         self._ready = True
         return max(0.0, min(self.liveness.settling_for() or self.max_interval,
                             self.max_interval))
-
-    def _restore_pauses(self) -> None:
-        """Pause again, while the store settles (nobody claims), the entries this beat last
-        saw paused (its own, and the dynamic ones it let go lately) whose pause the store
-        lost: unless it holds a pause, or a resume at or
-        after the one this beat knew. Logged, never silent; the pause's ``at`` is the
-        restore's instant, its note says what happened."""
-        known = sorted(n for n in self.knowledge.paused
-                       if n in self.schedule or n in self.knowledge.let_go)
-        if not known:
-            return
-        for record in self.store.entries(known):
-            self.knowledge.check_pause(record.name, record)  # resumed since, or paused later
-            pause = self.knowledge.paused.get(record.name)
-            if pause is None or record.paused is not None:
-                continue
-            note = (f"{pause.note} " if pause.note else "") + (
-                f"[restored by beat {self.owner}: the store lost this pause, made by"
-                f" {pause.by} at {iso(pause.at)}]")
-            restored = self.store.pause(record.name, pause.by, note[:1000])
-            if restored is not None and restored.paused is not None:
-                self.knowledge.paused[record.name] = restored.paused
-                logger.warning("beat-claims: %s: the store lost its pause (by %s at %s:"
-                               " %r); paused again", record.name, pause.by, iso(pause.at),
-                               pause.note)
-
-    def _check_pauses(self, names: list[str]) -> None:
-        """Bring what this beat knows of these entries' pauses up to date with the store's
-        records (Knowledge.check_pause): forgotten once the store shows a resume at or after
-        it, replaced by a later pause. Called only while the store's epoch is the one this
-        beat knows and the store is not settling; a store that went back unnoticed shows
-        older state, which is never taken in."""
-        if not names:
-            return
-        records = {record.name: record for record in self.store.entries(names)}
-        for name in names:
-            known = self.knowledge.paused.get(name)
-            change = self.knowledge.check_pause(name, records.get(name))
-            if change is not None and known is not None:
-                logger.debug("beat-claims: %s: the pause this beat knew (by %s at %s) was %s"
-                             " in the store", name, known.by, iso(known.at), change)
 
     # -- publishing -------------------------------------------------------------------
     def _publish(self, entry: ScheduleEntry, claim: Claim, task_id: str) -> Any:

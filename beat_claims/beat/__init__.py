@@ -9,6 +9,7 @@ them into Celery's scheduler interface.
 ``sender``     the check before publish, the publish, the sent mark, releases
 ``dynamic``    the dynamic entries held while due soon: taken in, and let go
 ``publisher``  the message of a claimed occurrence; its arguments masked in errors
+``pauses``     the pauses this beat knows, checked against the store, restored if lost
 ``sweeper``    taking back claims nobody serves, picking up due runs, presuming runs lost
 ``recovery``   outcomes no worker reported, from the result backend
 ``outage``     logging an outage once, and the backoff
