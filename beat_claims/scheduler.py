@@ -33,8 +33,8 @@ from celery.beat import ScheduleEntry
 from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
 
-from . import celery_settings, occurrences, schedule_words
-from .beat.claimer import REGISTER_CHUNK, Claimer, PolicyBounds, usable_cores
+from . import celery_settings, occurrences
+from .beat.claimer import Claimer, PolicyBounds, usable_cores
 from .beat.clock import StoreClock
 from .beat.composition import Composition
 from .beat.config_writes import write_own
@@ -47,6 +47,7 @@ from .beat.outage import MAX_BACKOFF, Outage
 from .beat.pauses import KnownPauses
 from .beat.publisher import Publisher
 from .beat.recovery import Recovery
+from .beat.reregistration import Reregistration
 from .beat.sender import BrokerDown, Sender
 from .beat.stop_signals import (
     built_by_celery_beat,
@@ -64,7 +65,6 @@ from .settings import ConfigurationError, Policy, Settings, entry_name_problem
 from .stores import open_store
 from .stores.base import (
     Claim,
-    EntrySeed,
     EntryState,
     LiveQuery,
     Reclaim,
@@ -176,8 +176,6 @@ class Scheduler(BaseScheduler):
         self.sweeper = Sweeper(self.store, self.owner, self.settings, self, self.holdings,
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
         self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
-        self.pauses = KnownPauses(self.store, self.owner, self.knowledge, logger,
-                                  schedule=lambda: self.schedule)
         self.stored = StoredEntries(self.store, logger)
         self.stored.between = self.liveness.keep_alive
         self.index_keeper = IndexKeeper(self.store, self, self.claimer, self.stored, logger,
@@ -192,6 +190,11 @@ class Scheduler(BaseScheduler):
         self.stored.wanted = lambda name: (name in self.composition.local
                                            or name in self.window.held)
         self.stored.wanted_names = lambda: [*self.composition.local, *self.window.held]
+        self.pauses = KnownPauses(self.store, self.owner, self.knowledge, logger,
+                                  schedule=lambda: self.schedule)
+        self.reregistration = Reregistration(
+            self.store, self.knowledge, self.holdings, self.claimer, self.sweeper,
+            self.index_keeper, self.liveness, self.pauses, logger)
         self.dynamic = DynamicEntries(
             app, self.store, self.owner, self.settings, self.window, self.stored,
             self.composition, self.claimer, self.clock, self.holdings, self.policies,
@@ -206,10 +209,6 @@ class Scheduler(BaseScheduler):
                                     " was given back)")
         self._bug_backoff = 0.0
         self._bug_retry_at = 0.0
-        self._went_back_why: str | None = None
-        self._epoch_begun = False  # (see StoreWentBack.epoch_begun)
-        self._resync_seeds: list[EntrySeed] | None = None
-        self._resync_aside: list[EntrySeed] = []
         self._last_sweep = float("-inf")
         self._ready = False
         self._settle_logged = False
@@ -617,7 +616,7 @@ class Scheduler(BaseScheduler):
             return self._store_down(exc)
         except StoreWentBack as exc:
             self.sender.up_since = None
-            self._store_went_back(exc)
+            self.reregistration.noticed(exc)
             return self._guarded(self._went_back)
         except Exception:
             # A bug here must not stop the beat (its claims would wait to be taken back):
@@ -646,21 +645,13 @@ class Scheduler(BaseScheduler):
         except (StoreError, StoreConfigurationError) as exc:
             return self._store_down(exc)
         except StoreWentBack as exc:  # again, while registering: started over next tick
-            self._store_went_back(exc)
+            self.reregistration.noticed(exc)
             return 0.0
         finally:
             self._in_tick = False
 
-    def _store_went_back(self, exc: StoreWentBack) -> None:
-        """Kept until done: if registering again fails half way (the store went away
-        again), it is started over at the next tick. A new epoch this beat must begin is
-        not forgotten for one the store began (it may be an earlier one, put back)."""
-        self._epoch_begun = exc.epoch_begun and (
-            self._went_back_why is None or self._epoch_begun)
-        self._went_back_why = str(exc)
-
     def _tick(self) -> float:
-        if self._went_back_why is not None:
+        if self.reregistration.why is not None:
             return self._went_back()
         heartbeat = self.liveness.due() or self._heartbeat_with_sweep()
         sweep_due = self._sweep_due(heartbeat)
@@ -861,50 +852,18 @@ class Scheduler(BaseScheduler):
         return self.store_outage.down(exc)
 
     def _went_back(self) -> float:
-        """The store may have lost writes: register again what this beat knows (anchors,
-        checkpoints, a token floor, the claims it held as due runs, the runs it sent lately
-        as sent); nobody claims until every live beat has had the time to do the same.
-        What to register is taken once: a failure half way starts over with the same."""
-        why = self._went_back_why or "unknown"
-        names = sorted(self.schedule)
-        if self._resync_seeds is None:
-            held = list(self.holdings.held.values()) + list(self.holdings.checked)
-            descriptions = {n: schedule_words.describe(self.schedule[n].schedule) for n in names}
-            self._resync_aside = self.knowledge.set_aside_seeds(set(descriptions))
-            self._resync_seeds = self.knowledge.seeds(descriptions, held)
-            self.holdings.clear()
-            self.claimer.reset()
-            self.sweeper.store_went_back()
-            self.index_keeper.store_went_back()
-            self._ready = False
-            logger.warning("beat-claims: the store may have lost writes (%s): registering"
-                           " again what this beat knows of its %d entries (%d claim(s) held,"
-                           " %d run(s) sent lately); no beat claims meanwhile", why,
-                           len(names), len(held), len(self.knowledge.recent))
-        # A beat that found it out from the data (not from the epoch) starts a new epoch:
-        # every live beat then registers what it knows, and the store settles (for as
-        # long as this beat is still registering: a large schedule takes a while).
-        self.liveness.beat(resync=not self._epoch_begun)
-        while self._resync_seeds:
-            chunk = self._resync_seeds[:REGISTER_CHUNK]
-            self.claimer.register([seed.name for seed in chunk], chunk)
-            del self._resync_seeds[:REGISTER_CHUNK]
-            self.liveness.beat(settling=True)
-        while self._resync_aside:  # dynamic entries it let go (it sent their runs too)
-            chunk = self._resync_aside[:REGISTER_CHUNK]
-            defined = {d.name for d in self.store.definitions([seed.name for seed in chunk])
-                       if not d.deleted}
-            if defined:
-                self.store.register([seed for seed in chunk if seed.name in defined])
-            del self._resync_aside[:REGISTER_CHUNK]
-            self.liveness.beat(settling=True)
-        self.pauses.restore()
-        self._resync_seeds = None
-        self._went_back_why = None
-        self._epoch_begun = False
+        """The store may have lost writes: what this beat knows is registered again
+        (:class:`Reregistration`); nothing is claimed meanwhile."""
+        self._ready = False
+        self.reregistration.run(self.schedule)
         self._ready = True
         return max(0.0, min(self.liveness.settling_for() or self.max_interval,
                             self.max_interval))
+
+    @property
+    def _went_back_why(self) -> str | None:
+        """Why the store may have lost writes, while this beat registers again."""
+        return self.reregistration.why
 
     # -- publishing -------------------------------------------------------------------
     def _publish(self, entry: ScheduleEntry, claim: Claim, task_id: str) -> Any:

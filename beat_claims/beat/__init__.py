@@ -10,6 +10,7 @@ them into Celery's scheduler interface.
 ``dynamic``    the dynamic entries held while due soon: taken in, and let go
 ``publisher``  the message of a claimed occurrence; its arguments masked in errors
 ``pauses``     the pauses this beat knows, checked against the store, restored if lost
+``reregistration`` what this beat knows, registered again when the store lost writes
 ``sweeper``    taking back claims nobody serves, picking up due runs, presuming runs lost
 ``recovery``   outcomes no worker reported, from the result backend
 ``outage``     logging an outage once, and the backoff
