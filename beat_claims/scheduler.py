@@ -33,7 +33,7 @@ from celery.beat import ScheduleEntry
 from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
 
-from . import celery_settings, occurrences
+from . import celery_settings
 from .beat.claimer import Claimer, PolicyBounds, usable_cores
 from .beat.clock import StoreClock
 from .beat.composition import Composition
@@ -45,6 +45,7 @@ from .beat.liveness import Liveness, StoreWentBack
 from .beat.long_lived import freeze_long_lived
 from .beat.outage import MAX_BACKOFF, Outage
 from .beat.pauses import KnownPauses
+from .beat.policies import EntryPolicies
 from .beat.publisher import Publisher
 from .beat.recovery import Recovery
 from .beat.reregistration import Reregistration
@@ -58,7 +59,7 @@ from .beat.stop_signals import (
 from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import IndexKeeper, Sweeper
 from .beat.window import HELP_AFTER, DynamicWindow, Share
-from .enums import Overlap, Reason
+from .enums import Reason
 from .metrics import Metrics
 from .runs import MAX_DIFFERS, Owner
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
@@ -102,18 +103,6 @@ class ClaimsEntry(ScheduleEntry):
             self.claims == getattr(other, "claims", None))
 
 
-def _policy_bounds(policies: list[Policy], bounds: PolicyBounds | None = None
-                   ) -> PolicyBounds:
-    """The shortest windows over ``policies`` (and ``bounds``, when given)."""
-    reclaim = [p.reclaim_after for p in policies]
-    timeouts = [p.run_timeout for p in policies if p.run_timeout is not None]
-    if bounds is not None:
-        reclaim.append(bounds.reclaim_after)
-        if bounds.run_timeout is not None:
-            timeouts.append(bounds.run_timeout)
-    return PolicyBounds(min(reclaim), min(timeouts) if timeouts else None)
-
-
 def _rebuild_entry(cls: type, args: tuple[Any, ...], claims: Any) -> ClaimsEntry:
     entry: ClaimsEntry = cls(*args)
     entry.claims = claims
@@ -148,9 +137,9 @@ class Scheduler(BaseScheduler):
         self.owner = Owner.current()
         self.store: Store = store or open_store(self.settings)
         self.metrics = Metrics()
-        self.policies: dict[str, Policy] = {}  # shared with the parts below: updated in place
-        self.policy_bounds = PolicyBounds(self.settings.policy.reclaim_after,
-                                          self.settings.policy.run_timeout)
+        self.entry_policies = EntryPolicies(self.settings)
+        #: Each entry's policy (shared with the parts below: updated in place).
+        self.policies = self.entry_policies.by_name
         self.clock = StoreClock()
         self.knowledge = Knowledge()
         self.holdings = Holdings()
@@ -197,8 +186,8 @@ class Scheduler(BaseScheduler):
             self.index_keeper, self.liveness, self.pauses, logger)
         self.dynamic = DynamicEntries(
             app, self.store, self.owner, self.settings, self.window, self.stored,
-            self.composition, self.claimer, self.clock, self.holdings, self.policies,
-            self.pinned, schedule=lambda: self.schedule, read_policies=self._read_policies_of)
+            self.composition, self.claimer, self.clock, self.holdings, self.entry_policies,
+            self.pinned, schedule=lambda: self.schedule)
         # Retried at least every heartbeat interval: the beat's liveness depends on it.
         self.store_outage = Outage("store", self.store.description, logger,
                                    "nothing is sent unclaimed until it returns",
@@ -242,8 +231,8 @@ class Scheduler(BaseScheduler):
         # What Celery read (beat_schedule, its default entries) is this beat's own; the
         # store's definitions are composed in once read (the first tick, before claiming).
         self.composition.set_local(dict(self.schedule))
-        self._read_policies()
-        self._warn_unbounded_overlap()
+        self.entry_policies.read(self.schedule, self.pinned)
+        self.entry_policies.warn_unbounded_overlap(self.schedule, logger)
         if self.settings.metrics_port is not None:
             self.metrics.start(self.settings.metrics_port)
         logger.info("beat-claims: owner %s, %d entries, store %s", self.owner,
@@ -251,37 +240,6 @@ class Scheduler(BaseScheduler):
         line = celery_settings.start_line(self._not_applied)
         if line is not None:
             logger.warning("%s", line)
-
-    def _warn_unbounded_overlap(self) -> None:
-        """An entry that waits for its previous run (overlap skip or buffer_one) waits for
-        a run whose outcome never comes until its run_timeout: warn when that is never,
-        or the default day nobody chose (workers without the hooks are the usual cause).
-        One line for each of the two, naming the entries."""
-        never: list[str] = []
-        default: list[str] = []
-        for name, policy in sorted(self.policies.items()):
-            if policy.overlap is Overlap.ALLOW:
-                continue
-            claims = getattr(self.schedule.get(name), "claims", None) or {}
-            if policy.run_timeout is None:
-                never.append(name)
-            elif "run_timeout" not in claims and not self.settings.run_timeout_set:
-                default.append(name)
-        for names, held in (
-                (never, "run_timeout=None: every later occurrence is held back for ever"),
-                (default, f"the default run_timeout ({self.settings.policy.run_timeout:g} s,"
-                          " a day, which nobody chose): every later occurrence is held back"
-                          " that long")):
-            if names:
-                shown = ", ".join(repr(n) for n in names[:10]) + (
-                    f" and {len(names) - 10} more" if len(names) > 10 else "")
-                logger.warning(
-                    "beat-claims: entr(ies) %s with overlap skip or buffer_one and %s by a"
-                    " run whose outcome is never reported (workers without"
-                    " beat_claims.install(app), or on another store or key prefix; a worker"
-                    " killed without a result backend). Set claims['run_timeout'] (or"
-                    " beat_claims_run_timeout) to the longest the task may take.",
-                    shown, held)
 
     def merge_inplace(self, b: dict[str, Any]) -> None:
         """Celery's, with an entry that cannot be built (``schedule: float("inf")``) named
@@ -312,62 +270,12 @@ class Scheduler(BaseScheduler):
                 logger.error("beat-claims: %s; this entry is not scheduled", problem)
                 del self.schedule[name]
 
-    def _read_policies_of(self, names: set[str]) -> None:
-        """What :meth:`_read_policies` does, for ``names`` alone (an entry gone keeps its
-        policy while a claim of it is pinned). The shortest windows over every policy are
-        walked again only when one of the policies replaced held one of them."""
-        pinned = {ref.entry: entry for ref, entry in self.pinned.items() if ref.entry in names}
-        policies: dict[str, Policy | None] = {}
-        for name in sorted(names):
-            entry = self.schedule.get(name, pinned.get(name))
-            if entry is None:
-                policies[name] = None
-                continue
-            if name in self.schedule:
-                try:
-                    occurrences.next_after(entry.schedule, 0, 0)
-                except occurrences.UnsupportedSchedule as exc:
-                    raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
-            policies[name] = self.settings.policy_for(name, getattr(entry, "claims", None),
-                                                      entry.schedule)
-        replaced = [p for p in (self.policies.get(name) for name in policies) if p is not None]
-        for name, policy in policies.items():
-            if policy is None:
-                self.policies.pop(name, None)
-            else:
-                self.policies[name] = policy
-        default, bounds = self.settings.policy, self.policy_bounds
-        if any((p.reclaim_after == bounds.reclaim_after < default.reclaim_after)
-               or (p.run_timeout is not None and p.run_timeout == bounds.run_timeout
-                   and (default.run_timeout is None or p.run_timeout < default.run_timeout))
-               for p in replaced):
-            self.policy_bounds = _policy_bounds([default, *self.policies.values()])
-        else:
-            self.policy_bounds = _policy_bounds(
-                [default, *(p for p in policies.values() if p is not None)], bounds)
-
-    def _read_policies(self) -> None:
-        # (a pinned claim's entry may have left the schedule: it is judged by its policy)
-        entries = {**{ref.entry: entry for ref, entry in self.pinned.items()},
-                   **self.schedule}
-        policies = {name: self.settings.policy_for(name, getattr(entry, "claims", None),
-                                                   entry.schedule)
-                    for name, entry in entries.items()}
-        for name, entry in self.schedule.items():
-            try:
-                occurrences.next_after(entry.schedule, 0, 0)
-            except occurrences.UnsupportedSchedule as exc:
-                raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
-        self.policies.clear()
-        self.policies.update(policies)
-        self.policy_bounds = _policy_bounds([self.settings.policy, *policies.values()])
-
     def entries_changed(self) -> None:
         """The schedule was changed in place (a schedule source that is edited while beat
         runs, such as a database): read policies again and, at the next tick, register new
         entries and rebuild the heap of due instants."""
         self._refuse_bad_names()
-        self._read_policies()
+        self.entry_policies.read(self.schedule, self.pinned)
         self._ready = False
 
     # -- the schedule: this beat's own entries and the store's definitions -------------
@@ -409,7 +317,7 @@ class Scheduler(BaseScheduler):
         """What :meth:`entries_changed` does, for ``names`` alone: the claimer takes them
         in at the next tick (:meth:`Claimer.update`), before it claims."""
         self._refuse_bad_names(names)
-        self._read_policies_of(names)
+        self.entry_policies.read_some(names, self.schedule, self.pinned)
         # Kept whether or not the beat is ready: a beat not ready takes the whole schedule
         # in (and drops these), but one registering again after the store went back is made
         # ready by that registration, of the entries it had when it began.
@@ -560,6 +468,11 @@ class Scheduler(BaseScheduler):
         if not self.pinned:
             return self.schedule
         return {**{ref.entry: entry for ref, entry in self.pinned.items()}, **self.schedule}
+
+    @property
+    def policy_bounds(self) -> PolicyBounds:
+        """The shortest windows over every entry's policy (a sweep's bounds)."""
+        return self.entry_policies.bounds
 
     # -- hooks for schedule sources ---------------------------------------------------
     def entry_state(self, name: str) -> EntryState | None:

@@ -22,6 +22,7 @@ from .claimer import Claimer
 from .clock import StoreClock
 from .composition import Composition
 from .holdings import Holdings
+from .policies import EntryPolicies
 from .stored import PAGE, StoredEntries
 from .window import LOOKAHEAD, DynamicWindow, Taken
 
@@ -30,9 +31,8 @@ class DynamicEntries:
     def __init__(self, app: Celery, store: Store, owner: Owner, settings: Settings,
                  window: DynamicWindow, stored: StoredEntries, composition: Composition,
                  claimer: Claimer, clock: StoreClock, holdings: Holdings,
-                 policies: dict[str, Policy], pinned: dict[RunRef, Any], *,
-                 schedule: Callable[[], dict[str, Any]],
-                 read_policies: Callable[[set[str]], None]) -> None:
+                 policies: EntryPolicies, pinned: dict[RunRef, Any], *,
+                 schedule: Callable[[], dict[str, Any]]) -> None:
         self.app = app
         self.store = store
         self.owner = owner
@@ -43,11 +43,9 @@ class DynamicEntries:
         self.claimer = claimer
         self.clock = clock
         self.holdings = holdings
-        self.policies = policies  # (the scheduler's, shared: updated in place)
+        self.policies = policies  # (the scheduler's)
         self.pinned = pinned  # (the scheduler's: an entry pinned is busy)
         self.schedule = schedule
-        #: Reads the policies of these entries of the schedule (the scheduler's).
-        self.read_policies = read_policies
         self._let_go_at = 0.0
         self._take_up_after = ""  # (the last name a sweep's take-up looked at)
 
@@ -66,8 +64,9 @@ class DynamicEntries:
         passed = names - set(built)
         self.window.held -= passed
         self.stored.forget(passed)
-        self.schedule().update(built)
-        self.read_policies(set(built))
+        schedule = self.schedule()
+        schedule.update(built)
+        self.policies.read_some(set(built), schedule, self.pinned)
         self.claimer.adopt({t.name: t.state for t in taken if t.name in built})
         if not write_back:
             return set(built)
@@ -130,7 +129,7 @@ class DynamicEntries:
     def policies_of(self, names: list[str]) -> dict[str, Policy]:
         """The policies of those of ``names`` that are dynamic entries this beat does not
         hold, from their definitions (one read; a definition not valid is left out)."""
-        wanted = [n for n in names if n not in self.policies][:PAGE]
+        wanted = [n for n in names if n not in self.policies.by_name][:PAGE]
         out: dict[str, Policy] = {}
         for taken in self.window.take((n, EntryState(0, None)) for n in wanted):
             known = self.stored.read(taken.record)
@@ -170,7 +169,7 @@ class DynamicEntries:
         for name in names:
             schedule.pop(name, None)
             self.composition.chosen.pop(name, None)
-            self.policies.pop(name, None)
+            self.policies.by_name.pop(name, None)
         self.stored.forget(names)
         next_at = [at for name in names if (at := self.claimer.slots.get(name)) is not None]
         self.claimer.let_go(names)
