@@ -564,27 +564,59 @@ class Scheduler(BaseScheduler):
             self._in_tick = False
 
     def _tick(self) -> float:
+        """The heartbeat (a sweep asked with it), the definitions followed; once the store
+        has settled and this beat joined: the schedule taken in, the dynamic entries due
+        soon held, the sweep, and what is due claimed and sent."""
         if self.reregistration.why is not None:
             return self._went_back()
         heartbeat = self.liveness.due() or self._heartbeat_with_sweep()
         sweep_due = self._sweep_due(heartbeat)
         if heartbeat:
-            # A sweep due in this tick is asked with the heartbeat: one round trip, not two
-            # (not the first heartbeat after an outage: that one only has to work).
-            sweep = (self.sweeper.query()
-                     if self._ready and sweep_due and not self.store_outage.active else None)
-            feed = self.stored.cursor if self.stored.loaded else None  # (read with it)
-            if self.liveness.beat(sweep=sweep, changes=feed):
-                raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
-                                    " wipe)", epoch_begun=True)
-            self.metrics.heartbeat()
-            self._register_again_after_a_lapse()
-            self.window.share = Share.among(self.owner.id, self.liveness.sharers())
-            # Its pass from the first entry (once an interval) in this tick: an idle beat
-            # wakes once an interval, not once for each.
-            self.window.restart()
+            self._heartbeat(sweep_due)
         if heartbeat or not self.stored.loaded:
             self._follow_definitions()
+        waiting = self._not_claiming_yet()
+        if waiting is not None:
+            return waiting
+        self._take_in_schedule()
+        if heartbeat:  # the epoch is the one this beat knows, and the store has settled
+            self.pauses.check_in_turn()
+        self._hold_dynamic_due_soon()
+        began = self.clock.now()
+        broker_down = self.broker_outage.waiting() > 0
+        if sweep_due:
+            self._sweep(pick_up=not broker_down)
+        if broker_down:
+            return min(self.broker_outage.waiting(), self._sleep_for())
+        waiting = self._claim_and_send()
+        if waiting is not None:  # the broker went down
+            return waiting
+        self.pauses.check_stale()  # a skip for a pause: maybe a later one
+        self.dynamic.let_go()
+        self.broker_outage.up()
+        if self.sender.up_since is None:  # claiming and sending from here on
+            self.sender.up_since = began
+        return self._sleep_for()
+
+    def _heartbeat(self, sweep_due: bool) -> None:
+        # A sweep due in this tick is asked with the heartbeat: one round trip, not two
+        # (not the first heartbeat after an outage: that one only has to work).
+        sweep = (self.sweeper.query()
+                 if self._ready and sweep_due and not self.store_outage.active else None)
+        feed = self.stored.cursor if self.stored.loaded else None  # (read with it)
+        if self.liveness.beat(sweep=sweep, changes=feed):
+            raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
+                                " wipe)", epoch_begun=True)
+        self.metrics.heartbeat()
+        self._register_again_after_a_lapse()
+        self.window.share = Share.among(self.owner.id, self.liveness.sharers())
+        # Its pass from the first entry (once an interval) in this tick: an idle beat
+        # wakes once an interval, not once for each.
+        self.window.restart()
+
+    def _not_claiming_yet(self) -> float | None:
+        """The wait while the store settles (a new epoch) or this beat joins; None once it
+        may claim."""
         settling = self.liveness.settling_for()
         if settling > 0:
             if not self._settle_logged:
@@ -600,6 +632,12 @@ class Scheduler(BaseScheduler):
                             " heartbeated since this one started (each checks the store"
                             " still holds what it wrote)")
             return max(0.05, min(self.liveness.joining_for(), self.max_interval))
+        return None
+
+    def _take_in_schedule(self) -> None:
+        """The claimer takes in the whole schedule (not ready: at start, after a change of
+        all of it) or the entries changed since the last tick; after a lapse, a chunk a
+        tick is registered again."""
         if not self._ready:
             self._write_own()
             self._to_update.clear()  # (the whole schedule is taken in)
@@ -628,8 +666,9 @@ class Scheduler(BaseScheduler):
         self._registered_once = True
         if self.claimer.again:  # after a lapse: a chunk a tick, between the claims
             self.claimer.register_again_next()
-        if heartbeat:  # the epoch is the one this beat knows, and the store has settled
-            self.pauses.check_in_turn()
+
+    def _hold_dynamic_due_soon(self) -> None:
+        """The dynamic entries the due index says fall due soon, held (:class:`DynamicEntries`)."""
         now = self.clock.now()
         taken = self.window.scan(now)
         if any(t.next_due <= now for t in taken):
@@ -641,37 +680,24 @@ class Scheduler(BaseScheduler):
         self.dynamic.hold(taken, write_back=True)
         if self.window.unreadable:
             self.dynamic.repair(sorted(self.window.unreadable))
-        began = self.clock.now()
-        broker_down = self.broker_outage.waiting() > 0
-        if sweep_due:
-            self._last_sweep = time.monotonic()
-            if self.holdings.unmarked:
-                self.sender.flush_marks()
-            if self.claimer.refused:
-                self.claimer.retry_refused()
-            self.sweeper.sweep(pick_up=not broker_down)
-            self.index_keeper.sweep()
-            if self.recovery.due():
-                self.recovery.run()
-        if broker_down:
-            return min(self.broker_outage.waiting(), self._sleep_for())
+
+    def _sweep(self, pick_up: bool) -> None:
+        self._last_sweep = time.monotonic()
+        if self.holdings.unmarked:
+            self.sender.flush_marks()
+        if self.claimer.refused:
+            self.claimer.retry_refused()
+        self.sweeper.sweep(pick_up=pick_up)
+        self.index_keeper.sweep()
+        if self.recovery.due():
+            self.recovery.run()
+
+    def _claim_and_send(self) -> float | None:
+        """Claim what is due, a chunk at a time, and send each chunk; what this beat held
+        first. The wait, when the broker went down (what it held is given back)."""
         due = self.claimer.pop_due(self.clock.now())
         try:
-            # Picked up, left from an outage, or held until its jitter's instant: judged,
-            # then sent, once that instant has come.
-            ready = self.holdings.ready(self.clock.now())
-            if ready:
-                self.holdings.waited.update(claim.ref for claim in ready)
-                # ... together with what is due now of the same entries, so that the
-                # catch-up policy sees them all at once (latest: one run, not two).
-                entries = {claim.entry for claim in ready}
-                together = [name for name in due if name in entries]
-                if together:
-                    self.claimer.claim(together, self.clock.now())
-                self.sender.send(self.holdings.ready(self.clock.now()), self._sendable())
-                due_rest = [name for name in due if name not in set(together)]
-            else:
-                due_rest = due
+            due_rest = self._send_ready(due)
             chunks = self.claimer.shares(due_rest, self.liveness.peers()) if due_rest else []
             claiming = self.claimer.claim_chunks(chunks, self.clock.now,
                                                  claim_ahead=len(chunks) > 1
@@ -698,12 +724,23 @@ class Scheduler(BaseScheduler):
                 self.claimer.push(name)
             self.knowledge.skipped_paused(self.claimer.skips.counts.get(Reason.PAUSED, ()))
             self.claimer.skips.flush()
-        self.pauses.check_stale()  # a skip for a pause: maybe a later one
-        self.dynamic.let_go()
-        self.broker_outage.up()
-        if self.sender.up_since is None:  # claiming and sending from here on
-            self.sender.up_since = began
-        return self._sleep_for()
+        return None
+
+    def _send_ready(self, due: list[str]) -> list[str]:
+        """Send the held claims whose instant has come (picked up, left from an outage, or
+        held until its jitter's instant: judged, then sent), together with what is due now
+        of the same entries, so that the catch-up policy sees them all at once (latest: one
+        run, not two). The rest of ``due``, to claim."""
+        ready = self.holdings.ready(self.clock.now())
+        if not ready:
+            return due
+        self.holdings.waited.update(claim.ref for claim in ready)
+        entries = {claim.entry for claim in ready}
+        together = [name for name in due if name in entries]
+        if together:
+            self.claimer.claim(together, self.clock.now())
+        self.sender.send(self.holdings.ready(self.clock.now()), self._sendable())
+        return [name for name in due if name not in set(together)]
 
     def _register_again_after_a_lapse(self) -> None:
         """This beat's heartbeat lapsed (a stall, an outage): another beat's registration
