@@ -67,8 +67,6 @@ from .stores import open_store
 from .stores.base import (
     Claim,
     EntryState,
-    LiveQuery,
-    Reclaim,
     RunRef,
     Store,
     StoreConfigurationError,
@@ -79,8 +77,6 @@ logger = get_logger("celery.beat.claims")
 
 #: Entries whose change of schedule is logged one by one (more: one line, counted).
 LOGGED_CHANGES = 10
-#: Later than any instant in the store's records (UTC ms, within what every store holds).
-EVER = 2 ** 53 - 1
 
 
 class ClaimsEntry(ScheduleEntry):
@@ -840,7 +836,7 @@ class Scheduler(BaseScheduler):
                 # A claim still in flight in the claim thread lands first: then it is
                 # among this beat's claims that _give_back finds in the store.
                 self.claimer.close()
-                self._give_back()
+                self.sender.give_back_all()
             except (StoreError, StoreConfigurationError) as exc:
                 logger.warning("beat-claims: could not give back the claims this beat held"
                                " at stop (%s); they are taken back once its heartbeat"
@@ -854,32 +850,6 @@ class Scheduler(BaseScheduler):
             self._closing = False
             deliver_held(deferred)
         super().close()
-
-    def _give_back(self) -> None:
-        self.sender.flush_marks()
-        # Checked but never handed to the broker: safe to give back even though they
-        # passed the check (the one being published when the stop came is not here).
-        released = self.sender.release(
-            list(self.holdings.held.values()) + list(self.holdings.checked))
-        # Claims of this beat it is not handling (the one being published when the stop
-        # came; one whose reply was lost): found in the store's records, taken back. Every
-        # claim call of this beat has returned by now (no tick runs, the claim thread is
-        # stopped): each claim the store shows it holding is one it will not send, however
-        # young. Not "older than now" by this beat's clock: that clock is the store's as
-        # read at the last heartbeat, and lags it when that reply came late (the claim
-        # being published, made since, was left held).
-        forgotten = [Reclaim(h.entry, h.due, h.token) for h in self.store.live_runs(LiveQuery(
-            self.owner.id, frozenset(), held_before=0, mine_before=EVER, dead_before=0)).held
-            if h.owner == self.owner.id]
-        taken_back = sum(self.store.reclaim(forgotten, self.owner.id)) if forgotten else 0
-        self.store.leave(self.owner)
-        if released:
-            self.metrics.count("released", released)
-            logger.info("beat-claims: released %d unsent claim(s)", released)
-        if taken_back:
-            logger.info("beat-claims: %d claim(s) being published when the stop came (or"
-                        " whose reply was lost) are due again; if a message was sent too,"
-                        " the worker's fencing runs the occurrence once", taken_back)
 
     @property
     def info(self) -> str:
