@@ -45,6 +45,7 @@ from .beat.liveness import Liveness, StoreWentBack
 from .beat.long_lived import freeze_long_lived
 from .beat.outage import MAX_BACKOFF, Outage
 from .beat.pauses import KnownPauses
+from .beat.pinned import PinnedEntries
 from .beat.policies import EntryPolicies
 from .beat.publisher import Publisher
 from .beat.recovery import Recovery
@@ -67,7 +68,6 @@ from .stores import open_store
 from .stores.base import (
     Claim,
     EntryState,
-    RunRef,
     Store,
     StoreConfigurationError,
     StoreError,
@@ -147,10 +147,10 @@ class Scheduler(BaseScheduler):
                                keep_alive=self.liveness.keep_alive)
         #: Claims held when their entry's definition changed (or went): each is sent with
         #: the entry it was claimed with (one definition per occurrence).
-        self.pinned: dict[RunRef, Any] = {}
+        self.pinned = PinnedEntries(self.holdings, logger, schedule=lambda: self.schedule)
         self.publisher = Publisher(
             app, self.settings, self.liveness, self.pinned, logger,
-            schedule=lambda: self.schedule, entry_for=self._entry_for,
+            schedule=lambda: self.schedule, entry_for=self.pinned.entry_for,
             hook=lambda entry, claim, task_id: self._publish(entry, claim, task_id),
             on_sent=lambda entry, claim: self.on_sent(entry, claim),
             producer=lambda: self.producer, send_task=self.send_task)
@@ -342,7 +342,7 @@ class Scheduler(BaseScheduler):
         if self.stored.unseen:  # (indexed again by its writer: maybe behind the scan)
             self.stored.unseen = 0
             self.window.restart()
-        self._prune_pinned()
+        self.pinned.prune()
         if first or (changed and self.stored.reloaded):  # (read again: written again too)
             self._recompose()
         elif changed:  # those alone: the work is in proportion to the change
@@ -408,10 +408,7 @@ class Scheduler(BaseScheduler):
         changed = {name for name in candidates if old.get(name) is not new.get(name)}
         if not changed:
             return
-        held = [*self.holdings.held.values(), *self.holdings.checked]
-        for claim in held:
-            if claim.entry in changed and claim.entry in old and claim.ref not in self.pinned:
-                self.pinned[claim.ref] = old[claim.entry]
+        self.pinned.pin(changed, old)
         if names is None:
             self.schedule.clear()
             self.schedule.update(new)
@@ -434,36 +431,6 @@ class Scheduler(BaseScheduler):
             self.entries_changed()
         else:
             self._entries_changed_some(changed)
-
-    def _prune_pinned(self) -> None:
-        """Forget the pinned entries of claims no longer held (sent, given back, skipped);
-        an entry that left the schedule is retired with its last one."""
-        if not self.pinned:
-            return
-        checked = {claim.ref for claim in self.holdings.checked}
-        for ref in [r for r in self.pinned if r not in self.holdings.held and r not in checked]:
-            del self.pinned[ref]
-            if ref.entry not in self.schedule and not any(
-                    r.entry == ref.entry for r in self.pinned):
-                logger.info("beat-claims: entry %s: retired (its last claim held here is"
-                            " done)", ref.entry)
-
-    def _entry_for(self, claim: Claim) -> Any:
-        """The entry a claim is sent with: the one it was claimed with."""
-        pinned = self.pinned.get(claim.ref)
-        if pinned is not None:
-            return pinned
-        entry = self.schedule.get(claim.entry)
-        if entry is not None:
-            return entry
-        return next((e for r, e in self.pinned.items() if r.entry == claim.entry), None)
-
-    def _sendable(self) -> dict[str, Any]:
-        """The entries whose claims this beat sends: the schedule's, and those of its
-        pinned claims."""
-        if not self.pinned:
-            return self.schedule
-        return {**{ref.entry: entry for ref, entry in self.pinned.items()}, **self.schedule}
 
     @property
     def policy_bounds(self) -> PolicyBounds:
@@ -703,7 +670,7 @@ class Scheduler(BaseScheduler):
                     now = self.clock.now()
                     self.sender.send([c for c in fresh + waited
                                       if self.holdings.later.get(c.ref, 0) <= now],
-                                     self._sendable())
+                                     self.pinned.sendable())
             finally:
                 claiming.close()  # what was claimed ahead is held: sent later, or given back
         except BrokerDown as exc:
@@ -735,7 +702,7 @@ class Scheduler(BaseScheduler):
         together = [name for name in due if name in entries]
         if together:
             self.claimer.claim(together, self.clock.now())
-        self.sender.send(self.holdings.ready(self.clock.now()), self._sendable())
+        self.sender.send(self.holdings.ready(self.clock.now()), self.pinned.sendable())
         return [name for name in due if name not in set(together)]
 
     def _register_again_after_a_lapse(self) -> None:

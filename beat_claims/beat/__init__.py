@@ -12,6 +12,7 @@ them into Celery's scheduler interface.
 ``pauses``     the pauses this beat knows, checked against the store, restored if lost
 ``reregistration`` what this beat knows, registered again when the store lost writes
 ``policies``   each entry's policy, and the shortest windows over them (a sweep's bounds)
+``pinned``     claims sent with the entry they were made with, whatever changed since
 ``sweeper``    taking back claims nobody serves, picking up due runs, presuming runs lost
 ``recovery``   outcomes no worker reported, from the result backend
 ``outage``     logging an outage once, and the backoff
