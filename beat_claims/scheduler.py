@@ -35,6 +35,8 @@ from celery.utils.log import get_logger
 
 from . import celery_settings
 from .beat.claimer import Claimer, PolicyBounds, usable_cores
+from .beat.claims_entry import ClaimsEntry
+from .beat.claims_entry import _rebuild_entry as _rebuild_entry  # (pickles made before)
 from .beat.clock import StoreClock
 from .beat.composition import Composition
 from .beat.config_writes import write_own
@@ -77,32 +79,6 @@ logger = get_logger("celery.beat.claims")
 
 #: Entries whose change of schedule is logged one by one (more: one line, counted).
 LOGGED_CHANGES = 10
-
-
-class ClaimsEntry(ScheduleEntry):
-    """A schedule entry that also carries its ``claims`` policy overrides."""
-
-    def __init__(self, *args: Any, claims: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        self.claims = claims
-        super().__init__(*args, **kwargs)
-
-    def __reduce__(self) -> Any:
-        cls, args = super().__reduce__()[:2]
-        return _rebuild_entry, (cls, args, self.claims)
-
-    def update(self, other: ScheduleEntry) -> None:
-        super().update(other)
-        self.claims = getattr(other, "claims", None)
-
-    def editable_fields_equal(self, other: Any) -> bool:
-        return bool(super().editable_fields_equal(other)) and (
-            self.claims == getattr(other, "claims", None))
-
-
-def _rebuild_entry(cls: type, args: tuple[Any, ...], claims: Any) -> ClaimsEntry:
-    entry: ClaimsEntry = cls(*args)
-    entry.claims = claims
-    return entry
 
 
 class Scheduler(BaseScheduler):
