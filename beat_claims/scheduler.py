@@ -22,49 +22,54 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import signal
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from celery import Celery, signals
-from celery.beat import ScheduleEntry, _evaluate_entry_args, _evaluate_entry_kwargs
+from celery import Celery
+from celery.beat import ScheduleEntry
 from celery.beat import Scheduler as BaseScheduler
 from celery.utils.log import get_logger
 
-from . import celery_settings, occurrences, schedule_words
-from .beat.claimer import REGISTER_CHUNK, Claimer, PolicyBounds, usable_cores
+from . import celery_settings
+from .beat.claimer import Claimer, PolicyBounds, usable_cores
+from .beat.claims_entry import ClaimsEntry
+from .beat.claims_entry import _rebuild_entry as _rebuild_entry  # (pickles made before)
 from .beat.clock import StoreClock
 from .beat.composition import Composition
 from .beat.config_writes import write_own
+from .beat.dynamic import DynamicEntries
 from .beat.holdings import Holdings
 from .beat.knowledge import Knowledge
 from .beat.liveness import Liveness, StoreWentBack
 from .beat.long_lived import freeze_long_lived
 from .beat.outage import MAX_BACKOFF, Outage
+from .beat.pauses import KnownPauses
+from .beat.pinned import PinnedEntries
+from .beat.policies import EntryPolicies
+from .beat.publisher import Publisher
 from .beat.recovery import Recovery
+from .beat.reregistration import Reregistration
 from .beat.sender import BrokerDown, Sender
+from .beat.stop_signals import (
+    built_by_celery_beat,
+    deliver_held,
+    hold_stop_signals,
+    in_celery_stop_handler,
+)
 from .beat.stored import PAGE, StoredEntries
 from .beat.sweeper import IndexKeeper, Sweeper
-from .beat.window import HELP_AFTER, LOOKAHEAD, DynamicWindow, Share, Taken
-from .enums import Overlap, Reason
-from .exception_text import entry_exception, frames
+from .beat.window import HELP_AFTER, DynamicWindow, Share
+from .enums import Reason
 from .metrics import Metrics
-from .runs import HEADER, MAX_DIFFERS, Owner, from_ms, iso
+from .runs import MAX_DIFFERS, Owner
 from .settings import ConfigurationError, Policy, Settings, entry_name_problem
 from .stores import open_store
 from .stores.base import (
-    NOT_DUE,
     Claim,
-    EntrySeed,
     EntryState,
-    IndexWrite,
-    LiveQuery,
-    Reclaim,
-    RunRef,
     Store,
     StoreConfigurationError,
     StoreError,
@@ -74,50 +79,6 @@ logger = get_logger("celery.beat.claims")
 
 #: Entries whose change of schedule is logged one by one (more: one line, counted).
 LOGGED_CHANGES = 10
-#: Later than any instant in the store's records (UTC ms, within what every store holds).
-EVER = 2 ** 53 - 1
-#: Pauses this beat knows checked against the store's records per heartbeat (one read, in
-#: turn): what it knows of each stays current, so that a resume is not undone and a later
-#: pause is restored if the store loses writes.
-PAUSE_CHECKS = 100
-
-
-class ClaimsEntry(ScheduleEntry):
-    """A schedule entry that also carries its ``claims`` policy overrides."""
-
-    def __init__(self, *args: Any, claims: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        self.claims = claims
-        super().__init__(*args, **kwargs)
-
-    def __reduce__(self) -> Any:
-        cls, args = super().__reduce__()[:2]
-        return _rebuild_entry, (cls, args, self.claims)
-
-    def update(self, other: ScheduleEntry) -> None:
-        super().update(other)
-        self.claims = getattr(other, "claims", None)
-
-    def editable_fields_equal(self, other: Any) -> bool:
-        return bool(super().editable_fields_equal(other)) and (
-            self.claims == getattr(other, "claims", None))
-
-
-def _policy_bounds(policies: list[Policy], bounds: PolicyBounds | None = None
-                   ) -> PolicyBounds:
-    """The shortest windows over ``policies`` (and ``bounds``, when given)."""
-    reclaim = [p.reclaim_after for p in policies]
-    timeouts = [p.run_timeout for p in policies if p.run_timeout is not None]
-    if bounds is not None:
-        reclaim.append(bounds.reclaim_after)
-        if bounds.run_timeout is not None:
-            timeouts.append(bounds.run_timeout)
-    return PolicyBounds(min(reclaim), min(timeouts) if timeouts else None)
-
-
-def _rebuild_entry(cls: type, args: tuple[Any, ...], claims: Any) -> ClaimsEntry:
-    entry: ClaimsEntry = cls(*args)
-    entry.claims = claims
-    return entry
 
 
 class Scheduler(BaseScheduler):
@@ -130,7 +91,7 @@ class Scheduler(BaseScheduler):
         try:
             self._setup(app, store, *args, **kwargs)
         except (ConfigurationError, StoreConfigurationError) as exc:
-            if not _built_by_celery_beat():
+            if not built_by_celery_beat():
                 raise
             # One line, and the beat exits: a user's mistake, not a bug (no traceback).
             if logging.getLogger().handlers:
@@ -148,9 +109,9 @@ class Scheduler(BaseScheduler):
         self.owner = Owner.current()
         self.store: Store = store or open_store(self.settings)
         self.metrics = Metrics()
-        self.policies: dict[str, Policy] = {}  # shared with the parts below: updated in place
-        self.policy_bounds = PolicyBounds(self.settings.policy.reclaim_after,
-                                          self.settings.policy.run_timeout)
+        self.entry_policies = EntryPolicies(self.settings)
+        #: Each entry's policy (shared with the parts below: updated in place).
+        self.policies = self.entry_policies.by_name
         self.clock = StoreClock()
         self.knowledge = Knowledge()
         self.holdings = Holdings()
@@ -160,10 +121,19 @@ class Scheduler(BaseScheduler):
         self.claimer = Claimer(self.store, self.owner, self.settings, self, self.knowledge,
                                self.holdings, self.metrics, logger,
                                keep_alive=self.liveness.keep_alive)
+        #: Claims held when their entry's definition changed (or went): each is sent with
+        #: the entry it was claimed with (one definition per occurrence).
+        self.pinned = PinnedEntries(self.holdings, logger, schedule=lambda: self.schedule)
+        self.publisher = Publisher(
+            app, self.settings, self.liveness, self.pinned, logger,
+            schedule=lambda: self.schedule, entry_for=self.pinned.entry_for,
+            hook=lambda entry, claim, task_id: self._publish(entry, claim, task_id),
+            on_sent=lambda entry, claim: self.on_sent(entry, claim),
+            producer=lambda: self.producer, send_task=self.send_task)
         self.sender = Sender(self.store, self.owner, self.settings, self.policies,
                              self.holdings, self.knowledge, self.liveness, self.clock,
-                             lambda claim, task_id: self._publish_claim(claim, task_id),
-                             self.metrics, self.claimer.skips, logger, self._arguments)
+                             self.publisher.publish_claim, self.metrics, self.claimer.skips,
+                             logger, self.publisher.arguments)
         self.sweeper = Sweeper(self.store, self.owner, self.settings, self, self.holdings,
                                self.claimer, self.liveness, self.clock, self.metrics, logger)
         self.recovery = Recovery(app, self.store, self.settings, self.clock, logger)
@@ -181,11 +151,15 @@ class Scheduler(BaseScheduler):
         self.stored.wanted = lambda name: (name in self.composition.local
                                            or name in self.window.held)
         self.stored.wanted_names = lambda: [*self.composition.local, *self.window.held]
-        self._let_go_at = 0.0
-        self._take_up_after = ""  # (the last name a sweep's take-up looked at)
-        #: Claims held when their entry's definition changed (or went): each is sent with
-        #: the entry it was claimed with (one definition per occurrence).
-        self.pinned: dict[RunRef, Any] = {}
+        self.pauses = KnownPauses(self.store, self.owner, self.knowledge, logger,
+                                  schedule=lambda: self.schedule)
+        self.reregistration = Reregistration(
+            self.store, self.knowledge, self.holdings, self.claimer, self.sweeper,
+            self.index_keeper, self.liveness, self.pauses, logger)
+        self.dynamic = DynamicEntries(
+            app, self.store, self.owner, self.settings, self.window, self.stored,
+            self.composition, self.claimer, self.clock, self.holdings, self.entry_policies,
+            self.pinned, schedule=lambda: self.schedule)
         # Retried at least every heartbeat interval: the beat's liveness depends on it.
         self.store_outage = Outage("store", self.store.description, logger,
                                    "nothing is sent unclaimed until it returns",
@@ -196,10 +170,6 @@ class Scheduler(BaseScheduler):
                                     " was given back)")
         self._bug_backoff = 0.0
         self._bug_retry_at = 0.0
-        self._went_back_why: str | None = None
-        self._epoch_begun = False  # (see StoreWentBack.epoch_begun)
-        self._resync_seeds: list[EntrySeed] | None = None
-        self._resync_aside: list[EntrySeed] = []
         self._last_sweep = float("-inf")
         self._ready = False
         self._settle_logged = False
@@ -212,11 +182,9 @@ class Scheduler(BaseScheduler):
         self._closed = False
         self._closing = False
         self._in_tick = False
-        #: The entry last published, with its arguments as evaluated for that publish.
-        self._evaluated: tuple[str, Any, Any] | None = None
         super().__init__(app, *args, **kwargs)
         self.max_interval: float = min(float(self.max_interval), interval)
-        if _built_by_celery_beat() and not kwargs.get("lazy"):
+        if built_by_celery_beat() and not kwargs.get("lazy"):
             self._first_contact()
 
     def _first_contact(self) -> None:
@@ -235,8 +203,8 @@ class Scheduler(BaseScheduler):
         # What Celery read (beat_schedule, its default entries) is this beat's own; the
         # store's definitions are composed in once read (the first tick, before claiming).
         self.composition.set_local(dict(self.schedule))
-        self._read_policies()
-        self._warn_unbounded_overlap()
+        self.entry_policies.read(self.schedule, self.pinned)
+        self.entry_policies.warn_unbounded_overlap(self.schedule, logger)
         if self.settings.metrics_port is not None:
             self.metrics.start(self.settings.metrics_port)
         logger.info("beat-claims: owner %s, %d entries, store %s", self.owner,
@@ -244,37 +212,6 @@ class Scheduler(BaseScheduler):
         line = celery_settings.start_line(self._not_applied)
         if line is not None:
             logger.warning("%s", line)
-
-    def _warn_unbounded_overlap(self) -> None:
-        """An entry that waits for its previous run (overlap skip or buffer_one) waits for
-        a run whose outcome never comes until its run_timeout: warn when that is never,
-        or the default day nobody chose (workers without the hooks are the usual cause).
-        One line for each of the two, naming the entries."""
-        never: list[str] = []
-        default: list[str] = []
-        for name, policy in sorted(self.policies.items()):
-            if policy.overlap is Overlap.ALLOW:
-                continue
-            claims = getattr(self.schedule.get(name), "claims", None) or {}
-            if policy.run_timeout is None:
-                never.append(name)
-            elif "run_timeout" not in claims and not self.settings.run_timeout_set:
-                default.append(name)
-        for names, held in (
-                (never, "run_timeout=None: every later occurrence is held back for ever"),
-                (default, f"the default run_timeout ({self.settings.policy.run_timeout:g} s,"
-                          " a day, which nobody chose): every later occurrence is held back"
-                          " that long")):
-            if names:
-                shown = ", ".join(repr(n) for n in names[:10]) + (
-                    f" and {len(names) - 10} more" if len(names) > 10 else "")
-                logger.warning(
-                    "beat-claims: entr(ies) %s with overlap skip or buffer_one and %s by a"
-                    " run whose outcome is never reported (workers without"
-                    " beat_claims.install(app), or on another store or key prefix; a worker"
-                    " killed without a result backend). Set claims['run_timeout'] (or"
-                    " beat_claims_run_timeout) to the longest the task may take.",
-                    shown, held)
 
     def merge_inplace(self, b: dict[str, Any]) -> None:
         """Celery's, with an entry that cannot be built (``schedule: float("inf")``) named
@@ -305,62 +242,12 @@ class Scheduler(BaseScheduler):
                 logger.error("beat-claims: %s; this entry is not scheduled", problem)
                 del self.schedule[name]
 
-    def _read_policies_of(self, names: set[str]) -> None:
-        """What :meth:`_read_policies` does, for ``names`` alone (an entry gone keeps its
-        policy while a claim of it is pinned). The shortest windows over every policy are
-        walked again only when one of the policies replaced held one of them."""
-        pinned = {ref.entry: entry for ref, entry in self.pinned.items() if ref.entry in names}
-        policies: dict[str, Policy | None] = {}
-        for name in sorted(names):
-            entry = self.schedule.get(name, pinned.get(name))
-            if entry is None:
-                policies[name] = None
-                continue
-            if name in self.schedule:
-                try:
-                    occurrences.next_after(entry.schedule, 0, 0)
-                except occurrences.UnsupportedSchedule as exc:
-                    raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
-            policies[name] = self.settings.policy_for(name, getattr(entry, "claims", None),
-                                                      entry.schedule)
-        replaced = [p for p in (self.policies.get(name) for name in policies) if p is not None]
-        for name, policy in policies.items():
-            if policy is None:
-                self.policies.pop(name, None)
-            else:
-                self.policies[name] = policy
-        default, bounds = self.settings.policy, self.policy_bounds
-        if any((p.reclaim_after == bounds.reclaim_after < default.reclaim_after)
-               or (p.run_timeout is not None and p.run_timeout == bounds.run_timeout
-                   and (default.run_timeout is None or p.run_timeout < default.run_timeout))
-               for p in replaced):
-            self.policy_bounds = _policy_bounds([default, *self.policies.values()])
-        else:
-            self.policy_bounds = _policy_bounds(
-                [default, *(p for p in policies.values() if p is not None)], bounds)
-
-    def _read_policies(self) -> None:
-        # (a pinned claim's entry may have left the schedule: it is judged by its policy)
-        entries = {**{ref.entry: entry for ref, entry in self.pinned.items()},
-                   **self.schedule}
-        policies = {name: self.settings.policy_for(name, getattr(entry, "claims", None),
-                                                   entry.schedule)
-                    for name, entry in entries.items()}
-        for name, entry in self.schedule.items():
-            try:
-                occurrences.next_after(entry.schedule, 0, 0)
-            except occurrences.UnsupportedSchedule as exc:
-                raise ConfigurationError(f"entry {name!r}: schedule {exc}") from None
-        self.policies.clear()
-        self.policies.update(policies)
-        self.policy_bounds = _policy_bounds([self.settings.policy, *policies.values()])
-
     def entries_changed(self) -> None:
         """The schedule was changed in place (a schedule source that is edited while beat
         runs, such as a database): read policies again and, at the next tick, register new
         entries and rebuild the heap of due instants."""
         self._refuse_bad_names()
-        self._read_policies()
+        self.entry_policies.read(self.schedule, self.pinned)
         self._ready = False
 
     # -- the schedule: this beat's own entries and the store's definitions -------------
@@ -402,7 +289,7 @@ class Scheduler(BaseScheduler):
         """What :meth:`entries_changed` does, for ``names`` alone: the claimer takes them
         in at the next tick (:meth:`Claimer.update`), before it claims."""
         self._refuse_bad_names(names)
-        self._read_policies_of(names)
+        self.entry_policies.read_some(names, self.schedule, self.pinned)
         # Kept whether or not the beat is ready: a beat not ready takes the whole schedule
         # in (and drops these), but one registering again after the store went back is made
         # ready by that registration, of the entries it had when it began.
@@ -431,7 +318,7 @@ class Scheduler(BaseScheduler):
         if self.stored.unseen:  # (indexed again by its writer: maybe behind the scan)
             self.stored.unseen = 0
             self.window.restart()
-        self._prune_pinned()
+        self.pinned.prune()
         if first or (changed and self.stored.reloaded):  # (read again: written again too)
             self._recompose()
         elif changed:  # those alone: the work is in proportion to the change
@@ -497,10 +384,7 @@ class Scheduler(BaseScheduler):
         changed = {name for name in candidates if old.get(name) is not new.get(name)}
         if not changed:
             return
-        held = [*self.holdings.held.values(), *self.holdings.checked]
-        for claim in held:
-            if claim.entry in changed and claim.entry in old and claim.ref not in self.pinned:
-                self.pinned[claim.ref] = old[claim.entry]
+        self.pinned.pin(changed, old)
         if names is None:
             self.schedule.clear()
             self.schedule.update(new)
@@ -524,35 +408,10 @@ class Scheduler(BaseScheduler):
         else:
             self._entries_changed_some(changed)
 
-    def _prune_pinned(self) -> None:
-        """Forget the pinned entries of claims no longer held (sent, given back, skipped);
-        an entry that left the schedule is retired with its last one."""
-        if not self.pinned:
-            return
-        checked = {claim.ref for claim in self.holdings.checked}
-        for ref in [r for r in self.pinned if r not in self.holdings.held and r not in checked]:
-            del self.pinned[ref]
-            if ref.entry not in self.schedule and not any(
-                    r.entry == ref.entry for r in self.pinned):
-                logger.info("beat-claims: entry %s: retired (its last claim held here is"
-                            " done)", ref.entry)
-
-    def _entry_for(self, claim: Claim) -> Any:
-        """The entry a claim is sent with: the one it was claimed with."""
-        pinned = self.pinned.get(claim.ref)
-        if pinned is not None:
-            return pinned
-        entry = self.schedule.get(claim.entry)
-        if entry is not None:
-            return entry
-        return next((e for r, e in self.pinned.items() if r.entry == claim.entry), None)
-
-    def _sendable(self) -> dict[str, Any]:
-        """The entries whose claims this beat sends: the schedule's, and those of its
-        pinned claims."""
-        if not self.pinned:
-            return self.schedule
-        return {**{ref.entry: entry for ref, entry in self.pinned.items()}, **self.schedule}
+    @property
+    def policy_bounds(self) -> PolicyBounds:
+        """The shortest windows over every entry's policy (a sweep's bounds)."""
+        return self.entry_policies.bounds
 
     # -- hooks for schedule sources ---------------------------------------------------
     def entry_state(self, name: str) -> EntryState | None:
@@ -581,6 +440,14 @@ class Scheduler(BaseScheduler):
         known = self.stored.known.get(name)
         return 0 if known is None else known.stored.version
 
+    def take_up(self, names: list[str]) -> list[str]:
+        """(:meth:`DynamicEntries.take_up`: a sweep takes up runs due again.)"""
+        return self.dynamic.take_up(names)
+
+    def policies_of(self, names: list[str]) -> dict[str, Policy]:
+        """(:meth:`DynamicEntries.policies_of`: a sweep judges runs of entries not held.)"""
+        return self.dynamic.policies_of(names)
+
     # -- the loop ---------------------------------------------------------------------
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass; the seconds until the next, never more than ``max_interval`` (Celery's
@@ -601,7 +468,7 @@ class Scheduler(BaseScheduler):
             return self._store_down(exc)
         except StoreWentBack as exc:
             self.sender.up_since = None
-            self._store_went_back(exc)
+            self.reregistration.noticed(exc)
             return self._guarded(self._went_back)
         except Exception:
             # A bug here must not stop the beat (its claims would wait to be taken back):
@@ -630,41 +497,65 @@ class Scheduler(BaseScheduler):
         except (StoreError, StoreConfigurationError) as exc:
             return self._store_down(exc)
         except StoreWentBack as exc:  # again, while registering: started over next tick
-            self._store_went_back(exc)
+            self.reregistration.noticed(exc)
             return 0.0
         finally:
             self._in_tick = False
 
-    def _store_went_back(self, exc: StoreWentBack) -> None:
-        """Kept until done: if registering again fails half way (the store went away
-        again), it is started over at the next tick. A new epoch this beat must begin is
-        not forgotten for one the store began (it may be an earlier one, put back)."""
-        self._epoch_begun = exc.epoch_begun and (
-            self._went_back_why is None or self._epoch_begun)
-        self._went_back_why = str(exc)
-
     def _tick(self) -> float:
-        if self._went_back_why is not None:
+        """The heartbeat (a sweep asked with it), the definitions followed; once the store
+        has settled and this beat joined: the schedule taken in, the dynamic entries due
+        soon held, the sweep, and what is due claimed and sent."""
+        if self.reregistration.why is not None:
             return self._went_back()
         heartbeat = self.liveness.due() or self._heartbeat_with_sweep()
         sweep_due = self._sweep_due(heartbeat)
         if heartbeat:
-            # A sweep due in this tick is asked with the heartbeat: one round trip, not two
-            # (not the first heartbeat after an outage: that one only has to work).
-            sweep = (self.sweeper.query()
-                     if self._ready and sweep_due and not self.store_outage.active else None)
-            feed = self.stored.cursor if self.stored.loaded else None  # (read with it)
-            if self.liveness.beat(sweep=sweep, changes=feed):
-                raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
-                                    " wipe)", epoch_begun=True)
-            self.metrics.heartbeat()
-            self._register_again_after_a_lapse()
-            self.window.share = Share.among(self.owner.id, self.liveness.sharers())
-            # Its pass from the first entry (once an interval) in this tick: an idle beat
-            # wakes once an interval, not once for each.
-            self.window.restart()
+            self._heartbeat(sweep_due)
         if heartbeat or not self.stored.loaded:
             self._follow_definitions()
+        waiting = self._not_claiming_yet()
+        if waiting is not None:
+            return waiting
+        self._take_in_schedule()
+        if heartbeat:  # the epoch is the one this beat knows, and the store has settled
+            self.pauses.check_in_turn()
+        self._hold_dynamic_due_soon()
+        began = self.clock.now()
+        broker_down = self.broker_outage.waiting() > 0
+        if sweep_due:
+            self._sweep(pick_up=not broker_down)
+        if broker_down:
+            return min(self.broker_outage.waiting(), self._sleep_for())
+        waiting = self._claim_and_send()
+        if waiting is not None:  # the broker went down
+            return waiting
+        self.pauses.check_stale()  # a skip for a pause: maybe a later one
+        self.dynamic.let_go()
+        self.broker_outage.up()
+        if self.sender.up_since is None:  # claiming and sending from here on
+            self.sender.up_since = began
+        return self._sleep_for()
+
+    def _heartbeat(self, sweep_due: bool) -> None:
+        # A sweep due in this tick is asked with the heartbeat: one round trip, not two
+        # (not the first heartbeat after an outage: that one only has to work).
+        sweep = (self.sweeper.query()
+                 if self._ready and sweep_due and not self.store_outage.active else None)
+        feed = self.stored.cursor if self.stored.loaded else None  # (read with it)
+        if self.liveness.beat(sweep=sweep, changes=feed):
+            raise StoreWentBack("the store's epoch changed (a restart, a failover or a"
+                                " wipe)", epoch_begun=True)
+        self.metrics.heartbeat()
+        self._register_again_after_a_lapse()
+        self.window.share = Share.among(self.owner.id, self.liveness.sharers())
+        # Its pass from the first entry (once an interval) in this tick: an idle beat
+        # wakes once an interval, not once for each.
+        self.window.restart()
+
+    def _not_claiming_yet(self) -> float | None:
+        """The wait while the store settles (a new epoch) or this beat joins; None once it
+        may claim."""
         settling = self.liveness.settling_for()
         if settling > 0:
             if not self._settle_logged:
@@ -680,6 +571,12 @@ class Scheduler(BaseScheduler):
                             " heartbeated since this one started (each checks the store"
                             " still holds what it wrote)")
             return max(0.05, min(self.liveness.joining_for(), self.max_interval))
+        return None
+
+    def _take_in_schedule(self) -> None:
+        """The claimer takes in the whole schedule (not ready: at start, after a change of
+        all of it) or the entries changed since the last tick; after a lapse, a chunk a
+        tick is registered again."""
         if not self._ready:
             self._write_own()
             self._to_update.clear()  # (the whole schedule is taken in)
@@ -691,11 +588,11 @@ class Scheduler(BaseScheduler):
             if not self._registered_once:
                 # A stop signal's handler (Celery's raises SystemExit) run inside a
                 # finalizer of this collection would be ignored: it waits until after.
-                held = _hold_stop_signals()
+                held = hold_stop_signals()
                 try:
                     freeze_long_lived()
                 finally:
-                    _deliver_held(held)
+                    deliver_held(held)
         if self._to_update:
             names = set(self._to_update)
             self.claimer.update(names)
@@ -708,8 +605,9 @@ class Scheduler(BaseScheduler):
         self._registered_once = True
         if self.claimer.again:  # after a lapse: a chunk a tick, between the claims
             self.claimer.register_again_next()
-        if heartbeat:  # the epoch is the one this beat knows, and the store has settled
-            self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS))
+
+    def _hold_dynamic_due_soon(self) -> None:
+        """The dynamic entries the due index says fall due soon, held (:class:`DynamicEntries`)."""
         now = self.clock.now()
         taken = self.window.scan(now)
         if any(t.next_due <= now for t in taken):
@@ -718,40 +616,27 @@ class Scheduler(BaseScheduler):
             # last heartbeat lost (this beat never held it: nothing it knows is older):
             # the store is checked before it is claimed, as at a heartbeat.
             self.liveness.confirm()
-        self._hold(taken, write_back=True)
+        self.dynamic.hold(taken, write_back=True)
         if self.window.unreadable:
-            self._repair(sorted(self.window.unreadable))
-        began = self.clock.now()
-        broker_down = self.broker_outage.waiting() > 0
-        if sweep_due:
-            self._last_sweep = time.monotonic()
-            if self.holdings.unmarked:
-                self.sender.flush_marks()
-            if self.claimer.refused:
-                self.claimer.retry_refused()
-            self.sweeper.sweep(pick_up=not broker_down)
-            self.index_keeper.sweep()
-            if self.recovery.due():
-                self.recovery.run()
-        if broker_down:
-            return min(self.broker_outage.waiting(), self._sleep_for())
+            self.dynamic.repair(sorted(self.window.unreadable))
+
+    def _sweep(self, pick_up: bool) -> None:
+        self._last_sweep = time.monotonic()
+        if self.holdings.unmarked:
+            self.sender.flush_marks()
+        if self.claimer.refused:
+            self.claimer.retry_refused()
+        self.sweeper.sweep(pick_up=pick_up)
+        self.index_keeper.sweep()
+        if self.recovery.due():
+            self.recovery.run()
+
+    def _claim_and_send(self) -> float | None:
+        """Claim what is due, a chunk at a time, and send each chunk; what this beat held
+        first. The wait, when the broker went down (what it held is given back)."""
         due = self.claimer.pop_due(self.clock.now())
         try:
-            # Picked up, left from an outage, or held until its jitter's instant: judged,
-            # then sent, once that instant has come.
-            ready = self.holdings.ready(self.clock.now())
-            if ready:
-                self.holdings.waited.update(claim.ref for claim in ready)
-                # ... together with what is due now of the same entries, so that the
-                # catch-up policy sees them all at once (latest: one run, not two).
-                entries = {claim.entry for claim in ready}
-                together = [name for name in due if name in entries]
-                if together:
-                    self.claimer.claim(together, self.clock.now())
-                self.sender.send(self.holdings.ready(self.clock.now()), self._sendable())
-                due_rest = [name for name in due if name not in set(together)]
-            else:
-                due_rest = due
+            due_rest = self._send_ready(due)
             chunks = self.claimer.shares(due_rest, self.liveness.peers()) if due_rest else []
             claiming = self.claimer.claim_chunks(chunks, self.clock.now,
                                                  claim_ahead=len(chunks) > 1
@@ -761,7 +646,7 @@ class Scheduler(BaseScheduler):
                     now = self.clock.now()
                     self.sender.send([c for c in fresh + waited
                                       if self.holdings.later.get(c.ref, 0) <= now],
-                                     self._sendable())
+                                     self.pinned.sendable())
             finally:
                 claiming.close()  # what was claimed ahead is held: sent later, or given back
         except BrokerDown as exc:
@@ -778,136 +663,23 @@ class Scheduler(BaseScheduler):
                 self.claimer.push(name)
             self.knowledge.skipped_paused(self.claimer.skips.counts.get(Reason.PAUSED, ()))
             self.claimer.skips.flush()
-        if self.knowledge.pauses_stale:  # a skip for a pause: maybe a later one
-            self._check_pauses(self.knowledge.pauses_to_check(PAUSE_CHECKS, stale_only=True))
-        self._let_go()
-        self.broker_outage.up()
-        if self.sender.up_since is None:  # claiming and sending from here on
-            self.sender.up_since = began
-        return self._sleep_for()
+        return None
 
-    # -- dynamic entries: held while due soon -----------------------------------------
-    def _hold(self, taken: list[Taken], write_back: bool = False) -> set[str]:
-        """Hold dynamic entries taken from the due index (or found apart from it) at the
-        state read with them: composed, their policies read, put on the heap. With
-        ``write_back`` (taken from the index), an entry not due within the look-ahead (its
-        index was earlier than its truth: new, or written by a writer that did not compute
-        it) has its real instant written back and is let go. The names now held."""
-        if not taken:
-            return set()
-        names = {t.name for t in taken}
-        self.window.held |= names  # (their definitions are followed from here on)
-        self.stored.take([t.record for t in taken])
-        built = self.composition.compose_some(names)
-        passed = names - set(built)
-        self.window.held -= passed
-        self.stored.forget(passed)
-        self.schedule.update(built)
-        self._read_policies_of(set(built))
-        self.claimer.adopt({t.name: t.state for t in taken if t.name in built})
-        if not write_back:
-            return set(built)
-        limit = self.clock.now() + LOOKAHEAD
-        writes: list[IndexWrite] = []
-        later: list[str] = []
-        for t in taken:
-            if t.name in built:
-                slot = self.claimer.slots.get(t.name)  # (what adopt put on the heap)
-                if slot is not None:
-                    at = slot
-                else:  # NOT_DUE, or it cannot be computed (noted when it was pushed)
-                    try:
-                        at = self.claimer.next_at(t.name, t.state)
-                    except Exception:
-                        continue
-                if at == NOT_DUE or at > limit:
-                    later.append(t.name)
-            else:
-                known = self.stored.known.get(t.name)
-                definition = known.definition if known is not None else None
-                if definition is None or definition.enabled:
-                    continue  # (not valid, or not buildable here: named once, in the log)
-                at = NOT_DUE
-            if at != t.next_due:
-                writes.append(IndexWrite(t.name, t.state, t.record.version, at))
-        if writes:
-            self.store.index(writes)
-        self._drop_held(later)
-        return set(built) - set(later)
-
-    def take_up(self, names: list[str]) -> list[str]:
-        """Hold, to claim them, the dynamic entries among ``names`` (a run of each is due
-        again: released, taken back, requested) this beat does not hold: the names held."""
-        wanted = sorted(n for n in names if n not in self.schedule)
-        if len(wanted) > PAGE:
-            # A page a sweep, on from where the last one stopped: entries other beats left
-            # due again (a fleet that is gone) must not hide the dynamic ones behind them.
-            wanted = ([n for n in wanted if n > self._take_up_after] or wanted)[:PAGE]
-            self._take_up_after = wanted[-1]
-        if not wanted:
-            return []
-        found = [(r.name, EntryState(r.anchor, r.checkpoint, r.token))
-                 for r in self.store.entries(wanted) if r.anchor is not None]
-        return sorted(self._hold(self.window.take(found)))
-
-    def _repair(self, names: list[str]) -> None:
-        """Register again the dynamic entries among ``names`` whose record in the store
-        cannot be read (the due index answered them without one): the store repairs the
-        record, and the next scan takes them (registered: this beat schedules them)."""
-        self.window.unreadable.clear()
-        taken = self.window.take((n, EntryState(0, None)) for n in names)
-        for t in taken:
-            self.claimer.note(t.name, "unreadable record", logging.ERROR,
-                              "beat-claims: %s: its record in the store cannot be read;"
-                              " repairing it (registered again)", t.name)
-        if taken:
-            self.store.register([EntrySeed(t.name) for t in taken], self.owner)
-
-    def policies_of(self, names: list[str]) -> dict[str, Policy]:
-        """The policies of those of ``names`` that are dynamic entries this beat does not
-        hold, from their definitions (one read; a definition not valid is left out)."""
-        wanted = [n for n in names if n not in self.policies][:PAGE]
-        out: dict[str, Policy] = {}
-        for taken in self.window.take((n, EntryState(0, None)) for n in wanted):
-            known = self.stored.read(taken.record)
-            if known.definition is not None:
-                try:
-                    out[taken.name] = self.settings.policy_for(
-                        taken.name, dict(known.definition.claims) or None,
-                        known.definition.schedule.celery(self.app))
-                except Exception:  # (refused where it entered; named once when held)
-                    continue
-        return out
-
-    def _let_go(self) -> None:
-        """Let go of the dynamic entries with nothing of them held that are not due within
-        the look-ahead, or are another live beat's share and not due yet (its beat takes
-        them in time; late, this one takes them again). Looked at every half second at
-        most: the index brings them back."""
-        if not self.window.held or time.monotonic() < self._let_go_at:
-            return
-        self._let_go_at = time.monotonic() + 0.5
-        limit = self.clock.now() + LOOKAHEAD
-        busy = ({ref.entry for ref in self.holdings.held}
-                | {claim.entry for claim in self.holdings.checked}
-                | {ref.entry for ref in self.pinned})
-        slots = self.claimer.slots
-        share, now = self.window.share, self.clock.now()
-        self._drop_held([name for name in self.window.held if name not in busy and (
-            name not in self.schedule or slots.get(name, NOT_DUE) == NOT_DUE
-            or slots[name] > limit or (name not in share and slots[name] > now))])
-
-    def _drop_held(self, names: list[str]) -> None:
-        if not names:
-            return
-        for name in names:
-            self.schedule.pop(name, None)
-            self.composition.chosen.pop(name, None)
-            self.policies.pop(name, None)
-        self.stored.forget(names)
-        next_at = [at for name in names if (at := self.claimer.slots.get(name)) is not None]
-        self.claimer.let_go(names)
-        self.window.let_go(names, next_at)
+    def _send_ready(self, due: list[str]) -> list[str]:
+        """Send the held claims whose instant has come (picked up, left from an outage, or
+        held until its jitter's instant: judged, then sent), together with what is due now
+        of the same entries, so that the catch-up policy sees them all at once (latest: one
+        run, not two). The rest of ``due``, to claim."""
+        ready = self.holdings.ready(self.clock.now())
+        if not ready:
+            return due
+        self.holdings.waited.update(claim.ref for claim in ready)
+        entries = {claim.entry for claim in ready}
+        together = [name for name in due if name in entries]
+        if together:
+            self.claimer.claim(together, self.clock.now())
+        self.sender.send(self.holdings.ready(self.clock.now()), self.pinned.sendable())
+        return [name for name in due if name not in set(together)]
 
     def _register_again_after_a_lapse(self) -> None:
         """This beat's heartbeat lapsed (a stall, an outage): another beat's registration
@@ -969,152 +741,24 @@ class Scheduler(BaseScheduler):
         return self.store_outage.down(exc)
 
     def _went_back(self) -> float:
-        """The store may have lost writes: register again what this beat knows (anchors,
-        checkpoints, a token floor, the claims it held as due runs, the runs it sent lately
-        as sent); nobody claims until every live beat has had the time to do the same.
-        What to register is taken once: a failure half way starts over with the same."""
-        why = self._went_back_why or "unknown"
-        names = sorted(self.schedule)
-        if self._resync_seeds is None:
-            held = list(self.holdings.held.values()) + list(self.holdings.checked)
-            descriptions = {n: schedule_words.describe(self.schedule[n].schedule) for n in names}
-            self._resync_aside = self.knowledge.set_aside_seeds(set(descriptions))
-            self._resync_seeds = self.knowledge.seeds(descriptions, held)
-            self.holdings.clear()
-            self.claimer.reset()
-            self.sweeper.store_went_back()
-            self.index_keeper.store_went_back()
-            self._ready = False
-            logger.warning("beat-claims: the store may have lost writes (%s): registering"
-                           " again what this beat knows of its %d entries (%d claim(s) held,"
-                           " %d run(s) sent lately); no beat claims meanwhile", why,
-                           len(names), len(held), len(self.knowledge.recent))
-        # A beat that found it out from the data (not from the epoch) starts a new epoch:
-        # every live beat then registers what it knows, and the store settles (for as
-        # long as this beat is still registering: a large schedule takes a while).
-        self.liveness.beat(resync=not self._epoch_begun)
-        while self._resync_seeds:
-            chunk = self._resync_seeds[:REGISTER_CHUNK]
-            self.claimer.register([seed.name for seed in chunk], chunk)
-            del self._resync_seeds[:REGISTER_CHUNK]
-            self.liveness.beat(settling=True)
-        while self._resync_aside:  # dynamic entries it let go (it sent their runs too)
-            chunk = self._resync_aside[:REGISTER_CHUNK]
-            defined = {d.name for d in self.store.definitions([seed.name for seed in chunk])
-                       if not d.deleted}
-            if defined:
-                self.store.register([seed for seed in chunk if seed.name in defined])
-            del self._resync_aside[:REGISTER_CHUNK]
-            self.liveness.beat(settling=True)
-        self._restore_pauses()
-        self._resync_seeds = None
-        self._went_back_why = None
-        self._epoch_begun = False
+        """The store may have lost writes: what this beat knows is registered again
+        (:class:`Reregistration`); nothing is claimed meanwhile."""
+        self._ready = False
+        self.reregistration.run(self.schedule)
         self._ready = True
         return max(0.0, min(self.liveness.settling_for() or self.max_interval,
                             self.max_interval))
 
-    def _restore_pauses(self) -> None:
-        """Pause again, while the store settles (nobody claims), the entries this beat last
-        saw paused (its own, and the dynamic ones it let go lately) whose pause the store
-        lost: unless it holds a pause, or a resume at or
-        after the one this beat knew. Logged, never silent; the pause's ``at`` is the
-        restore's instant, its note says what happened."""
-        known = sorted(n for n in self.knowledge.paused
-                       if n in self.schedule or n in self.knowledge.let_go)
-        if not known:
-            return
-        for record in self.store.entries(known):
-            self.knowledge.check_pause(record.name, record)  # resumed since, or paused later
-            pause = self.knowledge.paused.get(record.name)
-            if pause is None or record.paused is not None:
-                continue
-            note = (f"{pause.note} " if pause.note else "") + (
-                f"[restored by beat {self.owner}: the store lost this pause, made by"
-                f" {pause.by} at {iso(pause.at)}]")
-            restored = self.store.pause(record.name, pause.by, note[:1000])
-            if restored is not None and restored.paused is not None:
-                self.knowledge.paused[record.name] = restored.paused
-                logger.warning("beat-claims: %s: the store lost its pause (by %s at %s:"
-                               " %r); paused again", record.name, pause.by, iso(pause.at),
-                               pause.note)
-
-    def _check_pauses(self, names: list[str]) -> None:
-        """Bring what this beat knows of these entries' pauses up to date with the store's
-        records (Knowledge.check_pause): forgotten once the store shows a resume at or after
-        it, replaced by a later pause. Called only while the store's epoch is the one this
-        beat knows and the store is not settling; a store that went back unnoticed shows
-        older state, which is never taken in."""
-        if not names:
-            return
-        records = {record.name: record for record in self.store.entries(names)}
-        for name in names:
-            known = self.knowledge.paused.get(name)
-            change = self.knowledge.check_pause(name, records.get(name))
-            if change is not None and known is not None:
-                logger.debug("beat-claims: %s: the pause this beat knew (by %s at %s) was %s"
-                             " in the store", name, known.by, iso(known.at), change)
+    @property
+    def _went_back_why(self) -> str | None:
+        """Why the store may have lost writes, while this beat registers again."""
+        return self.reregistration.why
 
     # -- publishing -------------------------------------------------------------------
-    def _publish_claim(self, claim: Claim, task_id: str) -> Any:
-        entry = self._entry_for(claim)
-        result = self._publish(entry, claim, task_id)
-        self.pinned.pop(claim.ref, None)
-        try:
-            self.on_sent(entry, claim)
-        except Exception as exc:
-            # A schedule source's error may quote the entry's arguments (a database's
-            # error echoing the row it could not write): logged as a publish error is.
-            logger.error("beat-claims: on_sent(%r) failed: %s\n%s", claim.entry,
-                         entry_exception(exc, self._arguments(claim.entry), self.settings),
-                         frames(exc))
-        return result
-
-    def _arguments(self, name: str) -> tuple[Any, Any] | None:
-        """The entry's (args, kwargs), for masking them in exception messages: as
-        scheduled, and as last evaluated for a publish (a lazy argument's value); None for
-        an entry this beat does not have. A claim held from an older definition of the
-        entry (pinned) may carry other arguments: those are masked too."""
-        entry = self.schedule.get(name)
-        older = list({id(e): e for r, e in self.pinned.items() if r.entry == name}.values())
-        if entry is None and not older:
-            return None
-        if entry is None:
-            entry, older = older[0], older[1:]
-        args: list[Any] = [entry.args, *(e.args for e in older)]
-        kwargs: list[Any] = [list((e.kwargs or {}).values()) for e in older]
-        evaluated = self._evaluated
-        if evaluated is not None and evaluated[0] == name:
-            args += [evaluated[1], list((evaluated[2] or {}).values())]
-        if len(args) == 1:
-            return entry.args, entry.kwargs
-        return args, [list((entry.kwargs or {}).values()), *kwargs]
-
     def _publish(self, entry: ScheduleEntry, claim: Claim, task_id: str) -> Any:
-        if logger.isEnabledFor(logging.INFO):
-            logger.info("Scheduler: Sending due task %s (%s) due %s token %d", entry.name,
-                        entry.task, iso(claim.due), claim.token)
-        # Copy, never mutate, the entry's options and headers (apply_async copies shallowly).
-        options = dict(entry.options)
-        headers = dict(options.get("headers") or {})
-        headers["celery_beat_task"] = True
-        headers["periodic_task_name"] = entry.name  # django-celery-results records it
-        headers[HEADER] = {"entry": entry.name, "due": iso(claim.due), "token": claim.token,
-                           "prefix": self.settings.key_prefix,
-                           "store": self.liveness.store_id}
-        options["headers"] = headers
-        options["task_id"] = task_id
-        args = _evaluate_entry_args(entry.args)
-        kwargs = _evaluate_entry_kwargs(entry.kwargs)
-        self._evaluated = (entry.name, args, kwargs)  # should the publish fail
-        task = self.app.tasks.get(entry.task)
-        if task is not None:
-            result = task.apply_async(args, kwargs, producer=self.producer, **options)
-        else:
-            result = self.send_task(entry.task, args, kwargs, producer=self.producer, **options)
-        entry.last_run_at = from_ms(claim.due)
-        entry.total_run_count += 1
-        return result
+        """Publish one claimed occurrence (:meth:`Publisher.publish`): the hook a subclass
+        or a test wraps."""
+        return self.publisher.publish(entry, claim, task_id)
 
     # -- stop -------------------------------------------------------------------------
     def close(self) -> None:
@@ -1126,16 +770,16 @@ class Scheduler(BaseScheduler):
         call, the claim thread) runs inside a signal handler, where the code it interrupted
         may hold what that would wait for.
         """
-        if self._closed or self._closing or self._in_tick or _in_celery_stop_handler():
+        if self._closed or self._closing or self._in_tick or in_celery_stop_handler():
             return
         self._closing = True
-        deferred = _hold_stop_signals()
+        deferred = hold_stop_signals()
         try:
             try:
                 # A claim still in flight in the claim thread lands first: then it is
                 # among this beat's claims that _give_back finds in the store.
                 self.claimer.close()
-                self._give_back()
+                self.sender.give_back_all()
             except (StoreError, StoreConfigurationError) as exc:
                 logger.warning("beat-claims: could not give back the claims this beat held"
                                " at stop (%s); they are taken back once its heartbeat"
@@ -1147,106 +791,9 @@ class Scheduler(BaseScheduler):
             self._closed = True
         finally:
             self._closing = False
-            _deliver_held(deferred)
+            deliver_held(deferred)
         super().close()
-
-    def _give_back(self) -> None:
-        self.sender.flush_marks()
-        # Checked but never handed to the broker: safe to give back even though they
-        # passed the check (the one being published when the stop came is not here).
-        released = self.sender.release(
-            list(self.holdings.held.values()) + list(self.holdings.checked))
-        # Claims of this beat it is not handling (the one being published when the stop
-        # came; one whose reply was lost): found in the store's records, taken back. Every
-        # claim call of this beat has returned by now (no tick runs, the claim thread is
-        # stopped): each claim the store shows it holding is one it will not send, however
-        # young. Not "older than now" by this beat's clock: that clock is the store's as
-        # read at the last heartbeat, and lags it when that reply came late (the claim
-        # being published, made since, was left held).
-        forgotten = [Reclaim(h.entry, h.due, h.token) for h in self.store.live_runs(LiveQuery(
-            self.owner.id, frozenset(), held_before=0, mine_before=EVER, dead_before=0)).held
-            if h.owner == self.owner.id]
-        taken_back = sum(self.store.reclaim(forgotten, self.owner.id)) if forgotten else 0
-        self.store.leave(self.owner)
-        if released:
-            self.metrics.count("released", released)
-            logger.info("beat-claims: released %d unsent claim(s)", released)
-        if taken_back:
-            logger.info("beat-claims: %d claim(s) being published when the stop came (or"
-                        " whose reply was lost) are due again; if a message was sent too,"
-                        " the worker's fencing runs the occurrence once", taken_back)
 
     @property
     def info(self) -> str:
         return self.store.description
-
-
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-Held = tuple[dict[Any, Any], list[int]]
-
-
-def _hold_stop_signals() -> Held | None:
-    """Defer SIGTERM/SIGINT while close() gives back claims: a second Ctrl-C must not cut
-    it short. (Blocking the signal in this thread is not enough: another thread may take
-    it, and Python runs the handler here all the same.)"""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    pending: list[int] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        pending.append(signum)
-
-    previous = {sig: signal.signal(sig, hold) for sig in _STOP_SIGNALS}
-    return previous, pending
-
-
-def _deliver_held(held: Held | None) -> None:
-    """Put the previous handlers back, then deliver what arrived meanwhile, once each."""
-    if held is None:
-        return
-    previous, pending = held
-    for sig, handler in previous.items():
-        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-    for sig in dict.fromkeys(pending):
-        signal.raise_signal(sig)
-
-
-def _built_by_celery_beat() -> bool:
-    """Whether Celery's beat service is building this scheduler (``celery beat``, ``worker
-    -B``, or its banner): a configuration error is then one line and an exit, not a
-    traceback. Built by other code (a test, a script), the error is raised as it is."""
-    return _called_from("celery.beat", "get_scheduler")
-
-
-def _in_celery_stop_handler() -> bool:
-    """Whether ``celery beat``'s SIGTERM/SIGINT handler is running (it closes the scheduler,
-    then raises SystemExit, and the service closes it again on its way out)."""
-    return _called_from("celery.apps.beat", "_sync")
-
-
-def _called_from(module: str, function: str) -> bool:
-    """Whether ``function`` of ``module`` is among the callers of the caller."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_globals.get("__name__") == module and frame.f_code.co_name == function:
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-@signals.beat_embedded_init.connect
-def _stop_cleanly_when_embedded(sender: Any = None, **kwargs: Any) -> None:
-    """``worker -B`` runs beat in a child process that is stopped with SIGTERM: exit
-    through the normal path so that close() gives back what this beat claimed."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    scheduler = getattr(sender, "scheduler", None)
-    if not isinstance(scheduler, Scheduler):
-        return
-
-    def _exit(signum: int, frame: Any) -> None:
-        raise SystemExit()
-
-    signal.signal(signal.SIGTERM, _exit)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from beat_claims import operations
-from beat_claims import scheduler as scheduler_module
+from beat_claims.beat import dynamic as dynamic_module
 from beat_claims.beat import window
 from beat_claims.beat.window import LOOKAHEAD
 from beat_claims.entries import Entries
@@ -432,7 +432,7 @@ def test_a_requested_run_is_taken_up_whatever_other_fleets_leave_due_again(
         state = EntryState(record.anchor, record.checkpoint, record.token)
         [result] = store.claim(gone.owner, [ClaimPlan(record.name, state, (record.anchor + 1,))])
         store.release(gone.owner, [Release(claim) for claim in result.claims])
-    monkeypatch.setattr(scheduler_module, "PAGE", 3)
+    monkeypatch.setattr(dynamic_module, "PAGE", 3)
     beat = beat_with_one_entry(server, 3600)
     try:
         tick_for(1.0, beat)

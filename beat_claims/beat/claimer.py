@@ -712,7 +712,7 @@ class Claimer:
 
     def _learn_pause(self, name: str, result: ClaimResult) -> None:
         """Keep what the store says of the entry's pause, to restore it if the store loses
-        it (see Scheduler._restore_pauses): paused when an occurrence was skipped for it,
+        it (see KnownPauses.restore): paused when an occurrence was skipped for it,
         not paused when a scheduled one was claimed."""
         if any(not c.manual for c in (*result.claims, *result.taken)):
             self.knowledge.paused.pop(name, None)

@@ -109,7 +109,7 @@ class Knowledge:
         store's who and note ("updated"). Anything else leaves it as it is (None): no
         record, no pause and no such resume, or an earlier pause, is what a store that lost
         writes shows (a wipe, an older snapshot not noticed yet), and the pause is then
-        restored once the beat finds out (see Scheduler._restore_pauses)."""
+        restored once the beat finds out (see KnownPauses.restore)."""
         known = self.paused.get(name)
         if known is None or record is None or record.name != name:
             return None

@@ -1,4 +1,5 @@
-"""The check before publish, the publish, the sent mark, and giving claims back.
+"""The check before publish, the publish, the sent mark, and giving claims back (at stop:
+all of them).
 
 A batch of claims is checked in one store call immediately before its publishes (or, for
 the new occurrences of an entry without runs due again, overlap "allow" and no jitter, by
@@ -30,7 +31,16 @@ from ..exception_text import EntryArguments, entry_exception, frames
 from ..metrics import Metrics
 from ..runs import Owner, iso, manual_task_id_for, task_id_for
 from ..settings import Policy, Settings
-from ..stores.base import Check, CheckResult, CheckVerdict, Claim, Release, Store
+from ..stores.base import (
+    Check,
+    CheckResult,
+    CheckVerdict,
+    Claim,
+    LiveQuery,
+    Reclaim,
+    Release,
+    Store,
+)
 from .claimer import SkipLog
 from .clock import StoreClock
 from .holdings import Holdings
@@ -40,6 +50,8 @@ from .liveness import Liveness, StoreWentBack
 
 #: Claims checked before publish in one store call.
 SEND_BATCH = 100
+#: Later than any instant in the store's records (UTC ms, within what every store holds).
+EVER = 2 ** 53 - 1
 
 Publish = Callable[[Claim, str], Any]
 
@@ -330,3 +342,32 @@ class Sender:
         for claim in claims:
             self.holdings.drop(claim.ref)
         return sum(1 for s in states if s is RunState.DUE)
+
+    def give_back_all(self) -> None:
+        """At stop: every claim this beat holds and will not send, given back (due again at
+        once, for a beat that runs), and this beat leaves the store's owners."""
+        self.flush_marks()
+        # Checked but never handed to the broker: safe to give back even though they
+        # passed the check (the one being published when the stop came is not here).
+        released = self.release(
+            list(self.holdings.held.values()) + list(self.holdings.checked))
+        # Claims of this beat it is not handling (the one being published when the stop
+        # came; one whose reply was lost): found in the store's records, taken back. Every
+        # claim call of this beat has returned by now (no tick runs, the claim thread is
+        # stopped): each claim the store shows it holding is one it will not send, however
+        # young. Not "older than now" by this beat's clock: that clock is the store's as
+        # read at the last heartbeat, and lags it when that reply came late (the claim
+        # being published, made since, was left held).
+        forgotten = [Reclaim(h.entry, h.due, h.token) for h in self.store.live_runs(LiveQuery(
+            self.owner.id, frozenset(), held_before=0, mine_before=EVER, dead_before=0)).held
+            if h.owner == self.owner.id]
+        taken_back = sum(self.store.reclaim(forgotten, self.owner.id)) if forgotten else 0
+        self.store.leave(self.owner)
+        if released:
+            self.metrics.count("released", released)
+            self.logger.info("beat-claims: released %d unsent claim(s)", released)
+        if taken_back:
+            self.logger.info("beat-claims: %d claim(s) being published when the stop came"
+                             " (or whose reply was lost) are due again; if a message was"
+                             " sent too, the worker's fencing runs the occurrence once",
+                             taken_back)
