@@ -129,7 +129,8 @@ class Scheduler(BaseScheduler):
             schedule=lambda: self.schedule, entry_for=self.pinned.entry_for,
             hook=lambda entry, claim, task_id: self._publish(entry, claim, task_id),
             on_sent=lambda entry, claim: self.on_sent(entry, claim),
-            producer=lambda: self.producer, send_task=self.send_task)
+            producer=lambda: self.producer,
+            send_task=lambda *args, **kwargs: self.send_task(*args, **kwargs))
         self.sender = Sender(self.store, self.owner, self.settings, self.policies,
                              self.holdings, self.knowledge, self.liveness, self.clock,
                              self.publisher.publish_claim, self.metrics, self.claimer.skips,
@@ -777,7 +778,7 @@ class Scheduler(BaseScheduler):
         try:
             try:
                 # A claim still in flight in the claim thread lands first: then it is
-                # among this beat's claims that _give_back finds in the store.
+                # among this beat's claims that give_back_all finds in the store.
                 self.claimer.close()
                 self.sender.give_back_all()
             except (StoreError, StoreConfigurationError) as exc:
