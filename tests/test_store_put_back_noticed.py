@@ -76,6 +76,7 @@ def test_a_copy_put_back_between_the_check_and_the_sent_mark_is_noticed(
     (claimed) and its newest sent mark (the one before). The store lost the check that let
     the beat publish: the beat must find it out, and must not take that run for a claim of
     its own it forgot, to send again."""
+    any_store.settled()
     app = any_store.app({"e": {"task": "t.noop", "schedule": timedelta(seconds=1)}})
     s = make(app)
     s.claimer.check_with_claim = False  # a claim, then its own check before publish
@@ -124,6 +125,7 @@ def test_a_copy_lacking_only_a_beat_s_registration_is_noticed(
     (every beat does, in a new epoch). Nothing of it is found out from the first beat,
     whose records the copy holds."""
     hourly = {"task": "t.noop", "schedule": timedelta(hours=1)}
+    any_store.settled()
     a = make(any_store.app({"first": hourly}))
     observer = any_store.open()
     copy = any_store.copy()
@@ -165,6 +167,7 @@ def test_a_copy_of_an_earlier_epoch_put_back_is_settled_for_once(
     app = any_store.app({"e": {"task": "t.noop", "schedule": timedelta(seconds=0.5),
                                "claims": {"catch_up": "all"}}},
                         beat_claims_heartbeat_interval=1)  # a TTL of 3 s
+    any_store.settled()
     a, b = beats(app, app)
     observer = any_store.open()
     worker = Worker(observer, server)
@@ -219,6 +222,7 @@ def test_a_copy_put_back_under_beats_late_by_less_than_a_ttl_is_not_sent_again(
     interval = 1.0  # a TTL of 3 s
     app = any_store.app({"e": {"task": "t.noop", "schedule": timedelta(seconds=4)}},
                         beat_claims_heartbeat_interval=interval)
+    any_store.settled()
     a, b = beats(app, app)
     worker = Worker(any_store.open(), server)
     step = ticking(worker, a, b)
@@ -270,6 +274,7 @@ def test_an_old_copy_put_back_is_noticed_by_a_beat_that_lost_none_of_its_writes(
                                beat_claims_heartbeat_interval=interval)
     hourly = any_store.app({"quiet": {"task": "t.noop", "schedule": timedelta(hours=1)}},
                            beat_claims_heartbeat_interval=interval)
+    any_store.settled()
     a = make(sent_often)
     b = joined(hourly, a)
     worker = Worker(any_store.open(), server)
@@ -331,6 +336,23 @@ def test_an_occurrence_the_copy_lost_is_not_taken_again_by_a_beat_that_knew_of_i
         copy_lost_not_taken_again(store, server, case, caplog)
 
 
+def alive_together_for_two_intervals(*schedulers: Scheduler) -> None:
+    """The beats have run beside one another for two heartbeat intervals, as if started that
+    long ago: the due index is shared among beats seen alive that long
+    (``Liveness.sharers``), each beat reckoning from when it first saw the other alive.
+    Each heartbeats (and sees the others alive), that moment is put two intervals back, and
+    each heartbeats again (the share is made at a heartbeat); ten seconds of waiting at the
+    default interval, for nothing this test is about."""
+    for s in schedulers:
+        s.liveness.lapse()
+        s.tick()
+    for s in schedulers:
+        back = 2 * s.liveness.interval
+        s.liveness._seen = {i: seen - back for i, seen in s.liveness._seen.items()}
+        s.liveness.lapse()
+        s.tick()
+
+
 def copy_lost_not_taken_again(any_store: StoreUnderTest, server: RedisServer, case: str,
                               caplog: pytest.LogCaptureFixture) -> None:
     """Two beats run an entry every 4 s; a copy is taken after one occurrence ran, and put
@@ -354,6 +376,7 @@ def copy_lost_not_taken_again(any_store: StoreUnderTest, server: RedisServer, ca
     every = {"task": "t.noop", "schedule": timedelta(seconds=4)}
     app = any_store.app({} if dynamic else {"e": every},
                         beat_claims_heartbeat_interval=interval)
+    any_store.settled()  # (else the beats' new epoch settles for a TTL of 15 s)
     a, b = beats(app, app)
     worker = Worker(any_store.open(), server)
     copy = any_store.copy()
@@ -361,6 +384,7 @@ def copy_lost_not_taken_again(any_store: StoreUnderTest, server: RedisServer, ca
     try:
         name = "e"
         if dynamic:  # (shared among beats seen alive for two intervals)
+            alive_together_for_two_intervals(a, b)
             wait_for(lambda: a.window.share.beats == b.window.share.beats == 2, 30,
                      "the due index shared by both beats", interval=0.02,
                      between=ticking(worker, a, b))
