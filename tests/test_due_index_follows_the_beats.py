@@ -39,7 +39,7 @@ from .test_integration_fleet import my_admin
 
 #: Heartbeats within which the sweeps index every entry again after the index was wiped:
 #: a rebuild pass over a few entries waits 30 sweeps after one that found nothing
-#: (REBUILD_PAUSE in beat_claims/beat/sweeper.py; more only past 30,000 records read; a
+#: (REBUILD_PAUSE in beat_claims/beat/sweeper.py; more only past 10,000 records read; a
 #: sweep at least every heartbeat interval), then indexes a page (every entry here) in its
 #: first sweep.
 REBUILD_HEARTBEATS = 36

@@ -155,11 +155,11 @@ def test_an_idle_read_of_the_due_index_and_its_next_instant_is_one_script_call(
     assert script_calls(server, "fcall") == (1, 0)
 
 
-def test_a_rebuild_pass_waits_a_sweep_for_each_thousand_records_it_read(
+def test_a_rebuild_pass_waits_a_sweep_for_each_rebuild_reads_records_it_read(
         server: RedisServer) -> None:
     """A Redis store's rebuild pass reads every entry's record, 10,000 a sweep: once a pass
-    found nothing to index, the next starts after a sweep for each thousand records read
-    (REBUILD_READS; at least REBUILD_PAUSE sweeps), so an idle beat's upkeep a minute does
+    found nothing to index, the next starts after a sweep for each REBUILD_READS records
+    read (333; at least REBUILD_PAUSE sweeps), so an idle beat's upkeep a minute does
     not grow with the entries, and an entry left without next_due is still indexed within
     that many sweeps and a pass."""
     entries = 36_000
