@@ -52,16 +52,16 @@ LOST_BATCH = 1000
 #: Entries one sweep indexes at most in each of the due index's two looks (see
 #: :class:`IndexKeeper`): one page of each a sweep.
 INDEX_PAGE = 1000
-#: Sweeps between two rebuild passes at least, once a pass had nothing to index. A pass
-#: then waits as many sweeps as it took pages, or a sweep for each REBUILD_READS records
-#: it read (a Redis store's pass reads every entry's, 10,000 a page), if more. An index
-#: wiped is rebuilt within that many sweeps and a pass.
+#: Sweeps between two rebuild passes at least, once a pass had nothing to index (or as
+#: many as it took pages, if more). An index wiped is rebuilt within that many sweeps
+#: and a pass.
 REBUILD_PAUSE = 30
-#: Records a pass may read for each sweep it then waits (see REBUILD_PAUSE): as many as a
-#: pass over 10,000 entries reads a sweep with its pause of REBUILD_PAUSE sweeps, so that
-#: an idle beat's reads a minute are the same with 10,000 entries and with 1,000,000
-#: (with 1,000 the pass over 1,000,000 read 2.8x as much a minute: 0.0515 against 0.0184
-#: CPU s a minute at 10,000).
+#: Records a rebuild page that indexed nothing may read for each sweep before the next
+#: page (a Redis store's pass reads every entry's record, 10,000 a page: 30 sweeps): as
+#: many as a pass over 10,000 entries reads a sweep with its pause of REBUILD_PAUSE
+#: sweeps, so that an idle beat reads as much a minute with 1,000,000 entries as with
+#: 10,000. (Its pass read a page every sweep: at 1,000,000 the beat's idle CPU was 2.8x
+#: that at 10,000, 0.0515 against 0.0184 s a minute, through the pass's 100 sweeps.)
 REBUILD_READS = 333
 
 
@@ -269,8 +269,10 @@ class IndexKeeper:
     * a rebuild pass over the entries with no ``next_due`` at all (a store migrated to the
       index, an index wiped): passes follow one another until one indexes nothing, then
       start again after :data:`REBUILD_PAUSE` sweeps (or as many as the last pass took
-      pages, or read thousands of records, if more), and at once after the store went
-      back.
+      pages, if more), and at once after the store went back; a page that indexed
+      nothing is followed by a sweep for each :data:`REBUILD_READS` records it read (a
+      Redis store's, every entry's record) before the next page, so that an idle beat
+      reads as much a minute whatever the number of entries.
 
     An idle beat asks nothing more of the store between two passes. Each write is
     :meth:`Store.index`, conditional on the state and definition version it was computed
@@ -296,7 +298,6 @@ class IndexKeeper:
         self._passing = True  # a pass at start: entries written before the index
         self._pass_indexed = 0
         self._pass_pages = 0
-        self._pass_reads = 0  # records the pass read (Unindexed.looked_at)
         self._pause = 0  # sweeps left before the next pass
         self._failing = False  # the last sweep's upkeep met a store error (logged once)
 
@@ -343,7 +344,7 @@ class IndexKeeper:
 
     def _start_pass(self) -> None:
         self._cursor, self._passing = "", True
-        self._pass_indexed = self._pass_pages = self._pass_reads = self._pause = 0
+        self._pass_indexed = self._pass_pages = self._pause = 0
 
     def sweep(self) -> None:
         """One page of each kind of upkeep. The store failing it (a Redis Cluster master
@@ -441,24 +442,25 @@ class IndexKeeper:
             self.store.index(writes)
 
     def _rebuild(self) -> None:
+        if self._pause > 0:
+            self._pause -= 1
+            return
         if not self._passing:
-            if self._pause > 0:
-                self._pause -= 1
-                return
             self._start_pass()
         page = rebuild_page(self.store, self._from_record, self._cursor, INDEX_PAGE)
         self._cursor = page.cursor
         self._pass_indexed += len(page.indexed)
         self._pass_pages += 1
-        self._pass_reads += page.looked_at
         if page.indexed:
             self.logger.debug("beat-claims: the due index: %d entries indexed by the"
                               " rebuild sweep", len(page.indexed))
         if not page.complete:
+            if not page.indexed:  # (an index being rebuilt is read at a page a sweep)
+                self._pause = page.looked_at // REBUILD_READS
             return
         if self._pass_indexed:
             self._start_pass()  # (until a whole pass has nothing to index)
         else:
             self._passing = False
             self._pause = max(REBUILD_PAUSE, self._pass_pages,
-                              self._pass_reads // REBUILD_READS)
+                              page.looked_at // REBUILD_READS)

@@ -155,14 +155,15 @@ def test_an_idle_read_of_the_due_index_and_its_next_instant_is_one_script_call(
     assert script_calls(server, "fcall") == (1, 0)
 
 
-def test_a_rebuild_pass_waits_a_sweep_for_each_rebuild_reads_records_it_read(
+def test_a_rebuild_pass_reads_at_most_rebuild_reads_records_a_sweep(
         server: RedisServer) -> None:
-    """A Redis store's rebuild pass reads every entry's record, 10,000 a sweep: once a pass
-    found nothing to index, the next starts after a sweep for each REBUILD_READS records
-    read (333; at least REBUILD_PAUSE sweeps), so an idle beat's upkeep a minute does
-    not grow with the entries, and an entry left without next_due is still indexed within
-    that many sweeps and a pass."""
-    entries = 36_000
+    """A Redis store's rebuild pass reads every entry's record, 10,000 a page: a page that
+    indexed nothing is followed by a sweep for each REBUILD_READS records it read, and a
+    pass that indexed nothing by REBUILD_PAUSE sweeps at least, so that an idle beat reads
+    as much a minute whatever the number of entries (a page every sweep read 2.8x as much
+    a minute at 1,000,000 entries as at 10,000), and an entry left without next_due is
+    still indexed within those sweeps and a pass."""
+    entries = 36_000  # a pass of four pages: 10,000, 10,000, 10,000 and 6,000
     beat = make(make_app(server, schedule={}))
     try:
         for start in range(0, entries, 4000):
@@ -172,17 +173,18 @@ def test_a_rebuild_pass_waits_a_sweep_for_each_rebuild_reads_records_it_read(
         def scans() -> int:
             return int(client.info("commandstats").get("cmdstat_hscan", {}).get("calls", 0))
 
+        per_page = 10_000 // REBUILD_READS
         scanned: list[bool] = []
-        for _ in range(3 * (entries // REBUILD_READS)):
+        for _ in range(2 * 4 * (per_page + 1)):
             before = scans()
             beat.index_keeper.sweep()
             scanned.append(scans() > before)
-        passes = "".join("p" if s else "." for s in scanned).strip(".").split("p")
-        waits = [len(w) for w in passes if w]
         seen = "".join("p" if s else "." for s in scanned)
-        assert waits and set(waits) == {entries // REBUILD_READS}, seen
-        assert "ppppp" not in seen  # (10,000 records a sweep: a pass of four pages)
-        assert entries // REBUILD_READS > REBUILD_PAUSE  # (the reads set the pause here)
+        waits = [len(w) for w in seen.strip(".").split("p")[1:-1]]
+        assert len(waits) >= 5 and set(waits) == {max(per_page, REBUILD_PAUSE)}, seen
+        assert "pp" not in seen  # (a page a sweep at most, and never two in a row)
+        records_a_sweep = entries / (4 * (per_page + 1))
+        assert records_a_sweep <= REBUILD_READS, seen
     finally:
         beat.close()
 
