@@ -44,7 +44,7 @@ from .test_integration_fleet import my_admin
 #: first sweep.
 REBUILD_HEARTBEATS = 36
 HEARTBEAT = 0.5
-#: The heartbeat interval of the tests that wait for a rebuild pass after its pause: their
+#: The heartbeat interval of the test that waits for a rebuild pass after its pause: its
 #: bound is in heartbeats (30 sweeps: 15 s at HEARTBEAT, 9 s at this one).
 REBUILD_INTERVAL = 0.3
 #: The ``until`` bound of the entry "bounded" (UTC ms; set by each test).
@@ -342,8 +342,7 @@ def test_a_lost_reply_to_an_index_write_is_harmless(
     sent twice."""
     target = StoreUnderTest("redis", server.url, server)
     observer = target.open()
-    interval = REBUILD_INTERVAL if lost == "index" else HEARTBEAT  # (a rebuild pass)
-    app = app_for(target, lossy.url(), interval=interval)
+    app = app_for(target, lossy.url())
     beats = fleet_of_two(app)
     bound_until(beats, observer.now() + 1500)
     entries = define_dynamic(app, observer)
@@ -357,10 +356,10 @@ def test_a_lost_reply_to_an_index_write_is_harmless(
         lossy.drop_reply_to(function_name("define"))
         lossy_entries = Entries(app, store=beats[0].store, by="test")
         lossy_entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=7))
-    wait_for(lambda: lossy.pending() == 0, REBUILD_HEARTBEATS * interval, "the lost reply",
+    wait_for(lambda: lossy.pending() == 0, REBUILD_HEARTBEATS * HEARTBEAT, "the lost reply",
              between=lambda: tick(*beats))
     run_for(2, *beats)
-    index_follows_heaps(observer, beats, timeout=REBUILD_HEARTBEATS * interval)
+    index_follows_heaps(observer, beats, timeout=REBUILD_HEARTBEATS * HEARTBEAT)
     sent = occurrences_sent(server)
     assert len(sent) == len(set(sent)), sent
     for s in beats:
