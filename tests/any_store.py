@@ -18,12 +18,11 @@ from celery import Celery
 
 from beat_claims.enums import RunState
 from beat_claims.inspect import open_store
-from beat_claims.runs import Owner, iso
+from beat_claims.runs import iso
 from beat_claims.stores.base import Delivery, Outcome, Store, WorkerProcess
 
 from .conftest import RedisServer
-from .inprocess import make_app, messages
-from .processes import wait_for
+from .inprocess import make_app, messages, settled_epoch
 from .test_integration_fleet import claims_url
 from .test_store_put_back import (
     Copy,
@@ -36,10 +35,6 @@ from .test_store_put_back import (
 #: What a beat logs when it takes its store for one that lost writes (any way it found out).
 WENT_BACK = "the store may have lost writes"
 WORKER = WorkerProcess("w1@test", 11, "boot:11")
-#: The beat that made a store's epoch before a test's beats started (StoreUnderTest.settled),
-#: and its TTL: the new epoch's settle period.
-SETTLER = Owner("settler", "test", 1, 0.0)
-SETTLER_TTL = 0.3
 
 
 class StoreUnderTest:
@@ -75,14 +70,9 @@ class StoreUnderTest:
         long heartbeat intervals then claim at their first heartbeat (a beat that finds a
         recent heartbeat and no live beat joins at once), rather than after the new epoch's
         settle period of one of their TTLs (15 s at the default interval)."""
-        store = self.open()
-        try:
-            hb = store.heartbeat(SETTLER, SETTLER_TTL)
-            store.leave(SETTLER)
-            wait_for(lambda: store.now() >= (hb.settle_until or 0), 10,
-                     "the seeded epoch to settle", interval=0.02)
-        finally:
-            store.close()
+        app = Celery("settler", set_as_current=False)
+        app.conf.beat_claims_url = self.url
+        settled_epoch(app)
 
 
 @contextlib.contextmanager

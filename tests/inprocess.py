@@ -12,9 +12,16 @@ from typing import Any
 
 from celery import Celery
 
+from beat_claims.inspect import open_store
+from beat_claims.runs import Owner
 from beat_claims.scheduler import Scheduler
 
 from .conftest import RedisServer
+
+#: The beat that made a store's epoch before a test's beats started (:func:`settled_epoch`),
+#: and its TTL: the new epoch's settle period.
+SETTLER = Owner("settler", "test", 1, 0.0)
+SETTLER_TTL = 0.3
 
 
 def make_app(server: RedisServer, schedule: dict[str, Any] | None = None,
@@ -33,6 +40,27 @@ def make_app(server: RedisServer, schedule: dict[str, Any] | None = None,
         "every-1s": {"task": "t.noop", "schedule": timedelta(seconds=1)},
     }
     return app
+
+
+def settled_epoch(app: Celery) -> None:
+    """The store of ``app`` has run a while: its epoch exists and has settled, as after a
+    beat with a short TTL that heartbeated a moment ago and stopped (it left). A beat made
+    then joins at its first heartbeat (a recent heartbeat, no live beat), rather than
+    after a new epoch's settle period of one of its TTLs (1.5 s at make_app's interval, 15 s
+    at the default). For the tests that are not about a new store's start (its epoch, its
+    settle period, its first registrations): call it on the fresh store, before the beats.
+    """
+    store = open_store(app)
+    try:
+        hb = store.heartbeat(SETTLER, SETTLER_TTL)
+        store.leave(SETTLER)
+        deadline = time.monotonic() + 10
+        while store.now() < (hb.settle_until or 0):
+            if time.monotonic() > deadline:
+                raise AssertionError("the seeded epoch did not settle within 10s")
+            time.sleep(0.02)
+    finally:
+        store.close()
 
 
 def make(app: Celery, settle: bool = True) -> Scheduler:

@@ -34,7 +34,7 @@ from beat_claims.stores import Store, open_store
 from beat_claims.stores.base import DefinitionResult, DefinitionWrite, WriteStatus
 
 from .conftest import RedisServer
-from .inprocess import beats, joined, make, make_app, messages, run_for
+from .inprocess import beats, joined, make, make_app, messages, run_for, settled_epoch
 from .processes import wait_for
 from .test_integration_fleet import claims_url
 
@@ -46,7 +46,11 @@ SLACK = 0.5
 @pytest.fixture(params=["redis", "sqlite", "postgres"])
 def url(request: pytest.FixtureRequest, server: RedisServer, tmp_path: Path
         ) -> Iterator[str]:
+    """A store of each kind that has run a while (a settled epoch): the tests here are
+    about beats that run, not a new store's start, and their beats claim at once rather
+    than after the new epoch's settle period (tests/inprocess.py settled_epoch)."""
     with claims_url(request.param, server, tmp_path) as found:
+        settled_epoch(app(server, found))
         yield found
 
 

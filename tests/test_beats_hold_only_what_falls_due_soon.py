@@ -34,6 +34,16 @@ from .inprocess import beats, make, make_app, occurrences_sent, run_for
 IDLE = 10_000
 
 
+@pytest.fixture(autouse=True)
+def settled_store(request: pytest.FixtureRequest) -> None:
+    """The store on the test's redis-server has run a while (a settled epoch): the tests
+    here are about what beats hold once they run, not a new store's start, and their beats
+    claim at once rather than after the new epoch's settle period of a TTL. (The tests on a
+    SnapshotServer seed their own.)"""
+    if "server" in request.fixturenames:
+        seed_settled_epoch(request.getfixturevalue("server"))
+
+
 def idle_entries(n: int) -> list[dict[str, object]]:
     return [{"name": f"idle-{i:05d}", "task": "t.noop", "schedule": {"every": 3600}}
             for i in range(n)]

@@ -78,6 +78,44 @@ def cli_each(server: RedisServer, commands: list[tuple[str, ...]],
     return [Ran(code, out, err) for code, out, err in json.loads(done.stdout)]
 
 
+#: ``celery -A tests.proj.app claims ARGS`` for each [ARGS, STDIN] of argv[1] (JSON), one
+#: after the other in one process, each as ``python -m celery`` runs it (Celery's command
+#: line in its standalone mode: its exit code, click's usage errors shown), on STDIN:
+#: [code, stdout, stderr] each.
+_STEPS = """
+import contextlib, io, json, sys
+from celery.bin.celery import celery
+done = []
+for args, stdin in json.loads(sys.argv[1]):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()))
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            celery.main(args=["-A", "tests.proj.app", "claims", *args], prog_name="celery",
+                        auto_envvar_prefix="CELERY")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    done.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(done))
+"""
+
+
+def step(*args: str, stdin: str = "") -> tuple[tuple[str, ...], str]:
+    """One command of :func:`cli_steps`: its arguments, and what it reads on stdin."""
+    return args, stdin
+
+
+def cli_steps(server: RedisServer | None, steps: list[tuple[tuple[str, ...], str]],
+              **env: str) -> list[Ran]:
+    """What :func:`cli` gives for each of ``steps`` run one after the other (each sees what
+    the ones before it wrote to the store), with one process's start for all."""
+    done = subprocess.run([sys.executable, "-c", _STEPS, json.dumps(steps)], cwd=ROOT,
+                          env=_environ(server, None, env), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [Ran(code, out, err) for code, out, err in json.loads(done.stdout)]
+
+
 def one_line(ran: Ran) -> str:
     lines = [line for line in ran.err.splitlines() if line.strip()]
     assert ran.code == 1 and len(lines) == 1 and "Traceback" not in ran.err, ran

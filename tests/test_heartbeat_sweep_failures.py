@@ -38,7 +38,7 @@ from beat_claims.stores.base import (
 )
 from beat_claims.stores.redis import RedisStore, function_name
 
-from .conftest import RedisServer
+from .conftest import RedisServer, seed_settled_epoch
 from .contract.backend_redis_cluster import ClusterServers, cluster
 from .contract.helpers import plan
 from .faults import Proxy, proxy
@@ -46,6 +46,16 @@ from .inprocess import beats, make, make_app, occurrences_sent, run_for
 from .processes import wait_for
 
 ENTRY = "review-every-half-second"
+
+
+@pytest.fixture(autouse=True)
+def settled_store(request: pytest.FixtureRequest) -> None:
+    """The store on the test's redis-server has run a while (a settled epoch): no test
+    here is about a new store's start, and their beats claim at once rather than after
+    the new epoch's settle period of a TTL (a store the test stops comes back new all the
+    same)."""
+    if "server" in request.fixturenames:
+        seed_settled_epoch(request.getfixturevalue("server"))
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import Delivery, EntrySeed, Outcome, StoreError, WorkerProcess
 from beat_claims.stores.redis import RedisStore, function_name
 
-from .conftest import RedisServer
+from .conftest import RedisServer, seed_settled_epoch
 from .faults import Proxy, proxy
 from .inprocess import beats, joined, make, make_app, messages, occurrences_sent, run_for
 from .processes import wait_for
@@ -73,8 +73,12 @@ _server: list[RedisServer] = []
 
 @pytest.fixture(autouse=True)
 def _remember(server: RedisServer) -> Iterator[None]:
+    """The test's server remembered; its store has run a while (a settled epoch): no test
+    here is about a new store's start, and their beats claim at once rather than after the
+    new epoch's settle period of a TTL."""
     _server[:] = [server]
     _done.clear()
+    seed_settled_epoch(server)
     yield
 
 

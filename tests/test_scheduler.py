@@ -24,6 +24,16 @@ from .inprocess import beats, make, make_app, messages, occurrences_sent, run_fo
 from .processes import wait_for
 
 
+@pytest.fixture(autouse=True)
+def settled_store(request: pytest.FixtureRequest) -> None:
+    """The store on the test's redis-server has run a while (a settled epoch): no test
+    here is about a new store's start, and their beats claim at once rather than after
+    the new epoch's settle period of a TTL (a store wiped or restarted by a test begins
+    a new epoch all the same)."""
+    if "server" in request.fixturenames:
+        seed_settled_epoch(request.getfixturevalue("server"))
+
+
 def no_duplicates(sent: list[tuple[str, str]]) -> None:
     dup = {k: n for k, n in Counter(sent).items() if n > 1}
     assert dup == {}
