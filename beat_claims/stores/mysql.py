@@ -685,7 +685,7 @@ class MySQLStore(RowStore):
     # -- transactions -------------------------------------------------------------------
     def _transaction(self, work: Callable[[Any], T], write: bool = True,
                      heartbeat: bool = False, lock: Callable[[Any], None] | None = None,
-                     rows: bool = False, items: bool = False) -> T:
+                     rows: bool = False, items: bool = False, *, turn: bool = False) -> T:
         """``work`` in one transaction: all of it is written, or none of it. Run again
         after a deadlock or a lock wait timeout (RETRIES times at most); a table dropped
         under it is made again (once). With ``items`` (the work of many items written in
@@ -716,10 +716,12 @@ class MySQLStore(RowStore):
                             session = Rows(session.execute_many, self._sql, self.tables.runs,
                                            self.tables.entries, self._savepoint, DUE_AT_ONCE,
                                            self.tables.base, (CLOCK, (), self._read_clock))
-                        elif heartbeat and write:
-                            # Heartbeats take turns, each reading the clock once it has its
-                            # turn: on a new store the rows they lock (the epoch) are not
-                            # there yet, and a locking read of a missing row locks nothing.
+                        elif turn:
+                            # Beats' heartbeats take turns, each reading the clock once it
+                            # has its turn: on a new store the rows they lock (the epoch)
+                            # are not there yet, and a locking read of a missing row locks
+                            # nothing. (Workers' renewals take no turn: a worker paused in
+                            # its renewal would hold every beat's heartbeat.)
                             self._read_clock(self._batch(conn, [
                                 (self._sql["meta_add"], ("heartbeat", "")), (CLOCK, ())])[1])
                         else:

@@ -939,8 +939,10 @@ class RowStore(Store):
 
     # -- transactions -------------------------------------------------------------------
     def _transaction(self, work: Callable[[sqlite3.Connection], T], write: bool = True,
-                     heartbeat: bool = False) -> T:
-        """``work`` in one transaction: all of it is written, or none of it."""
+                     heartbeat: bool = False, *, turn: bool = False) -> T:
+        """``work`` in one transaction: all of it is written, or none of it. (``turn``: a
+        beat's heartbeat, which a server with row locks makes wait for the one before it;
+        SQLite's write lock is the file's.)"""
         with self._locked():
             for attempt in (0, 1):
                 db = self._connection()
@@ -1231,7 +1233,7 @@ class RowStore(Store):
                     went_back)
 
         (now, epoch, settle, rows, file_read, store_id, last_beat, lost, known, since,
-         went_back) = self._transaction(work, heartbeat=True)
+         went_back) = self._transaction(work, heartbeat=True, turn=True)
         self._heartbeat_file = file_read
         owners = _owner_statuses(rows, now)
         self._warn_foreign_hosts(owners)

@@ -22,6 +22,7 @@ from beat_claims.stores.base import (
     EntrySeed,
     SendAtOnce,
     StoreError,
+    WorkerProcess,
 )
 from beat_claims.stores.mysql import MySQLStore
 from beat_claims.stores.mysql_driver import Driver
@@ -160,7 +161,7 @@ def test_the_first_heartbeats_of_a_new_stores_beats_at_once_never_deadlock(
     """On a new store the rows a heartbeat locks first (the epoch's) are not there yet, and
     a locking read of a missing row locks nothing: beats heartbeating for the first time at
     the same instant each wrote the rows the others had read, and deadlocked (33 retries in
-    30 new stores of four beats). Heartbeats take turns on a row made with the tables."""
+    30 new stores of four beats). Heartbeats take turns on a row of their own, made by the first."""
     retries = 0
     for _ in range(12):
         prefix = f"first-{uuid.uuid4().hex[:8]}"
@@ -185,3 +186,43 @@ def test_the_first_heartbeats_of_a_new_stores_beats_at_once_never_deadlock(
             for s in sessions:
                 s.close()
     assert retries == 0, f"{retries} heartbeats ran again after a deadlock"
+
+
+def test_a_worker_paused_in_its_liveness_renewal_never_holds_a_beats_heartbeat(
+        quick_store: MySQLStore) -> None:
+    """Beats' heartbeats take turns on a row of their own; a worker process's liveness
+    renewal (a background thread, under gevent a greenlet) takes no turn: one paused
+    between its statements (its thread behind a task's C call, a stopped process) would
+    otherwise hold every beat's heartbeat for lock waits and retries."""
+    store = quick_store
+    owner = Owner("beat-0", "contract-host", 100, 1.0)
+    store.heartbeat(owner, 3.0)  # (the rows made)
+    worker = MySQLStore(dict(store._params), store.prefix, store.history_limit, 5.0)
+    worker.now()  # (set up, connected)
+    paused, release = threading.Event(), threading.Event()
+    end = worker._end
+
+    def held(conn: Any, commit: bool) -> None:
+        if commit and not paused.is_set():
+            paused.set()  # the renewal's statements answered, its COMMIT not yet sent
+            release.wait(10)
+        end(conn, commit)
+
+    worker._end = held  # type: ignore[method-assign]
+    renewing = threading.Thread(target=lambda: worker.worker_heartbeat(
+        WorkerProcess("w@host", 4242, "p-4242"), 15.0))
+    renewing.start()
+    try:
+        assert paused.wait(10)
+        threading.Timer(3.0, release.set).start()  # paused for 3 s
+        store.retries = 0
+        started = time.monotonic()
+        store.heartbeat(owner, 3.0)
+        took = time.monotonic() - started
+    finally:
+        release.set()
+        renewing.join(30)
+        worker.close()
+    assert took < 1.0 and store.retries == 0, (
+        f"a beat's heartbeat took {took:.1f} s and {store.retries} retries behind a"
+        " worker process's paused liveness renewal")
