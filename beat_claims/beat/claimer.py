@@ -637,9 +637,10 @@ class Claimer:
         if pending:  # on time, and sent at their own instant: the policy has no say yet
             decided.run = sorted(decided.run + pending)
         at_once = None
-        # Not a jittered entry (it waits for its instant), nor one with an overlap policy:
-        # a reply lost would leave runs being sent that count as busy until taken back.
-        if send and decided.run and not policy.jitter and policy.overlap is Overlap.ALLOW:
+        # Not runs that wait for their jittered instant (those whose instant has come are
+        # sent now, as any), nor an entry with an overlap policy: a reply lost would leave
+        # runs being sent that count as busy until taken back.
+        if send and decided.run and not pending and policy.overlap is Overlap.ALLOW:
             at_once = SendAtOnce(tuple(task_id_for(name, due, self.settings.key_prefix)
                                        for due in decided.run), policy.overlap)
         return ClaimPlan(name, state, tuple(decided.run), tuple(decided.skip),

@@ -128,6 +128,8 @@ class Sender:
         #: outage of the store or the broker, a restart, the store going back): None now.
         self.up_since: int | None = None
         self.lateness = Lateness(logger, metrics)
+        #: Messages this beat has published (the scheduler's pace reads it).
+        self.published = 0
 
     def task_id(self, claim: Claim) -> str:
         """A scheduled run's id is its occurrence's; an operator's run (which may replace
@@ -283,6 +285,7 @@ class Sender:
             self._publish_failed(claim, exc)
         else:
             now = self.clock.now()
+            self.published += 1
             self.holdings.unmarked.append(claim)
             self.knowledge.sent(claim, check.task_id, now)
             self.metrics.count("sent")
