@@ -257,8 +257,9 @@ class Unindexed:
     the index, or by a version that does not know it): what a rebuild sweep indexes.
     ``cursor``: what to ask with next (opaque; "" starts over); ``complete``: the pass
     over every entry is done (the last page); ``looked_at``: the entries whose records the
-    page read to find them (Redis: every entry of its scan step), 0 where the store's own
-    index answers only those without one (what a pass costs: see the sweeper's pace)."""
+    page read to find them (Redis: those of its scan step up to its last found, each once
+    a pass), 0 where the store's own index answers only those without one (what a pass
+    costs: see the sweeper's pace)."""
 
     names: tuple[str, ...]
     cursor: str

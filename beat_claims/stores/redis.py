@@ -517,7 +517,7 @@ class RedisStore(Store):
     def _bucket_tag(self, d: str) -> str:
         """The hash tag of the bucket of the entry whose name's digest is ``d`` (as
         registry_scan.lua makes it too)."""
-        return f"{{{self.prefix}:{int(d[:4], 16) % BUCKETS:02d}}}"
+        return f"{{{self.prefix}:{_bucket(d):02d}}}"
 
     def entry_keys(self, entry: str) -> list[str]:
         """The keys of one entry, in the order every entry script expects them."""
@@ -1592,56 +1592,72 @@ class RedisStore(Store):
 
     def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
         """One HSCAN step of the registry of every entry (``{P}:entries``, about
-        :data:`REGISTRY_SCAN` entries) a call, from ``cursor`` ("SCAN:DIGEST": the scan's
-        cursor, and the entry answered last from its step when a page ended inside it);
-        each entry it names whose record has no next_due is answered. The pass is HSCAN's:
-        an entry that stays unindexed through it is answered at least once (maybe twice).
+        :data:`REGISTRY_SCAN` entries) a call, from ``cursor`` ("SCAN:DIGESTS": the scan's
+        cursor, and when a page ended inside its step, the entry each bucket read last,
+        ','-separated); each entry it names whose record has no next_due is answered. The
+        pass is HSCAN's: an entry that stays unindexed through it is answered at least once
+        (maybe twice).
 
-        Two round trips whatever the step's size, a third only when some are answered
-        (their names): the server makes the entries' keys (``registry_scan.lua``) and
-        reads their records (``unindexed.lua``), so the beat handles one string a bucket,
-        not a reply an entry. An idle beat's pass over 100,000 entries is ten pages."""
+        Each record is read once a pass (``looked_at``: those this page read): the reads
+        stop at the ``limit``-th entry found (on a cluster, each bucket's call at its share
+        of ``limit``), and the next page reads the step from there. Two round trips
+        whatever the step's size, a third only when some are answered (their names): the
+        server makes the entries' keys (``registry_scan.lua``) and reads their records
+        (``unindexed.lua``), so the beat handles one string a bucket, not a reply an entry.
+        An idle beat's pass over 100,000 entries is ten pages."""
         limit = page_limit(limit, 1)
-        scan_text, _, last = cursor.partition(":")
+        scan_text, _, read_text = cursor.partition(":")
         scan = int(scan_text) if scan_text.isdigit() else 0
         reply = self._round_trip(lambda pipe: self._script(
             pipe, "registry_scan", [self._registry], scan, REGISTRY_SCAN, self.prefix,
             BUCKETS, DIGEST_CHARS, raw=True))[0]
         _raise_if_error(reply)
         following = int(reply[0])
-        groups = [blob.split(b"\n") for blob in reply[1:] if blob]
-        if _DIGEST.fullmatch(last):  # (the rest of a step a page ended inside)
-            groups = _after(groups, f"{self._bucket_tag(last)}:e:{last}".encode())
-        if self.single_node and len(groups) > 1:
-            groups = [list(itertools.chain.from_iterable(groups))]
-        found: list[str] = []  # the digests of those without next_due, in the step's order
+        read_last = {_bucket(d): d for d in read_text.split(",") if _DIGEST.fullmatch(d)}
+        groups: list[tuple[int, list[bytes]]] = []  # (bucket, its keys still to read)
+        for bucket, blob in enumerate(reply[1:]):
+            keys = blob.split(b"\n") if blob else []
+            if bucket in read_last:
+                last = read_last[bucket]
+                keys = _after(keys, f"{self._bucket_tag(last)}:e:{last}".encode())
+            if keys:
+                groups.append((bucket, keys))
+        batches = [[group] for group in groups] if not self.single_node else (
+            [groups] if groups else [])
+        called = [(list(itertools.chain.from_iterable(keys for _, keys in batch)), batch,
+                   share) for batch, share in zip(batches, _shares(limit, len(batches)))
+                  if share]
 
         def check(pipe: Pipeline) -> None:
-            for group in groups:
+            for keys, _, share in called:
                 if packed:  # (keys of one length: the server's own, sent back as they came)
-                    pipe.execute_command(*self._call("unindexed"), len(group),
-                                         Packed.of_one_length(b"\n".join(group), len(group),
-                                                              len(group[0])))
+                    pipe.execute_command(*self._call("unindexed"), len(keys),
+                                         Packed.of_one_length(b"\n".join(keys), len(keys),
+                                                              len(keys[0])), share)
                 else:
-                    self._script(pipe, "unindexed", group)
+                    self._script(pipe, "unindexed", keys, share)
 
         packed = self._takes_packed
-
-        checked = self._round_trip(check) if groups else []
-        for group, answer in zip(groups, checked):
+        found: list[str] = []  # the digests of those without next_due, in the step's order
+        looked_at, whole = 0, len(called) == len(batches)
+        for (keys, batch, _), answer in zip(called, self._round_trip(check) if called else []):
             _raise_if_error(answer)
-            if answer:
-                found += [group[int(i) - 1].rsplit(b":", 1)[1].decode()
-                          for i in str(answer).split(",")]
-        more = len(found) > limit
-        found = found[:limit]
+            read, positions = int(answer[0]), str(answer[1])
+            looked_at += read
+            found += [_digest_of(keys[int(i) - 1]) for i in positions.split(",") if i]
+            for bucket, group in batch:  # (what each bucket of the call read)
+                took = min(read, len(group))
+                read -= took
+                if took:
+                    read_last[bucket] = _digest_of(group[took - 1])
+                whole = whole and took == len(group)
         names = self._round_trip(lambda pipe: pipe.hmget(self._registry, found))[0] if (
             found) else []
         _raise_if_error(names)
         answered = tuple(str(name) for name in names if name is not None)
-        looked_at = sum(len(group) for group in groups)
-        if more:
-            return Unindexed(answered, f"{scan}:{found[-1]}", False, looked_at)
+        if not whole:
+            return Unindexed(answered, f"{scan}:{','.join(read_last.values())}", False,
+                             looked_at)
         return Unindexed(answered, "" if following == 0 else f"{following}:",
                          following == 0, looked_at)
 
@@ -1823,14 +1839,28 @@ def _scan_reply(reply: Any) -> tuple[int, dict[str, str]]:
     return int(following), {str(k): str(v) for k, v in found.items()}
 
 
-def _after(groups: list[list[bytes]], key: bytes) -> list[list[bytes]]:
-    """The keys of ``groups`` (bucket after bucket) that come after ``key``; all of them
-    when ``key`` is not among them (the step is not the one it came from: the registry
-    changed, and looking at some twice is harmless)."""
-    for i, group in enumerate(groups):
-        if key in group:
-            return [group[group.index(key) + 1:], *groups[i + 1:]]
-    return groups
+def _after(keys: list[bytes], key: bytes) -> list[bytes]:
+    """The ``keys`` (of one bucket) that come after ``key``; all of them when ``key`` is
+    not among them (the step is not the one it came from: the registry changed, and
+    looking at some twice is harmless)."""
+    return keys[keys.index(key) + 1:] if key in keys else keys
+
+
+def _digest_of(key: bytes) -> str:
+    """The digest an entry's hash key ends with (``{P:NN}:e:DIGEST``)."""
+    return key.rsplit(b":", 1)[1].decode()
+
+
+def _bucket(d: str) -> int:
+    """The bucket of the entry whose name's digest is ``d`` (as registry_scan.lua counts)."""
+    return int(d[:4], 16) % BUCKETS
+
+
+def _shares(limit: int, calls: int) -> list[int]:
+    """``limit`` cut into ``calls`` shares as even as can be, the first ones larger (some
+    are 0 when ``limit`` is less than ``calls``)."""
+    each, more = divmod(limit, calls) if calls else (0, 0)
+    return [each + (i < more) for i in range(calls)]
 
 
 def _each_reply(reply: Any, n: int) -> list[Any]:

@@ -28,6 +28,7 @@ from beat_claims.stores.base import (
     LiveQuery,
     Store,
     StoreError,
+    Unindexed,
     WorkerProcess,
     WriteStatus,
 )
@@ -225,6 +226,18 @@ def migrated_entry_is_indexed_by_the_rebuild_sweep(store: Store, state: EntrySta
     assert [(d.name, d.next_due) for d in store.due(state.anchor + 2000, 10)] == [
         ("f", 0), ("e", state.anchor + 2000)]
     assert store.unindexed(10).names == ()
+
+
+def rebuild_pass(store: Store, limit: int) -> list[Unindexed]:
+    """The pages of a whole rebuild pass (:meth:`Store.unindexed` from the start until a
+    page says the pass is complete), each of ``limit`` names at most."""
+    pages: list[Unindexed] = []
+    while not pages or not pages[-1].complete:
+        assert len(pages) < 1000, pages[-3:]
+        page = store.unindexed(limit, pages[-1].cursor if pages else "")
+        assert len(page.names) <= limit, page
+        pages.append(page)
+    return pages
 
 
 def a_claim_whose_reply_is_lost_wrote_its_next_due_once(

@@ -28,7 +28,7 @@ from beat_claims.stores.base import (
 )
 
 from .backend import Backend
-from .helpers import A, B, now, register, runs
+from .helpers import A, B, now, rebuild_pass, register, runs
 
 #: Far enough ahead that nothing the tests index is due before it unless they say so.
 LATER = 10 ** 6
@@ -262,15 +262,7 @@ def test_the_rebuild_sweep_pages_through_every_entry_without_next_due(
     for name in missing:
         backend.drop_next_due(store, name)
     assert {d.name for d in every_due(store, 2 ** 52)} == set(names) - missing
-    found: list[str] = []
-    cursor = ""
-    for _ in range(1000):
-        page = store.unindexed(4, cursor)
-        assert len(page.names) <= 4, page
-        found += page.names
-        cursor = page.cursor
-        if page.complete:
-            break
+    found = [name for page in rebuild_pass(store, 4) for name in page.names]
     assert set(found) == missing, sorted(found)
     # The sweep indexes each from the state it read (a deleted one: not due).
     entries = {r.name: r for r in store.entries(sorted(missing))}
@@ -283,6 +275,26 @@ def test_the_rebuild_sweep_pages_through_every_entry_without_next_due(
     assert (page.names, page.complete) == ((), True)
     assert {d.name for d in store.due(500, MAX_PAGE)} == (missing - {"deleted"}) | {
         n for n, d in states.items() if d.next_due <= 500 and n not in missing}
+
+
+def test_a_rebuild_pass_reads_each_record_once_where_most_have_no_next_due(
+        store: Store, backend: Backend) -> None:
+    """Where most entries have no next_due, a pass takes many pages (at most ``limit``
+    names each) and each page goes on right after what the one before it read: every
+    entry is answered once, and the records the pages read (``looked_at``, what the
+    sweeper paces the pass by) are at most one for each entry, however the pages fall
+    (on a Redis Cluster, the registry's step is read bucket by bucket)."""
+    names = [f"entry-{i:03d}" for i in range(600)]
+    for start in range(0, len(names), 200):
+        register(store, *names[start:start + 200])
+    missing = [name for i, name in enumerate(names) if i % 3]
+    for name in missing:
+        backend.drop_next_due(store, name)
+    pages = rebuild_pass(store, 50)
+    found = [name for page in pages for name in page.names]
+    assert sorted(found) == missing, sorted(set(found) ^ set(missing))
+    looked_at = [page.looked_at for page in pages]
+    assert sum(looked_at) <= len(names), (sum(looked_at), looked_at)
 
 
 def test_a_rebuild_sweep_indexes_what_it_can_compute_and_writes_nothing_over_a_move(

@@ -28,7 +28,7 @@ from beat_claims.stores.redis import RedisStore, _NotRun, library_name
 
 from ..conftest import RedisServer, own_redis
 from ..inprocess import make, make_app, occurrences_sent, run_for
-from .helpers import A, above_clock, check, plan, query, register, send
+from .helpers import A, above_clock, check, plan, query, rebuild_pass, register, send
 
 #: Servers that take no functions, each as redis-server's options: an ACL without
 #: FUNCTION and FCALL; FCALL not a command at all (as before Redis 7.0); an ACL that runs
@@ -185,6 +185,78 @@ def test_a_rebuild_pass_reads_at_most_rebuild_reads_records_a_sweep(
         assert "pp" not in seen  # (a page a sweep at most, and never two in a row)
         records_a_sweep = entries / (4 * (per_page + 1))
         assert records_a_sweep <= REBUILD_READS, seen
+    finally:
+        beat.close()
+
+
+def drop_next_due(server: RedisServer, store: RedisStore, names: list[str]) -> None:
+    """``names`` have no next_due at all (a store from before the due index)."""
+    pipe = server.client().pipeline(transaction=False)
+    for name in names:
+        pipe.hdel(store.entry_keys(name)[0], "next_due")
+        pipe.zrem(store.index_key(name), name)
+    pipe.execute()
+
+
+def test_a_rebuild_pass_reads_each_record_once_however_many_have_no_next_due(
+        redis_store: RedisStore, server: RedisServer) -> None:
+    """Half the entries have no next_due, every other one: a pass of pages of 1,000 names
+    (some five a step of 10,000 entries) reads each entry's record once on the server, a
+    page going on right after the record the one before it read last, and a page's
+    ``looked_at`` (what the beat paces the pass by) is what it read (each page read the
+    rest of its step: 32,051 records for 12,000)."""
+    names = [f"e{i}" for i in range(12_000)]
+    for start in range(0, len(names), 4000):
+        register(redis_store, *names[start:start + 4000])
+    drop_next_due(server, redis_store, names[::2])
+    server.client().config_resetstat()
+    pages = rebuild_pass(redis_store, 1000)
+    assert sorted(name for page in pages for name in page.names) == sorted(names[::2])
+    looked_at = [page.looked_at for page in pages]
+    reads = server.client().info("commandstats")["cmdstat_hmget"]["calls"] - sum(
+        1 for page in pages if page.names)  # (the names found: one read a page)
+    assert reads == sum(looked_at) == len(names), (reads, looked_at)
+
+
+def test_a_rebuild_pass_over_entries_no_beat_can_index_keeps_its_pace(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half the entries have no next_due and no live beat can index them (no schedule has
+    them): the pass ends a page at each 1,000 of them, each followed by a sweep for each
+    REBUILD_READS records it read, so that the pass with its pause takes a sweep for each
+    page and for each REBUILD_READS entries, and REBUILD_PAUSE at most after its last
+    page: 96 sweeps over 20,000 entries (each page read the rest of its step and paused
+    for it: some 60,000 records read, 216 to 219 sweeps)."""
+    entries = 20_000
+    beat = make(make_app(server, schedule={}))
+    try:
+        store = beat.store
+        assert isinstance(store, RedisStore)
+        names = [f"e{i}" for i in range(entries)]
+        for start in range(0, entries, 4000):
+            store.register([EntrySeed(name) for name in names[start:start + 4000]])
+        drop_next_due(server, store, names[::2])
+        pages: list[tuple[str, int, bool]] = []  # each page's cursor, looked_at, complete
+        unindexed = store.unindexed
+
+        def observed(limit: int, cursor: str = "") -> Any:
+            page = unindexed(limit, cursor)
+            pages.append((cursor, page.looked_at, page.complete))
+            return page
+
+        monkeypatch.setattr(store, "unindexed", observed)
+        sweeps = 0  # from the pass's first page to the next pass's
+        while [cursor for cursor, _, _ in pages].count("") < 2:
+            assert sweeps < 2000, pages
+            beat.index_keeper.sweep()
+            sweeps += 1 if pages else 0
+        pass_pages = pages[:-1]
+        assert pass_pages[-1][2] and not any(c for _, _, c in pass_pages[:-1]), pages
+        # (pages: one a step of 10,000 entries, and one for each 1,000 left)
+        assert len(pass_pages) <= entries / 10_000 + entries / 2 / 1000 + 2, pages
+        # (a pass's last page is followed by REBUILD_PAUSE sweeps at least)
+        bound = len(pass_pages) + entries / REBUILD_READS + REBUILD_PAUSE
+        assert sweeps - 1 <= bound, (sweeps - 1, bound, pages)
+        assert sum(n for _, n, _ in pass_pages) == entries, pages
     finally:
         beat.close()
 
