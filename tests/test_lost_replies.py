@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from beat_claims.enums import RunState
+from beat_claims.occurrences import jitter_offset
 from beat_claims.runs import iso
 from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import Delivery, EntrySeed, Outcome, StoreError, WorkerProcess
@@ -38,8 +39,11 @@ def lossy(server: RedisServer) -> Iterator[Proxy]:
         yield p
 
 
-def app_for(server: RedisServer, url: str, overlap: str = "allow", **conf: Any) -> Any:
-    claims = {"overlap": overlap, "run_timeout": 30}
+def app_for(server: RedisServer, url: str, overlap: str = "allow", jitter: float = 0,
+            **conf: Any) -> Any:
+    claims: dict[str, Any] = {"overlap": overlap, "run_timeout": 30}
+    if jitter:
+        claims["jitter"] = jitter
     return make_app(server, {ENTRY: {"task": "t.noop", "schedule": timedelta(
         milliseconds=PERIOD), "claims": claims}}, beat_claims_url=url,
         beat_claims_heartbeat_interval=0.3, beat_claims_catch_up="all", **conf)
@@ -138,6 +142,36 @@ def test_a_lost_reply_to_a_claim(server: RedisServer, lossy: Proxy, overlap: str
     wait_for(lambda: tick_all(s, work=True) or lossy.pending() == 0, 5, "the lost reply")
     work_for(1.0, s)
     assert_each_sent_once(server, settled_history(server, s, True), overlap)
+    s.close()
+
+
+def test_a_lost_reply_to_a_claim_of_a_jittered_entry_checked_with_it(
+        server: RedisServer, lossy: Proxy) -> None:
+    """A jittered entry's occurrences whose instant has come are checked with their claim
+    (SendAtOnce, no check call of their own); the reply to one such claim is lost, leaving
+    runs being sent that this beat never heard of: taken back, and each occurrence is still
+    sent once, never before its instant."""
+    s = make(app_for(server, lossy.url(), jitter=0.3))
+    checks: list[int] = []
+    real_check = s.store.check
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        checks.append(1)
+        return real_check(*args, **kw)
+
+    s.store.check = counted  # type: ignore[method-assign]
+    run_for(0.6, s)
+    assert s.sender.published >= 1 and not checks, (s.sender.published, len(checks))
+    lossy.drop_reply_to(function_name("claim"))
+    wait_for(lambda: tick_all(s, work=True) or lossy.pending() == 0, 5, "the lost reply")
+    work_for(1.0, s)
+    history = settled_history(server, s, True)
+    assert_each_sent_once(server, history, "allow")
+    early = [(iso(r.due), r.sent_at - r.due - jitter_offset(ENTRY, r.due, 0.3))
+             for r in history if r.sent_at is not None
+             and r.sent_at < r.due + jitter_offset(ENTRY, r.due, 0.3) - 50]
+    assert early == [], early
+    assert any(r.reclaimed_from is not None for r in history), history
     s.close()
 
 
