@@ -1,8 +1,10 @@
 """A beat with occurrences due a few ms apart (many entries, spread by jitter) sends them
 together, a tick at most every ``GATHER`` seconds: one claim, one sent mark and (their
 instants come) no check of its own for many, rather than each on its own tick; an
-occurrence that falls due after a quiet spell is not held back. In-process beats on a
-real redis-server."""
+occurrence that falls due after a quiet spell is not held back. Dynamic entries falling
+due all the time are taken from the due index a quarter of a second's worth at a time
+(``SCAN_EVERY``), not a second's, so that reading their definitions never holds the sends
+up for long. In-process beats on a real redis-server."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from beat_claims.beat.window import LOOKAHEAD, SCAN_EVERY
+from beat_claims.entries import Entries
 from beat_claims.scheduler import GATHER, Scheduler
 from beat_claims.stores.base import Store
 
 from .conftest import RedisServer
-from .inprocess import make, make_app, occurrences_sent, settled_epoch
+from .inprocess import make, make_app, occurrences_sent, run_for, settled_epoch
 
 #: 240 entries every 4 s, each occurrence at its own offset within 4 s: one every ~17 ms.
 SPREAD = {f"s{i:03d}": {"task": "t.noop", "schedule": timedelta(seconds=4),
@@ -104,3 +108,41 @@ def test_an_occurrence_due_after_a_quiet_spell_is_not_held_back(server: RedisSer
         assert wait <= close[0] + 0.002, (wait, close)
     finally:
         beat.close()
+
+
+def test_dynamic_entries_due_all_the_time_are_taken_a_quarter_second_at_a_time(
+        server: RedisServer) -> None:
+    """600 dynamic entries every 4 s, spread by jitter (150 falling due a second): once
+    the beat runs, each scan of the due index takes what falls due in about SCAN_EVERY
+    (about 40), where a scan each half look-ahead took a second's worth (150). (A
+    heartbeat interval longer than a second: a pass starts again from the first entry at
+    each, as often as this at make_app's half second.)"""
+    app = make_app(server, schedule={}, beat_claims_heartbeat_interval=3)
+    settled_epoch(app)
+    with Entries(app) as entries:
+        entries.bulk_create([{"name": f"d{i:03d}", "task": "t.noop", "schedule": {"every": 4},
+                              "claims": {"jitter": 4}} for i in range(600)])
+    beat = make(app)
+    taken: list[int] = []
+    real_scan = beat.window.scan
+
+    def scan(now: int) -> list[Any]:
+        got = real_scan(now)
+        if got:
+            taken.append(len(got))
+        return got
+
+    beat.window.scan = scan  # type: ignore[method-assign]
+    try:
+        run_for(3 + LOOKAHEAD / 1000, beat)  # the first scans take the look-ahead at once
+        taken.clear()
+        run_for(4, beat)
+    finally:
+        beat.close()
+    sent = occurrences_sent(server)
+    assert len(sent) == len(set(sent)), "an occurrence was sent twice"
+    per_second = 600 / 4
+    assert len(taken) >= 8, taken  # (a scan at least every half second)
+    # The median scan takes about SCAN_EVERY's worth; never a whole second's.
+    assert sorted(taken)[len(taken) // 2] <= per_second * SCAN_EVERY / 1000 * 2, taken
+    assert max(taken) < per_second * 0.75, taken

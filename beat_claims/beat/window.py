@@ -50,10 +50,14 @@ from ..stores.base import NOT_DUE, DueEntry, EntryState, Store, StoredDefinition
 from .composition import DYNAMIC
 from .stored import PAGE
 
-#: How far ahead of now (ms) entries are taken from the due index: a beat scans at least
-#: every half of it (every heartbeat interval, if shorter), so that an entry is held
-#: before its instant comes.
+#: How far ahead of now (ms) entries are taken from the due index: an entry is held at
+#: least LOOKAHEAD - SCAN_EVERY before its instant comes.
 LOOKAHEAD = 2_000
+#: How often (ms) a beat reads the index while entries fall due (every heartbeat interval,
+#: if shorter): each scan takes what falls due in that much time, so that reading their
+#: definitions never holds up the sends of a busy beat for long (at 1,000 a second, a
+#: quarter of a second's entries a scan, not a second's).
+SCAN_EVERY = 250
 #: Pages of the due index one scan reads at most (the rest at the next tick).
 PAGES_PER_SCAN = 20
 #: Dynamic entries one beat holds at most; beyond it, the rest wait (logged: the beat
@@ -106,8 +110,8 @@ class DynamicWindow:
         self.store = store
         self.logger = logger
         self.restart_every = restart_every
-        #: How often the index is read (ms): every half look-ahead, or heartbeat interval.
-        self.period = int(min(LOOKAHEAD / 2, restart_every * 1000))
+        #: How often the index is read (ms): every SCAN_EVERY, or heartbeat interval.
+        self.period = int(min(SCAN_EVERY, restart_every * 1000))
         #: The dynamic entries this beat holds now.
         self.held: set[str] = set()
         #: Whether ``name`` is one of this beat's own entries or already held (skipped).
@@ -144,7 +148,7 @@ class DynamicWindow:
         self.held.difference_update(names)
         for at in next_at:
             if at != NOT_DUE:
-                self._next_scan = min(self._next_scan, at - LOOKAHEAD // 2)
+                self._next_scan = min(self._next_scan, at - (LOOKAHEAD - SCAN_EVERY))
 
     def next_scan(self) -> int:
         """When the next scan is due (store clock, UTC ms)."""
@@ -154,8 +158,9 @@ class DynamicWindow:
         """The entries due by ``now`` + :data:`LOOKAHEAD` this beat does not hold yet whose
         definition is dynamic, read after the last scan's (one pass a heartbeat interval
         from the first), at most :data:`PAGES_PER_SCAN` pages. The next scan is due once
-        the next entry of the index comes within half the look-ahead (at the latest when
-        the next pass begins; at the next tick when this one was cut short)."""
+        the next entry of the index comes within the look-ahead less :data:`SCAN_EVERY`
+        (at the latest when the next pass begins; at the next tick when this one was cut
+        short)."""
         if now < self._next_scan:
             return []  # (what falls due by then was read at the last scan)
         if self._reached and (self._restart_wanted or time.monotonic() - self._pass_began
@@ -206,13 +211,14 @@ class DynamicWindow:
 
     def _after_pass(self, now: int, beyond: int | None) -> int:
         """When to scan next, the index read up to the look-ahead: once the next entry it
-        holds comes within half the look-ahead (an idle beat reads the index once a
-        heartbeat interval, not once a second), at least :attr:`period` from now, and at
-        the latest when the next pass from the first entry begins. ``beyond``: the index's
-        first instant after what the pass read (None: none)."""
+        holds comes within the look-ahead less :data:`SCAN_EVERY` (an idle beat reads the
+        index once a heartbeat interval, not four times a second), at least
+        :attr:`period` from now, and at the latest when the next pass from the first entry
+        begins. ``beyond``: the index's first instant after what the pass read (None:
+        none)."""
         restart_at = now + max(0, int(
             (self._pass_began + self.restart_every - time.monotonic()) * 1000))
-        at = beyond - LOOKAHEAD // 2 if beyond is not None else restart_at
+        at = beyond - (LOOKAHEAD - SCAN_EVERY) if beyond is not None else restart_at
         return max(now + self.period, min(at, restart_at))
 
     def _fall_behind(self) -> None:
