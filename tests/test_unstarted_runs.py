@@ -40,6 +40,8 @@ from .inprocess import make, make_app, settled
 from .processes import executions, fleet, wait_for
 from .test_cli import Ran, cli
 
+pytestmark = pytest.mark.usefixtures("settled_store")
+
 #: Every second, overlap skip: one run that never reports holds back every later one.
 SCHEDULE = {"skipper": {"every": 1, "claims": {"overlap": "skip"}}}
 #: Runs sent and not started for 3 s are reported (the default is 300 s): a worker with
