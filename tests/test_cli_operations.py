@@ -26,6 +26,7 @@ from beat_claims.stores import open_store
 from beat_claims.stores.base import ClaimPlan, EntrySeed, EntryState, Store
 
 from .conftest import RedisServer, free_port, seed_settled_epoch
+from .inprocess import settled_epoch_at
 from .processes import Fleet, fleet, wait_for
 from .test_cli import Ran, cli, cli_steps, one_line, step
 
@@ -64,6 +65,14 @@ class Target:
               ) -> AbstractContextManager[Fleet]:
         return fleet(self.server.url, self.server.broker_url(), tmp_path, schedule,
                      **self.conf(**(conf or {})), **env)
+
+    def settled(self) -> None:
+        """The store has run a while (its epoch settled): the beats claim at once, not
+        after a new store's settle period."""
+        if self.kind == "redis":
+            seed_settled_epoch(self.server)
+        else:
+            settled_epoch_at(self.url)
 
     def runs(self, entry: str) -> dict[int, Run]:
         return {r.due: r for r in self.store.history(entry)}
@@ -117,7 +126,7 @@ FAST = {"tick": {"every": 0.1}}
 def test_pause_trigger_resume_backfill_release_with_a_real_beat(
         target: Target, tmp_path: Path) -> None:
     t = target
-    seed_settled_epoch(t.server)  # the beat claims at once, without settling first
+    t.settled()  # the beat claims at once, without settling first
     with t.fleet(tmp_path, SCHEDULE) as f:
         f.beat()
         wait_for(lambda: any(r.state is RunState.SENT for r in t.runs("tick").values()), 40,
@@ -249,7 +258,7 @@ def test_a_backfill_never_runs_again_what_the_trimmed_history_forgot(
     t = target
     conf = {"beat_claims_history_limit": 5}
     every = {"tick": {"every": 0.2}}
-    seed_settled_epoch(t.server)
+    t.settled()
     ran: set[int] = set()
 
     def ran_many() -> bool:
