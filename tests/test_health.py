@@ -54,6 +54,7 @@ def items(doc: dict[str, Any], check: str) -> list[dict[str, Any]]:
 def test_a_live_beat_is_healthy_and_a_stopped_one_fails_the_probes(
         target: Target, tmp_path: Path) -> None:
     t = target
+    t.settled()  # the beat claims at once, without settling first
     with t.fleet(tmp_path, SCHEDULE) as f:
         beat = f.beat()
         wait_for(lambda: any(r.state is RunState.SENT for r in t.store.history("tick")), 40,
