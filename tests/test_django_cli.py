@@ -33,7 +33,8 @@ from .processes import ROOT, wait_for
 from .test_cli import Ran, cli_steps, one_line, step
 from .test_django_beat import Site, every, row, site
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("settled_store")]
 
 #: The README's set-up: the database scheduler named in the settings.
 SCHEDULER = "beat_claims.contrib.django.DatabaseScheduler"
