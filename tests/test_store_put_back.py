@@ -23,13 +23,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from beat_claims.settings import Settings
-from beat_claims.stores import open_store
-from beat_claims.stores.base import EntrySeed
-
 from .conftest import RedisServer, own_redis
 from .inprocess import settled_epoch_at
-from .processes import Fleet, duplicates, executions, fleet, wait_for
+from .processes import Fleet, duplicates, executions, fleet, next_due_in, wait_for
 from .test_integration_fleet import (
     MY_HOST,
     MY_PASSWORD,
@@ -78,12 +74,7 @@ def ran_before(url: str) -> None:
     the beats register them. (One a beat comes up too late for is skipped, caught up by
     the next.)"""
     settled_epoch_at(url)
-    store = open_store(Settings(url=url), timeout=5.0)
-    try:
-        anchor = store.now() - PERIOD * 1000 + int(FIRST_IN * 1000)
-        store.register([EntrySeed(name, anchor=anchor) for name in SCHEDULE])
-    finally:
-        store.close()
+    next_due_in(url, SCHEDULE, FIRST_IN)
 
 
 def put_back_under_running_beats(url: str, copy: Callable[[str], Copy], broker: RedisServer,
