@@ -18,7 +18,7 @@ from beat_claims.runs import RunState, iso, task_id_for
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer, seed_settled_epoch
-from .processes import ROOT, executions, fleet, wait_for
+from .processes import ROOT, executions, fleet, next_due_in, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +29,12 @@ def settled(server: RedisServer) -> None:
     claims at once: these tests are about the worker's side, not about a new store's settle
     period of one heartbeat TTL (tests/test_store_went_back.py, tests/contract)."""
     seed_settled_epoch(server)
+
+
+#: How soon the first occurrence of the tests' slow entries (every 6 or 8 s: one run
+#: at a time) comes once registered (next_due_in): about when the fleet is up, not a whole
+#: period after its beat registers them.
+FIRST_IN = 3.0
 
 
 def final_runs(store: RedisStore, entry: str) -> list[Any]:
@@ -102,6 +108,7 @@ def test_worker_killed_mid_task(server: RedisServer, tmp_path: Path, acks_late: 
     client = server.client()
     schedule = {"slow": {"every": 8, "task": "slow", "args": [3]}}
     env = {"BC_ACKS_LATE": "1"} if acks_late else {}
+    next_due_in(server.url, schedule, FIRST_IN)
     with fleet(server.url, server.broker_url(), tmp_path, schedule, **env) as f:
         f.worker()
         f.beat()
@@ -127,8 +134,9 @@ def test_same_occurrence_delivered_twice_runs_once(server: RedisServer, tmp_path
     store = RedisStore.from_url(server.url, "beat-claims")
     client = server.client()
     app = Celery("dup", set_as_current=False, broker=server.broker_url())
-    with fleet(server.url, server.broker_url(), tmp_path,
-               {"dup": {"every": 8, "task": "slow", "args": [3]}}) as f:
+    schedule = {"dup": {"every": 8, "task": "slow", "args": [3]}}
+    next_due_in(server.url, schedule, FIRST_IN)
+    with fleet(server.url, server.broker_url(), tmp_path, schedule) as f:
         worker = f.worker()
         f.beat()
         first = wait_for(lambda: executions(client), 45, "the task to start")[0]
@@ -229,6 +237,7 @@ def test_run_without_outcome_past_run_timeout_is_lost(server: RedisServer,
     store = RedisStore.from_url(server.url, "beat-claims")
     schedule = {"slow": {"every": 6, "task": "slow", "args": [4],
                          "claims": {"run_timeout": 1}}}
+    next_due_in(server.url, schedule, FIRST_IN)
     with fleet(server.url, server.broker_url(), tmp_path, schedule) as f:
         worker = f.worker()
         beat = f.beat()
