@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,8 @@ from beat_claims.runs import RunState, iso, task_id_for
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer, seed_settled_epoch
-from .processes import ROOT, executions, fleet, next_due_in, wait_for
+from .processes import executions, fleet, next_due_in, wait_for
+from .test_cli import cli_steps, step
 
 pytestmark = pytest.mark.integration
 
@@ -158,16 +157,6 @@ def test_same_occurrence_delivered_twice_runs_once(server: RedisServer, tmp_path
                  "the plain task to run")
 
 
-def _cli(server: RedisServer, *args: str) -> Any:
-    env = {**os.environ, "BC_REDIS_URL": server.url, "BC_BROKER_URL": server.broker_url(),
-           "BC_SCHEDULE": json.dumps({"ok": {"every": 1}, "boom": {"every": 1, "task": "fail"}}),
-           "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.proj.app", "claims",
-                          *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
 def test_cli_json_matches_the_store(server: RedisServer, tmp_path: Path) -> None:
     store = RedisStore.from_url(server.url, "beat-claims")
     schedule = {"ok": {"every": 1}, "boom": {"every": 1, "task": "fail"}}
@@ -176,9 +165,12 @@ def test_cli_json_matches_the_store(server: RedisServer, tmp_path: Path) -> None
         f.beat()
         wait_for(lambda: len(final_runs(store, "ok")) >= 2 and final_runs(store, "boom"), 30,
                  "some outcomes")
-        status = json.loads(_cli(server, "status", "--json"))
-        history = json.loads(_cli(server, "history", "boom", "--limit", "3", "--json"))
-        text = _cli(server, "status")
+        ran = cli_steps(server, [step("status", "--json"),
+                                 step("history", "boom", "--limit", "3", "--json"),
+                                 step("status")], schedule=schedule)  # (one process)
+        assert all(r.code == 0 for r in ran), ran
+        status, history = json.loads(ran[0].out), json.loads(ran[1].out)
+        text = ran[2].out
     by_name = {e["name"]: e for e in status["entries"]}
     assert set(by_name) == {"ok", "boom"}
     assert [o["alive"] for o in status["owners"]] == [True]
