@@ -22,7 +22,7 @@ from beat_claims.runs import iso
 from beat_claims.stores.base import Delivery, Outcome, Store, WorkerProcess
 
 from .conftest import RedisServer
-from .inprocess import make_app, messages, settled_epoch
+from .inprocess import make_app, messages, settled_epoch_at
 from .test_integration_fleet import claims_url
 from .test_store_put_back import (
     Copy,
@@ -70,9 +70,7 @@ class StoreUnderTest:
         long heartbeat intervals then claim at their first heartbeat (a beat that finds a
         recent heartbeat and no live beat joins at once), rather than after the new epoch's
         settle period of one of their TTLs (15 s at the default interval)."""
-        app = Celery("settler", set_as_current=False)
-        app.conf.beat_claims_url = self.url
-        settled_epoch(app)
+        settled_epoch_at(self.url)
 
 
 @contextlib.contextmanager

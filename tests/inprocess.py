@@ -63,6 +63,14 @@ def settled_epoch(app: Celery) -> None:
         store.close()
 
 
+def settled_epoch_at(url: str) -> None:
+    """:func:`settled_epoch` of the store at ``url`` (any kind), as a beat of an app with
+    that ``beat_claims_url`` opens it."""
+    app = Celery("settler", set_as_current=False)
+    app.conf.beat_claims_url = url
+    settled_epoch(app)
+
+
 def make(app: Celery, settle: bool = True) -> Scheduler:
     """A scheduler, ticked until the store has settled (a new store's epoch starts with a
     settling time of one heartbeat TTL) and its entries are registered."""

@@ -15,6 +15,10 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from beat_claims.settings import Settings
+from beat_claims.stores import open_store
+from beat_claims.stores.base import EntrySeed
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -153,3 +157,19 @@ def executions(client: Any, what: str = "run") -> list[dict[str, Any]]:
 def duplicates(rows: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
     counts = Counter((row["entry"], row["due"]) for row in rows)
     return {key: n for key, n in counts.items() if n > 1}
+
+
+def next_due_in(url: str, schedule: dict[str, Any], seconds: float) -> None:
+    """The interval entries of ``schedule`` (a fleet's, name -> {"every": s, ...}) in the
+    store at ``url`` as beats that ran before left them: registered, each next due
+    ``seconds`` from now, rather than a whole period after the fleet's beats register them
+    (they keep an entry's anchor). An occurrence the beats come up too late for is caught
+    up, or skipped as the entry's catch-up policy says."""
+    store = open_store(Settings(url=url), timeout=5.0)
+    try:
+        now = store.now()
+        store.register([EntrySeed(name, anchor=now - int(spec["every"] * 1000)
+                                  + int(seconds * 1000))
+                        for name, spec in schedule.items()])
+    finally:
+        store.close()

@@ -11,7 +11,7 @@ import pytest
 from .conftest import RedisServer
 from .processes import fleet, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("settled_store")]
 
 #: Twenty entries due every second: a beat whose every publish takes 0.2 s sends five.
 SCHEDULE = {f"e{i:02d}": {"every": 1} for i in range(20)}

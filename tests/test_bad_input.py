@@ -22,6 +22,8 @@ from .faults import proxy
 from .inprocess import make, make_app, occurrences_sent, run_for
 from .processes import wait_for
 
+pytestmark = pytest.mark.usefixtures("settled_store")
+
 EVERY_SECOND = timedelta(seconds=1)
 
 

@@ -21,7 +21,7 @@ from beat_claims.beat import window
 from beat_claims.beat.window import LOOKAHEAD
 from beat_claims.entries import Entries
 from beat_claims.enums import RunState
-from beat_claims.runs import iso
+from beat_claims.runs import Run, iso
 from beat_claims.scheduler import Scheduler
 from beat_claims.stores.base import ClaimPlan, EntryState, IndexWrite, Outcome, Release
 from beat_claims.stores.redis import RedisStore, function_name
@@ -70,8 +70,14 @@ def test_a_beat_among_10000_entries_holds_only_those_due_soon(server: RedisServe
     try:
         held: list[int] = []
         let_go_seen = False
-        deadline = time.monotonic() + 14
-        while time.monotonic() < deadline:
+
+        def enough() -> bool:
+            sent = Counter(entry for entry, _ in occurrences_sent(server))
+            return (let_go_seen and sent["fast-a"] >= 10 and sent["fast-b"] >= 10
+                    and sent["every-4s"] >= 3)
+
+        deadline = time.monotonic() + 14  # (what is asserted below is sent by then)
+        while time.monotonic() < deadline and not enough():
             wait = beat.tick()
             held.append(len(beat.schedule))
             let_go_seen |= "every-4s" not in beat.schedule
@@ -504,8 +510,15 @@ def test_an_entry_let_go_is_taken_back_in_time_for_its_next_occurrence(
     beat = make(app)
     try:
         began = beat.clock.now()  # (what fell due while the beat started is not judged)
-        tick_for(14, beat)
-        runs = [r for r in beat.store.history("dyn") if r.sent_at is not None and r.due > began]
+
+        def sent() -> list[Run]:
+            return [r for r in beat.store.history("dyn")
+                    if r.sent_at is not None and r.due > began]
+
+        deadline = time.monotonic() + 14  # (three occurrences sent, late or not, by then)
+        while len(sent()) < 3 and time.monotonic() < deadline:
+            time.sleep(min(0.05, max(0.0, beat.tick())))
+        runs = sent()
         late = {iso(r.due): r.sent_at - r.due for r in runs
                 if r.sent_at is not None and r.sent_at - r.due > 500}
         assert len(runs) >= 3 and not late, f"late (ms): {late}; {len(runs)} sent"

@@ -23,6 +23,8 @@ from .conftest import RedisServer
 from .inprocess import beats, make, make_app, occurrences_sent, run_for
 from .processes import wait_for
 
+pytestmark = pytest.mark.usefixtures("settled_store")
+
 ENTRIES = 2 * CLAIM_CHUNK + 50  # three chunks
 
 

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
 from kombu.exceptions import OperationalError
 
 from beat_claims.runs import RunState, iso
@@ -23,6 +24,8 @@ from .conftest import RedisServer
 from .inprocess import joined, make, occurrences_sent
 from .processes import wait_for
 from .test_claim_ahead import ENTRIES, break_publish, burst_app, next_burst, no_duplicates
+
+pytestmark = pytest.mark.usefixtures("settled_store")
 
 HELD = (RunState.CLAIMED, RunState.SENDING)
 

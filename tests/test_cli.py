@@ -78,10 +78,10 @@ def cli_each(server: RedisServer, commands: list[tuple[str, ...]],
     return [Ran(code, out, err) for code, out, err in json.loads(done.stdout)]
 
 
-#: ``celery -A tests.proj.app claims ARGS`` for each [ARGS, STDIN] of argv[1] (JSON), one
-#: after the other in one process, each as ``python -m celery`` runs it (Celery's command
-#: line in its standalone mode: its exit code, click's usage errors shown), on STDIN:
-#: [code, stdout, stderr] each.
+#: ``celery -A APP claims ARGS`` (APP: argv[2]) for each [ARGS, STDIN] of argv[1] (JSON),
+#: one after the other in one process, each as ``python -m celery`` runs it (Celery's
+#: command line in its standalone mode: its exit code, click's usage errors shown), on
+#: STDIN: [code, stdout, stderr] each.
 _STEPS = """
 import contextlib, io, json, sys
 from celery.bin.celery import celery
@@ -91,7 +91,7 @@ for args, stdin in json.loads(sys.argv[1]):
     sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()))
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            celery.main(args=["-A", "tests.proj.app", "claims", *args], prog_name="celery",
+            celery.main(args=["-A", sys.argv[2], "claims", *args], prog_name="celery",
                         auto_envvar_prefix="CELERY")
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
@@ -106,12 +106,15 @@ def step(*args: str, stdin: str = "") -> tuple[tuple[str, ...], str]:
 
 
 def cli_steps(server: RedisServer | None, steps: list[tuple[tuple[str, ...], str]],
-              **env: str) -> list[Ran]:
+              schedule: dict[str, Any] | None = None, app: str = "tests.proj.app",
+              environ: dict[str, str] | None = None, **env: str) -> list[Ran]:
     """What :func:`cli` gives for each of ``steps`` run one after the other (each sees what
-    the ones before it wrote to the store), with one process's start for all."""
-    done = subprocess.run([sys.executable, "-c", _STEPS, json.dumps(steps)], cwd=ROOT,
-                          env=_environ(server, None, env), capture_output=True, text=True,
-                          timeout=120)
+    the ones before it wrote to the store), with one process's start for all: ``celery -A
+    app``, in ``environ`` when given (the whole environment: another project's), else in
+    :func:`cli`'s."""
+    done = subprocess.run([sys.executable, "-c", _STEPS, json.dumps(steps), app], cwd=ROOT,
+                          env=environ or _environ(server, schedule, env), capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return [Ran(code, out, err) for code, out, err in json.loads(done.stdout)]
 
@@ -141,17 +144,16 @@ def store(server: RedisServer) -> RedisStore:
 
 def test_status_names_beats_as_host_pid_with_their_id_and_times_in_iso(
         server: RedisServer, store: RedisStore) -> None:
-    ran = cli(server, "status", "-j")
-    assert ran.code == 0, ran.err
+    ran, table = cli_steps(server, [step("status", "-j"), step("status")])
+    assert ran.code == 0 and table.code == 0, (ran, table)
     doc = json.loads(ran.out)
     [owner] = doc["owners"]
     assert owner["beat"] == "beat-host:4242" and owner["id"] == "0123456789abcdef"
     assert owner["started_at"].endswith("Z") and owner["expires_at"].endswith("Z")
     by_name = {e["name"]: e for e in doc["entries"]}
     assert by_name["gone"]["in_schedule"] is False and by_name["ok"]["in_schedule"] is True
-    table = cli(server, "status").out
-    assert "beat-host:4242 (01234567)" in table
-    assert "gone (removed)" in table and "ok (removed)" not in table
+    assert "beat-host:4242 (01234567)" in table.out
+    assert "gone (removed)" in table.out and "ok (removed)" not in table.out
 
 
 def test_history_of_an_unknown_entry_is_an_error(server: RedisServer,
@@ -169,10 +171,10 @@ def test_history_limit_must_be_a_positive_integer(server: RedisServer, store: Re
 
 def test_history_json_has_a_short_flag_and_help_says_the_defaults(
         server: RedisServer, store: RedisStore) -> None:
-    ran = cli(server, "history", "ok", "-j")
+    ran, helped = cli_steps(server, [step("history", "ok", "-j"), step("history", "--help")])
     assert ran.code == 0 and json.loads(ran.out)["entry"] == "ok"
-    helped = cli(server, "history", "--help").out
-    assert "ENTRY (an entry's name" in helped and "default: 20" in helped
+    assert helped.code == 0 and "ENTRY (an entry's name" in helped.out
+    assert "default: 20" in helped.out
 
 
 def test_without_an_app_it_says_so_in_one_line(server: RedisServer) -> None:
@@ -188,21 +190,24 @@ def test_an_unreachable_store_is_one_line(tmp_path: Any) -> None:
 
 def test_prune_lists_entries_no_schedule_has_and_removes_them_only_with_yes(
         server: RedisServer, store: RedisStore) -> None:
-    recent = json.loads(cli(server, "prune", "-j").out)
+    # One process for the five commands: each dry run left "gone" in the store, as the last
+    # command (--yes) finds it there and removes it, and nothing else.
+    ran = cli_steps(server, [
+        step("prune", "-j"), step("prune", "--older-than", "0"),
+        step("prune", "--older-than", "0", "--dry-run"), step("prune", "--older-than", "0", "-j"),
+        step("prune", "--older-than", "0", "--yes")])
+    recent = json.loads(ran[0].out)
     assert recent == {"dry_run": True, "removable": [], "removed": [], "kept_scheduled": 2,
                       "kept_registered": [], "kept_live": [],
                       "kept_recent": ["gone"]}  # it ran a moment ago
-    for listing in (("prune", "--older-than", "0"), ("prune", "--older-than", "0",
-                                                     "--dry-run")):
-        ran = cli(server, *listing)
-        assert ran.code == 0 and "would remove 1 entr(ies)" in ran.out, ran
-        assert "gone: not in this app's schedule" in ran.out and "--yes" in ran.out, ran
-        assert {e.name for e in store.entries()} == {"ok", "boom", "gone"}
-    [removable] = json.loads(cli(server, "prune", "--older-than", "0", "-j").out)["removable"]
+    for listed in ran[1:3]:
+        assert listed.code == 0 and "would remove 1 entr(ies)" in listed.out, listed
+        assert "gone: not in this app's schedule" in listed.out and "--yes" in listed.out, \
+            listed
+    [removable] = json.loads(ran[3].out)["removable"]
     assert removable["entry"] == "gone" and removable["last_active"].endswith("Z")
     assert "older than 0.2" in removable["why"]  # registered before registrants were kept
-    ran = cli(server, "prune", "--older-than", "0", "--yes")
-    assert ran.code == 0 and "removed 1 entr(ies): gone" in ran.out, ran
+    assert ran[4].code == 0 and "removed 1 entr(ies): gone" in ran[4].out, ran[4]
     assert {e.name for e in store.entries()} == {"ok", "boom"}
     assert store.history("gone") == []
 
@@ -211,11 +216,11 @@ def test_status_shows_a_paused_entry_with_who_why_and_since_when(
         server: RedisServer, store: RedisStore) -> None:
     record = store.pause("ok", "alice@ops", "billing migration")
     assert record is not None and record.paused is not None
-    doc = json.loads(cli(server, "status", "--json").out)
+    ran, table = cli_steps(server, [step("status", "--json"), step("status")])
+    doc = json.loads(ran.out)
     by_name = {e["name"]: e for e in doc["entries"]}
     assert by_name["ok"]["paused"] == {"by": "alice@ops", "note": "billing migration",
                                        "at": iso(record.paused.at)}
     assert by_name["boom"]["paused"] is None
-    table = cli(server, "status").out
-    [line] = [row for row in table.splitlines() if row.startswith("ok ")]
+    [line] = [row for row in table.out.splitlines() if row.startswith("ok ")]
     assert "PAUSED since" in line and "alice@ops" in line and "billing migration" in line

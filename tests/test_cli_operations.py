@@ -26,8 +26,9 @@ from beat_claims.stores import open_store
 from beat_claims.stores.base import ClaimPlan, EntrySeed, EntryState, Store
 
 from .conftest import RedisServer, free_port, seed_settled_epoch
+from .inprocess import settled_epoch_at
 from .processes import Fleet, fleet, wait_for
-from .test_cli import Ran, cli, one_line
+from .test_cli import Ran, cli, cli_steps, one_line, step
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +53,26 @@ class Target:
             **env: str) -> Ran:
         return cli(self.server, *args, schedule=schedule, **self.conf(**(conf or {})), **env)
 
+    def steps(self, *steps: tuple[tuple[str, ...], str], schedule: dict[str, Any],
+              conf: dict[str, Any] | None = None, **env: str) -> list[Ran]:
+        """What :meth:`cli` gives for each of ``steps`` (:func:`step`), run one after the
+        other in one ``celery`` process."""
+        return cli_steps(self.server, list(steps), schedule=schedule,
+                         **self.conf(**(conf or {})), **env)
+
     def fleet(self, tmp_path: Path, schedule: dict[str, Any],
               conf: dict[str, Any] | None = None, **env: str
               ) -> AbstractContextManager[Fleet]:
         return fleet(self.server.url, self.server.broker_url(), tmp_path, schedule,
                      **self.conf(**(conf or {})), **env)
+
+    def settled(self) -> None:
+        """The store has run a while (its epoch settled): the beats claim at once, not
+        after a new store's settle period."""
+        if self.kind == "redis":
+            seed_settled_epoch(self.server)
+        else:
+            settled_epoch_at(self.url)
 
     def runs(self, entry: str) -> dict[int, Run]:
         return {r.due: r for r in self.store.history(entry)}
@@ -110,7 +126,7 @@ FAST = {"tick": {"every": 0.1}}
 def test_pause_trigger_resume_backfill_release_with_a_real_beat(
         target: Target, tmp_path: Path) -> None:
     t = target
-    seed_settled_epoch(t.server)  # the beat claims at once, without settling first
+    t.settled()  # the beat claims at once, without settling first
     with t.fleet(tmp_path, SCHEDULE) as f:
         f.beat()
         wait_for(lambda: any(r.state is RunState.SENT for r in t.runs("tick").values()), 40,
@@ -195,28 +211,33 @@ def test_requests_that_cannot_be_done_are_one_line(target: Target) -> None:
     t.store.register([EntrySeed("tick", "every 0.1s"), EntrySeed("gone", "every 0.1s")])
     anchor = t.state("tick").anchor
     wait_for(lambda: t.store.now() > anchor + 1000, 15, "ten occurrences of tick")
-    line = one_line(t.cli("pause", "nosuch", schedule=FAST))
-    assert "no entry 'nosuch' in the store" in line and "tick" in line
     future = iso(t.store.now() + 3_600_000) or ""
-    line = one_line(t.cli("backfill", "tick", "--from", iso(anchor) or "", "--to", future,
-                          schedule=FAST))
+    second = ("--from", iso(anchor) or "", "--to", iso(anchor + 1000) or "")
+    # One process for the commands of each configuration.
+    nosuch, in_future, bad, helped = t.steps(
+        step("pause", "nosuch"), step("backfill", "tick", "--from", iso(anchor) or "",
+                                      "--to", future),
+        step("backfill", "tick", "--from", "yesterday", "--to", future),
+        step("backfill", "--help"), schedule=FAST)
+    line = one_line(nosuch)
+    assert "no entry 'nosuch' in the store" in line and "tick" in line
+    line = one_line(in_future)
     assert "in the future of the store's clock" in line and "trigger" in line
-    line = one_line(t.cli("backfill", "tick", "--from", iso(anchor) or "",
-                          "--to", iso(anchor + 1000) or "", schedule=FAST,
-                          conf={"beat_claims_backfill_limit": 3}))
+    [over] = t.steps(step("backfill", "tick", *second), schedule=FAST,
+                     conf={"beat_claims_backfill_limit": 3})
+    line = one_line(over)
     assert "tick has 9 occurrences" in line and "beat_claims_backfill_limit=3" in line
     assert t.runs("tick") == {}  # nothing was created
     # Within the backfill limit, but more than the entry's history keeps: refused by the
     # store, in one line naming the setting, and nothing recorded.
-    line = one_line(t.cli("backfill", "tick", "--from", iso(anchor) or "",
-                          "--to", iso(anchor + 1000) or "", schedule=FAST,
-                          conf={"beat_claims_history_limit": 3}))
+    [beyond] = t.steps(step("backfill", "tick", *second), schedule=FAST,
+                       conf={"beat_claims_history_limit": 3})
+    line = one_line(beyond)
     assert "beat_claims_history_limit=3" in line and "Nothing was recorded" in line, line
     assert t.runs("tick") == {}
-    bad = t.cli("backfill", "tick", "--from", "yesterday", "--to", future, schedule=FAST)
     assert bad.code == 2 and "ISO 8601" in bad.err and "Traceback" not in bad.err, bad
     assert "without an offset it is UTC" in bad.err or "without an offset it is UTC" in \
-        t.cli("backfill", "--help", schedule=FAST).out
+        helped.out
     # The same refusals, as the admin meets them (no process needed).
     every = schedule(timedelta(seconds=0.1))
     with pytest.raises(operations.OperationError, match="is not before"):
@@ -237,7 +258,7 @@ def test_a_backfill_never_runs_again_what_the_trimmed_history_forgot(
     t = target
     conf = {"beat_claims_history_limit": 5}
     every = {"tick": {"every": 0.2}}
-    seed_settled_epoch(t.server)
+    t.settled()
     ran: set[int] = set()
 
     def ran_many() -> bool:
@@ -258,16 +279,20 @@ def test_a_backfill_never_runs_again_what_the_trimmed_history_forgot(
     trimmed = sorted(due for due in ran if due not in before)
     first = next((due for due in trimmed if {due + 200, due + 400} <= ran), None)
     assert first is not None, f"no three runs in a row among those trimmed: {trimmed}"
-    refused = one_line(t.cli("backfill", "tick", "--from", iso(first) or "",
-                             "--to", iso(first + 600) or "", schedule=every, conf=conf))
+    [horizon] = [e.history_horizon for e in t.store.entries(["tick"])]
+    assert horizon is not None and horizon >= first, (horizon, first)
+    # Both backfills in one process: the store is unchanged after them (below).
+    refusal, keeping = t.steps(
+        step("backfill", "tick", "--from", iso(first) or "", "--to", iso(first + 600) or ""),
+        step("backfill", "tick", "--from", iso(horizon + 1) or "",
+             "--to", iso(max(ran) + 1) or "", "-j"), schedule=every, conf=conf)
+    refused = one_line(refusal)
     assert "beat_claims_history_limit=5" in refused, refused
     assert "nothing was recorded" in refused, refused
-    [horizon] = [e.history_horizon for e in t.store.entries(["tick"])]
-    assert horizon is not None and horizon >= first and iso(horizon) in refused, refused
-    assert t.runs("tick") == before  # nothing was created
-    kept = as_json(t.cli("backfill", "tick", "--from", iso(horizon + 1) or "",
-                         "--to", iso(max(ran) + 1) or "", "-j", schedule=every, conf=conf))
+    assert iso(horizon) in refused, refused
+    kept = as_json(keeping)
     assert kept["created"] == [] and kept["kept"], kept  # what it holds ran: kept
+    assert t.runs("tick") == before  # nothing was created
 
 
 def test_a_write_action_on_an_unreachable_store_is_one_line() -> None:

@@ -49,6 +49,8 @@ from .conftest import RedisServer
 from .inprocess import make_app, messages, occurrences_sent, run_for, settled
 from .processes import ROOT, Fleet, running, wait_for
 
+pytestmark = pytest.mark.usefixtures("settled_store")
+
 TASK = "djangosite.record"
 
 
@@ -146,9 +148,9 @@ def test_start_time_expires_and_one_off_are_the_entrys_bounds(server: RedisServe
 
 @pytest.mark.django_db
 def test_bounds_one_off_and_clocked_with_two_schedulers(server: RedisServer) -> None:
-    # The instants below count from when the beats have settled (a new store's epoch
-    # settles for three heartbeats: 1.5 s here) and start claiming.
-    now = timezone.now() + timedelta(seconds=1.5)
+    # The instants below count from when the beats start claiming: at once, on the
+    # store's settled epoch (settled_store).
+    now = timezone.now()
     row("plain", interval=every(0.5))
     later = row("later", interval=every(0.5), start_time=now + timedelta(seconds=1.5))
     expiring = row("expiring", interval=every(0.5), expires=now + timedelta(seconds=1.2))

@@ -30,6 +30,8 @@ from .inprocess import run_for
 from .processes import wait_for
 from .test_django_beat import TASK, every, row, scheduler
 
+pytestmark = pytest.mark.usefixtures("settled_store")
+
 MODULE = sys.modules[DatabaseScheduler.__module__]
 
 

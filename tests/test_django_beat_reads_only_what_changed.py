@@ -28,6 +28,8 @@ from .conftest import RedisServer
 from .processes import wait_for
 from .test_django_beat import dues_of, every, executions, row, site, site_env
 
+pytestmark = pytest.mark.usefixtures("settled_store")
+
 #: Rows in the table: as many as keep the test within a minute on two cores shared with
 #: other work (about 30 s). At 20,000 and 30,000, with the test site's 1 s heartbeat, the
 #: beats stalled for seconds after registering every row (docs/benchmarks.md).

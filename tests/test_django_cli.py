@@ -30,10 +30,11 @@ from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer
 from .processes import ROOT, wait_for
-from .test_cli import Ran, one_line
+from .test_cli import Ran, cli_steps, one_line, step
 from .test_django_beat import Site, every, row, site
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("settled_store")]
 
 #: The README's set-up: the database scheduler named in the settings.
 SCHEDULER = "beat_claims.contrib.django.DatabaseScheduler"
@@ -74,6 +75,13 @@ def claims(env: dict[str, str], *args: str, app: str = "tests.djangosite.celery"
     done = subprocess.run([sys.executable, "-m", "celery", "-A", app, "claims", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     return Ran(done.returncode, done.stdout, done.stderr)
+
+
+def claims_steps(env: dict[str, str], *steps: tuple[tuple[str, ...], str],
+                 app: str = "tests.djangosite.celery") -> list[Ran]:
+    """What :func:`claims` gives for each of ``steps`` (:func:`step`), run one after the
+    other in one process (each as ``celery`` runs it): one start of the project for all."""
+    return cli_steps(None, list(steps), app=app, environ=env)
 
 
 def doc(ran: Ran) -> Any:
@@ -118,22 +126,26 @@ def test_status_health_backfill_and_trigger_see_the_rows_the_beats_run(
              and any(r.sent_at for r in store.history("every-2s")), 60,
              "the beat to register the rows and send every-2s")
 
-    # status: the rows are in the schedule, with their next occurrences.
-    entries = {e["name"]: e for e in doc(claims(env, "status", "-j"))["entries"]}
-    for name in ("every-2s", "yearly"):
-        assert entries[name]["in_schedule"] and entries[name]["next_due"], entries[name]
-    assert "(removed)" not in claims(env, "status").out
-
-    # backfill: the row's occurrences are computed as the beat computes them.
     [record] = store.entries(["every-2s"])
     assert record.anchor is not None
     now = store.now()
-    done = doc(claims(env, "backfill", "every-2s", "--from", iso(record.anchor) or "",
-                      "--to", iso(now) or "", "-j"))
+    status, table, backfill, ran = claims_steps(
+        env, step("status", "-j"), step("status"),
+        step("backfill", "every-2s", "--from", iso(record.anchor) or "", "--to", iso(now) or "",
+             "-j"),
+        step("trigger", "every-2s", "-j"))
+
+    # status: the rows are in the schedule, with their next occurrences.
+    entries = {e["name"]: e for e in doc(status)["entries"]}
+    for name in ("every-2s", "yearly"):
+        assert entries[name]["in_schedule"] and entries[name]["next_due"], entries[name]
+    assert table.code == 0 and "(removed)" not in table.out, table
+
+    # backfill: the row's occurrences are computed as the beat computes them.
+    done = doc(backfill)
     assert done["occurrences"] >= 1 and done["created"] == [], done  # every one was sent
 
     # trigger: no warning that the entry is not scheduled; the live beat is named.
-    ran = claims(env, "trigger", "every-2s", "-j")
     triggered = doc(ran)
     assert triggered["in_schedule"] is True and ran.err == "", ran
     assert triggered["beats"] and all(":" in b for b in triggered["beats"]), triggered
@@ -167,12 +179,11 @@ def test_prune_keeps_what_a_live_beat_registered_or_an_enabled_row_holds(
     # registered them, so nothing may go, with --yes or without.
     other = {**env, "BC_REDIS_URL": server.url, "BC_SCHEDULE": "{}"}
     other.pop("DJANGO_SETTINGS_MODULE")
-    listed = doc(claims(other, "prune", "--older-than", "0", "-j", app="tests.proj.app"))
-    assert {e.name: e.anchor for e in store.entries(["yearly", "to-disable"])} == anchors
+    listed, done = map(doc, claims_steps(
+        other, step("prune", "--older-than", "0", "-j"),
+        step("prune", "--older-than", "0", "--yes", "-j"), app="tests.proj.app"))
     assert listed["removable"] == [] and listed["dry_run"] is True, listed
     assert {k["entry"] for k in listed["kept_registered"]} == {"yearly", "to-disable"}
-    done = doc(claims(other, "prune", "--older-than", "0", "--yes", "-j",
-                      app="tests.proj.app"))
     assert done["removed"] == [] and done["dry_run"] is False, done
     assert {e.name: e.anchor for e in store.entries(["yearly", "to-disable"])} == anchors
 
@@ -181,27 +192,28 @@ def test_prune_keeps_what_a_live_beat_registered_or_an_enabled_row_holds(
     assert listed["removable"] == [] and listed["kept_scheduled"] >= 2, listed
 
     # A row disabled while the beat runs: the beat withdraws it, and prune lists it (and
-    # why) without removing it until --yes.
+    # why) without removing it until --yes (which finds it there after the listing).
     weekly.enabled = False
     weekly.save()
     wait_for(lambda: registrants(store, "to-disable") == set(), 30,
              "the beat to withdraw the disabled row")
-    ran = claims(env, "prune", "--older-than", "0")
+    ran, removed = claims_steps(env, step("prune", "--older-than", "0"),
+                                step("prune", "--older-than", "0", "--yes", "-j"))
     assert ran.code == 0, ran
     assert "would remove 1 entr(ies)" in ran.out and "--yes" in ran.out, ran.out
     assert "to-disable: not in this app's schedule" in ran.out, ran.out
     assert "no longer schedules it" in ran.out, ran.out
-    assert {e.name for e in store.entries() if e.anchor is not None} >= {"to-disable"}
-    done = doc(claims(env, "prune", "--older-than", "0", "--yes", "-j"))
+    done = doc(removed)
     assert done["removed"] == ["to-disable"], done
     assert "to-disable" not in {e.name for e in store.entries()}
 
     # No live beat any more: the enabled row still holds its entry.
     fleet.stop(beat)
-    done = doc(claims(env, "prune", "--older-than", "0", "--yes", "-j"))
+    pruned, bad = claims_steps(env, step("prune", "--older-than", "0", "--yes", "-j"),
+                               step("prune", "--yes", "--dry-run"))
+    done = doc(pruned)
     assert done["removed"] == [] and done["removable"] == [], done
     assert [e.anchor for e in store.entries(["yearly"])] == [anchors["yearly"]]
-    bad = claims(env, "prune", "--yes", "--dry-run")
     assert bad.code == 2 and "--dry-run" in bad.err, bad
 
 
@@ -226,8 +238,10 @@ def test_trigger_of_an_entry_no_live_beat_schedules_is_refused_and_records_nothi
     later.save()
     wait_for(lambda: registrants(store, "disabled-later") == set(), 30,
              "the beat to withdraw the disabled row")
-    line = one_line(claims(env, "trigger", "disabled-later"))
+    refused, triggered = claims_steps(env, step("trigger", "disabled-later"),
+                                      step("trigger", "yearly", "-j"))
+    line = one_line(refused)
     assert "no live beat schedules disabled-later" in line, line
     assert "no longer schedules it" in line, line
     assert store.history("disabled-later") == []
-    assert doc(claims(env, "trigger", "yearly", "-j"))["beats"]  # the live beat has it
+    assert doc(triggered)["beats"]  # the live beat has it

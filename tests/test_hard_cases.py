@@ -13,10 +13,19 @@ import pytest
 from beat_claims.runs import RunState, iso
 from beat_claims.stores.redis import RedisStore
 
-from .conftest import RedisServer
+from .conftest import RedisServer, seed_settled_epoch
 from .processes import duplicates, executions, fleet, wait_for
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def settled_store(server: RedisServer) -> None:
+    """The store on the test's redis-server has run a while (a settled epoch): the cases
+    here happen to a fleet that runs, not at a new store's start (tests/test_store_went_back.py,
+    tests/contract), and their beats claim at once rather than after the new epoch's settle
+    period of a TTL (3 s at the fleet's heartbeat of 1 s)."""
+    seed_settled_epoch(server)
 
 
 def consecutive(dues: list[int], period: int) -> bool:

@@ -9,7 +9,6 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from beat_claims.stores.base import DefinitionWrite, EntrySeed, Reclaim, WriteSt
 
 from .conftest import RedisServer, free_port
 from .processes import wait_for
-from .test_cli import Ran, cli
+from .test_cli import Ran, cli, step
 from .test_cli_operations import STUCK, Target, hold_a_claim, targets
 
 pytestmark = pytest.mark.integration
@@ -55,24 +54,26 @@ def items(doc: dict[str, Any], check: str) -> list[dict[str, Any]]:
 def test_a_live_beat_is_healthy_and_a_stopped_one_fails_the_probes(
         target: Target, tmp_path: Path) -> None:
     t = target
+    t.settled()  # the beat claims at once, without settling first
     with t.fleet(tmp_path, SCHEDULE) as f:
         beat = f.beat()
         wait_for(lambda: any(r.state is RunState.SENT for r in t.store.history("tick")), 40,
                  "the beat to send tick")
-        doc = report(t.cli("health", "-j", schedule=SCHEDULE), 0)
+        ran, probe = t.steps(step("health", "-j"), step("health", "--beat"), schedule=SCHEDULE)
+        doc = report(ran, 0)
         assert doc["ok"] is True and doc["failed"] == []
         assert [c["name"] for c in doc["checks"]] == ["store", "beats", "claims", "overdue",
                                                    "unstarted", "schedules"]
         assert doc["grace_seconds"] == 33.0  # three heartbeats of 1 s, and 30 s
-        probe = t.cli("health", "--beat", schedule=SCHEDULE)
         assert probe.code == 0 and "ok    beat: 1 alive on host" in probe.out, probe
 
         f.stop(beat)  # SIGTERM: the beat leaves, it is known gone at once
         last = max(r.due for r in t.store.history("tick"))
         wait_for(lambda: t.store.now() > last + 2500, 10, "tick to be overdue by 1.5 s")
-        probe = t.cli("health", "--beat", "-j", schedule=SCHEDULE)
+        probe, ran = t.steps(step("health", "--beat", "-j"), step("health", "--grace", "1", "-j"),
+                             schedule=SCHEDULE)
         assert report(probe, 1)["failed"] == ["beat"]
-        doc = report(t.cli("health", "--grace", "1", "-j", schedule=SCHEDULE), 1)
+        doc = report(ran, 1)
         assert doc["failed"] == ["beats", "overdue"]
         # tick's next occurrence, never claimed; and when the beat had claimed one ahead
         # as it stopped (a loaded host: it logs "released 1 unsent claim(s)"), that run,
@@ -145,15 +146,19 @@ def test_a_run_due_again_that_no_beat_takes_is_overdue_whatever_schedule_the_pro
     due = t.store.request_run("elsewhere", "ops")
     assert due is not None
     wait_for(lambda: t.store.now() > due + 1500, 10, "the requested run to wait 1.5 s")
-    for probed in (SCHEDULE, {"unrelated": {"every": 60}}):
-        doc = report(t.cli("health", "--grace", "1", "-j", schedule=probed), 1)
+    # (one process for the probes of each schedule)
+    late, within = t.steps(step("health", "--grace", "1", "-j"),
+                           step("health", "--grace", "600", "-j"), schedule=SCHEDULE)
+    [other] = t.steps(step("health", "--grace", "1", "-j"), schedule={"unrelated": {"every": 60}})
+    for ran in (late, other):
+        doc = report(ran, 1)
         assert doc["failed"] == ["beats", "overdue"], doc
         [late] = items(doc, "overdue")
         assert (late["entry"], late["kind"], late["in_schedule"]) == (
             "elsewhere", "due again", False), late
         assert late["late_seconds"] >= 1.5, late
     # Within the grace it is not late.
-    doc = report(t.cli("health", "--grace", "600", "-j", schedule=SCHEDULE), 1)
+    doc = report(within, 1)
     assert doc["failed"] == ["beats"], doc
 
 
@@ -161,7 +166,7 @@ def test_a_run_due_again_that_no_beat_takes_is_overdue_whatever_schedule_the_pro
 def test_a_beat_killed_on_this_host_is_dead_at_once_for_its_own_probe_status_and_health(
         target: Target, tmp_path: Path) -> None:
     # Two beats on this host with a 30 s heartbeat (their records lapse 90 s after the last
-    # one: six CLI processes at once take a while on a loaded 2-core machine): one is
+    # one: the probes, a CLI process, take a while on a loaded 2-core machine): one is
     # killed with SIGKILL and says nothing; its pid is gone on this host.
     t = target
     with t.fleet(tmp_path, SCHEDULE, BC_HEARTBEAT="30") as f:
@@ -181,10 +186,12 @@ def test_a_beat_killed_on_this_host_is_dead_at_once_for_its_own_probe_status_and
                  "by name": ("health", "--beat", f"{socket.gethostname()}:{one.pid}", "-j"),
                  "this host's": ("health", "--beat", "-j"),
                  "fleet": ("health", "-j"),
-                 "status": ("status", "-j")}
-        with ThreadPoolExecutor(len(calls)) as pool:
-            done = dict(zip(calls, pool.map(lambda args: t.cli(*args, schedule=SCHEDULE),
-                                            calls.values())))
+                 "status": ("status", "-j"),
+                 # A pid no beat of this host has: not alive either.
+                 "unknown": ("health", "--beat", "999999999", "-j"),
+                 "bad": ("health", "--beat", "web-1:")}
+        done = dict(zip(calls, t.steps(*(step(*args) for args in calls.values()),
+                                       schedule=SCHEDULE)))
         took = time.monotonic() - killed_at
         assert t.store.now() < record.expires_at, "the probes ran before the heartbeat lapsed"
 
@@ -202,12 +209,10 @@ def test_a_beat_killed_on_this_host_is_dead_at_once_for_its_own_probe_status_and
         status = report(done["status"], 0)
         assert {o["pid"]: o["alive"] for o in status["owners"]} == {
             one.pid: False, two.pid: True}, status["owners"]
-        print(f"six probes, in parallel, answered {took:.1f} s after the kill")
-
-        # A pid no beat of this host has: not alive either.
-        unknown = report(t.cli("health", "--beat", "999999999", "-j", schedule=SCHEDULE), 1)
+        print(f"{len(calls)} probes, in one process, answered {took:.1f} s after the kill")
+        unknown = report(done["unknown"], 1)
         assert unknown["failed"] == ["beat"], unknown
-        bad = t.cli("health", "--beat", "web-1:", schedule=SCHEDULE)
+        bad = done["bad"]
         assert bad.code == 2 and "--beat" in bad.err and "HOST:PID" in bad.err, bad
 
 

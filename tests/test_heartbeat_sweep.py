@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from beat_claims.enums import RunState
 from beat_claims.runs import iso
 from beat_claims.scheduler import Scheduler
@@ -18,6 +20,8 @@ from beat_claims.scheduler import Scheduler
 from .conftest import RedisServer
 from .inprocess import beats, make, make_app, occurrences_sent, run_for
 from .processes import wait_for
+
+pytestmark = pytest.mark.usefixtures("settled_store")
 
 
 def _count_calls(s: Scheduler, *names: str) -> dict[str, int]:

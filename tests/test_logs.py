@@ -17,6 +17,8 @@ from beat_claims.enums import Reason, RunState
 from .conftest import RedisServer
 from .inprocess import beats, make, make_app, run_for
 
+pytestmark = pytest.mark.usefixtures("settled_store")
+
 
 def skip_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]

@@ -19,7 +19,7 @@ from .conftest import RedisServer
 from .inprocess import beats, make_app, messages, run_for
 from .processes import duplicates, executions, fleet, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("settled_store")]
 
 
 def history(store: RedisStore, entry: str) -> list[Run]:

@@ -23,7 +23,7 @@ from .conftest import RedisServer
 from .inprocess import make, make_app, messages, run_for
 from .processes import fleet, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("settled_store")]
 
 
 def test_a_jitter_longer_than_the_claim_window_skips_no_occurrence(

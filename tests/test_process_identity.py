@@ -31,6 +31,8 @@ from beat_claims.stores.redis import RedisStore
 from .conftest import RedisServer
 from .inprocess import beats, make_app
 
+pytestmark = pytest.mark.usefixtures("settled_store")
+
 HOUR = 3600
 
 

@@ -38,7 +38,8 @@ from beat_claims.settings import ConfigurationError, Settings
 from beat_claims.stores import open_store
 from beat_claims.stores.base import Check, ClaimPlan, Delivery, EntrySeed, Store, WorkerProcess
 
-from .conftest import RedisServer, free_port, own_redis
+from .conftest import RedisServer, free_port, own_redis, seed_settled_epoch
+from .inprocess import settled_epoch_at
 from .processes import ROOT, Fleet, executions, running, wait_for
 from .test_cli import cli_each
 
@@ -114,6 +115,12 @@ def drive(kind: str, server: RedisServer, tmp: Path, conf: dict[str, Any],
         f.worker(concurrency=4)
         if "recovered" in paths:
             f.worker("-Q", "nohooks", concurrency=1, BC_NO_INSTALL="1")
+        # The store has run a while (its epoch settled): the beat claims at once, not
+        # after a new store's settle period.
+        if kind == "redis":
+            seed_settled_epoch(server)
+        else:
+            settled_epoch_at(url)
         f.beat()
         revoked: set[str] = set()
 

@@ -27,7 +27,7 @@ from .conftest import RedisServer
 from .faults import proxy
 from .processes import Fleet, fleet, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("settled_store")]
 
 #: Three claim chunks due together every second (the second claimed ahead, in the claim
 #: thread, while the first is sent), and entries whose claims are held until their jitter.

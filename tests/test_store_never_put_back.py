@@ -48,6 +48,7 @@ def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_ba
     for an older copy (a new epoch: the whole fleet registers again and claims nothing for
     a heartbeat TTL)."""
     app = any_store.app({"kept": {"task": "t.noop", "schedule": timedelta(hours=1)}})
+    any_store.settled()  # (the store has run a while: no new store's settle period)
     s = make(app)
     observer = any_store.open()
     worker = Worker(observer, server)
@@ -128,6 +129,7 @@ def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_i
     schedule = {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
                 for i in range(3)}
     app = any_store.app(schedule)
+    any_store.settled()  # (the store has run a while: no new store's settle period)
     a, b = beats(app, app)
     observer = any_store.open()
     define(observer, app, "gone", GONE)

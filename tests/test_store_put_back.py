@@ -24,7 +24,8 @@ import pytest
 import redis
 
 from .conftest import RedisServer, own_redis
-from .processes import Fleet, duplicates, executions, fleet, wait_for
+from .inprocess import settled_epoch_at
+from .processes import Fleet, duplicates, executions, fleet, next_due_in, wait_for
 from .test_integration_fleet import (
     MY_HOST,
     MY_PASSWORD,
@@ -42,6 +43,9 @@ pytestmark = pytest.mark.integration
 #: the store went back from its answer) before the third beat is up and claiming.
 PERIOD = 8
 SCHEDULE = {f"e{i}": {"every": PERIOD} for i in range(3)}
+#: How soon the first occurrence of each entry comes after the test registers them (s): about
+#: when the beats are up, not a whole period after they register the entries themselves.
+FIRST_IN = 3.0
 #: Every table of the PostgreSQL store's schema (of the default key prefix) emptied.
 TRUNCATE = ("DO $$BEGIN EXECUTE (SELECT 'TRUNCATE ' || string_agg(format('%I.%I', schemaname,"
             " tablename), ', ') || ' CASCADE' FROM pg_tables WHERE schemaname ="
@@ -63,6 +67,16 @@ def sends(f: Fleet) -> list[tuple[str, str, int]]:
         map(str, proc.args)) for m in SENT.finditer(f.log(proc))]
 
 
+def ran_before(url: str) -> None:
+    """The store has run a while, as beats that ran before left it: its epoch settled (the
+    beats claim at once, not after a new store's settle period), the entries registered,
+    their first occurrence due FIRST_IN seconds from now rather than a whole period after
+    the beats register them. (One a beat comes up too late for is skipped, caught up by
+    the next.)"""
+    settled_epoch_at(url)
+    next_due_in(url, SCHEDULE, FIRST_IN)
+
+
 def put_back_under_running_beats(url: str, copy: Callable[[str], Copy], broker: RedisServer,
                                  tmp_path: Path) -> None:
     """A copy taken just after one round of occurrences ran, put back just after the next
@@ -75,6 +89,7 @@ def put_back_under_running_beats(url: str, copy: Callable[[str], Copy], broker: 
     with fleet(url, broker.broker_url(), tmp_path, SCHEDULE,
                BC_EXEC_URL=f"redis://127.0.0.1:{broker.port}/2") as f:
         f.worker(concurrency=2)
+        ran_before(url)
         beats = [f.beat(), f.beat()]
         wait_for(lambda: rounds() >= 1 and len(executions(ledger)) >= len(SCHEDULE), 40,
                  "a round of runs before the copy")

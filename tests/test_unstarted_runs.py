@@ -38,7 +38,9 @@ from .any_store import StoreUnderTest
 from .conftest import RedisServer
 from .inprocess import make, make_app, settled
 from .processes import executions, fleet, wait_for
-from .test_cli import Ran, cli
+from .test_cli import Ran, cli, cli_steps, step
+
+pytestmark = pytest.mark.usefixtures("settled_store")
 
 #: Every second, overlap skip: one run that never reports holds back every later one.
 SCHEDULE = {"skipper": {"every": 1, "claims": {"overlap": "skip"}}}
@@ -50,6 +52,13 @@ WARNING = re.compile(r"WARNING/\w+\] beat-claims: .*sent and not started.*\bskip
 
 def run(server: RedisServer, *args: str) -> Ran:
     return cli(server, *args, schedule=SCHEDULE, BC_CONF=json.dumps(CONF))
+
+
+def run_each(server: RedisServer, *commands: tuple[str, ...]) -> list[Ran]:
+    """What :func:`run` gives for each of ``commands``, one after the other in one
+    ``celery`` process."""
+    return cli_steps(server, [step(*args) for args in commands], schedule=SCHEDULE,
+                     BC_CONF=json.dumps(CONF))
 
 
 def doc_of(ran: Ran, code: int) -> dict[str, Any]:
@@ -90,23 +99,23 @@ def test_a_worker_without_install_is_warned_by_the_beat_and_flagged_by_status_an
         assert any(e["entry"] == "skipper" for e in executions(server.client())), \
             "the worker without the hooks ran a message"
 
-        status = doc_of(run(server, "status", "-j"), 0)
+        ran, table, unhealthy, text = run_each(
+            server, ("status", "-j"), ("status",), ("health", "-j"), ("health",))
+        status = doc_of(ran, 0)
         assert status["unstarted_after"] == 3.0
         [entry] = [e for e in status["entries"] if e["name"] == "skipper"]
         assert entry["unstarted"]["runs"] >= 1 and entry["unstarted"]["seconds"] > 3, entry
-        table = run(server, "status")
         assert table.code == 0, table
         assert "runs sent and not started for more than 3 s: skipper" in table.out, table.out
         assert "beat_claims.install(app)" in table.out
         [line] = [x for x in table.out.splitlines() if x.startswith("skipper ")]
         assert "NOT STARTED: " in line and "run(s) sent, the oldest" in line, line
 
-        health = doc_of(run(server, "health", "-j"), 1)
+        health = doc_of(unhealthy, 1)
         assert health["failed"] == ["unstarted"], health
         [check] = [c for c in health["checks"] if c["name"] == "unstarted"]
         assert [i["entry"] for i in check["items"]] == ["skipper"], check
         assert "beat_claims.install(app)" in check["detail"]
-        text = run(server, "health")
         assert text.code == 1 and "FAIL  unstarted: 1 entr(ies) with runs sent and not" \
             " started for more than 3 s: skipper" in text.out, text
 

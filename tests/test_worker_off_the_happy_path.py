@@ -23,7 +23,7 @@ from .conftest import RedisServer, own_redis
 from .processes import Fleet, executions, fleet, wait_for
 from .test_redis_client import SilentServer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("settled_store")]
 
 BEAT = Owner("test-beat", "nowhere", 1, 1.0)
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,8 @@ from beat_claims.runs import RunState, iso, task_id_for
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer, seed_settled_epoch
-from .processes import ROOT, executions, fleet, wait_for
+from .processes import executions, fleet, next_due_in, wait_for
+from .test_cli import cli_steps, step
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +28,12 @@ def settled(server: RedisServer) -> None:
     claims at once: these tests are about the worker's side, not about a new store's settle
     period of one heartbeat TTL (tests/test_store_went_back.py, tests/contract)."""
     seed_settled_epoch(server)
+
+
+#: How soon the first occurrence of the tests' slow entries (every 6 or 8 s: one run
+#: at a time) comes once registered (next_due_in): about when the fleet is up, not a whole
+#: period after its beat registers them.
+FIRST_IN = 3.0
 
 
 def final_runs(store: RedisStore, entry: str) -> list[Any]:
@@ -102,6 +107,7 @@ def test_worker_killed_mid_task(server: RedisServer, tmp_path: Path, acks_late: 
     client = server.client()
     schedule = {"slow": {"every": 8, "task": "slow", "args": [3]}}
     env = {"BC_ACKS_LATE": "1"} if acks_late else {}
+    next_due_in(server.url, schedule, FIRST_IN)
     with fleet(server.url, server.broker_url(), tmp_path, schedule, **env) as f:
         f.worker()
         f.beat()
@@ -127,8 +133,9 @@ def test_same_occurrence_delivered_twice_runs_once(server: RedisServer, tmp_path
     store = RedisStore.from_url(server.url, "beat-claims")
     client = server.client()
     app = Celery("dup", set_as_current=False, broker=server.broker_url())
-    with fleet(server.url, server.broker_url(), tmp_path,
-               {"dup": {"every": 8, "task": "slow", "args": [3]}}) as f:
+    schedule = {"dup": {"every": 8, "task": "slow", "args": [3]}}
+    next_due_in(server.url, schedule, FIRST_IN)
+    with fleet(server.url, server.broker_url(), tmp_path, schedule) as f:
         worker = f.worker()
         f.beat()
         first = wait_for(lambda: executions(client), 45, "the task to start")[0]
@@ -150,16 +157,6 @@ def test_same_occurrence_delivered_twice_runs_once(server: RedisServer, tmp_path
                  "the plain task to run")
 
 
-def _cli(server: RedisServer, *args: str) -> Any:
-    env = {**os.environ, "BC_REDIS_URL": server.url, "BC_BROKER_URL": server.broker_url(),
-           "BC_SCHEDULE": json.dumps({"ok": {"every": 1}, "boom": {"every": 1, "task": "fail"}}),
-           "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.proj.app", "claims",
-                          *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
 def test_cli_json_matches_the_store(server: RedisServer, tmp_path: Path) -> None:
     store = RedisStore.from_url(server.url, "beat-claims")
     schedule = {"ok": {"every": 1}, "boom": {"every": 1, "task": "fail"}}
@@ -168,9 +165,12 @@ def test_cli_json_matches_the_store(server: RedisServer, tmp_path: Path) -> None
         f.beat()
         wait_for(lambda: len(final_runs(store, "ok")) >= 2 and final_runs(store, "boom"), 30,
                  "some outcomes")
-        status = json.loads(_cli(server, "status", "--json"))
-        history = json.loads(_cli(server, "history", "boom", "--limit", "3", "--json"))
-        text = _cli(server, "status")
+        ran = cli_steps(server, [step("status", "--json"),
+                                 step("history", "boom", "--limit", "3", "--json"),
+                                 step("status")], schedule=schedule)  # (one process)
+        assert all(r.code == 0 for r in ran), ran
+        status, history = json.loads(ran[0].out), json.loads(ran[1].out)
+        text = ran[2].out
     by_name = {e["name"]: e for e in status["entries"]}
     assert set(by_name) == {"ok", "boom"}
     assert [o["alive"] for o in status["owners"]] == [True]
@@ -229,6 +229,7 @@ def test_run_without_outcome_past_run_timeout_is_lost(server: RedisServer,
     store = RedisStore.from_url(server.url, "beat-claims")
     schedule = {"slow": {"every": 6, "task": "slow", "args": [4],
                          "claims": {"run_timeout": 1}}}
+    next_due_in(server.url, schedule, FIRST_IN)
     with fleet(server.url, server.broker_url(), tmp_path, schedule) as f:
         worker = f.worker()
         beat = f.beat()

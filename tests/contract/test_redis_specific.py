@@ -26,7 +26,7 @@ from beat_claims.stores.base import (
 )
 from beat_claims.stores.redis import RedisStore, _NotRun, library_name
 
-from ..conftest import RedisServer, own_redis
+from ..conftest import RedisServer, own_redis, seed_settled_epoch
 from ..inprocess import make, make_app, occurrences_sent, run_for
 from .helpers import A, above_clock, check, plan, query, rebuild_pass, register, send
 
@@ -430,6 +430,7 @@ def test_a_burst_is_sent_without_a_check_call_of_its_own(server: RedisServer) ->
                    # (an answer of the claim counts for half an interval: a slow machine
                    # must not outlast it)
                    beat_claims_heartbeat_interval=2.0)
+    seed_settled_epoch(server)  # (claims at once, not after a new store's TTL of 6 s)
     s = make(app)
     asked = count_checks(s)
     run_for(1.5, s)
@@ -446,6 +447,7 @@ def test_an_answer_of_the_claim_older_than_half_an_interval_is_asked_again(
     app = make_app(server, {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=1)}
                             for i in range(3)}, beat_claims_claim_ahead=False,
                    beat_claims_heartbeat_interval=2.0)
+    seed_settled_epoch(server)  # (claims at once, not after a new store's TTL of 6 s)
     s = make(app)
     asked = count_checks(s)
     send = s.sender.send
