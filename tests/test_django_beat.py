@@ -153,7 +153,7 @@ def test_bounds_one_off_and_clocked_with_two_schedulers(server: RedisServer) -> 
     now = timezone.now()
     row("plain", interval=every(0.5))
     later = row("later", interval=every(0.5), start_time=now + timedelta(seconds=1.5))
-    expiring = row("expiring", interval=every(0.5), expires=now + timedelta(seconds=1.2))
+    expiring = row("expiring", interval=every(0.5), expires=now + timedelta(seconds=2))
     once = row("once", interval=every(0.5), one_off=True)
     soon = row("clocked-soon", clocked=at(now + timedelta(seconds=1)), one_off=True)
     # Created a second before the first beat sees it: it still runs once (catch-up).

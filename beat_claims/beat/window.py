@@ -178,7 +178,7 @@ class DynamicWindow:
         for _ in range(PAGES_PER_SCAN):
             if len(taken) >= room:
                 self._fall_behind()
-                self._next_scan = now + self.period
+                self._next_scan = now + self._retry_after_full()
                 break
             ahead = self.store.due_ahead(before, PAGE, self._cursor)
             page = ahead.entries
@@ -206,7 +206,7 @@ class DynamicWindow:
                 break
         if len(taken) > room:  # (those left out are behind the cursor: read again)
             self._fall_behind()
-            self._next_scan = now + self.period
+            self._next_scan = now + self._retry_after_full()
         return taken[:max(0, room)]
 
     def _after_pass(self, now: int, beyond: int | None) -> int:
@@ -220,6 +220,12 @@ class DynamicWindow:
             (self._pass_began + self.restart_every - time.monotonic()) * 1000))
         at = beyond - (LOOKAHEAD - SCAN_EVERY) if beyond is not None else restart_at
         return max(now + self.period, min(at, restart_at))
+
+    def _retry_after_full(self) -> int:
+        """When a beat that holds all it may (HELD_MAX) reads the index again (ms from
+        now): each read from the first entry reads pages and definitions to keep a few,
+        so not at the quarter-second pace of a beat that keeps up."""
+        return max(self.period, LOOKAHEAD // 2)
 
     def _fall_behind(self) -> None:
         if not self._behind:
