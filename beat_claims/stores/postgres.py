@@ -2148,7 +2148,7 @@ class PostgresStore(Store):
         if version is not None and version > LAYOUT:
             raise self._newer(version)
         if version != LAYOUT:
-            self._install(conn)
+            self._install(conn, again=False)
         self._ready = True
 
     def _newer(self, version: int) -> StoreConfigurationError:
@@ -2158,8 +2158,13 @@ class PostgresStore(Store):
             f" {LAYOUT}): upgrade beat-claims, or give this fleet another"
             f" beat_claims_key_prefix")
 
-    def _install(self, conn: _Connection) -> None:
-        """Create or migrate the schema in one transaction, one installer at a time."""
+    def _install(self, conn: _Connection, again: bool = True) -> None:
+        """Create or migrate the schema in one transaction, one installer at a time.
+        Without ``again`` (the version read before the lock was older or missing), a schema
+        another installer made current meanwhile is left as it is: its DDL run again takes
+        its tables' strongest locks while beats that found it current use them (a
+        deadlock with a beat's first registration). ``again``: objects are missing from a
+        schema of this layout (a partial restore): the DDL is run whatever the version."""
         try:
             if conn.info.server_version < MIN_SERVER_VERSION:
                 raise StoreConfigurationError(
@@ -2177,6 +2182,8 @@ class PostgresStore(Store):
                     version = found[0] if found else None
                 if version is not None and version > LAYOUT:
                     raise self._newer(version)
+                if version == LAYOUT and not again:
+                    return  # (installed by another beat while this one waited its turn)
                 for step in range(version or LAYOUT, LAYOUT):
                     conn.execute(MIGRATIONS[step].format_map(_sql_names(self.schema)))
                 conn.execute(_ddl(self.schema))

@@ -10,10 +10,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 
-from beat_claims.stores.base import ClaimStatus, EntrySeed, StoreConfigurationError
+from beat_claims.stores.base import (
+    ClaimStatus,
+    EntrySeed,
+    StoreConfigurationError,
+    StoreError,
+)
 from beat_claims.stores.postgres import LAYOUT, PostgresStore, schema_name
 
 from .backend_postgres import HOST, PORT, address, admin, database, fresh_store
@@ -245,6 +251,33 @@ def test_beats_starting_together_install_the_schema_once(pg: PostgresStore) -> N
     [(rows,)] = admin().execute(sql.SQL("SELECT count(*) FROM {}.version").format(
         sql.Identifier(pg.schema))).fetchall()
     assert rows == 1
+
+
+def test_a_beat_that_waited_its_turn_to_install_leaves_a_schema_made_current_meanwhile(
+        pg: PostgresStore) -> None:
+    """Beats starting together read the schema's version before they take the install
+    lock: one that read it missing (or older) and finds it current once it has the lock
+    runs no DDL. Run again, the DDL takes the tables' strongest locks while beats that found
+    the schema current use them: a beat's first registration deadlocked with it (seen under
+    load). Here a beat is in the middle of a transaction on the entries table: the DDL run
+    again waits for it (until its lock timeout); the install that found the schema current
+    returns at once."""
+    register(pg, "e")  # installed, and a beat uses it
+    using = psycopg.connect(address(pg))  # (not autocommit: its transaction stays open)
+    late = PostgresStore.from_url(address(pg), pg.prefix)
+    try:
+        using.execute(sql.SQL("SELECT count(*) FROM {}.entries").format(
+            sql.Identifier(pg.schema)))
+        conn = late._connection()  # (it read the version: current)
+        conn.execute("SET lock_timeout = '2s'")
+        with pytest.raises(StoreError, match="LockNotAvailable"):
+            late._install(conn, again=True)  # the DDL again: it waits for the beat's locks
+        late._install(conn, again=False)  # what a beat that read an older version runs
+        using.rollback()
+        assert register(late, "f")["f"].anchor > 0
+    finally:
+        using.close()
+        late.close()
 
 
 @pytest.mark.parametrize(("prefix", "schema"), [
