@@ -371,7 +371,7 @@ def copy_lost_not_taken_again(any_store: StoreUnderTest, server: RedisServer, ca
     than HELP_AFTER late, and takes A's share. It must heartbeat before it claims what it
     read already due (a copy put back since its last heartbeat may show it), and so find
     out that the store went back."""
-    interval = 5.0  # (the default) a TTL of 15 s; a scan of the due index every second
+    interval = 5.0  # (the default) a TTL of 15 s; a scan of the due index every quarter second
     dynamic = case.startswith("a dynamic")
     every = {"task": "t.noop", "schedule": timedelta(seconds=4)}
     app = any_store.app({} if dynamic else {"e": every},
@@ -409,7 +409,7 @@ def copy_lost_not_taken_again(any_store: StoreUnderTest, server: RedisServer, ca
         silent_from, sent = put_back_after_heartbeats(copy, server, a, b)
         alone = sender if case.endswith("the beat that sent it ticking") else other
         # (less than an interval since their heartbeats, whatever the put-back took: the
-        # due index is scanned every second, R is late already)
+        # due index is scanned every quarter second, R is late already)
         work_for(interval * 0.8 - (time.monotonic() - silent_from),
                  lambda: (alone.tick(), worker.step()))
         if time.monotonic() - silent_from >= interval - 0.1:
