@@ -200,13 +200,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     end of a run). Within each part, the modules whose tests all go to one worker (see
     below: a fleet run once for the module) first: each is one unit of a minute or so, the
     longest the scheduler hands out, and one handed out late kept its worker busy alone
-    at the end of the run (the contract suite's Redis Cluster module, 30 s). Before them,
-    the tests marked ``long`` (25 s or more each: chaos, the fleets, the browser): handed
-    out last, one alone kept the run going half a minute after every worker but its own
-    was done."""
+    at the end of the run (the contract suite's Redis Cluster module, 30 s)."""
     together = modules_with_module_fixtures(config.rootpath)
     items.sort(key=lambda item: (CONTRACT in item.path.parents,  # (stable: else as found)
-                                 item.get_closest_marker("long") is None,
                                  item.nodeid.split("::", 1)[0] not in together))
 
 

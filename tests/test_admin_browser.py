@@ -430,7 +430,6 @@ def site_settings(settings: Any) -> Any:
     return settings
 
 
-@pytest.mark.long
 def test_an_operator_runs_an_entry_now_and_sees_it_done(
         server: RedisServer, browser: Admin, site_settings: Any, tmp_path: Path) -> None:
     from django.conf import settings

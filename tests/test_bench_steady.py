@@ -54,7 +54,6 @@ def test_the_first_measured_minute_follows_a_warm_up_and_no_catch_up() -> None:
     assert first_minute(b + 0.25, b - 50, 5.0, False) == b + 1.25  # an interval's period
 
 
-@pytest.mark.long
 def test_a_steady_run_sends_every_occurrence_once_and_reports_its_figures(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Real redis-servers, a real creator, two beat-claims beats and a RedBeat beat, on 200

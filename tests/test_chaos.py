@@ -24,7 +24,7 @@ import pytest
 
 from bench.chaos import Config, Result, run, summary
 
-pytestmark = [pytest.mark.integration, pytest.mark.long]
+pytestmark = pytest.mark.integration
 
 #: Seconds of chaos per store.
 DURATION = {"redis": 40, "sqlite": 30, "postgres": 30, "mysql": 30}

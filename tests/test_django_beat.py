@@ -368,7 +368,6 @@ def dues_of(rows: list[dict[str, Any]], name: str) -> list[int]:
 
 
 @pytest.mark.integration
-@pytest.mark.long
 @pytest.mark.django_db(transaction=True)
 def test_two_real_beats_send_every_database_occurrence_once(
         server: RedisServer, broker: RedisServer, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from .conftest import free_port
 from .processes import ROOT, wait_for
 
 pytest.importorskip("django")
-pytestmark = [pytest.mark.integration, pytest.mark.long]
+pytestmark = pytest.mark.integration
 
 PROJECT = ROOT / "example_project"
 RUN_SH = PROJECT / "run.sh"

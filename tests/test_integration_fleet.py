@@ -144,7 +144,6 @@ def all_ran_once(client: Any, want: set[tuple[str, str]], timeout: float,
     return rows
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("kind", ["redis", "sqlite", "postgres", "mysql"])
 def test_three_beats_one_worker_every_occurrence_exactly_once(
         kind: str, server: RedisServer, tmp_path: Path) -> None:

@@ -82,7 +82,6 @@ class Scenario:
     toggles: list[int] = field(default_factory=list)
 
 
-@pytest.mark.long
 def test_three_beats_follow_an_entry_through_four_definitions_and_a_disable(
         server: RedisServer, tmp_path: Path) -> None:
     """The scenario on the three stores at once (a fleet of three beats on each, a broker
