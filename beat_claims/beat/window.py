@@ -224,8 +224,9 @@ class DynamicWindow:
     def _retry_after_full(self) -> int:
         """When a beat that holds all it may (HELD_MAX) reads the index again (ms from
         now): each read from the first entry reads pages and definitions to keep a few,
-        so not at the quarter-second pace of a beat that keeps up."""
-        return max(self.period, LOOKAHEAD // 2)
+        so not at the quarter-second pace of a beat that keeps up: every half look-ahead,
+        or heartbeat interval, as before SCAN_EVERY."""
+        return int(min(LOOKAHEAD / 2, self.restart_every * 1000))
 
     def _fall_behind(self) -> None:
         if not self._behind:
