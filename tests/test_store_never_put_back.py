@@ -129,7 +129,6 @@ def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_i
     schedule = {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
                 for i in range(3)}
     app = any_store.app(schedule)
-    any_store.settled()  # (the store has run a while: no new store's settle period)
     a, b = beats(app, app)
     observer = any_store.open()
     define(observer, app, "gone", GONE)
