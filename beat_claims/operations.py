@@ -25,7 +25,7 @@ from .beat.composition import DYNAMIC
 from .definitions import DefinitionError, validate
 from .enums import RunState
 from .inspect import UnknownEntry
-from .runs import iso
+from .runs import Run, iso
 from .settings import ConfigurationError, Policy, Settings
 from .stores.base import (
     BackfillRefused,
@@ -368,6 +368,13 @@ LIVE_STATES = frozenset({RunState.CLAIMED, RunState.SENDING, RunState.SENT,
                          RunState.STARTED})
 
 
+def last_active(run: Run) -> int:
+    """The latest instant a beat or a worker wrote about a run (its due instant when its
+    record shows none: a run recorded due or skipped)."""
+    return max((at for at in (run.claimed_at, run.sent_at, run.started_at, run.finished_at)
+                if at is not None), default=run.due)
+
+
 @dataclass(frozen=True)
 class Removable:
     """An entry a prune removes (or would), and why it may: no schedule of this app has it,
@@ -411,15 +418,18 @@ class Prune:
         }
 
 
-def prune(store: Store, scheduled: Collection[str], older_than: float, remove: bool
-          ) -> Prune:
+def prune(store: Store, scheduled: Collection[str], older_than: float, remove: bool, *,
+          ttl: float) -> Prune:
     """The entries of the store that may go: not in ``scheduled`` (what this app's beats
     schedule, and what enabled rows hold), registered by no live beat, without a live run,
-    and not active for ``older_than`` seconds (the store's clock). With ``remove`` they
-    are removed: the store judges each again, atomically (``Store.forget``), and keeps one
-    that has a live run or a live registrant by then (``kept_live``)."""
+    and not active for ``older_than`` seconds (the store's clock), nor within ``ttl`` (the
+    fleet's heartbeat TTL: by then every live beat heartbeated since it last wrote about
+    the entry, so that none takes the removal for a store put back; see
+    ``Written.confirmed``). With ``remove`` they are removed: the store judges each again,
+    atomically (``Store.forget``), and keeps one that has a live run or a live registrant
+    by then (``kept_live``)."""
     now = store.now()
-    cutoff = now - int(older_than * 1000)
+    cutoff = now - int(max(older_than, ttl) * 1000)
     owners = {o.owner.id: o for o in store.owners()}
     removable: list[Removable] = []
     registered: list[tuple[str, tuple[str, ...]]] = []
@@ -439,7 +449,7 @@ def prune(store: Store, scheduled: Collection[str], older_than: float, remove: b
         if any(r.state in LIVE_STATES for r in runs):
             live.append(found.name)
             continue
-        last = max((r.finished_at or r.sent_at or r.due for r in runs), default=None)
+        last = max((last_active(r) for r in runs), default=None)
         if last is not None and last > cutoff:
             recent.append(found.name)
             continue

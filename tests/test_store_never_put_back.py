@@ -9,13 +9,15 @@ Schedulers ticked in this process against a real store of each kind."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from beat_claims import operations
 from beat_claims.runs import Owner
@@ -39,6 +41,47 @@ def heartbeats(s: Scheduler, seconds: float) -> None:
     run_for(seconds, s)
 
 
+@contextlib.contextmanager
+def one_beat(any_store: StoreUnderTest, server: RedisServer) -> Iterator[
+        tuple[Celery, Scheduler, Store, Worker, Callable[[], None]]]:
+    """One beat of an hourly entry on a store that has run a while (no new store's settle
+    period), an observer, a worker, and a step that ticks the beat and the worker."""
+    app = any_store.app({"kept": {"task": "t.noop", "schedule": timedelta(hours=1)}})
+    any_store.settled()
+    s = make(app)
+    observer = any_store.open()
+    worker = Worker(observer, server)
+
+    def step() -> None:
+        s.tick()
+        worker.step()
+
+    try:
+        yield app, s, observer, worker, step
+    finally:
+        s.close()
+        observer.close()
+
+
+def prune_gone(observer: Store, scheduled: set[str], ttl: float,
+               step: Callable[[], None]) -> None:
+    """An operator's prune, as ``celery claims prune --older-than 0 --yes`` makes it (it
+    keeps what was active within the beats' heartbeat TTL), until it removes 'gone'."""
+    wait_for(lambda: operations.prune(observer, scheduled, 0, remove=True,
+                                      ttl=ttl).removed == ("gone",),
+             ttl + 5, "the prune to remove 'gone'", interval=0.02, between=step)
+
+
+def no_new_epoch(s: Scheduler, caplog: pytest.LogCaptureFixture) -> None:
+    """A few heartbeats of ``s`` say nothing of a store that went back, nor begin an epoch."""
+    epoch = s.liveness.epoch
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        heartbeats(s, 1.5)
+    assert went_back_lines(caplog.records) == [], caplog.text
+    assert s.liveness.epoch == epoch
+
+
 def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_back(
         any_store: StoreUnderTest, server: RedisServer,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -47,16 +90,7 @@ def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_ba
     never went back: the beat must not ask after those writes any more, nor take the store
     for an older copy (a new epoch: the whole fleet registers again and claims nothing for
     a heartbeat TTL)."""
-    app = any_store.app({"kept": {"task": "t.noop", "schedule": timedelta(hours=1)}})
-    any_store.settled()  # (the store has run a while: no new store's settle period)
-    s = make(app)
-    observer = any_store.open()
-    worker = Worker(observer, server)
-    try:
-        def step() -> None:
-            s.tick()
-            worker.step()
-
+    with one_beat(any_store, server) as (app, s, observer, worker, step):
         define(observer, app, "gone", GONE)
         wait_for(lambda: len(worker.executed) >= 2, 10, "two runs of 'gone' sent and done",
                  interval=0.02, between=step)
@@ -67,17 +101,8 @@ def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_ba
         wait_for(lambda: not [r for r in observer.history("gone")
                               if r.state in operations.LIVE_STATES],
                  5, "the runs of 'gone' to finish", interval=0.02, between=step)
-        pruned = operations.prune(observer, set(s.schedule), 0, remove=True)
-        assert pruned.removed == ("gone",), pruned
-        epoch = s.liveness.epoch
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger=LOGGER):
-            heartbeats(s, 1.5)
-        assert went_back_lines(caplog.records) == [], caplog.text
-        assert s.liveness.epoch == epoch
-    finally:
-        s.close()
-        observer.close()
+        prune_gone(observer, set(s.schedule), s.liveness.ttl, step)
+        no_new_epoch(s, caplog)
 
 
 class LostReplies:
@@ -118,6 +143,28 @@ def held_a_run(results: list[ClaimResult]) -> bool:
     return any(r.claims or r.taken for r in results)
 
 
+def test_an_entry_a_beat_let_go_of_then_deleted_and_pruned_is_not_taken_for_a_put_back(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The beat's newest writes are of a dynamic entry it no longer holds (sent, and not due
+    again within the look-ahead: let go); an operator deletes its definition and prunes it.
+    Nothing tells the beat of the delete (it does not hold the entry): its heartbeats still
+    ask after those writes, and the store answers them removed, not lost. The store never
+    went back: no new epoch, and the writes are asked after no more."""
+    with one_beat(any_store, server) as (app, s, observer, worker, step):
+        define(observer, app, "gone", {"task": "t.noop", "schedule": {"every": 4}})
+        wait_for(lambda: worker.executed and "gone" not in s.claimer.states, 15,
+                 "a run of 'gone' sent and done, and the beat to let go of it",
+                 interval=0.02, between=step)
+        assert {w.entry for w in s.knowledge.written()} == {"gone"}
+        define(observer, app, "gone", None)
+        # (by the time the prune removes it, the beat has heartbeated since its writes)
+        prune_gone(observer, set(s.schedule), s.liveness.ttl, step)
+        assert {w.entry for w in s.knowledge.written()} == {"gone"}
+        no_new_epoch(s, caplog)
+        assert s.knowledge.written() == []
+
+
 def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_its_store_for_an_older_copy(  # noqa: E501
         any_store: StoreUnderTest, server: RedisServer,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -129,6 +176,7 @@ def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_i
     schedule = {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
                 for i in range(3)}
     app = any_store.app(schedule)
+    any_store.settled()  # (the store has run a while: no new store's settle period)
     a, b = beats(app, app)
     observer = any_store.open()
     define(observer, app, "gone", GONE)
@@ -182,8 +230,7 @@ def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_i
         wait_for(lambda: not [r for r in observer.history("gone")
                               if r.state in operations.LIVE_STATES],
                  10, "the runs of 'gone' to finish", interval=0.02, between=step)
-        assert operations.prune(observer, set(a.schedule), 0, remove=True).removed == (
-            "gone",)
+        prune_gone(observer, set(a.schedule), a.liveness.ttl, step)
         for s in (a, b):
             s.liveness.lapse()
         work_for(2)

@@ -12,7 +12,7 @@ is used twice, interval entries keep their grid, and a pause the store lost is r
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..enums import RunState
@@ -159,6 +159,16 @@ class Knowledge:
             if w is not None:
                 newest[(w.entry, w.due, w.token)] = w
         return list(newest.values())
+
+    def removed(self, items: Sequence[Written]) -> None:
+        """The store removed the entries of these writes since it last held them (an
+        operator's prune): no write of theirs is asked after any more (a check or a claim
+        that the later write of its run stood for included)."""
+        gone = {w.entry for w in items}
+        for attr in ("newest_claim", "newest_checked", "newest_sent"):
+            w = getattr(self, attr)
+            if w is not None and w.entry in gone:
+                setattr(self, attr, None)
 
     def sent(self, claim: Claim, task_id: str, at: int) -> None:
         # If it has to be registered again, it is marked so: the store lost its outcome,

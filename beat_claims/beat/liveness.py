@@ -7,6 +7,7 @@ keeps it from sending them when it wakes).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -60,14 +61,20 @@ class StoreWentBack(Exception):
 
 class Liveness:
     def __init__(self, store: Store, owner: Owner, interval: float, clock: StoreClock,
-                 written: Callable[[], Sequence[Written]] = tuple) -> None:
+                 written: Callable[[], Sequence[Written]] = tuple,
+                 removed: Callable[[Sequence[Written]], None] = lambda items: None) -> None:
         self.store = store
         self.owner = owner
         self.interval = interval
         self.ttl = 3 * interval
         self.clock = clock
-        #: This beat's newest writes, asked after at every heartbeat (Knowledge.written).
+        #: This beat's newest writes, asked after at every heartbeat (Knowledge.written),
+        #: and what to tell of those whose entry was removed since (Knowledge.removed).
         self.written = written
+        self.removed = removed
+        #: The writes the last heartbeat asked after that the store held (Written.key):
+        #: asked after again, they are confirmed.
+        self.confirmed: set[tuple[str, int, int, Wrote]] = set()
         self.join = Joining(owner.id, interval, self.ttl)
         self.last = float("-inf")  # monotonic instant of the last heartbeat
         #: When the last heartbeat that the store answered was asked (monotonic; lapse()
@@ -115,8 +122,11 @@ class Liveness:
         continuity = None
         if self.epoch is not None and self.last_now is not None and not (resync or settling):
             continuity = Continuity(self.epoch, self.last_now, renewed_since <= self.ttl)
+        confirmed, self.confirmed = self.confirmed, set()
+        written = [dataclasses.replace(w, confirmed=True) if w.key in confirmed else w
+                   for w in self.written()]
         hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
-                                  sweep=sweep, written=self.written(), changes=changes,
+                                  sweep=sweep, written=written, changes=changes,
                                   continuity=continuity)
         answered = time.monotonic()
         self._renewed(asked)
@@ -177,6 +187,10 @@ class Liveness:
                 "the store's epoch went back to one that began before this beat's last"
                 f" heartbeat at {iso(last_now or 0)}: it was put back from a copy of an"
                 " earlier epoch", epoch_begun=True)
+        if hb.removed:
+            self.removed(hb.removed)
+        gone = {w.key for w in (*hb.lost, *hb.removed)}
+        self.confirmed = {w.key for w in written if w.key not in gone}
         if not self.join.joined:
             self.join.step(hb, answered, owner_alive)
         return changed and not resync

@@ -857,7 +857,8 @@ class RedisStore(Store):
         item_args: list[Any] = []
         for item in items:
             keys.extend(self._entry_head(item.entry)[:-1])
-            item_args += [item.entry, item.due, item.token, item.kind.value]
+            item_args += [item.entry, item.due, item.token, item.kind.value,
+                          "1" if item.confirmed else "0"]
         on_going = continuity is not None and not (resync or settling)
         cont_args = ([continuity.epoch, continuity.seen_at,
                       "1" if continuity.owner_renewed else "0"]
@@ -910,6 +911,8 @@ class RedisStore(Store):
                          owners=tuple(_owner_statuses(owners, alive, int(now))),
                          live=self._sweep_reply(replies, combined),
                          lost=self._lost(written, kept),
+                         removed=tuple(item for item, reply in zip(written, kept)
+                                       if reply == "r"),
                          last_beat=int(last_beat) if last_beat else None,
                          owner_known=known == "1", epoch_since=int(since) if since else None,
                          changes=fed, went_back=went_back == "1")
@@ -917,7 +920,7 @@ class RedisStore(Store):
     def _kept_build(self, pipe: Pipeline, written: Sequence[Written]) -> None:
         for item in written:
             self._entry_script(pipe, "kept", item.entry, item.due, item.token,
-                               item.kind.value)
+                               item.kind.value, "1" if item.confirmed else "0")
 
     @staticmethod
     def _lost(written: Sequence[Written], replies: Sequence[Any]) -> tuple[Written, ...]:

@@ -11,6 +11,7 @@ the instant of the heartbeat before (None on a new store)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -20,6 +21,7 @@ from beat_claims.runs import Run
 from beat_claims.stores.base import (
     BackfillForgotten,
     Claim,
+    Continuity,
     Heartbeat,
     Outcome,
     Reclaim,
@@ -257,6 +259,57 @@ def test_an_entry_whose_counter_cannot_be_read_is_not_judged(store: Store,
 
 
 # -- the last heartbeat -------------------------------------------------------------------
+# -- removed: an operator's prune -----------------------------------------------------------
+def confirmed(w: Written) -> Written:
+    """As a beat asks after a write the store held at its heartbeat before."""
+    return dataclasses.replace(w, confirmed=True)
+
+
+def pruned(store: Store) -> Claim:
+    """A run of "e" sent and done, then "e" removed with its runs (as a prune does)."""
+    c = send(store, A, one_claim(store, A))
+    assert store.finish([Outcome("e", c.due, c.token, RunState.DONE)]) == [True]
+    assert beat(store, marked(c)).lost == ()
+    assert store.forget(["e"]) == ["e"]
+    return c
+
+
+def test_a_confirmed_write_of_an_entry_removed_since_is_no_loss(store: Store) -> None:
+    """The caller's heartbeat found the writes held; an operator's prune then removed the
+    entry with its runs. Asked after as confirmed, they are named ``removed``, not lost,
+    and the store does not take itself for an older copy (no new epoch)."""
+    before = beat(store)
+    c = pruned(store)
+    writes = (confirmed(marked(c)), confirmed(checked(c)), confirmed(claimed(c)))
+    hb = store.heartbeat(A, TTL, written=writes,
+                         continuity=Continuity(before.epoch, before.now, True))
+    assert (hb.lost, hb.removed, hb.went_back) == ((), writes, False)
+    assert hb.epoch == before.epoch
+
+
+def test_a_write_not_confirmed_of_an_entry_removed_since_is_lost(store: Store) -> None:
+    """Not confirmed (made after the caller's last heartbeat: a copy taken since, before
+    the entry was made, and put back shows no entry either), it is lost."""
+    c = pruned(store)
+    hb = beat(store, marked(c), confirmed(claimed(c)))
+    assert (hb.lost, hb.removed) == ((marked(c),), (confirmed(claimed(c)),))
+
+
+def test_a_confirmed_write_of_an_entry_the_store_still_holds_is_judged_as_any(
+        store: Store, backend: Backend) -> None:
+    """An entry the store holds with its counter, or a run, below the write (keys restored
+    one by one from an older copy) has lost it, confirmed or not."""
+    earlier, later = claims(store, A, 1000, 2000)
+    older = run(store, later)  # claimed
+    send(store, A, later)
+    put_back(store, backend, older)
+    hb = beat(store, confirmed(marked(later)))
+    assert (hb.lost, hb.removed) == ((confirmed(marked(later)),), ())
+    backend.corrupt_entry_field(store, "e", "token", str(earlier.token))
+    hb = beat(store, confirmed(claimed(later)), confirmed(claimed(earlier)))
+    assert (hb.lost, hb.removed) == ((confirmed(claimed(later)),), ())
+
+
 def test_last_beat_is_none_on_a_new_store_then_the_previous_heartbeat_s_instant(
         store: Store) -> None:
     first = store.heartbeat(A, TTL)
