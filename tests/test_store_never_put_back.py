@@ -165,6 +165,36 @@ def test_an_entry_a_beat_let_go_of_then_deleted_and_pruned_is_not_taken_for_a_pu
         assert s.knowledge.written() == []
 
 
+def test_an_entry_pruned_while_a_beat_could_not_reach_the_store_is_not_taken_for_a_put_back(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The store held the beat's newest writes (of a dynamic entry it let go of) at a
+    heartbeat; then the beat could not reach the store for longer than its heartbeat TTL
+    (each heartbeat failed), and meanwhile an operator deleted the entry and pruned it.
+    A failed heartbeat takes nothing back from what the last answered one confirmed: once
+    the store answers again, the writes are answered removed, not lost (no new epoch)."""
+    with one_beat(any_store, server) as (app, s, observer, worker, step):
+        define(observer, app, "gone", {"task": "t.noop", "schedule": {"every": 4}})
+        wait_for(lambda: worker.executed and "gone" not in s.claimer.states
+                 and {w.entry for w in s.knowledge.written()} == {"gone"}
+                 and {w.key for w in s.knowledge.written()} <= s.liveness.confirmed, 15,
+                 "a run of 'gone' sent and done, let go, and the writes confirmed",
+                 interval=0.02, between=step)
+        real = s.store.heartbeat
+
+        def unreachable(*args: Any, **kwargs: Any) -> Any:
+            raise StoreError("the store cannot be reached from this beat (test)")
+
+        s.store.heartbeat = unreachable  # type: ignore[method-assign]
+        try:
+            define(observer, app, "gone", None)
+            prune_gone(observer, set(s.schedule), s.liveness.ttl, step)
+        finally:
+            s.store.heartbeat = real  # type: ignore[method-assign]
+        no_new_epoch(s, caplog)
+        assert s.knowledge.written() == []
+
+
 def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_its_store_for_an_older_copy(  # noqa: E501
         any_store: StoreUnderTest, server: RedisServer,
         caplog: pytest.LogCaptureFixture) -> None:

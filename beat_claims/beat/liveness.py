@@ -122,12 +122,14 @@ class Liveness:
         continuity = None
         if self.epoch is not None and self.last_now is not None and not (resync or settling):
             continuity = Continuity(self.epoch, self.last_now, renewed_since <= self.ttl)
-        confirmed, self.confirmed = self.confirmed, set()
-        written = [dataclasses.replace(w, confirmed=True) if w.key in confirmed else w
+        # (A heartbeat that failed leaves them confirmed: the continuity the next one judges
+        # is still that of the last one answered, whose copies it finds.)
+        written = [dataclasses.replace(w, confirmed=True) if w.key in self.confirmed else w
                    for w in self.written()]
         hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
                                   sweep=sweep, written=written, changes=changes,
                                   continuity=continuity)
+        self.confirmed = set()  # (until this heartbeat is judged: none if it went back)
         answered = time.monotonic()
         self._renewed(asked)
         # This beat's reckoning of the store's clock at the instant the store read it (the
