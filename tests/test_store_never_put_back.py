@@ -165,6 +165,25 @@ def test_an_entry_a_beat_let_go_of_then_deleted_and_pruned_is_not_taken_for_a_pu
         assert s.knowledge.written() == []
 
 
+def test_an_entry_pruned_and_defined_again_before_a_beat_s_next_heartbeat_is_not_taken_for_a_put_back(  # noqa: E501
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """As above, and the operator defines the name again right after the prune, before the
+    beat's next heartbeat: a new entry, with an anchor and a counter of its own (no claim
+    yet: its counter is below the beat's writes of the entry removed). Those writes are
+    of the entry removed, not lost: no new epoch."""
+    with one_beat(any_store, server) as (app, s, observer, worker, step):
+        define(observer, app, "gone", {"task": "t.noop", "schedule": {"every": 4}})
+        wait_for(lambda: worker.executed and "gone" not in s.claimer.states, 15,
+                 "a run of 'gone' sent and done, and the beat to let go of it",
+                 interval=0.02, between=step)
+        define(observer, app, "gone", None)
+        prune_gone(observer, set(s.schedule), s.liveness.ttl, step)
+        define(observer, app, "gone", {"task": "t.noop", "schedule": {"every": 3600}})
+        no_new_epoch(s, caplog)
+        assert s.knowledge.written() == []
+
+
 def test_an_entry_pruned_while_a_beat_could_not_reach_the_store_is_not_taken_for_a_put_back(
         any_store: StoreUnderTest, server: RedisServer,
         caplog: pytest.LogCaptureFixture) -> None:

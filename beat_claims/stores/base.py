@@ -1096,11 +1096,15 @@ class Written:
     kind: Wrote = Wrote.CLAIM
     #: The store showed it held at an earlier heartbeat of the caller's, one that judged
     #: the caller's continuity: a copy taken before that heartbeat and put back is found by
-    #: the continuity it judges now. An entry the store then no longer holds at all was
+    #: the continuity it judges now. An entry the store then no longer holds at all, or
+    #: holds made anew (another ``anchor``: a name registered or defined again), was
     #: removed (an operator's prune removes an entry with its runs once no live definition,
     #: registrant or run keeps it, and it was quiet for the fleet's heartbeat TTL), which
-    #: is no loss; an entry it holds with a counter or a run below the write still is.
+    #: is no loss; the same entry with a counter or a run below the write still is.
     confirmed: bool = False
+    #: The anchor of the entry the write was about (an entry keeps its anchor for as long
+    #: as the store holds it); None: not known, only a missing entry was removed.
+    anchor: int | None = None
 
     @property
     def key(self) -> tuple[str, int, int, Wrote]:

@@ -243,7 +243,8 @@ DROP FUNCTION IF EXISTS {s}.heartbeat(text, jsonb, bigint, boolean, text, bigint
                                       text, jsonb);
 """,
     # 11: heartbeat() takes a write the caller confirmed at an earlier heartbeat ('c') of an
-    # entry the store no longer holds for removed (a prune), not lost: functions only.
+    # entry the store no longer holds, or holds made anew (another anchor, 'a'), for
+    # removed (a prune), not lost: functions only.
     10: "SELECT 1;",
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
@@ -1509,9 +1510,10 @@ END $$;
 -- settling store so for p_ttl more. Owners lapsed long ago are forgotten. The store's id is
 -- made by the first heartbeat. The last heartbeat's instant is kept (beat_at, answered as
 -- it was before this one), and the caller's newest writes (p_written: e, d, t, k, what
--- was written: Wrote; c, confirmed: Written) are looked for as kept.lua does: 'lost' lists
--- those the store no longer holds, by position; 'known': whether the owner's record was
--- there before.
+-- was written: Wrote; c, confirmed, and a, its entry's anchor: Written) are looked for as
+-- kept.lua does: 'lost' lists those the store no longer holds, by position, 'removed' the
+-- confirmed ones of an entry removed or made anew since; 'known': whether the owner's
+-- record was there before.
 CREATE OR REPLACE FUNCTION {s}.heartbeat(p_owner text, p_info jsonb, p_ttl bigint,
                                          p_resync boolean, p_new text, p_forget bigint,
                                          p_settling boolean, p_store text, p_written jsonb,
@@ -1559,9 +1561,12 @@ BEGIN
   v_known := FOUND;
   FOR v_item, v_n IN SELECT x.value, x.n - 1 FROM jsonb_array_elements(p_written)
       WITH ORDINALITY x (value, n) LOOP
-    SELECT e.id, e.token INTO v_entry FROM {s}.entries e WHERE e.name = v_item ->> 'e';
-    IF NOT FOUND AND coalesce((v_item ->> 'c')::boolean, false) THEN
-      v_removed := v_removed || to_jsonb(v_n);  -- (confirmed: removed since, see Written)
+    SELECT e.id, e.token, e.anchor INTO v_entry FROM {s}.entries e
+      WHERE e.name = v_item ->> 'e';
+    IF coalesce((v_item ->> 'c')::boolean, false) AND (NOT FOUND
+        OR v_entry.anchor <> coalesce((v_item ->> 'a')::bigint, v_entry.anchor)) THEN
+      -- (confirmed: removed since, or made anew; see Written)
+      v_removed := v_removed || to_jsonb(v_n);
       CONTINUE;
     END IF;
     IF NOT FOUND OR v_entry.token < (v_item ->> 't')::bigint THEN
@@ -2289,7 +2294,7 @@ class PostgresStore(Store):
                 [owner.id, Jsonb(owner.as_dict()), max(1, round(ttl * 1000)), resync,
                  uuid.uuid4().hex, FORGET_OWNERS_MS, settling, uuid.uuid4().hex,
                  Jsonb([{"e": w.entry, "d": w.due, "t": w.token, "k": w.kind.value,
-                         "c": w.confirmed} for w in written]),
+                         "c": w.confirmed, "a": w.anchor} for w in written]),
                  None if continuity is None else Jsonb({
                      "epoch": continuity.epoch, "seen": continuity.seen_at,
                      "renewed": continuity.owner_renewed})],

@@ -858,7 +858,7 @@ class RedisStore(Store):
         for item in items:
             keys.extend(self._entry_head(item.entry)[:-1])
             item_args += [item.entry, item.due, item.token, item.kind.value,
-                          "1" if item.confirmed else "0"]
+                          *_confirmed_args(item)]
         on_going = continuity is not None and not (resync or settling)
         cont_args = ([continuity.epoch, continuity.seen_at,
                       "1" if continuity.owner_renewed else "0"]
@@ -920,7 +920,7 @@ class RedisStore(Store):
     def _kept_build(self, pipe: Pipeline, written: Sequence[Written]) -> None:
         for item in written:
             self._entry_script(pipe, "kept", item.entry, item.due, item.token,
-                               item.kind.value, "1" if item.confirmed else "0")
+                               item.kind.value, *_confirmed_args(item))
 
     @staticmethod
     def _lost(written: Sequence[Written], replies: Sequence[Any]) -> tuple[Written, ...]:
@@ -1984,6 +1984,12 @@ def _parse_run(entry: str, raw: Any) -> Run | None:
         return Run.from_record(entry, json.loads(raw))
     except (ValueError, TypeError):
         return None  # an unreadable record is shown as missing rather than failing a read
+
+
+def _confirmed_args(item: Written) -> tuple[str, str]:
+    """What kept.lua (heartbeat.lua on one server) takes after a write's kind: '1' when it
+    is confirmed, and its entry's anchor ('' not known)."""
+    return ("1" if item.confirmed else "0", "" if item.anchor is None else str(item.anchor))
 
 
 def _owner_statuses(owners: list[Any], alive: list[Any], now: int) -> list[OwnerStatus]:

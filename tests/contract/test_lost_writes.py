@@ -36,10 +36,12 @@ from .conftest import Backend
 from .helpers import (
     A,
     B,
+    after,
     claims,
     one_claim,
     poll,
     process,
+    register,
     run,
     runs,
     send,
@@ -297,17 +299,40 @@ def test_a_write_not_confirmed_of_an_entry_removed_since_is_lost(store: Store) -
 
 def test_a_confirmed_write_of_an_entry_the_store_still_holds_is_judged_as_any(
         store: Store, backend: Backend) -> None:
-    """An entry the store holds with its counter, or a run, below the write (keys restored
-    one by one from an older copy) has lost it, confirmed or not."""
+    """An entry the store holds (the write's anchor) with its counter, or a run, below the
+    write (keys restored one by one from an older copy) has lost it, confirmed or not."""
     earlier, later = claims(store, A, 1000, 2000)
+    anchor = earlier.due - 1000
+
+    def confirmed_of_e(w: Written) -> Written:
+        return dataclasses.replace(confirmed(w), anchor=anchor)
+
     older = run(store, later)  # claimed
     send(store, A, later)
     put_back(store, backend, older)
-    hb = beat(store, confirmed(marked(later)))
-    assert (hb.lost, hb.removed) == ((confirmed(marked(later)),), ())
+    hb = beat(store, confirmed_of_e(marked(later)))
+    assert (hb.lost, hb.removed) == ((confirmed_of_e(marked(later)),), ())
     backend.corrupt_entry_field(store, "e", "token", str(earlier.token))
-    hb = beat(store, confirmed(claimed(later)), confirmed(claimed(earlier)))
-    assert (hb.lost, hb.removed) == ((confirmed(claimed(later)),), ())
+    hb = beat(store, confirmed_of_e(claimed(later)), confirmed_of_e(claimed(earlier)))
+    assert (hb.lost, hb.removed) == ((confirmed_of_e(claimed(later)),), ())
+
+
+def test_a_confirmed_write_of_an_entry_removed_and_made_anew_since_is_no_loss(
+        store: Store) -> None:
+    """An operator's prune removed the entry; the name was registered again (a schedule
+    given it back, a definition written anew) before the caller's next heartbeat: a new
+    entry, with an anchor and a counter of its own (below the write's token until its
+    first claim). The confirmed write is of the entry removed: no loss, and no new epoch."""
+    before = beat(store)
+    c = pruned(store)
+    after(store, c.due - 1000 + 2000)  # (past the 2 s new entries share an anchor for)
+    anew = register(store, "e")["e"]
+    assert anew.anchor > c.due - 1000, anew
+    writes = (dataclasses.replace(confirmed(marked(c)), anchor=c.due - 1000),)
+    hb = store.heartbeat(A, TTL, written=writes,
+                         continuity=Continuity(before.epoch, before.now, True))
+    assert (hb.lost, hb.removed, hb.went_back) == ((), writes, False), (hb, anew)
+    assert hb.epoch == before.epoch
 
 
 def test_last_beat_is_none_on_a_new_store_then_the_previous_heartbeat_s_instant(
