@@ -191,8 +191,8 @@ class Liveness:
                 " earlier epoch", epoch_begun=True)
         if hb.removed:
             self.removed(hb.removed)
-        gone = {w.key for w in (*hb.lost, *hb.removed)}
-        self.confirmed = {w.key for w in written if w.key not in gone}
+        not_held = {w.key for w in (*hb.lost, *hb.removed, *hb.unjudged)}
+        self.confirmed = {w.key for w in written if w.key not in not_held}
         if not self.join.joined:
             self.join.step(hb, answered, owner_alive)
         return changed and not resync

@@ -1181,6 +1181,10 @@ class Heartbeat:
     """The items of ``written`` confirmed at an earlier heartbeat (:attr:`Written.confirmed`)
     whose entry the store no longer holds at all: removed since (a prune), no loss. The
     caller stops asking after them (the name may be made anew, with a counter of its own)."""
+    unjudged: tuple[Written, ...] = ()
+    """The items of ``written`` the store could not judge (a record that cannot be read; on
+    a Redis Cluster, the round trip that looks for them failed): neither lost nor found
+    held, so not confirmed by this heartbeat (see :attr:`Written.confirmed`)."""
     changes: Changes | None = None
     """With a ``changes`` cursor, where the backend reads the change feed in the same
     round trip: the page from that cursor, as :meth:`Store.changes` answers it (its

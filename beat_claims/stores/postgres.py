@@ -1512,8 +1512,8 @@ END $$;
 -- it was before this one), and the caller's newest writes (p_written: e, d, t, k, what
 -- was written: Wrote; c, confirmed, and a, its entry's anchor: Written) are looked for as
 -- kept.lua does: 'lost' lists those the store no longer holds, by position, 'removed' the
--- confirmed ones of an entry removed or made anew since; 'known': whether the owner's
--- record was there before.
+-- confirmed ones of an entry removed or made anew since, 'unjudged' those whose run's
+-- record cannot be read; 'known': whether the owner's record was there before.
 CREATE OR REPLACE FUNCTION {s}.heartbeat(p_owner text, p_info jsonb, p_ttl bigint,
                                          p_resync boolean, p_new text, p_forget bigint,
                                          p_settling boolean, p_store text, p_written jsonb,
@@ -1529,6 +1529,7 @@ DECLARE
   v_last bigint;
   v_lost jsonb := '[]';
   v_removed jsonb := '[]';
+  v_unjudged jsonb := '[]';
   v_known boolean;
   v_item jsonb;
   v_n bigint;
@@ -1576,7 +1577,10 @@ BEGIN
     SELECT r.record, r.readable INTO v_run FROM {s}.runs r
       WHERE r.entry_id = v_entry.id AND r.due = (v_item ->> 'd')::bigint;
     CONTINUE WHEN NOT FOUND;  -- (trimmed from the history: the counter judged it)
-    CONTINUE WHEN NOT v_run.readable;
+    IF NOT v_run.readable THEN
+      v_unjudged := v_unjudged || to_jsonb(v_n);  -- (not judged)
+      CONTINUE;
+    END IF;
     v_token := coalesce({s}.int_of(v_run.record -> 'token'), 0);
     CONTINUE WHEN v_token = 0;  -- (never claimed: a backfill's or a request's run)
     IF v_token < (v_item ->> 't')::bigint OR (v_token = (v_item ->> 't')::bigint
@@ -1636,8 +1640,8 @@ BEGIN
   UPDATE {s}.epoch SET beat_at = greatest(coalesce(v_last, v_now), v_now);
   RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id, 'since', v_epoch.since,
     'settle', v_epoch.settle_until, 'server', v_server, 'store', v_store,
-    'last_beat', v_last, 'lost', v_lost, 'removed', v_removed, 'known', v_known,
-    'went_back', v_went_back,
+    'last_beat', v_last, 'lost', v_lost, 'removed', v_removed, 'unjudged', v_unjudged,
+    'known', v_known, 'went_back', v_went_back,
     'owners', (SELECT coalesce(jsonb_agg(jsonb_build_array(o.id, o.info, o.expires_at)),
                                '[]') FROM {s}.owners o));
 END $$;
@@ -2309,6 +2313,8 @@ class PostgresStore(Store):
                          owners=tuple(_owner_statuses(reply["owners"], now)),
                          lost=tuple(written[int(i)] for i in reply.get("lost") or ()),
                          removed=tuple(written[int(i)] for i in reply.get("removed") or ()),
+                         unjudged=tuple(written[int(i)]
+                                        for i in reply.get("unjudged") or ()),
                          last_beat=_maybe_int(reply.get("last_beat")),
                          owner_known=bool(reply.get("known")),
                          epoch_since=_maybe_int(reply.get("since")),

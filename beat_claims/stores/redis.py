@@ -898,6 +898,8 @@ class RedisStore(Store):
         self._server = str(server) or None
         self._servers = frozenset(self._server.split(",")) if self._server else frozenset()
         kept = script_kept if self.single_node else cluster_kept
+        # (no reply: the cluster's round trip failed; '' or an error: not judged)
+        judged = list(kept)[:len(written)] + [""] * (len(written) - len(kept))
         replies = replies[1:]
         fed: Changes | None = None
         if feed is not None:
@@ -910,9 +912,11 @@ class RedisStore(Store):
                          settle_until=int(settle) if settle else None,
                          owners=tuple(_owner_statuses(owners, alive, int(now))),
                          live=self._sweep_reply(replies, combined),
-                         lost=self._lost(written, kept),
-                         removed=tuple(item for item, reply in zip(written, kept)
+                         lost=self._lost(written, judged),
+                         removed=tuple(item for item, reply in zip(written, judged)
                                        if reply == "r"),
+                         unjudged=tuple(item for item, reply in zip(written, judged)
+                                        if reply not in ("1", "0", "r")),
                          last_beat=int(last_beat) if last_beat else None,
                          owner_known=known == "1", epoch_since=int(since) if since else None,
                          changes=fed, went_back=went_back == "1")

@@ -1188,7 +1188,8 @@ class RowStore(Store):
 
         def work(db: sqlite3.Connection) -> tuple[
                 int, str, int | None, list[Any], tuple[int, int] | None, str, int | None,
-                tuple[Written, ...], bool, int | None, bool, tuple[Written, ...]]:
+                tuple[Written, ...], bool, int | None, bool, tuple[Written, ...],
+                tuple[Written, ...]]:
             """heartbeat.lua: the owner is alive for ttl more (and was known before, or
             not); the caller's newest writes are looked for (kept.lua); the epoch changes
             when the file has none, is another file, on a resync, or when the store does
@@ -1212,6 +1213,7 @@ class RowStore(Store):
             judged = [(item, self._kept(db, item)) for item in written]
             lost = tuple(item for item, kept in judged if kept is False)
             removed = tuple(item for item, kept in judged if kept == _REMOVED)
+            unjudged = tuple(item for item, kept in judged if kept is None)
             went_back = went_back_from(continuity, resync or settling, lost, known,
                                        epoch, since, last_beat)
             if not epoch or meta["epoch_file"] != file or resync or went_back:
@@ -1236,16 +1238,17 @@ class RowStore(Store):
             db.execute(q["owners_forget"], (now - FORGET_OWNERS_MS,))
             return (now, str(epoch), settle, db.execute(q["owners_all"]).fetchall(),
                     self._db_file, self._store_id(db), last_beat, lost, known, since,
-                    went_back, removed)
+                    went_back, removed, unjudged)
 
         (now, epoch, settle, rows, file_read, store_id, last_beat, lost, known, since,
-         went_back, removed) = self._transaction(work, heartbeat=True, turn=True)
+         went_back, removed, unjudged) = self._transaction(work, heartbeat=True, turn=True)
         self._heartbeat_file = file_read
         owners = _owner_statuses(rows, now)
         self._warn_foreign_hosts(owners)
         return Heartbeat(now=now, epoch=epoch, settle_until=settle, owners=tuple(owners),
                          store_id=store_id, lost=lost, last_beat=last_beat, owner_known=known,
-                         epoch_since=since, went_back=went_back, removed=removed)
+                         epoch_since=since, went_back=went_back, removed=removed,
+                         unjudged=unjudged)
 
     def _kept(self, db: sqlite3.Connection, item: Written) -> bool | str | None:
         """kept.lua: whether the store still holds the caller's write (None: a record that

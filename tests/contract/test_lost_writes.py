@@ -6,8 +6,8 @@ lower token, a check before publish whose run is still claimed with that token, 
 whose run is still claimed, being sent, due or waiting with that token);
 a run taken over with a higher token, in a later state, or trimmed from the history holds
 them, and so does a run with no token (an operator's backfill replaced what the instant
-held: the counter judges); a record that cannot be read is not judged. ``last_beat`` is
-the instant of the heartbeat before (None on a new store)."""
+held: the counter judges); a record that cannot be read is not judged (``unjudged``).
+``last_beat`` is the instant of the heartbeat before (None on a new store)."""
 
 from __future__ import annotations
 
@@ -247,10 +247,12 @@ def test_a_run_put_back_to_before_its_sent_mark_has_lost_the_mark_not_the_claim(
 # -- not judged ---------------------------------------------------------------------------
 def test_a_run_whose_record_cannot_be_read_is_not_judged(store: Store,
                                                         backend: Backend) -> None:
-    """A bad record is local: it never makes a beat believe the whole store went back."""
+    """A bad record is local: it never makes a beat believe the whole store went back. The
+    writes it could not judge are named (the beat does not take them for confirmed)."""
     c, other = claims(store, A, 1000, 2000)
     backend.corrupt_run(store, "e", c.due, '{"due": 1, "state": "claimed", "tok')
-    assert beat(store, claimed(c), marked(c), marked(other)).lost == (marked(other),)
+    hb = beat(store, claimed(c), marked(c), marked(other))
+    assert (hb.lost, hb.unjudged) == ((marked(other),), (claimed(c), marked(c)))
 
 
 def test_an_entry_whose_counter_cannot_be_read_is_not_judged(store: Store,
