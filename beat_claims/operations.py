@@ -368,11 +368,19 @@ LIVE_STATES = frozenset({RunState.CLAIMED, RunState.SENDING, RunState.SENT,
                          RunState.STARTED})
 
 
+#: The instants a run's record keeps apart from its fields (Run.extra): a beat's check
+#: before publish, a claim given back, a run taken up again.
+EXTRA_INSTANTS = ("sending_at", "released_at", "revived_at")
+
+
 def last_active(run: Run) -> int:
     """The latest instant a beat or a worker wrote about a run (its due instant when its
-    record shows none: a run recorded due or skipped)."""
-    return max((at for at in (run.claimed_at, run.sent_at, run.started_at, run.finished_at)
-                if at is not None), default=run.due)
+    record shows none: a run recorded due or skipped). A claim made well ahead (held
+    until its instant) is checked, and maybe given back, long after it was made."""
+    instants = (run.claimed_at, run.sent_at, run.started_at, run.finished_at,
+                *(run.extra.get(name) for name in EXTRA_INSTANTS))
+    return max((at for at in instants if isinstance(at, int) and not isinstance(at, bool)),
+               default=run.due)
 
 
 @dataclass(frozen=True)

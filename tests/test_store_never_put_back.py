@@ -20,12 +20,14 @@ import pytest
 from celery import Celery
 
 from beat_claims import operations
+from beat_claims.enums import RunState
 from beat_claims.runs import Owner
 from beat_claims.scheduler import Scheduler
-from beat_claims.stores.base import Claim, ClaimResult, Store, StoreError
+from beat_claims.stores.base import Claim, ClaimResult, Release, Store, StoreError
 
 from .any_store import StoreUnderTest, Worker, went_back_lines
 from .conftest import RedisServer
+from .contract.helpers import A, one_claim, sending
 from .inprocess import beats, make, run_for
 from .processes import wait_for
 from .test_beats_follow_definitions import define
@@ -243,6 +245,30 @@ def test_an_entry_pruned_while_the_beat_that_last_wrote_of_it_stalled_is_not_tak
         # has 'gone')
         prune_gone(observer, {"kept"}, s.liveness.ttl, worker.step)
         no_new_epoch(s, caplog)
+
+
+def test_a_prune_keeps_an_entry_whose_run_a_beat_checked_and_gave_back_within_the_ttl(
+        any_store: StoreUnderTest) -> None:
+    """A claim made well ahead of its instant (a jittered occurrence is held until then),
+    checked before publish once its instant came, and given back (the publish failed): the
+    beat's newest write of the entry is that check, long after the claim. The entry is
+    active since the check and the give-back, not since the claim: a prune keeps it for
+    the beats' heartbeat TTL (else the beat, which has not heartbeated since, would take
+    the removal for a store put back)."""
+    ttl = 1.0
+    store = any_store.open()
+    try:
+        c = one_claim(store, A)
+        claimed_at = store.history("e")[0].claimed_at or 0
+        wait_for(lambda: store.now() > claimed_at + ttl * 1000 + 50, 5,
+                 "the claim to be older than the TTL", interval=0.02)
+        sending(store, A, c)
+        assert store.release(A, [Release(c, error="cannot serialize")], max_attempts=3) == [
+            RunState.DUE]
+        pruned = operations.prune(store, set(), 0, remove=False, ttl=ttl)
+        assert pruned.kept_recent == ("e",), (pruned, store.history("e"))
+    finally:
+        store.close()
 
 
 def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_its_store_for_an_older_copy(  # noqa: E501
