@@ -161,12 +161,13 @@ class Knowledge:
 
     def removed(self, items: Sequence[Written]) -> None:
         """The store removed the entries of these writes since it last held them (an
-        operator's prune): no write of theirs is asked after any more (a check or a claim
-        that the later write of its run stood for included)."""
-        gone = {w.entry for w in items}
+        operator's prune): they are not asked after any more, nor a check or a claim of
+        their runs that the later write stood for (a write of the name made anew since is:
+        another run)."""
+        gone = {(w.entry, w.due, w.token) for w in items}
         for attr in ("newest_claim", "newest_checked", "newest_sent"):
             w = getattr(self, attr)
-            if w is not None and w.entry in gone:
+            if w is not None and (w.entry, w.due, w.token) in gone:
                 setattr(self, attr, None)
 
     def sent(self, claim: Claim, task_id: str, at: int) -> None:
