@@ -1253,16 +1253,17 @@ class RowStore(Store):
     def _kept(self, db: sqlite3.Connection, item: Written) -> bool | str | None:
         """kept.lua: whether the store still holds the caller's write (None: a record that
         cannot be read, not judged; :data:`_REMOVED`: a confirmed write of an entry the
-        store no longer holds, or holds made anew, removed since: see Written.confirmed)."""
+        store no longer holds, with the write's run (a prune removes both), or holds made
+        anew, removed since: see Written.confirmed)."""
         e, bad = self._get_entry(db, item.entry)
         if bad:
             return None
-        if item.confirmed and (e is None or (
-                item.anchor is not None and e["anchor"] is not None
-                and e["anchor"] != item.anchor)):
-            return _REMOVED
         if e is None:
-            return False
+            gone = self._get_run(db, item.entry, item.due) is None
+            return _REMOVED if item.confirmed and gone else False
+        if (item.confirmed and item.anchor is not None and e["anchor"] is not None
+                and e["anchor"] != item.anchor):
+            return _REMOVED  # (made anew)
         if e["anchor"] is None or (e["token"] or 0) < item.token:
             return False
         run = self._get_run(db, item.entry, item.due)

@@ -319,6 +319,18 @@ def test_a_confirmed_write_of_an_entry_the_store_still_holds_is_judged_as_any(
     assert (hb.lost, hb.removed) == ((confirmed_of_e(claimed(later)),), ())
 
 
+def test_a_confirmed_write_of_an_entry_whose_record_is_gone_but_not_its_run_is_lost(
+        store: Store, backend: Backend) -> None:
+    """A prune removes an entry with its runs: an entry whose own record is gone while the
+    run the write was about is still there (a key evicted or deleted, the entries' table
+    restored from an older copy apart from the runs') was not pruned, and lost the write."""
+    c = send(store, A, one_claim(store, A))
+    assert beat(store, marked(c)).lost == ()
+    backend.drop_entry_record(store, "e")
+    hb = beat(store, confirmed(marked(c)))
+    assert (hb.lost, hb.removed) == ((confirmed(marked(c)),), ())
+
+
 def test_a_confirmed_write_of_an_entry_removed_and_made_anew_since_is_no_loss(
         store: Store) -> None:
     """An operator's prune removed the entry; the name was registered again (a schedule
