@@ -383,6 +383,16 @@ def last_active(run: Run) -> int:
                default=run.due)
 
 
+def unconfirmed_by(owner: OwnerStatus | None, run: Run, ttl: float) -> bool:
+    """Whether the beat that claimed ``run`` is one whose heartbeat lapsed without a
+    renewal after its last write of it (a beat stalled, or cut off from the store, that
+    may wake; its heartbeat lapses ``ttl`` after its last renewal): it has not had the
+    store confirm that write, and would take the entry's removal for a store put back.
+    Kept until the store forgets that beat (an hour after its heartbeat lapsed)."""
+    return (owner is not None and not owner.alive
+            and owner.expires_at - int(ttl * 1000) <= last_active(run))
+
+
 @dataclass(frozen=True)
 class Removable:
     """An entry a prune removes (or would), and why it may: no schedule of this app has it,
@@ -458,7 +468,8 @@ def prune(store: Store, scheduled: Collection[str], older_than: float, remove: b
             live.append(found.name)
             continue
         last = max((last_active(r) for r in runs), default=None)
-        if last is not None and last > cutoff:
+        if (last is not None and last > cutoff) or any(
+                unconfirmed_by(owners.get(r.owner or ""), r, ttl) for r in runs):
             recent.append(found.name)
             continue
         removable.append(Removable(found.name, last,

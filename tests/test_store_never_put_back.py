@@ -216,18 +216,15 @@ def test_an_entry_pruned_while_a_beat_could_not_reach_the_store_is_not_taken_for
         assert s.knowledge.written() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a prune waits for every live beat to heartbeat after the entry's last run; a"
-    " beat that wrote of it and stalled (or lost the store) before its next heartbeat, for"
-    " longer than its TTL, is not live, never confirmed the write, and takes the prune for"
-    " a store put back once it heartbeats again"))
-def test_an_entry_pruned_while_the_beat_that_last_wrote_of_it_stalled_is_not_taken_for_a_put_back(
+def test_an_entry_last_written_by_a_beat_that_stalled_is_kept_by_a_prune_until_it_wakes(
         any_store: StoreUnderTest, server: RedisServer,
         caplog: pytest.LogCaptureFixture) -> None:
     """The beat marks a run of a dynamic entry sent, and stalls (a paused VM) before its
     next heartbeat, for longer than its heartbeat TTL: the store never showed it the mark
-    held. The worker runs it; an operator deletes the entry and prunes it (the beat's
-    heartbeat has lapsed: it is no live beat). The beat wakes: the store never went back."""
+    held. The worker runs it; an operator deletes the entry and prunes: the beat's
+    heartbeat has lapsed (it is no live beat), yet the prune keeps the entry, which that
+    beat wrote of after its last renewal. The beat wakes and takes nothing for a store put
+    back; once it heartbeated, the prune removes the entry."""
     with one_beat(any_store, server) as (app, s, observer, worker, step):
         define(observer, app, "gone", {"task": "t.noop", "schedule": {"every": 4}})
 
@@ -241,10 +238,15 @@ def test_an_entry_pruned_while_the_beat_that_last_wrote_of_it_stalled_is_not_tak
         wait_for(lambda: worker.executed, 10, "the worker to run it", interval=0.02,
                  between=worker.step)
         define(observer, app, "gone", None)
+        ttl = s.liveness.ttl
+        wait_for(lambda: not [o for o in observer.owners() if o.alive], ttl + 5,
+                 "the stalled beat's heartbeat to lapse", interval=0.05, between=worker.step)
         # (what `celery claims prune` keeps: this app's schedule; the stalled beat's still
         # has 'gone')
-        prune_gone(observer, {"kept"}, s.liveness.ttl, worker.step)
+        kept = operations.prune(observer, {"kept"}, 0, remove=True, ttl=ttl)
+        assert (kept.removed, kept.kept_recent) == ((), ("gone",)), kept
         no_new_epoch(s, caplog)
+        prune_gone(observer, {"kept"}, ttl, step)
 
 
 def test_a_prune_keeps_an_entry_whose_run_a_beat_checked_and_gave_back_within_the_ttl(
