@@ -233,16 +233,19 @@ def prune(ctx: click.Context, days: float, yes: bool, dry_run: bool, as_json: bo
 
     def act() -> operations.Prune:
         scheduled = set(_schedules(app, strict=True)) | _enabled_rows()
-        return operations.prune(inspect.open_store(app), scheduled, days * 86400, yes)
+        return operations.prune(inspect.open_store(app), scheduled, days * 86400, yes,
+                                ttl=ttl)
 
+    ttl = _run(ctx, lambda: Settings.from_app(app).heartbeat_ttl)
     result = _run(ctx, act)
     if as_json:
         click.echo(json.dumps(result.as_dict(dry_run=not yes), indent=2))
         return
-    click.echo(prune_text(result, yes, days))
+    click.echo(prune_text(result, yes, days, ttl))
 
 
-def prune_text(result: operations.Prune, removed: bool, days: float) -> str:
+def prune_text(result: operations.Prune, removed: bool, days: float, ttl: float = 0.0
+               ) -> str:
     """What a prune did, or would do, for people."""
     lines = []
     if removed:
@@ -260,7 +263,9 @@ def prune_text(result: operations.Prune, removed: bool, days: float) -> str:
         lines.append(f"kept {len(result.kept_live)} with a live run: "
                      + ", ".join(result.kept_live))
     if result.kept_recent:
-        lines.append(f"kept {len(result.kept_recent)} active within {days:g} day(s): "
+        within = (f"{days:g} day(s)" if days * 86400 >= ttl else
+                  f"the beats' heartbeat TTL ({ttl:g} s: every live beat heartbeats since)")
+        lines.append(f"kept {len(result.kept_recent)} active within {within}: "
                      + ", ".join(result.kept_recent))
     lines.append(f"kept {result.kept_scheduled} in this app's schedule")
     return "\n".join(lines)

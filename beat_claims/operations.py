@@ -25,7 +25,7 @@ from .beat.composition import DYNAMIC
 from .definitions import DefinitionError, validate
 from .enums import RunState
 from .inspect import UnknownEntry
-from .runs import iso
+from .runs import Run, iso
 from .settings import ConfigurationError, Policy, Settings
 from .stores.base import (
     BackfillRefused,
@@ -368,6 +368,31 @@ LIVE_STATES = frozenset({RunState.CLAIMED, RunState.SENDING, RunState.SENT,
                          RunState.STARTED})
 
 
+#: The instants a run's record keeps apart from its fields (Run.extra): a beat's check
+#: before publish, a claim given back, a run taken up again.
+EXTRA_INSTANTS = ("sending_at", "released_at", "revived_at")
+
+
+def last_active(run: Run) -> int:
+    """The latest instant a beat or a worker wrote about a run (its due instant when its
+    record shows none: a run recorded due or skipped). A claim made well ahead (held
+    until its instant) is checked, and maybe given back, long after it was made."""
+    instants = (run.claimed_at, run.sent_at, run.started_at, run.finished_at,
+                *(run.extra.get(name) for name in EXTRA_INSTANTS))
+    return max((at for at in instants if isinstance(at, int) and not isinstance(at, bool)),
+               default=run.due)
+
+
+def unconfirmed_by(owner: OwnerStatus | None, run: Run, ttl: float) -> bool:
+    """Whether the beat that claimed ``run`` is one whose heartbeat lapsed without a
+    renewal after its last write of it (a beat stalled, or cut off from the store, that
+    may wake; its heartbeat lapses ``ttl`` after its last renewal): it has not had the
+    store confirm that write, and would take the entry's removal for a store put back.
+    Kept until the store forgets that beat (an hour after its heartbeat lapsed)."""
+    return (owner is not None and not owner.alive
+            and owner.expires_at - int(ttl * 1000) <= last_active(run))
+
+
 @dataclass(frozen=True)
 class Removable:
     """An entry a prune removes (or would), and why it may: no schedule of this app has it,
@@ -411,15 +436,18 @@ class Prune:
         }
 
 
-def prune(store: Store, scheduled: Collection[str], older_than: float, remove: bool
-          ) -> Prune:
+def prune(store: Store, scheduled: Collection[str], older_than: float, remove: bool, *,
+          ttl: float) -> Prune:
     """The entries of the store that may go: not in ``scheduled`` (what this app's beats
     schedule, and what enabled rows hold), registered by no live beat, without a live run,
-    and not active for ``older_than`` seconds (the store's clock). With ``remove`` they
-    are removed: the store judges each again, atomically (``Store.forget``), and keeps one
-    that has a live run or a live registrant by then (``kept_live``)."""
+    and not active for ``older_than`` seconds (the store's clock), nor within ``ttl`` (the
+    fleet's heartbeat TTL: by then every live beat heartbeated since it last wrote about
+    the entry, so that none takes the removal for a store put back; see
+    ``Written.confirmed``). With ``remove`` they are removed: the store judges each again,
+    atomically (``Store.forget``), and keeps one that has a live run or a live registrant
+    by then (``kept_live``)."""
     now = store.now()
-    cutoff = now - int(older_than * 1000)
+    cutoff = now - int(max(older_than, ttl) * 1000)
     owners = {o.owner.id: o for o in store.owners()}
     removable: list[Removable] = []
     registered: list[tuple[str, tuple[str, ...]]] = []
@@ -439,8 +467,9 @@ def prune(store: Store, scheduled: Collection[str], older_than: float, remove: b
         if any(r.state in LIVE_STATES for r in runs):
             live.append(found.name)
             continue
-        last = max((r.finished_at or r.sent_at or r.due for r in runs), default=None)
-        if last is not None and last > cutoff:
+        last = max((last_active(r) for r in runs), default=None)
+        if (last is not None and last > cutoff) or any(
+                unconfirmed_by(owners.get(r.owner or ""), r, ttl) for r in runs):
             recent.append(found.name)
             continue
         removable.append(Removable(found.name, last,

@@ -122,7 +122,8 @@ class Scheduler(BaseScheduler):
         self.holdings = Holdings()
         interval = self.settings.heartbeat_interval
         self.liveness = Liveness(self.store, self.owner, interval, self.clock,
-                                 written=self.knowledge.written)
+                                 written=self.knowledge.written,
+                                 removed=self.knowledge.removed)
         self.claimer = Claimer(self.store, self.owner, self.settings, self, self.knowledge,
                                self.holdings, self.metrics, logger,
                                keep_alive=self.liveness.keep_alive)

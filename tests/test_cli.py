@@ -191,11 +191,12 @@ def test_an_unreachable_store_is_one_line(tmp_path: Any) -> None:
 def test_prune_lists_entries_no_schedule_has_and_removes_them_only_with_yes(
         server: RedisServer, store: RedisStore) -> None:
     # One process for the five commands: each dry run left "gone" in the store, as the last
-    # command (--yes) finds it there and removes it, and nothing else.
+    # command (--yes) finds it there and removes it, and nothing else. (Beats of a short
+    # heartbeat interval: "gone" ran longer than their heartbeat TTL before.)
     ran = cli_steps(server, [
         step("prune", "-j"), step("prune", "--older-than", "0"),
         step("prune", "--older-than", "0", "--dry-run"), step("prune", "--older-than", "0", "-j"),
-        step("prune", "--older-than", "0", "--yes")])
+        step("prune", "--older-than", "0", "--yes")], BC_HEARTBEAT="0.05")
     recent = json.loads(ran[0].out)
     assert recent == {"dry_run": True, "removable": [], "removed": [], "kept_scheduled": 2,
                       "kept_registered": [], "kept_live": [],
@@ -210,6 +211,19 @@ def test_prune_lists_entries_no_schedule_has_and_removes_them_only_with_yes(
     assert ran[4].code == 0 and "removed 1 entr(ies): gone" in ran[4].out, ran[4]
     assert {e.name for e in store.entries()} == {"ok", "boom"}
     assert store.history("gone") == []
+
+
+def test_prune_keeps_an_entry_active_within_the_beats_heartbeat_ttl_whatever_older_than(
+        server: RedisServer, store: RedisStore) -> None:
+    """Until every live beat has heartbeated since its last run, a beat may still ask the
+    store after its writes of it: removed sooner, they would look lost (a store put back)."""
+    listed, said = cli_steps(server, [step("prune", "--older-than", "0", "-j"),
+                                      step("prune", "--older-than", "0", "--yes")],
+                             BC_HEARTBEAT="100")
+    assert json.loads(listed.out)["kept_recent"] == ["gone"], listed
+    assert "removed 0 entr(ies)" in said.out, said
+    assert "kept 1 active within the beats' heartbeat TTL (300 s" in said.out, said
+    assert "gone" in {e.name for e in store.entries()}
 
 
 def test_status_shows_a_paused_entry_with_who_why_and_since_when(

@@ -527,6 +527,28 @@ def _record(paused: Any = None, resumed_at: int | None = None,
                        resumed_at, last_paused_at)
 
 
+def test_the_writes_of_an_entry_removed_are_forgotten_not_those_of_the_entry_made_anew() -> None:
+    """The store answered a beat's writes of an entry removed (a prune); meanwhile the name
+    was made anew and the beat claimed a run of the new entry. Only the writes of the entry
+    removed are no longer asked after (and the claim and check of their run, which the
+    mark stood for): the new entry's claim still is."""
+    from beat_claims.beat.knowledge import Knowledge, Known
+    from beat_claims.stores.base import Claim
+
+    k = Knowledge()
+    k.entries["e"] = Known(anchor=1000, checkpoint=None, token=0)
+    old = [Claim("e", 2000, 5)]
+    k.claimed(old)
+    k.checked(old)
+    k.marked_sent(old)
+    [removed] = k.written()
+    k.entries["e"] = Known(anchor=9000, checkpoint=None, token=0)  # (made anew)
+    k.claimed([Claim("e", 10_000, 90)])
+    assert [w.token for w in k.written()] == [90, 5]
+    k.removed([removed])
+    assert [(w.token, w.anchor) for w in k.written()] == [(90, 9000)]
+
+
 def test_a_known_pause_takes_in_only_later_state_from_the_store() -> None:
     """What a beat knows of a pause follows the store's records forwards only: a store that
     went back (a wipe, an older snapshot not noticed yet) never makes it forget the pause,

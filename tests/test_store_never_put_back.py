@@ -9,21 +9,25 @@ Schedulers ticked in this process against a real store of each kind."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from beat_claims import operations
+from beat_claims.enums import RunState
 from beat_claims.runs import Owner
 from beat_claims.scheduler import Scheduler
-from beat_claims.stores.base import Claim, ClaimResult, Store, StoreError
+from beat_claims.stores.base import Claim, ClaimResult, Release, Store, StoreError
 
 from .any_store import StoreUnderTest, Worker, went_back_lines
 from .conftest import RedisServer
+from .contract.helpers import A, one_claim, sending
 from .inprocess import beats, make, run_for
 from .processes import wait_for
 from .test_beats_follow_definitions import define
@@ -39,6 +43,47 @@ def heartbeats(s: Scheduler, seconds: float) -> None:
     run_for(seconds, s)
 
 
+@contextlib.contextmanager
+def one_beat(any_store: StoreUnderTest, server: RedisServer) -> Iterator[
+        tuple[Celery, Scheduler, Store, Worker, Callable[[], None]]]:
+    """One beat of an hourly entry on a store that has run a while (no new store's settle
+    period), an observer, a worker, and a step that ticks the beat and the worker."""
+    app = any_store.app({"kept": {"task": "t.noop", "schedule": timedelta(hours=1)}})
+    any_store.settled()
+    s = make(app)
+    observer = any_store.open()
+    worker = Worker(observer, server)
+
+    def step() -> None:
+        s.tick()
+        worker.step()
+
+    try:
+        yield app, s, observer, worker, step
+    finally:
+        s.close()
+        observer.close()
+
+
+def prune_gone(observer: Store, scheduled: set[str], ttl: float,
+               step: Callable[[], None]) -> None:
+    """An operator's prune, as ``celery claims prune --older-than 0 --yes`` makes it (it
+    keeps what was active within the beats' heartbeat TTL), until it removes 'gone'."""
+    wait_for(lambda: operations.prune(observer, scheduled, 0, remove=True,
+                                      ttl=ttl).removed == ("gone",),
+             ttl + 5, "the prune to remove 'gone'", interval=0.02, between=step)
+
+
+def no_new_epoch(s: Scheduler, caplog: pytest.LogCaptureFixture) -> None:
+    """A few heartbeats of ``s`` say nothing of a store that went back, nor begin an epoch."""
+    epoch = s.liveness.epoch
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        heartbeats(s, 1.5)
+    assert went_back_lines(caplog.records) == [], caplog.text
+    assert s.liveness.epoch == epoch
+
+
 def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_back(
         any_store: StoreUnderTest, server: RedisServer,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -47,16 +92,7 @@ def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_ba
     never went back: the beat must not ask after those writes any more, nor take the store
     for an older copy (a new epoch: the whole fleet registers again and claims nothing for
     a heartbeat TTL)."""
-    app = any_store.app({"kept": {"task": "t.noop", "schedule": timedelta(hours=1)}})
-    any_store.settled()  # (the store has run a while: no new store's settle period)
-    s = make(app)
-    observer = any_store.open()
-    worker = Worker(observer, server)
-    try:
-        def step() -> None:
-            s.tick()
-            worker.step()
-
+    with one_beat(any_store, server) as (app, s, observer, worker, step):
         define(observer, app, "gone", GONE)
         wait_for(lambda: len(worker.executed) >= 2, 10, "two runs of 'gone' sent and done",
                  interval=0.02, between=step)
@@ -67,17 +103,8 @@ def test_an_entry_dropped_from_the_schedule_and_pruned_is_not_taken_for_a_put_ba
         wait_for(lambda: not [r for r in observer.history("gone")
                               if r.state in operations.LIVE_STATES],
                  5, "the runs of 'gone' to finish", interval=0.02, between=step)
-        pruned = operations.prune(observer, set(s.schedule), 0, remove=True)
-        assert pruned.removed == ("gone",), pruned
-        epoch = s.liveness.epoch
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger=LOGGER):
-            heartbeats(s, 1.5)
-        assert went_back_lines(caplog.records) == [], caplog.text
-        assert s.liveness.epoch == epoch
-    finally:
-        s.close()
-        observer.close()
+        prune_gone(observer, set(s.schedule), s.liveness.ttl, step)
+        no_new_epoch(s, caplog)
 
 
 class LostReplies:
@@ -118,6 +145,134 @@ def held_a_run(results: list[ClaimResult]) -> bool:
     return any(r.claims or r.taken for r in results)
 
 
+def test_an_entry_a_beat_let_go_of_then_deleted_and_pruned_is_not_taken_for_a_put_back(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The beat's newest writes are of a dynamic entry it no longer holds (sent, and not due
+    again within the look-ahead: let go); an operator deletes its definition and prunes it.
+    Nothing tells the beat of the delete (it does not hold the entry): its heartbeats still
+    ask after those writes, and the store answers them removed, not lost. The store never
+    went back: no new epoch, and the writes are asked after no more."""
+    with one_beat(any_store, server) as (app, s, observer, worker, step):
+        define(observer, app, "gone", {"task": "t.noop", "schedule": {"every": 4}})
+        wait_for(lambda: worker.executed and "gone" not in s.claimer.states, 15,
+                 "a run of 'gone' sent and done, and the beat to let go of it",
+                 interval=0.02, between=step)
+        assert {w.entry for w in s.knowledge.written()} == {"gone"}
+        define(observer, app, "gone", None)
+        # (by the time the prune removes it, the beat has heartbeated since its writes)
+        prune_gone(observer, set(s.schedule), s.liveness.ttl, step)
+        assert {w.entry for w in s.knowledge.written()} == {"gone"}
+        no_new_epoch(s, caplog)
+        assert s.knowledge.written() == []
+
+
+def test_an_entry_pruned_and_defined_again_before_a_beat_s_next_heartbeat_is_not_taken_for_a_put_back(  # noqa: E501
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """As above, and the operator defines the name again right after the prune, before the
+    beat's next heartbeat: a new entry, with an anchor and a counter of its own (no claim
+    yet: its counter is below the beat's writes of the entry removed). Those writes are
+    of the entry removed, not lost: no new epoch."""
+    with one_beat(any_store, server) as (app, s, observer, worker, step):
+        define(observer, app, "gone", {"task": "t.noop", "schedule": {"every": 4}})
+        wait_for(lambda: worker.executed and "gone" not in s.claimer.states, 15,
+                 "a run of 'gone' sent and done, and the beat to let go of it",
+                 interval=0.02, between=step)
+        define(observer, app, "gone", None)
+        prune_gone(observer, set(s.schedule), s.liveness.ttl, step)
+        define(observer, app, "gone", {"task": "t.noop", "schedule": {"every": 3600}})
+        no_new_epoch(s, caplog)
+        assert s.knowledge.written() == []
+
+
+def test_an_entry_pruned_while_a_beat_could_not_reach_the_store_is_not_taken_for_a_put_back(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The store held the beat's newest writes (of a dynamic entry it let go of) at a
+    heartbeat; then the beat could not reach the store for longer than its heartbeat TTL
+    (each heartbeat failed), and meanwhile an operator deleted the entry and pruned it.
+    A failed heartbeat takes nothing back from what the last answered one confirmed: once
+    the store answers again, the writes are answered removed, not lost (no new epoch)."""
+    with one_beat(any_store, server) as (app, s, observer, worker, step):
+        define(observer, app, "gone", {"task": "t.noop", "schedule": {"every": 4}})
+        wait_for(lambda: worker.executed and "gone" not in s.claimer.states
+                 and {w.entry for w in s.knowledge.written()} == {"gone"}
+                 and {w.key for w in s.knowledge.written()} <= s.liveness.confirmed, 15,
+                 "a run of 'gone' sent and done, let go, and the writes confirmed",
+                 interval=0.02, between=step)
+        real = s.store.heartbeat
+
+        def unreachable(*args: Any, **kwargs: Any) -> Any:
+            raise StoreError("the store cannot be reached from this beat (test)")
+
+        s.store.heartbeat = unreachable  # type: ignore[method-assign]
+        try:
+            define(observer, app, "gone", None)
+            prune_gone(observer, set(s.schedule), s.liveness.ttl, step)
+        finally:
+            s.store.heartbeat = real  # type: ignore[method-assign]
+        no_new_epoch(s, caplog)
+        assert s.knowledge.written() == []
+
+
+def test_an_entry_last_written_by_a_beat_that_stalled_is_kept_by_a_prune_until_it_wakes(
+        any_store: StoreUnderTest, server: RedisServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The beat marks a run of a dynamic entry sent, and stalls (a paused VM) before its
+    next heartbeat, for longer than its heartbeat TTL: the store never showed it the mark
+    held. The worker runs it; an operator deletes the entry and prunes: the beat's
+    heartbeat has lapsed (it is no live beat), yet the prune keeps the entry, which that
+    beat wrote of after its last renewal. The beat wakes and takes nothing for a store put
+    back; once it heartbeated, the prune removes the entry."""
+    with one_beat(any_store, server) as (app, s, observer, worker, step):
+        define(observer, app, "gone", {"task": "t.noop", "schedule": {"every": 4}})
+
+        def marked_not_confirmed() -> bool:
+            w = s.knowledge.newest_sent
+            return w is not None and w.entry == "gone" and w.key not in s.liveness.confirmed
+
+        wait_for(marked_not_confirmed, 15, "a run of 'gone' marked sent, not yet confirmed",
+                 interval=0.02, between=step)
+        # (the beat stalls: only the worker and the operator act)
+        wait_for(lambda: worker.executed, 10, "the worker to run it", interval=0.02,
+                 between=worker.step)
+        define(observer, app, "gone", None)
+        ttl = s.liveness.ttl
+        wait_for(lambda: not [o for o in observer.owners() if o.alive], ttl + 5,
+                 "the stalled beat's heartbeat to lapse", interval=0.05, between=worker.step)
+        # (what `celery claims prune` keeps: this app's schedule; the stalled beat's still
+        # has 'gone')
+        kept = operations.prune(observer, {"kept"}, 0, remove=True, ttl=ttl)
+        assert (kept.removed, kept.kept_recent) == ((), ("gone",)), kept
+        no_new_epoch(s, caplog)
+        prune_gone(observer, {"kept"}, ttl, step)
+
+
+def test_a_prune_keeps_an_entry_whose_run_a_beat_checked_and_gave_back_within_the_ttl(
+        any_store: StoreUnderTest) -> None:
+    """A claim made well ahead of its instant (a jittered occurrence is held until then),
+    checked before publish once its instant came, and given back (the publish failed): the
+    beat's newest write of the entry is that check, long after the claim. The entry is
+    active since the check and the give-back, not since the claim: a prune keeps it for
+    the beats' heartbeat TTL (else the beat, which has not heartbeated since, would take
+    the removal for a store put back)."""
+    ttl = 1.0
+    store = any_store.open()
+    try:
+        c = one_claim(store, A)
+        claimed_at = store.history("e")[0].claimed_at or 0
+        wait_for(lambda: store.now() > claimed_at + ttl * 1000 + 50, 5,
+                 "the claim to be older than the TTL", interval=0.02)
+        sending(store, A, c)
+        assert store.release(A, [Release(c, error="cannot serialize")], max_attempts=3) == [
+            RunState.DUE]
+        pruned = operations.prune(store, set(), 0, remove=False, ttl=ttl)
+        assert pruned.kept_recent == ("e",), (pruned, store.history("e"))
+    finally:
+        store.close()
+
+
 def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_its_store_for_an_older_copy(  # noqa: E501
         any_store: StoreUnderTest, server: RedisServer,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -129,6 +284,7 @@ def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_i
     schedule = {f"e{i}": {"task": "t.noop", "schedule": timedelta(seconds=0.5)}
                 for i in range(3)}
     app = any_store.app(schedule)
+    any_store.settled()  # (the store has run a while: no new store's settle period)
     a, b = beats(app, app)
     observer = any_store.open()
     define(observer, app, "gone", GONE)
@@ -182,8 +338,7 @@ def test_a_fleet_through_prunes_lost_replies_releases_and_restarts_never_takes_i
         wait_for(lambda: not [r for r in observer.history("gone")
                               if r.state in operations.LIVE_STATES],
                  10, "the runs of 'gone' to finish", interval=0.02, between=step)
-        assert operations.prune(observer, set(a.schedule), 0, remove=True).removed == (
-            "gone",)
+        prune_gone(observer, set(a.schedule), a.liveness.ttl, step)
         for s in (a, b):
             s.liveness.lapse()
         work_for(2)

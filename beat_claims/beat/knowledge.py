@@ -12,7 +12,7 @@ is used twice, interval entries keep their grid, and a pause the store lost is r
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..enums import RunState
@@ -130,26 +130,25 @@ class Knowledge:
             known = self.entries.get(claim.entry)
             if known is not None and claim.token > known.token:
                 known.token = claim.token
-        last = self._newest(claims)
-        if last is not None:
-            self.newest_claim = Written(last.entry, last.due, last.token)
+        self.newest_claim = self._newest(claims, Wrote.CLAIM) or self.newest_claim
 
     def checked(self, claims: list[Claim]) -> None:
         """The store's check before publish let this beat publish ``claims``."""
-        last = self._newest(claims)
-        if last is not None:
-            self.newest_checked = Written(last.entry, last.due, last.token, Wrote.CHECK)
+        self.newest_checked = self._newest(claims, Wrote.CHECK) or self.newest_checked
 
     def marked_sent(self, claims: list[Claim]) -> None:
         """The store took the sent marks of ``claims`` (every one of them)."""
-        last = self._newest(claims)
-        if last is not None:
-            self.newest_sent = Written(last.entry, last.due, last.token, Wrote.SENT)
+        self.newest_sent = self._newest(claims, Wrote.SENT) or self.newest_sent
 
-    def _newest(self, claims: list[Claim]) -> Claim | None:
-        """The last of ``claims`` whose entry this beat still knows: a mark stored late (a
-        store error before it) of an entry forgotten since is not asked after."""
-        return next((c for c in reversed(claims) if c.entry in self.entries), None)
+    def _newest(self, claims: list[Claim], kind: Wrote) -> Written | None:
+        """The write about the last of ``claims`` whose entry this beat still knows (with
+        that entry's anchor): a mark stored late (a store error before it) of an entry
+        forgotten since is not asked after."""
+        last = next((c for c in reversed(claims) if c.entry in self.entries), None)
+        if last is None:
+            return None
+        return Written(last.entry, last.due, last.token, kind,
+                       anchor=self.entries[last.entry].anchor)
 
     def written(self) -> list[Written]:
         """What the store must still hold of this beat's writes (see newest_claim): of two
@@ -159,6 +158,17 @@ class Knowledge:
             if w is not None:
                 newest[(w.entry, w.due, w.token)] = w
         return list(newest.values())
+
+    def removed(self, items: Sequence[Written]) -> None:
+        """The store removed the entries of these writes since it last held them (an
+        operator's prune): they are not asked after any more, nor a check or a claim of
+        their runs that the later write stood for (a write of the name made anew since is:
+        another run)."""
+        gone = {(w.entry, w.due, w.token) for w in items}
+        for attr in ("newest_claim", "newest_checked", "newest_sent"):
+            w = getattr(self, attr)
+            if w is not None and (w.entry, w.due, w.token) in gone:
+                setattr(self, attr, None)
 
     def sent(self, claim: Claim, task_id: str, at: int) -> None:
         # If it has to be registered again, it is marked so: the store lost its outcome,

@@ -7,6 +7,7 @@ keeps it from sending them when it wakes).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -60,14 +61,20 @@ class StoreWentBack(Exception):
 
 class Liveness:
     def __init__(self, store: Store, owner: Owner, interval: float, clock: StoreClock,
-                 written: Callable[[], Sequence[Written]] = tuple) -> None:
+                 written: Callable[[], Sequence[Written]] = tuple,
+                 removed: Callable[[Sequence[Written]], None] = lambda items: None) -> None:
         self.store = store
         self.owner = owner
         self.interval = interval
         self.ttl = 3 * interval
         self.clock = clock
-        #: This beat's newest writes, asked after at every heartbeat (Knowledge.written).
+        #: This beat's newest writes, asked after at every heartbeat (Knowledge.written),
+        #: and what to tell of those whose entry was removed since (Knowledge.removed).
         self.written = written
+        self.removed = removed
+        #: The writes the last heartbeat asked after that the store held (Written.key):
+        #: asked after again, they are confirmed.
+        self.confirmed: set[tuple[str, int, int, Wrote]] = set()
         self.join = Joining(owner.id, interval, self.ttl)
         self.last = float("-inf")  # monotonic instant of the last heartbeat
         #: When the last heartbeat that the store answered was asked (monotonic; lapse()
@@ -115,9 +122,14 @@ class Liveness:
         continuity = None
         if self.epoch is not None and self.last_now is not None and not (resync or settling):
             continuity = Continuity(self.epoch, self.last_now, renewed_since <= self.ttl)
+        # (A heartbeat that failed leaves them confirmed: the continuity the next one judges
+        # is still that of the last one answered, whose copies it finds.)
+        written = [dataclasses.replace(w, confirmed=True) if w.key in self.confirmed else w
+                   for w in self.written()]
         hb = self.store.heartbeat(self.owner, self.ttl, resync=resync, settling=settling,
-                                  sweep=sweep, written=self.written(), changes=changes,
+                                  sweep=sweep, written=written, changes=changes,
                                   continuity=continuity)
+        self.confirmed = set()  # (until this heartbeat is judged: none if it went back)
         answered = time.monotonic()
         self._renewed(asked)
         # This beat's reckoning of the store's clock at the instant the store read it (the
@@ -177,6 +189,10 @@ class Liveness:
                 "the store's epoch went back to one that began before this beat's last"
                 f" heartbeat at {iso(last_now or 0)}: it was put back from a copy of an"
                 " earlier epoch", epoch_begun=True)
+        if hb.removed:
+            self.removed(hb.removed)
+        not_held = {w.key for w in (*hb.lost, *hb.removed, *hb.unjudged)}
+        self.confirmed = {w.key for w in written if w.key not in not_held}
         if not self.join.joined:
             self.join.step(hb, answered, owner_alive)
         return changed and not resync

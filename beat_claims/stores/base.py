@@ -1094,6 +1094,22 @@ class Written:
     due: int
     token: int
     kind: Wrote = Wrote.CLAIM
+    #: The store showed it held at an earlier heartbeat of the caller's, one that judged
+    #: the caller's continuity: a copy taken before that heartbeat and put back is found by
+    #: the continuity it judges now. An entry the store then no longer holds at all, or
+    #: holds made anew (another ``anchor``: a name registered or defined again), was
+    #: removed (an operator's prune removes an entry with its runs once no live definition,
+    #: registrant or run keeps it, and it was quiet for the fleet's heartbeat TTL), which
+    #: is no loss; the same entry with a counter or a run below the write still is.
+    confirmed: bool = False
+    #: The anchor of the entry the write was about (an entry keeps its anchor for as long
+    #: as the store holds it); None: not known, only a missing entry was removed.
+    anchor: int | None = None
+
+    @property
+    def key(self) -> tuple[str, int, int, Wrote]:
+        """The write as the store judges it, confirmed or not."""
+        return (self.entry, self.due, self.token, self.kind)
 
 
 @dataclass(frozen=True)
@@ -1161,6 +1177,14 @@ class Heartbeat:
     lost: tuple[Written, ...] = ()
     """The items of the heartbeat's ``written`` the store no longer holds: it went back
     (see :meth:`Store.heartbeat`)."""
+    removed: tuple[Written, ...] = ()
+    """The items of ``written`` confirmed at an earlier heartbeat (:attr:`Written.confirmed`)
+    whose entry the store no longer holds at all: removed since (a prune), no loss. The
+    caller stops asking after them (the name may be made anew, with a counter of its own)."""
+    unjudged: tuple[Written, ...] = ()
+    """The items of ``written`` the store could not judge (a record that cannot be read; on
+    a Redis Cluster, the round trip that looks for them failed): neither lost nor found
+    held, so not confirmed by this heartbeat (see :attr:`Written.confirmed`)."""
     changes: Changes | None = None
     """With a ``changes`` cursor, where the backend reads the change feed in the same
     round trip: the page from that cursor, as :meth:`Store.changes` answers it (its

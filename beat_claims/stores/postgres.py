@@ -170,7 +170,7 @@ logger = get_logger("celery.beat.claims")
 T = TypeVar("T")
 
 #: The layout's version. A change to a table or a function gets a new one and a migration.
-LAYOUT = 10
+LAYOUT = 11
 #: Migrations: MIGRATIONS[n] takes a schema of layout n to n + 1 (the functions are then
 #: installed again whatever the version). A function whose arguments change must be dropped
 #: there: CREATE OR REPLACE with other arguments adds an overload, it replaces nothing.
@@ -242,6 +242,10 @@ ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS next_due bigint;
 DROP FUNCTION IF EXISTS {s}.heartbeat(text, jsonb, bigint, boolean, text, bigint, boolean,
                                       text, jsonb);
 """,
+    # 11: heartbeat() takes a write the caller confirmed at an earlier heartbeat ('c') of an
+    # entry the store no longer holds, or holds made anew (another anchor, 'a'), for
+    # removed (a prune), not lost: functions only.
+    10: "SELECT 1;",
 }
 #: The oldest server the layout is meant for (it uses nothing newer than 11: jsonb -> numeric
 #: casts, EXECUTE FUNCTION triggers; tested on 15).
@@ -1505,9 +1509,11 @@ END $$;
 -- claims until settle_until; a caller still registering what it knows (p_settling) keeps a
 -- settling store so for p_ttl more. Owners lapsed long ago are forgotten. The store's id is
 -- made by the first heartbeat. The last heartbeat's instant is kept (beat_at, answered as
--- it was before this one), and the caller's newest writes (p_written: e, d, t, and k, what
--- was written: Wrote) are looked for as kept.lua does: 'lost' lists those the store no
--- longer holds, by position; 'known': whether the owner's record was there before.
+-- it was before this one), and the caller's newest writes (p_written: e, d, t, k, what
+-- was written: Wrote; c, confirmed, and a, its entry's anchor: Written) are looked for as
+-- kept.lua does: 'lost' lists those the store no longer holds, by position, 'removed' the
+-- confirmed ones of an entry removed or made anew since, 'unjudged' those whose run's
+-- record cannot be read; 'known': whether the owner's record was there before.
 CREATE OR REPLACE FUNCTION {s}.heartbeat(p_owner text, p_info jsonb, p_ttl bigint,
                                          p_resync boolean, p_new text, p_forget bigint,
                                          p_settling boolean, p_store text, p_written jsonb,
@@ -1522,6 +1528,8 @@ DECLARE
   v_store text;
   v_last bigint;
   v_lost jsonb := '[]';
+  v_removed jsonb := '[]';
+  v_unjudged jsonb := '[]';
   v_known boolean;
   v_item jsonb;
   v_n bigint;
@@ -1554,7 +1562,14 @@ BEGIN
   v_known := FOUND;
   FOR v_item, v_n IN SELECT x.value, x.n - 1 FROM jsonb_array_elements(p_written)
       WITH ORDINALITY x (value, n) LOOP
-    SELECT e.id, e.token INTO v_entry FROM {s}.entries e WHERE e.name = v_item ->> 'e';
+    SELECT e.id, e.token, e.anchor INTO v_entry FROM {s}.entries e
+      WHERE e.name = v_item ->> 'e';
+    IF coalesce((v_item ->> 'c')::boolean, false) AND (NOT FOUND
+        OR v_entry.anchor <> coalesce((v_item ->> 'a')::bigint, v_entry.anchor)) THEN
+      -- (confirmed: removed since, or made anew; see Written)
+      v_removed := v_removed || to_jsonb(v_n);
+      CONTINUE;
+    END IF;
     IF NOT FOUND OR v_entry.token < (v_item ->> 't')::bigint THEN
       v_lost := v_lost || to_jsonb(v_n);
       CONTINUE;
@@ -1562,7 +1577,10 @@ BEGIN
     SELECT r.record, r.readable INTO v_run FROM {s}.runs r
       WHERE r.entry_id = v_entry.id AND r.due = (v_item ->> 'd')::bigint;
     CONTINUE WHEN NOT FOUND;  -- (trimmed from the history: the counter judged it)
-    CONTINUE WHEN NOT v_run.readable;
+    IF NOT v_run.readable THEN
+      v_unjudged := v_unjudged || to_jsonb(v_n);  -- (not judged)
+      CONTINUE;
+    END IF;
     v_token := coalesce({s}.int_of(v_run.record -> 'token'), 0);
     CONTINUE WHEN v_token = 0;  -- (never claimed: a backfill's or a request's run)
     IF v_token < (v_item ->> 't')::bigint OR (v_token = (v_item ->> 't')::bigint
@@ -1622,7 +1640,8 @@ BEGIN
   UPDATE {s}.epoch SET beat_at = greatest(coalesce(v_last, v_now), v_now);
   RETURN jsonb_build_object('now', v_now, 'epoch', v_epoch.id, 'since', v_epoch.since,
     'settle', v_epoch.settle_until, 'server', v_server, 'store', v_store,
-    'last_beat', v_last, 'lost', v_lost, 'known', v_known, 'went_back', v_went_back,
+    'last_beat', v_last, 'lost', v_lost, 'removed', v_removed, 'unjudged', v_unjudged,
+    'known', v_known, 'went_back', v_went_back,
     'owners', (SELECT coalesce(jsonb_agg(jsonb_build_array(o.id, o.info, o.expires_at)),
                                '[]') FROM {s}.owners o));
 END $$;
@@ -2278,8 +2297,8 @@ class PostgresStore(Store):
                 f"SELECT {self._s}.heartbeat(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [owner.id, Jsonb(owner.as_dict()), max(1, round(ttl * 1000)), resync,
                  uuid.uuid4().hex, FORGET_OWNERS_MS, settling, uuid.uuid4().hex,
-                 Jsonb([{"e": w.entry, "d": w.due, "t": w.token, "k": w.kind.value}
-                        for w in written]),
+                 Jsonb([{"e": w.entry, "d": w.due, "t": w.token, "k": w.kind.value,
+                         "c": w.confirmed, "a": w.anchor} for w in written]),
                  None if continuity is None else Jsonb({
                      "epoch": continuity.epoch, "seen": continuity.seen_at,
                      "renewed": continuity.owner_renewed})],
@@ -2293,6 +2312,9 @@ class PostgresStore(Store):
                          settle_until=_maybe_int(reply.get("settle")),
                          owners=tuple(_owner_statuses(reply["owners"], now)),
                          lost=tuple(written[int(i)] for i in reply.get("lost") or ()),
+                         removed=tuple(written[int(i)] for i in reply.get("removed") or ()),
+                         unjudged=tuple(written[int(i)]
+                                        for i in reply.get("unjudged") or ()),
                          last_beat=_maybe_int(reply.get("last_beat")),
                          owner_known=bool(reply.get("known")),
                          epoch_since=_maybe_int(reply.get("since")),

@@ -857,7 +857,8 @@ class RedisStore(Store):
         item_args: list[Any] = []
         for item in items:
             keys.extend(self._entry_head(item.entry)[:-1])
-            item_args += [item.entry, item.due, item.token, item.kind.value]
+            item_args += [item.entry, item.due, item.token, item.kind.value,
+                          *_confirmed_args(item)]
         on_going = continuity is not None and not (resync or settling)
         cont_args = ([continuity.epoch, continuity.seen_at,
                       "1" if continuity.owner_renewed else "0"]
@@ -897,6 +898,8 @@ class RedisStore(Store):
         self._server = str(server) or None
         self._servers = frozenset(self._server.split(",")) if self._server else frozenset()
         kept = script_kept if self.single_node else cluster_kept
+        # (no reply: the cluster's round trip failed; '' or an error: not judged)
+        judged = list(kept)[:len(written)] + [""] * (len(written) - len(kept))
         replies = replies[1:]
         fed: Changes | None = None
         if feed is not None:
@@ -909,7 +912,11 @@ class RedisStore(Store):
                          settle_until=int(settle) if settle else None,
                          owners=tuple(_owner_statuses(owners, alive, int(now))),
                          live=self._sweep_reply(replies, combined),
-                         lost=self._lost(written, kept),
+                         lost=self._lost(written, judged),
+                         removed=tuple(item for item, reply in zip(written, judged)
+                                       if reply == "r"),
+                         unjudged=tuple(item for item, reply in zip(written, judged)
+                                        if reply not in ("1", "0", "r")),
                          last_beat=int(last_beat) if last_beat else None,
                          owner_known=known == "1", epoch_since=int(since) if since else None,
                          changes=fed, went_back=went_back == "1")
@@ -917,7 +924,7 @@ class RedisStore(Store):
     def _kept_build(self, pipe: Pipeline, written: Sequence[Written]) -> None:
         for item in written:
             self._entry_script(pipe, "kept", item.entry, item.due, item.token,
-                               item.kind.value)
+                               item.kind.value, *_confirmed_args(item))
 
     @staticmethod
     def _lost(written: Sequence[Written], replies: Sequence[Any]) -> tuple[Written, ...]:
@@ -1981,6 +1988,12 @@ def _parse_run(entry: str, raw: Any) -> Run | None:
         return Run.from_record(entry, json.loads(raw))
     except (ValueError, TypeError):
         return None  # an unreadable record is shown as missing rather than failing a read
+
+
+def _confirmed_args(item: Written) -> tuple[str, str]:
+    """What kept.lua (heartbeat.lua on one server) takes after a write's kind: '1' when it
+    is confirmed, and its entry's anchor ('' not known)."""
+    return ("1" if item.confirmed else "0", "" if item.anchor is None else str(item.anchor))
 
 
 def _owner_statuses(owners: list[Any], alive: list[Any], now: int) -> list[OwnerStatus]:

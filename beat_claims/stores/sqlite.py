@@ -741,6 +741,10 @@ def _path_from_url(url: str) -> str:
     return path
 
 
+#: What the heartbeat's look for a confirmed write answers when its entry is gone (_kept).
+_REMOVED = "removed"
+
+
 class RowStore(Store):
     """The transitions on the store's rows, one transaction each: the SQLite store's, and
     the MySQL store's (``mysql.py`` runs them on its server, with its connections, its
@@ -1184,7 +1188,8 @@ class RowStore(Store):
 
         def work(db: sqlite3.Connection) -> tuple[
                 int, str, int | None, list[Any], tuple[int, int] | None, str, int | None,
-                tuple[Written, ...], bool, int | None, bool]:
+                tuple[Written, ...], bool, int | None, bool, tuple[Written, ...],
+                tuple[Written, ...]]:
             """heartbeat.lua: the owner is alive for ttl more (and was known before, or
             not); the caller's newest writes are looked for (kept.lua); the epoch changes
             when the file has none, is another file, on a resync, or when the store does
@@ -1205,7 +1210,10 @@ class RowStore(Store):
             db.execute(q["meta_set"], ("beat_at", str(max(now, last_beat or now))))
             epoch, settle = meta["epoch"], _maybe_int(meta["settle_until"])
             file = f"{self._db_file[0]}:{self._db_file[1]}" if self._db_file else ""
-            lost = tuple(item for item in written if self._kept(db, item) is False)
+            judged = [(item, self._kept(db, item)) for item in written]
+            lost = tuple(item for item, kept in judged if kept is False)
+            removed = tuple(item for item, kept in judged if kept == _REMOVED)
+            unjudged = tuple(item for item, kept in judged if kept is None)
             went_back = went_back_from(continuity, resync or settling, lost, known,
                                        epoch, since, last_beat)
             if not epoch or meta["epoch_file"] != file or resync or went_back:
@@ -1230,24 +1238,33 @@ class RowStore(Store):
             db.execute(q["owners_forget"], (now - FORGET_OWNERS_MS,))
             return (now, str(epoch), settle, db.execute(q["owners_all"]).fetchall(),
                     self._db_file, self._store_id(db), last_beat, lost, known, since,
-                    went_back)
+                    went_back, removed, unjudged)
 
         (now, epoch, settle, rows, file_read, store_id, last_beat, lost, known, since,
-         went_back) = self._transaction(work, heartbeat=True, turn=True)
+         went_back, removed, unjudged) = self._transaction(work, heartbeat=True, turn=True)
         self._heartbeat_file = file_read
         owners = _owner_statuses(rows, now)
         self._warn_foreign_hosts(owners)
         return Heartbeat(now=now, epoch=epoch, settle_until=settle, owners=tuple(owners),
                          store_id=store_id, lost=lost, last_beat=last_beat, owner_known=known,
-                         epoch_since=since, went_back=went_back)
+                         epoch_since=since, went_back=went_back, removed=removed,
+                         unjudged=unjudged)
 
-    def _kept(self, db: sqlite3.Connection, item: Written) -> bool | None:
+    def _kept(self, db: sqlite3.Connection, item: Written) -> bool | str | None:
         """kept.lua: whether the store still holds the caller's write (None: a record that
-        cannot be read, not judged)."""
+        cannot be read, not judged; :data:`_REMOVED`: a confirmed write of an entry the
+        store no longer holds, with the write's run (a prune removes both), or holds made
+        anew, removed since: see Written.confirmed)."""
         e, bad = self._get_entry(db, item.entry)
         if bad:
             return None
-        if e is None or e["anchor"] is None or (e["token"] or 0) < item.token:
+        if e is None:
+            gone = self._get_run(db, item.entry, item.due) is None
+            return _REMOVED if item.confirmed and gone else False
+        if (item.confirmed and item.anchor is not None and e["anchor"] is not None
+                and e["anchor"] != item.anchor):
+            return _REMOVED  # (made anew)
+        if e["anchor"] is None or (e["token"] or 0) < item.token:
             return False
         run = self._get_run(db, item.entry, item.due)
         if run is None or run is False:

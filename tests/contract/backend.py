@@ -41,6 +41,10 @@ class Backend:
     drop_next_due: Callable[[Store, str], None]
     """``drop_next_due(store, entry)``: the entry has no ``next_due`` at all, as a store of
     the layout before the due index holds it (or one written by such a version)."""
+    drop_entry_record: Callable[[Store, str], None]
+    """``drop_entry_record(store, entry)``: the entry's own record is gone, its runs stay (a
+    key evicted or deleted, a table restored from an older copy apart from the others);
+    skips the test where the store cannot hold runs without their entry."""
     round_trips: Callable[[Store], Callable[[], int]]
     """``round_trips(store)``: from now on, count the store's round trips to its server
     (Redis pipelines, PostgreSQL statements, SQLite transactions); what it returns reads

@@ -166,6 +166,10 @@ def _my_drop_next_due(store: Store, entry: str) -> None:
         (entry.encode(),))
 
 
+def _my_drop_entry_record(store: Store, entry: str) -> None:
+    sql(f"DELETE FROM {_table(store, 'entries')} WHERE name = %s", (entry.encode(),))
+
+
 def _my_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -> None:
     assert field in ("anchor", "checkpoint", "token", "registrants", "horizon", "definition",
                      "version", "origin", "changed_by", "changed_at"), field
@@ -257,4 +261,5 @@ BACKEND = Backend(open=_my_open, reopen=_my_reopen, corrupt_run=_my_corrupt_run,
                   restart=_my_restart,
                   corrupt_worker_record=_my_corrupt_worker_record, copy=_my_copy,
                   drop_next_due=_my_drop_next_due,
+                  drop_entry_record=_my_drop_entry_record,
                   round_trips=lambda store: _round_trips(_my(store)))

@@ -148,6 +148,10 @@ def _pg_drop_next_due(store: Store, entry: str) -> None:
         _table(store, "entries")), [entry])
 
 
+def _pg_drop_entry_record(store: Store, entry: str) -> None:
+    pytest.skip("PostgreSQL holds no run without its entry (a foreign key)")
+
+
 def _pg_corrupt_entry_field(store: Store, entry: str, field: str, raw: str) -> None:
     assert field in ("anchor", "checkpoint", "token", "registrants", "horizon", "definition",
                      "version", "origin", "changed_by", "changed_at"), field
@@ -224,4 +228,5 @@ BACKEND = Backend(open=_pg_open, reopen=_pg_reopen, corrupt_run=_pg_corrupt_run,
                   restart=_pg_restart,
                   corrupt_worker_record=_pg_corrupt_worker_record, copy=_pg_copy,
                   drop_next_due=_pg_drop_next_due,
+                  drop_entry_record=_pg_drop_entry_record,
                   round_trips=lambda store: counting(store, "_execute"))

@@ -63,6 +63,11 @@ def _redis_drop_next_due(store: Store, entry: str) -> None:
     s.client.zrem(s.index_key(entry), entry)
 
 
+def _redis_drop_entry_record(store: Store, entry: str) -> None:
+    s = _redis(store)
+    s.client.delete(s.entry_keys(entry)[0])
+
+
 def _redis_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) -> None:
     s = _redis(store)
     s.client.set(s.worker_key(process), raw, keepttl=True)
@@ -123,4 +128,5 @@ BACKEND = Backend(open=_redis_open, reopen=_redis_reopen, corrupt_run=_redis_cor
                   restart=_redis_restart,
                   corrupt_worker_record=_redis_corrupt_worker_record, copy=_redis_copy,
                   drop_next_due=_redis_drop_next_due,
+                  drop_entry_record=_redis_drop_entry_record,
                   round_trips=lambda store: counting(store, "_round_trip"))

@@ -427,6 +427,11 @@ def _cluster_drop_next_due(store: Store, entry: str) -> None:
     _clusters[s].raw().zrem(s.index_key(entry), entry)
 
 
+def _cluster_drop_entry_record(store: Store, entry: str) -> None:
+    s = _store(store)
+    _clusters[s].raw().delete(s.entry_keys(entry)[0])
+
+
 def _cluster_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) -> None:
     s = _store(store)
     _clusters[s].raw().set(s.worker_key(process), raw, keepttl=True)
@@ -460,4 +465,5 @@ BACKEND = Backend(open=_cluster_open, reopen=_cluster_reopen,
                   restart=_cluster_restart,
                   corrupt_worker_record=_cluster_corrupt_worker_record, copy=_cluster_copy,
                   drop_next_due=_cluster_drop_next_due,
+                  drop_entry_record=_cluster_drop_entry_record,
                   round_trips=lambda store: counting(store, "_round_trip"))

@@ -75,6 +75,12 @@ def _sqlite_drop_next_due(store: Store, entry: str) -> None:
         db.execute(f"UPDATE {s.tables.entries} SET next_due = NULL WHERE name = ?", (entry,))
 
 
+def _sqlite_drop_entry_record(store: Store, entry: str) -> None:
+    s = _sqlite(store)
+    with _raw(s) as db:
+        db.execute(f"DELETE FROM {s.tables.entries} WHERE name = ?", (entry,))
+
+
 def _sqlite_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) -> None:
     s = _sqlite(store)
     with _raw(s) as db:
@@ -127,4 +133,5 @@ BACKEND = Backend(open=_sqlite_open, reopen=_sqlite_reopen, corrupt_run=_sqlite_
                   restart=_sqlite_restart,
                   corrupt_worker_record=_sqlite_corrupt_worker_record, copy=_sqlite_copy,
                   drop_next_due=_sqlite_drop_next_due,
+                  drop_entry_record=_sqlite_drop_entry_record,
                   round_trips=lambda store: counting(store, "_transaction"))

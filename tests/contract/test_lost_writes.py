@@ -6,11 +6,12 @@ lower token, a check before publish whose run is still claimed with that token, 
 whose run is still claimed, being sent, due or waiting with that token);
 a run taken over with a higher token, in a later state, or trimmed from the history holds
 them, and so does a run with no token (an operator's backfill replaced what the instant
-held: the counter judges); a record that cannot be read is not judged. ``last_beat`` is
-the instant of the heartbeat before (None on a new store)."""
+held: the counter judges); a record that cannot be read is not judged (``unjudged``).
+``last_beat`` is the instant of the heartbeat before (None on a new store)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -20,6 +21,7 @@ from beat_claims.runs import Run
 from beat_claims.stores.base import (
     BackfillForgotten,
     Claim,
+    Continuity,
     Heartbeat,
     Outcome,
     Reclaim,
@@ -34,10 +36,12 @@ from .conftest import Backend
 from .helpers import (
     A,
     B,
+    after,
     claims,
     one_claim,
     poll,
     process,
+    register,
     run,
     runs,
     send,
@@ -243,10 +247,12 @@ def test_a_run_put_back_to_before_its_sent_mark_has_lost_the_mark_not_the_claim(
 # -- not judged ---------------------------------------------------------------------------
 def test_a_run_whose_record_cannot_be_read_is_not_judged(store: Store,
                                                         backend: Backend) -> None:
-    """A bad record is local: it never makes a beat believe the whole store went back."""
+    """A bad record is local: it never makes a beat believe the whole store went back. The
+    writes it could not judge are named (the beat does not take them for confirmed)."""
     c, other = claims(store, A, 1000, 2000)
     backend.corrupt_run(store, "e", c.due, '{"due": 1, "state": "claimed", "tok')
-    assert beat(store, claimed(c), marked(c), marked(other)).lost == (marked(other),)
+    hb = beat(store, claimed(c), marked(c), marked(other))
+    assert (hb.lost, hb.unjudged) == ((marked(other),), (claimed(c), marked(c)))
 
 
 def test_an_entry_whose_counter_cannot_be_read_is_not_judged(store: Store,
@@ -257,6 +263,92 @@ def test_an_entry_whose_counter_cannot_be_read_is_not_judged(store: Store,
 
 
 # -- the last heartbeat -------------------------------------------------------------------
+# -- removed: an operator's prune -----------------------------------------------------------
+def confirmed(w: Written) -> Written:
+    """As a beat asks after a write the store held at its heartbeat before."""
+    return dataclasses.replace(w, confirmed=True)
+
+
+def pruned(store: Store) -> Claim:
+    """A run of "e" sent and done, then "e" removed with its runs (as a prune does)."""
+    c = send(store, A, one_claim(store, A))
+    assert store.finish([Outcome("e", c.due, c.token, RunState.DONE)]) == [True]
+    assert beat(store, marked(c)).lost == ()
+    assert store.forget(["e"]) == ["e"]
+    return c
+
+
+def test_a_confirmed_write_of_an_entry_removed_since_is_no_loss(store: Store) -> None:
+    """The caller's heartbeat found the writes held; an operator's prune then removed the
+    entry with its runs. Asked after as confirmed, they are named ``removed``, not lost,
+    and the store does not take itself for an older copy (no new epoch)."""
+    before = beat(store)
+    c = pruned(store)
+    writes = (confirmed(marked(c)), confirmed(checked(c)), confirmed(claimed(c)))
+    hb = store.heartbeat(A, TTL, written=writes,
+                         continuity=Continuity(before.epoch, before.now, True))
+    assert (hb.lost, hb.removed, hb.went_back) == ((), writes, False)
+    assert hb.epoch == before.epoch
+
+
+def test_a_write_not_confirmed_of_an_entry_removed_since_is_lost(store: Store) -> None:
+    """Not confirmed (made after the caller's last heartbeat: a copy taken since, before
+    the entry was made, and put back shows no entry either), it is lost."""
+    c = pruned(store)
+    hb = beat(store, marked(c), confirmed(claimed(c)))
+    assert (hb.lost, hb.removed) == ((marked(c),), (confirmed(claimed(c)),))
+
+
+def test_a_confirmed_write_of_an_entry_the_store_still_holds_is_judged_as_any(
+        store: Store, backend: Backend) -> None:
+    """An entry the store holds (the write's anchor) with its counter, or a run, below the
+    write (keys restored one by one from an older copy) has lost it, confirmed or not."""
+    earlier, later = claims(store, A, 1000, 2000)
+    anchor = earlier.due - 1000
+
+    def confirmed_of_e(w: Written) -> Written:
+        return dataclasses.replace(confirmed(w), anchor=anchor)
+
+    older = run(store, later)  # claimed
+    send(store, A, later)
+    put_back(store, backend, older)
+    hb = beat(store, confirmed_of_e(marked(later)))
+    assert (hb.lost, hb.removed) == ((confirmed_of_e(marked(later)),), ())
+    backend.corrupt_entry_field(store, "e", "token", str(earlier.token))
+    hb = beat(store, confirmed_of_e(claimed(later)), confirmed_of_e(claimed(earlier)))
+    assert (hb.lost, hb.removed) == ((confirmed_of_e(claimed(later)),), ())
+
+
+def test_a_confirmed_write_of_an_entry_whose_record_is_gone_but_not_its_run_is_lost(
+        store: Store, backend: Backend) -> None:
+    """A prune removes an entry with its runs: an entry whose own record is gone while the
+    run the write was about is still there (a key evicted or deleted, the entries' table
+    restored from an older copy apart from the runs') was not pruned, and lost the write."""
+    c = send(store, A, one_claim(store, A))
+    assert beat(store, marked(c)).lost == ()
+    backend.drop_entry_record(store, "e")
+    hb = beat(store, confirmed(marked(c)))
+    assert (hb.lost, hb.removed) == ((confirmed(marked(c)),), ())
+
+
+def test_a_confirmed_write_of_an_entry_removed_and_made_anew_since_is_no_loss(
+        store: Store) -> None:
+    """An operator's prune removed the entry; the name was registered again (a schedule
+    given it back, a definition written anew) before the caller's next heartbeat: a new
+    entry, with an anchor and a counter of its own (below the write's token until its
+    first claim). The confirmed write is of the entry removed: no loss, and no new epoch."""
+    before = beat(store)
+    c = pruned(store)
+    after(store, c.due - 1000 + 2000)  # (past the 2 s new entries share an anchor for)
+    anew = register(store, "e")["e"]
+    assert anew.anchor > c.due - 1000, anew
+    writes = (dataclasses.replace(confirmed(marked(c)), anchor=c.due - 1000),)
+    hb = store.heartbeat(A, TTL, written=writes,
+                         continuity=Continuity(before.epoch, before.now, True))
+    assert (hb.lost, hb.removed, hb.went_back) == ((), writes, False), (hb, anew)
+    assert hb.epoch == before.epoch
+
+
 def test_last_beat_is_none_on_a_new_store_then_the_previous_heartbeat_s_instant(
         store: Store) -> None:
     first = store.heartbeat(A, TTL)

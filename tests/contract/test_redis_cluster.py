@@ -33,6 +33,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from beat_claims.beat.clock import StoreClock
+from beat_claims.beat.liveness import Liveness, StoreWentBack
 from beat_claims.enums import RunState
 from beat_claims.settings import Settings
 from beat_claims.stores import open_store
@@ -42,6 +44,8 @@ from beat_claims.stores.base import (
     Outcome,
     StoreConfigurationError,
     StoreError,
+    Written,
+    Wrote,
 )
 from beat_claims.stores.redis import BUCKETS, SCRIPTS, RedisStore, _sha, function_name, library_name
 from beat_claims.stores.redis_client import (
@@ -56,6 +60,7 @@ from ..faults import Proxy, proxy
 from ..inprocess import make, make_app, occurrences_sent, run_for
 from ..processes import wait_for
 from .backend import counting
+from .backend_redis_cluster import BACKEND as CLUSTER
 from .backend_redis_cluster import ClusterServers, NodeServer, bucket_masters, cluster, other_master
 from .helpers import (
     A,
@@ -65,6 +70,7 @@ from .helpers import (
     claim,
     delivery,
     now,
+    one_claim,
     plan,
     process,
     query,
@@ -445,6 +451,36 @@ def test_a_restart_of_any_master_starts_a_new_epoch_and_keeps_the_records(
     assert node.run_id() in (store._server or "").split(",")
     assert run(store, c).owner == A.id  # the records came back
     assert has_library(node)  # the scripts too
+
+
+def test_a_write_the_heartbeat_could_not_look_for_is_not_confirmed_by_it(
+        request: pytest.FixtureRequest) -> None:
+    """On a cluster a beat's newest writes are looked for a round trip before the heartbeat
+    (their entries' masters); when that round trip fails, the heartbeat stands and judges
+    none of them. Not found held, they are not confirmed (a confirmed write of an entry
+    the store no longer holds is taken for removed by a prune): a copy taken after the
+    beat's last heartbeat and before the write, put back, is found at the next one."""
+    with CLUSTER.open(request, 100) as store:
+        assert isinstance(store, RedisStore) and not store.single_node
+        written: list[Written] = []
+        liveness = Liveness(store, A, 0.5, StoreClock(), written=lambda: written)
+        liveness.beat()
+        restore = CLUSTER.copy(store)  # (taken after that heartbeat)
+        c = send(store, A, one_claim(store, A))
+        written.append(Written(c.entry, c.due, c.token, Wrote.SENT, anchor=c.due - 1000))
+        restore()  # the store put back: it never held the entry, nor the write
+        real = store._kept_build
+
+        def unanswered(pipe: Any, items: Any) -> None:
+            raise StoreError("the master of the entry's slot did not answer (test)")
+
+        store._kept_build = unanswered  # type: ignore[method-assign]
+        try:
+            liveness.beat()  # (nothing of the write judged: the heartbeat stands)
+        finally:
+            store._kept_build = real  # type: ignore[method-assign]
+        with pytest.raises(StoreWentBack, match="no longer holds what this beat wrote"):
+            liveness.beat()
 
 
 def test_a_failover_to_a_replica_starts_a_new_epoch_and_keeps_what_was_replicated() -> None:

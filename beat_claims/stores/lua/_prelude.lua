@@ -121,11 +121,25 @@ local function get_entry(K)
 end
 
 -- Whether the store still holds a beat's newest write about a run (kept.lua; heartbeat.lua
--- on one server): '1' held, '0' lost, '' a record that cannot be read (not judged).
-local function write_kept(K, due, token_text, kind)
+-- on one server): '1' held, '0' lost, '' a record that cannot be read (not judged), 'r' a
+-- write ``confirmed`` ('1': held at an earlier heartbeat of the caller's, whose continuity
+-- is judged) of an entry the store no longer holds at all (its record, and the write's
+-- run: a prune removes both), or holds made anew (an anchor other than ``anchor``, the
+-- write's entry's: '' not known): removed since (a prune), not lost (see
+-- Written.confirmed).
+local function write_kept(K, due, token_text, kind, confirmed, anchor)
   local e = get_entry(K)
   if not e then return '' end
   local token = tonumber(token_text)
+  if confirmed == '1' then
+    if not e.anchor and redis.call('EXISTS', K.entry) == 0
+        and redis.call('HEXISTS', K.runs, due) == 0 then
+      return 'r'
+    end
+    if e.anchor and anchor and anchor ~= '' and e.anchor ~= tonumber(anchor) then
+      return 'r'
+    end
+  end
   if not e.anchor or e.token < token then return '0' end
   local run = get_run(K, due)
   if run == false then return '' end

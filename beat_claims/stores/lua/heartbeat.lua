@@ -23,13 +23,14 @@
 -- just before; a restart or failover of any master is a new epoch; '' on one server: the
 -- script reads its run id itself), the continuity's epoch ('' for none), its clock, '1'
 -- when its record was renewed within a TTL, '1' when the client found a write lost, then
--- each written item's name, due, token and kind.
+-- each written item's name, due, token, kind, '1' when it is confirmed (Written) and its
+-- entry's anchor ('' not known).
 -- Returns, as one JSON string (one value for the client to read, not a dozen):
 -- [now, epoch id, settle until or '', owners (flat id, JSON), alive (flat id, expiry), the
 -- server's run id (the masters' on a cluster), the store's id, the last heartbeat before
 -- this one or '', '1' when the owner's record was there before this heartbeat else '0',
--- when the epoch began or '', each written item's kept reply ('1', '0', ''), '1' when the
--- store went back (a new epoch begun for it) else '0'].
+-- when the epoch began or '', each written item's kept reply ('1', '0', '', 'r'), '1' when
+-- the store went back (a new epoch begun for it) else '0'].
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
 -- A key of the wrong kind here would stop every beat: it is replaced (the owners come
@@ -47,13 +48,14 @@ local last_beat = tonumber(epoch[4] or '')
 redis.call('HSET', KEYS[3], 'beat_at', fmt(math.max(now, last_beat or now)))
 local kept, lost = {}, ARGV[13] == '1'
 local a = 14
-while a + 3 <= #ARGV do
+while a + 5 <= #ARGV do
   local first = 4 + 11 * (#kept)
   local K = entry_keys({unpack(KEYS, first + 1, first + 11)}, ARGV[a])
-  local ok, reply = pcall(write_kept, K, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+  local ok, reply = pcall(write_kept, K, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
+                          ARGV[a + 5])
   kept[#kept + 1] = ok and reply or ''  -- (a record of a wrong type: not judged)
   lost = lost or kept[#kept] == '0'
-  a = a + 4
+  a = a + 6
 end
 local went_back = ARGV[10] ~= '' and ARGV[4] ~= '1' and ARGV[7] ~= '1' and (
   lost or (ARGV[12] == '1' and not known)

@@ -6,7 +6,9 @@
 -- copy, whatever way, has lost it. (A run trimmed from the history is judged by the counter
 -- alone, and so is a run with no token: never claimed, a backfill or a request put it
 -- there, over whatever the instant held.)
--- KEYS: the entry's keys. ARGV: name, due, token, what was written (WROTE).
+-- KEYS: the entry's keys. ARGV: name, due, token, what was written (WROTE), '1' when the
+-- write is confirmed (held at an earlier heartbeat: an entry removed since, or made anew,
+-- is no loss), the entry's anchor ('' not known).
 -- Returns '1' (held), '0' (lost) or '' (a record that cannot be read: not judged): see
 -- write_kept in the prelude (heartbeat.lua asks it too, in its own step, on one server).
-return write_kept(entry_keys(KEYS, ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
+return write_kept(entry_keys(KEYS, ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
