@@ -192,10 +192,10 @@ def test_after_a_mixed_schedule_the_index_holds_what_the_heaps_hold(
     app = app_for(any_store)
     beats = fleet_of_two(app)
     bound_until(beats, observer.now() + 2500)
-    entries = define_dynamic(app, observer)
+    entries = define_dynamic(app, observer, every=5)  # (longer than a beat's look-ahead)
     run_for(3, *beats)
-    entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=7))
-    run_for(9, *beats)  # (the changed entry is claimed once by its new schedule)
+    entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=4))
+    run_for(6, *beats)  # (the changed entry is claimed once by its new schedule)
     index_follows_heaps(observer, beats, timeout=5)
     index = index_of(observer)
     assert index["bounded"] == NOT_DUE and index["dyn-disabled"] == NOT_DUE, index
