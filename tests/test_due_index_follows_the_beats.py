@@ -24,6 +24,7 @@ from celery import Celery
 from celery.schedules import crontab
 
 from beat_claims.beat.sweeper import INDEX_PAGE
+from beat_claims.beat.window import LOOKAHEAD
 from beat_claims.entries import Entries
 from beat_claims.occurrences import jitter_offset
 from beat_claims.scheduler import Scheduler
@@ -171,11 +172,11 @@ def app_for(target: StoreUnderTest, url: str | None = None,
                     beat_claims_heartbeat_interval=interval)
 
 
-def define_dynamic(app: Celery, store: Store) -> Entries:
-    """A disabled dynamic entry and one every 10s, written through the API."""
+def define_dynamic(app: Celery, store: Store, every: float = 10) -> Entries:
+    """A disabled dynamic entry and one every 10s (``every``), written through the API."""
     entries = Entries(app, store=store, by="test")
     entries.create("dyn-disabled", "t.noop", timedelta(seconds=2), enabled=False)
-    entries.create("dyn", "t.noop", timedelta(seconds=10))
+    entries.create("dyn", "t.noop", timedelta(seconds=every))
     return entries
 
 
@@ -191,10 +192,10 @@ def test_after_a_mixed_schedule_the_index_holds_what_the_heaps_hold(
     app = app_for(any_store)
     beats = fleet_of_two(app)
     bound_until(beats, observer.now() + 2500)
-    entries = define_dynamic(app, observer)
+    entries = define_dynamic(app, observer, every=5)  # (longer than a beat's look-ahead)
     run_for(3, *beats)
-    entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=7))
-    run_for(9, *beats)  # (the changed entry is claimed once by its new schedule)
+    entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=4))
+    run_for(6, *beats)  # (the changed entry is claimed once by its new schedule)
     index_follows_heaps(observer, beats, timeout=5)
     index = index_of(observer)
     assert index["bounded"] == NOT_DUE and index["dyn-disabled"] == NOT_DUE, index
@@ -404,21 +405,23 @@ def computed(store: Store, periods: dict[str, int]) -> dict[str, int | None]:
 def test_real_beats_keep_the_index_as_their_heaps(server: RedisServer, broker: RedisServer,
                                                   tmp_path: Any) -> None:
     """Two ``celery beat`` processes: after they ran the schedule, with a dynamic entry
-    changed from 10s to 7s and a disabled one, each entry's next_due is its next instant
-    after the store's checkpoint (NOT_DUE for the disabled one)."""
+    changed from 5s to 4s and a disabled one, each entry's next_due is its next instant
+    after the store's checkpoint (NOT_DUE for the disabled one). (Both periods are longer
+    than a beat's look-ahead: the entry is let go between its occurrences, indexed.)"""
+    assert LOOKAHEAD < 4000
     app = make_app(server, {}, beat_claims_url=server.url)
     store = StoreUnderTest("redis", server.url, server).open()
-    periods = {"every-1s": 1000, "every-3s": 3000, "jittered": 2000, "dyn": 10_000}
+    periods = {"every-1s": 1000, "every-3s": 3000, "jittered": 2000, "dyn": 5000}
     with fleet(server.url, broker.broker_url(), tmp_path, PROCESS_SCHEDULE,
                BC_HEARTBEAT=str(HEARTBEAT)) as f:
         beats = [f.beat(), f.beat()]
         for beat in beats:
             f.wait_log(beat, "entries registered; claiming", 30)
-        entries = define_dynamic(app, store)
+        entries = define_dynamic(app, store, every=5)
         wait_for(lambda: any(r.entry == "dyn" for r in store.history("dyn")) or None, 20,
                  "a run of the dynamic entry")
-        entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=7))
-        periods["dyn"] = 7000
+        entries.update("dyn", entries.get("dyn").version, schedule=timedelta(seconds=4))
+        periods["dyn"] = 4000
         changed = store.now()
         wait_for(lambda: any(r.due > changed for r in store.history("dyn")) or None, 20,
                  "a run of the dynamic entry by its new schedule")

@@ -1,7 +1,7 @@
 """Several real ``celery beat`` processes and a real worker: every occurrence exactly once,
-on every store (the core scenario on Redis, SQLite and PostgreSQL). The broker is a
-redis-server of the tests' own whatever the store; each execution is recorded in a Redis
-list there (``BC_EXEC_URL``)."""
+on every store (the core scenario on Redis, SQLite, PostgreSQL and MySQL, at once: a fleet
+on each). The broker is a redis-server of the tests' own whatever the store (one a store);
+each execution is recorded in a Redis list there (``BC_EXEC_URL``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,8 @@ from beat_claims.settings import Settings
 from beat_claims.stores import Store, open_store
 from beat_claims.stores.redis import RedisStore
 
-from .conftest import RedisServer
-from .processes import duplicates, executions, fleet, wait_for
+from .conftest import RedisServer, own_redis
+from .processes import Fleet, duplicates, executions, fleet, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -144,49 +146,95 @@ def all_ran_once(client: Any, want: set[tuple[str, str]], timeout: float,
     return rows
 
 
-@pytest.mark.parametrize("kind", ["redis", "sqlite", "postgres", "mysql"])
-def test_three_beats_one_worker_every_occurrence_exactly_once(
-        kind: str, server: RedisServer, tmp_path: Path) -> None:
-    client = server.client()
-    with claims_url(kind, server, tmp_path) as url, \
-            fleet(url, server.broker_url(), tmp_path, SCHEDULE,
-                  BC_EXEC_URL=server.url) as f:
-        worker = f.worker()
-        beats = [f.beat() for _ in range(3)]
-        wait_for(lambda: len(executions(client)) >= 3, 40, "first executions")
-        store = open_store(Settings(url=url), timeout=5.0)
+KINDS = ("redis", "sqlite", "postgres", "mysql")
+
+
+@dataclass
+class OnStore:
+    """The scenario on one store: its fleet (a worker, three beats), the redis-server that
+    is its broker and holds its executions, the store read through its contract, and the
+    occurrences expected to run."""
+
+    kind: str
+    url: str
+    fleet: Fleet
+    broker: RedisServer
+    worker: subprocess.Popen[bytes]
+    beats: list[subprocess.Popen[bytes]]
+    store: Store | None = None  # (opened once the beats run: they make the store)
+    want: set[tuple[str, str]] = field(default_factory=set)
+
+
+def test_three_beats_one_worker_every_occurrence_exactly_once_on_every_store(
+        server: RedisServer, tmp_path: Path) -> None:
+    """The scenario on the four stores at once (a fleet of three beats and a worker on
+    each, a broker each), so that its windows of real time serve them all; each store is
+    checked alone (a failure names it)."""
+    with contextlib.ExitStack() as stack:
+        runs: list[OnStore] = []
+        for kind in KINDS:
+            where = tmp_path / kind
+            where.mkdir()
+            broker = server if kind == "redis" else stack.enter_context(own_redis())
+            url = stack.enter_context(claims_url(kind, broker, where))
+            f = stack.enter_context(fleet(url, broker.broker_url(), where, SCHEDULE,
+                                          BC_EXEC_URL=broker.url))
+            runs.append(OnStore(kind, url, f, broker, f.worker(),
+                                [f.beat() for _ in range(3)]))
+        for run in runs:
+            wait_for(partial(_ran_at_least, run.broker.client(), 3), 40,
+                     f"first executions ({run.kind})")
+            run.store = stack.enter_context(
+                contextlib.closing(open_store(Settings(url=run.url), timeout=5.0)))
         t0 = int(time.time() * 1000)
-        watch(10, [worker, *beats])
+        watch(10, [p for run in runs for p in (run.worker, *run.beats)])
         t1 = int(time.time() * 1000)
-        # Everything due up to t1 - 2 s has been sent and run by now (or soon).
-        want = expected(store, t0, t1 - 2000)
-        all_ran_once(client, want, 15, "every expected occurrence to run")
-        # The beats sent (which one wins each claim depends on timing: a beat claiming
-        # ahead, on a loaded host, may win every one of these four entries' claims).
-        senders = [b for b in beats if "Sending due task" in f.log(b)]
-        assert senders
+        for run in runs:
+            # Everything due up to t1 - 2 s has been sent and run by now (or soon).
+            assert run.store is not None
+            run.want = expected(run.store, t0, t1 - 2000)
+            all_ran_once(run.broker.client(), run.want, 15,
+                         f"every expected occurrence to run ({run.kind})")
+            # The beats sent (which one wins each claim depends on timing: a beat claiming
+            # ahead, on a loaded host, may win every one of these four entries' claims).
+            senders = [b for b in run.beats if "Sending due task" in run.fleet.log(b)]
+            assert senders, run.kind
 
         # SIGTERM one beat, SIGKILL another, start a new one.
-        f.stop(beats[0], signal.SIGTERM)
-        f.stop(beats[1], signal.SIGKILL)
-        new = f.beat()
+        for run in runs:
+            run.fleet.stop(run.beats[0], signal.SIGTERM)
+            run.fleet.stop(run.beats[1], signal.SIGKILL)
+            run.beats.append(run.fleet.beat())
         t2 = int(time.time() * 1000)
-        watch(10, [worker, beats[2], new])
+        watch(10, [p for run in runs for p in (run.worker, run.beats[2], run.beats[3])])
         t3 = int(time.time() * 1000)
-        want2 = expected(store, t2, t3 - 2000)
-        # Runs the killed beat had claimed are taken over once its heartbeat expires (3 s).
-        rows = all_ran_once(client, want | want2, 20,
-                            "every occurrence after the stop and the kill to run")
-        got = {(r["entry"], r["due"]) for r in rows}
-        print(f"fleet ({kind}): {len(rows)} executions, {len(want | want2)} expected"
-              f" occurrences, {len(duplicates(rows))} duplicated,"
-              f" {len((want | want2) - got)} missing")
-        # The store agrees: every recorded run of the interval entries is done, once.
-        for name in ("every-1s", "every-2s", "every-3s"):
-            states = [r.state.value for r in store.history(name)
-                      if t0 <= r.due <= t3 - 5000]
-            assert states and set(states) == {"done"}, (name, states)
-        store.close()
+        failed = []
+        for run in runs:
+            try:
+                _ran_once_through_the_stop_and_the_kill(run, t0, t2, t3)
+            except AssertionError as exc:
+                failed.append(f"{run.kind}: {exc}")
+        assert not failed, "\n".join(failed)
+
+
+def _ran_at_least(client: Any, n: int) -> bool:
+    return len(executions(client)) >= n
+
+
+def _ran_once_through_the_stop_and_the_kill(run: OnStore, t0: int, t2: int, t3: int) -> None:
+    client, store = run.broker.client(), run.store
+    assert store is not None
+    want = run.want | expected(store, t2, t3 - 2000)
+    # Runs the killed beat had claimed are taken over once its heartbeat expires (3 s).
+    rows = all_ran_once(client, want, 20, "every occurrence after the stop and the kill to run")
+    got = {(r["entry"], r["due"]) for r in rows}
+    print(f"fleet ({run.kind}): {len(rows)} executions, {len(want)} expected"
+          f" occurrences, {len(duplicates(rows))} duplicated, {len(want - got)} missing")
+    # The store agrees: every recorded run of the interval entries is done, once.
+    for name in ("every-1s", "every-2s", "every-3s"):
+        states = [r.state.value for r in store.history(name)
+                  if t0 <= r.due <= t3 - 5000]
+        assert states and set(states) == {"done"}, (name, states)
 
 
 def test_worker_with_embedded_beat_releases_unsent_claims_on_shutdown(

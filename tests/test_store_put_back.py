@@ -7,17 +7,20 @@ by one (``RESTORE``) keep everything else. Two beats run across the restore, a t
 just after it, a worker runs what they send: no occurrence is sent twice or runs twice, and
 no token is handed out for two occurrences (a token is never below the store's clock, and
 the running beats find at their next heartbeat that the store no longer holds what they
-wrote; the third claims nothing before they have).
+wrote; the third claims nothing before they have). Every way at once, on stores, brokers
+and fleets of their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import sqlite3
 import subprocess
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -134,11 +137,6 @@ def sqlite_backup_api(url: str) -> Copy:
     return Copy(lambda: backup(live, saved), lambda: backup(saved, live))
 
 
-def test_sqlite_restored_by_the_backup_api(broker: RedisServer, tmp_path: Path) -> None:
-    with claims_url("sqlite", broker, tmp_path) as url:
-        put_back_under_running_beats(url, sqlite_backup_api, broker, tmp_path)
-
-
 # -- PostgreSQL ---------------------------------------------------------------------------
 def _psql(dbname: str, *args: str) -> None:
     subprocess.run(["psql", "-h", PG_HOST, "-p", PG_PORT, "-U", PG_USER, "-d", dbname,
@@ -168,14 +166,6 @@ def postgres_schema_and_data(url: str) -> Copy:
     out = Path(f"/tmp/bc-{dbname}-all.sql")
     return Copy(lambda: _pg_dump(dbname, out, "--clean", "--if-exists"),
                 lambda: _psql(dbname, "--single-transaction", "-f", str(out)))
-
-
-@pytest.mark.parametrize("way", [postgres_data_only, postgres_schema_and_data],
-                         ids=["data-only", "schema-and-data"])
-def test_postgres_restored_from_a_dump(way: Callable[[str], Copy], broker: RedisServer,
-                                       tmp_path: Path) -> None:
-    with claims_url("postgres", broker, tmp_path) as url:
-        put_back_under_running_beats(url, way, broker, tmp_path)
 
 
 # -- MySQL / MariaDB ----------------------------------------------------------------------
@@ -217,11 +207,6 @@ def mysql_data_only(url: str) -> Copy:
     return Copy(take, put_back)
 
 
-def test_mysql_restored_from_a_data_only_dump(broker: RedisServer, tmp_path: Path) -> None:
-    with claims_url("mysql", broker, tmp_path) as url:
-        put_back_under_running_beats(url, mysql_data_only, broker, tmp_path)
-
-
 # -- Redis --------------------------------------------------------------------------------
 def redis_debug_reload(server: RedisServer) -> Callable[[str], Copy]:
     """``SAVE`` and a copy of the RDB, later that copy put in place and ``DEBUG RELOAD
@@ -261,9 +246,54 @@ def redis_restore_keys(server: RedisServer) -> Callable[[str], Copy]:
     return lambda url: Copy(take, put_back)
 
 
-@pytest.mark.parametrize("way", [redis_debug_reload, redis_restore_keys],
-                         ids=["debug-reload", "restore-keys"])
-def test_redis_put_back_in_place(way: Callable[[RedisServer], Callable[[str], Copy]],
-                                 broker: RedisServer, tmp_path: Path) -> None:
-    with own_redis(["--enable-debug-command", "yes"]) as store:
-        put_back_under_running_beats(store.url, way(store), broker, tmp_path)
+# -- every way at once ---------------------------------------------------------------------
+#: Each way: the store it puts back (made in the ExitStack, in a directory of the way's own,
+#: beside the way's broker) and how it copies that store.
+Way = Callable[[contextlib.ExitStack, Path, RedisServer], tuple[str, Callable[[str], Copy]]]
+
+
+def on(kind: str, copy: Callable[[str], Copy]) -> Way:
+    """A way that copies a fresh store of ``kind`` (tests/test_integration_fleet.py
+    claims_url) with ``copy``."""
+    def made(stack: contextlib.ExitStack, where: Path,
+             broker: RedisServer) -> tuple[str, Callable[[str], Copy]]:
+        return stack.enter_context(claims_url(kind, broker, where)), copy
+    return made
+
+
+def on_redis(copy: Callable[[RedisServer], Callable[[str], Copy]]) -> Way:
+    """A way that copies a store on a redis-server of its own (debug commands enabled)."""
+    def made(stack: contextlib.ExitStack, where: Path,
+             broker: RedisServer) -> tuple[str, Callable[[str], Copy]]:
+        store = stack.enter_context(own_redis(["--enable-debug-command", "yes"]))
+        return store.url, copy(store)
+    return made
+
+
+WAYS: dict[str, Way] = {
+    "sqlite, the backup API": on("sqlite", sqlite_backup_api),
+    "postgres, a data-only dump": on("postgres", postgres_data_only),
+    "postgres, a dump of schema and data": on("postgres", postgres_schema_and_data),
+    "mysql, a data-only dump": on("mysql", mysql_data_only),
+    "redis, an older RDB reloaded (DEBUG RELOAD)": on_redis(redis_debug_reload),
+    "redis, every key restored (RESTORE)": on_redis(redis_restore_keys),
+}
+
+
+def test_a_store_put_back_any_way_under_running_beats_sends_nothing_twice(
+        tmp_path: Path) -> None:
+    """Every way at once, each on a store and a broker of its own with a fleet of its own
+    (in a thread each: the scenario is waits on real beats and a worker), so that the
+    rounds of occurrences waited for serve them all; each way is checked alone (a failure
+    names it)."""
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(len(WAYS)) as pool:
+        done = {}
+        for n, (name, way) in enumerate(WAYS.items()):
+            where = tmp_path / f"way{n}"
+            where.mkdir()
+            broker = stack.enter_context(own_redis())
+            url, copy = way(stack, where, broker)
+            done[name] = pool.submit(put_back_under_running_beats, url, copy, broker, where)
+        failed = [f"{name}: {type(exc).__name__}: {exc}" for name, future in done.items()
+                  if (exc := future.exception()) is not None]
+    assert not failed, "\n".join(failed)

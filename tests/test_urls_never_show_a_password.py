@@ -9,6 +9,7 @@ case: hosts are lower-cased) appears in what it shows, whatever it did to the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -337,6 +339,32 @@ def run(server: RedisServer, store_url: str, *args: str, **conf: Any) -> tuple[i
     return done.returncode, done.stdout + done.stderr
 
 
+def run_each(server: RedisServer, store_url: str, commands: list[list[str]],
+             **conf: Any) -> list[tuple[int, str]]:
+    """What :func:`run` gives for each of ``commands``, the processes run side by side
+    (each command's output does not depend on another's)."""
+    env = _env(server, store_url, **conf)
+    with contextlib.ExitStack() as stack:
+        files = [(stack.enter_context(tempfile.TemporaryFile()),
+                  stack.enter_context(tempfile.TemporaryFile())) for _ in commands]
+        procs = [subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.proj.app",
+                                   *args], cwd=ROOT, env=env, stdout=out, stderr=err)
+                 for args, (out, err) in zip(commands, files)]
+        try:
+            codes = [proc.wait(60) for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        done = []
+        for code, (out, err) in zip(codes, files):
+            out.seek(0)
+            err.seek(0)
+            done.append((code, (out.read() + err.read()).decode(errors="replace")))
+        return done
+
+
 def _env(server: RedisServer, store_url: str, **conf: Any) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "BC_REDIS_URL": server.url,
             "BC_BROKER_URL": server.broker_url(), "BC_SCHEDULE": json.dumps(
@@ -362,11 +390,11 @@ SENTINEL = ("sentinel://alice:Xq7%2FZr9@127.0.0.1:{p1};sentinel://:Xq7Zr9@127.0.
 def test_beat_worker_and_cli_refuse_a_bad_url_without_its_password(
         server: RedisServer, what: str, url: str, conf: dict[str, Any], expected: str) -> None:
     url = url.format(p1=free_port(), p2=free_port())
-    for args in (["beat", "-S", "claims", "--loglevel", "INFO", "-s", os.devnull],
-                 ["worker", "--loglevel", "INFO", "-P", "solo", "--without-gossip",
-                  "--without-mingle"],
-                 ["claims", "status"], ["claims", "health", "-j"]):
-        code, out = run(server, url, *args, **conf)
+    commands = [["beat", "-S", "claims", "--loglevel", "INFO", "-s", os.devnull],
+                ["worker", "--loglevel", "INFO", "-P", "solo", "--without-gossip",
+                 "--without-mingle"],
+                ["claims", "status"], ["claims", "health", "-j"]]
+    for args, (code, out) in zip(commands, run_each(server, url, commands, **conf)):
         assert code == 1 and expected in out, (what, args, out)
         assert_clean(out, f"{args[0]} ({what})")
 
@@ -409,14 +437,15 @@ def test_a_worker_refused_by_the_store_does_not_show_the_password(
 def test_celery_claims_never_shows_the_password(server: RedisServer,
                                                 guarded: RedisServer) -> None:
     url = guarded_url(guarded)
-    for args in (["status"], ["status", "-j"], ["health"], ["health", "-j"],
-                 ["health", "--beat"], ["history", "tick"], ["prune", "--dry-run", "-j"]):
-        code, out = run(server, url, "claims", *args)
+    up = [["status"], ["status", "-j"], ["health"], ["health", "-j"], ["health", "--beat"],
+          ["history", "tick"], ["prune", "--dry-run", "-j"]]
+    for args, (_code, out) in zip(up, run_each(server, url, [["claims", *a] for a in up])):
         assert "Traceback" not in out, (args, out)
         assert_clean(out, f"celery claims {' '.join(args)}")
     guarded.stop()
-    for args in (["status"], ["health"], ["health", "-j"], ["health", "--beat", "-j"]):
-        code, out = run(server, url, "claims", *args)
+    down = [["status"], ["health"], ["health", "-j"], ["health", "--beat", "-j"]]
+    for args, (code, out) in zip(down, run_each(server, url,
+                                                [["claims", *a] for a in down])):
         assert code == 1 and "127.0.0.1" in out, (args, out)
         assert_clean(out, f"celery claims {' '.join(args)} (store down)")
 

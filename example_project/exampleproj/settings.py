@@ -120,6 +120,10 @@ CELERY_BEAT_CLAIMS_HEARTBEAT_INTERVAL = float(os.environ.get("EXAMPLE_HEARTBEAT"
 CELERY_BEAT_CLAIMS_RECLAIM_AFTER = 60
 CELERY_BEAT_CLAIMS_KEY_PREFIX = "example-claims"
 
+#: How long slow_report takes (EXAMPLE_SLOW_REPORT_SECONDS: the example's test makes it
+#: short, as a worker's warm shutdown waits for it).
+SLOW_REPORT_SECONDS = float(os.environ.get("EXAMPLE_SLOW_REPORT_SECONDS", "12"))
+
 CELERY_BEAT_SCHEDULE = {
     "heartbeat": {
         "task": "reports.tasks.heartbeat",
@@ -134,6 +138,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 10.0,
         # It takes 12 s, so every other occurrence finds the previous one running and is
         # recorded as skipped rather than sent.
+        "kwargs": {"seconds": SLOW_REPORT_SECONDS},
         "claims": {"catch_up": "all", "overlap": "skip", "run_timeout": 600},
     },
 }

@@ -1,7 +1,8 @@
 """The PostgreSQL backend of the contract suite: the machine's PostgreSQL (``BC_PGHOST``,
 ``BC_PGPORT``, ``BC_PGUSER``, as the Django tests), in a database of its own created once
-per session (``beat_claims_contract_<random>``, dropped at the end), a fresh schema (key
-prefix) per test.
+per session (``beat_claims_contract_<random>``, dropped at the end), an empty schema (key
+prefix) per test: a new one, or one a test before this one left, emptied as a new store
+leaves its tables (see ``_spare``).
 
 The fault hooks write with SQL, as an operator or a broken tool would. What a typed schema
 cannot hold is said where it happens: a run's record is ``jsonb`` (text that is not JSON is
@@ -20,6 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
@@ -95,26 +97,70 @@ def _table(store: Store, name: str) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(_pg(store).schema), sql.Identifier(name))
 
 
+#: Key prefixes whose schema a test's store left installed and emptied since (every table
+#: truncated but the layout's version, as a new store leaves them), for the next test's
+#: store (:func:`_pg_open`): a new schema is 50 ms of the server's CPU to create and drop,
+#: emptying one 6 ms, and the suite opens hundreds.
+_spare: list[str] = []
+#: The schemas a test dropped or made again (a wipe, a restart, a copy put back): dropped
+#: after it, never used again.
+_remade: set[str] = set()
+
+
 @contextlib.contextmanager
-def _pg_open(request: pytest.FixtureRequest, history_limit: int) -> Iterator[Store]:
+def _pg_open(request: pytest.FixtureRequest, history_limit: int,
+             reuse: bool = True) -> Iterator[Store]:
+    """A store on an empty schema of the session's database: a spare one (see ``_spare``),
+    or a new one (``reuse`` False: always new). On exit its schema is emptied and spared,
+    or dropped."""
     address = url(database(request))
-    store = PostgresStore.from_url(address, f"bc-contract-{uuid.uuid4().hex[:8]}",
-                                   history_limit)
+    prefix = _spare.pop() if reuse and _spare else f"bc-contract-{uuid.uuid4().hex[:8]}"
+    store = PostgresStore.from_url(address, prefix, history_limit)
     _urls[store] = address
     try:
         yield store
     finally:
         store.close()
-        admin().execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-            sql.Identifier(store.schema)))
+        if reuse and _emptied(store.schema):
+            _spare.append(prefix)
+        else:
+            admin().execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                sql.Identifier(store.schema)))
+
+
+def _emptied(schema: str) -> bool:
+    """The schema of a store its test closed, emptied as a new store's is: every table but
+    the layout's version truncated (and the entries' ids restarted). Not when the test made
+    it again or dropped it, nor while another session of the session's database is still
+    open half a second after the store closed (a store the test left open could write into
+    the next test's store; the server process of a session closed a moment ago may still be
+    on its way out)."""
+    if schema in _remade:
+        _remade.discard(schema)
+        return False
+    conn = admin()
+    deadline = time.monotonic() + 0.5
+    while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                       " current_database() AND pid <> pg_backend_pid()").fetchall()[0][0]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    tables = [t for (t,) in conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s", [schema]).fetchall()]
+    if "version" not in tables:
+        return False
+    conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(sql.SQL(", ").join(
+        sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(t))
+        for t in tables if t != "version")))
+    return True
 
 
 @contextlib.contextmanager
 def fresh_store(request: pytest.FixtureRequest, history_limit: int = 100
                 ) -> Iterator[PostgresStore]:
-    """A store on a fresh schema of the session's database (for the PostgreSQL-only
-    tests), its schema dropped on exit."""
-    with _pg_open(request, history_limit) as store:
+    """A store on a new schema of the session's database (for the PostgreSQL-only tests,
+    which may change it), its schema dropped on exit."""
+    with _pg_open(request, history_limit, reuse=False) as store:
         yield _pg(store)
 
 
@@ -185,6 +231,7 @@ def _pg_corrupt_worker_record(store: Store, process: WorkerProcess, raw: str) ->
 
 
 def _pg_wipe(store: Store) -> None:
+    _remade.add(_pg(store).schema)
     admin().execute(sql.SQL("DROP SCHEMA {} CASCADE").format(
         sql.Identifier(_pg(store).schema)))
 
@@ -203,6 +250,7 @@ def _pg_copy(store: Store) -> Callable[[], None]:
     """A backup of the store's schema (``pg_dump``); put back with ``pg_restore``, the
     schema dropped first (its relations are new ones: another epoch)."""
     s = _pg(store)
+    _remade.add(s.schema)
     dump, restore = shutil.which("pg_dump"), shutil.which("pg_restore")
     if dump is None or restore is None:
         pytest.skip("pg_dump and pg_restore are needed to restore the store from a backup")
