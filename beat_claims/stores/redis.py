@@ -181,6 +181,10 @@ from .redis_packer import Packed, takes_packed
 
 logger = get_logger("celery.beat.claims")
 
+#: An entry's eleven keys as a command's arguments (one Packed, or eleven bytes), and its
+#: name, encoded (see RedisStore._entry_head).
+_Head = tuple[tuple[Any, ...], bytes]
+
 #: Buckets the entries are spread over: each has its own slot on Redis Cluster, and a
 #: sweep reads each bucket's indexes once. Part of the layout: never change it in place.
 BUCKETS = 16
@@ -211,6 +215,14 @@ DIGEST_CHARS = 20
 _DIGEST = re.compile(f"[0-9a-f]{{{DIGEST_CHARS}}}")
 #: Entries whose script arguments (keys and name, encoded) are kept; then they start again.
 ENTRY_HEADS = 2048
+#: What separates an entry's own arguments packed in one (see each_entry in the Lua
+#: prelude) ...
+_SEP = "\x1f"
+#: ... and, when one of them holds it, a byte that UTF-8 text never holds.
+_SEP_ANY = b"\xff"
+#: An entry's keys (see entry_keys): its own, named by kind, then its bucket's.
+_ENTRY_KINDS = ("e", "r", "h", "d", "b", "x")
+_BUCKET_KEYS = ("due", "held", "open", "t", "next")
 #: redis-py's option to read a command's reply as bytes.
 _UNDECODED = {NEVER_DECODE: True}
 #: Errors that say the server cannot serve us now: an outage, not a bad record. redis-py
@@ -483,7 +495,7 @@ class RedisStore(Store):
         self._servers: frozenset[str] = frozenset()  # its run ids (a cluster's masters)
         self._bad_keys: set[str] = set()
         self._bad_text_logged = False  # see _json_reply
-        self._entry_heads: dict[str, tuple[bytes, ...]] = {}  # see _entry_script
+        self._entry_heads: dict[str, _Head] = {}  # see _entry_head
         self._owner_record: tuple[Owner, str] | None = None  # see _owner_json
         self._heartbeating = threading.local()
         #: Scripts are called as functions of one library (FCALL) until the server shows it
@@ -522,9 +534,32 @@ class RedisStore(Store):
     def entry_keys(self, entry: str) -> list[str]:
         """The keys of one entry, in the order every entry script expects them."""
         tag, d = self._tag(entry)
-        return [f"{tag}:e:{d}", f"{tag}:r:{d}", f"{tag}:h:{d}", f"{tag}:d:{d}",
-                f"{tag}:b:{d}", f"{tag}:x:{d}", f"{tag}:due", f"{tag}:held", f"{tag}:open",
-                f"{tag}:t", f"{tag}:next"]
+        return [*(f"{tag}:{kind}:{d}" for kind in _ENTRY_KINDS),
+                *(f"{tag}:{name}" for name in _BUCKET_KEYS)]
+
+    def _entry_key(self, entry: str) -> str:
+        """The entry's hash (the first of :meth:`entry_keys`)."""
+        tag, d = self._tag(entry)
+        return f"{tag}:e:{d}"
+
+    @cached_property
+    def _framed_keys(self) -> list[bytes]:
+        """For each bucket, an entry's keys (:meth:`entry_keys`) in the protocol, as the
+        command packer frames them, with ``%s`` for the digest (six times): the keys of
+        an entry are made in one step."""
+        out = []
+        for bucket in range(BUCKETS):
+            tag = f"{{{self.prefix}:{bucket:02d}}}"
+            parts = []
+            for kind in _ENTRY_KINDS:
+                head = f"{tag}:{kind}:".encode()
+                parts.append(b"$%d\r\n" % (len(head) + DIGEST_CHARS)
+                             + head.replace(b"%", b"%%") + b"%s\r\n")
+            for name in _BUCKET_KEYS:
+                key = f"{tag}:{name}".encode()
+                parts.append(b"$%d\r\n" % len(key) + key.replace(b"%", b"%%") + b"\r\n")
+            out.append(b"".join(parts))
+        return out
 
     def index_key(self, entry: str) -> str:
         """The due index of the entry's bucket (zset: name -> next due instant)."""
@@ -768,20 +803,28 @@ class RedisStore(Store):
         pipe.execute_command(*self._call(name), len(keys), *keys, *args,
                              **(_UNDECODED if raw else {}))
 
-    def _entry_head(self, entry: str) -> tuple[bytes, ...]:
-        """The entry's keys and name as the bytes redis-py would send (it sends bytes as
-        they are): a claim, its check and its sent mark each pass the same eleven."""
+    def _entry_head(self, entry: str) -> _Head:
+        """The entry's keys and name as a command's arguments: a claim, its check and its
+        sent mark each pass the same eleven keys. The keys are one argument already in the
+        protocol (:class:`Packed`) when the client takes it, else the bytes redis-py would
+        send (it sends bytes as they are)."""
         heads = self._entry_heads
         head = heads.get(entry)
         if head is None:
             if len(heads) >= ENTRY_HEADS:
                 heads = self._entry_heads = {}  # (a new dict: other threads may read the old)
-            head = heads[entry] = tuple(k.encode() for k in (*self.entry_keys(entry), entry))
+            if self._takes_packed:
+                d = digest(entry)
+                keys: tuple[Any, ...] = (Packed(11, self._framed_keys[_bucket(d)]
+                                                % ((d.encode(),) * 6)),)
+            else:
+                keys = tuple(k.encode() for k in self.entry_keys(entry))
+            head = heads[entry] = (keys, entry.encode())
         return head
 
     def _entry_script(self, pipe: Pipeline, name: str, entry: str, *args: Any) -> None:
-        head = self._entry_head(entry)
-        pipe.execute_command(*self._call(name), len(head) - 1, *head, *args)
+        keys, name_bytes = self._entry_head(entry)
+        pipe.execute_command(*self._call(name), 11, *keys, name_bytes, *args)
 
     def _entry_batches(self, entries: Sequence[str]) -> list[list[int]]:
         """The positions of ``entries`` grouped by the call of a script made for many that
@@ -796,14 +839,14 @@ class RedisStore(Store):
         return [positions[start:start + ENTRY_BATCH] for positions in buckets.values()
                 for start in range(0, len(positions), ENTRY_BATCH)]
 
-    def _batched(self, name: str, entries: Sequence[str], args: Sequence[Sequence[Any]]
-                 ) -> list[Any]:
+    def _batched(self, name: str, entries: Sequence[str], args: Sequence[str | bytes],
+                 shared: Sequence[Any] = ()) -> list[Any]:
         """Script ``name`` (one made for many entries: see each_entry in the Lua prelude)
-        for each of ``entries`` with its ``args``, :data:`CHUNK` entries a round trip: each
-        entry's reply (or error), in order. An entry's error that says the server cannot
-        serve us now (out of memory at a write, by EVALSHA) is an outage for the whole
-        call, as it would be for a call of its own (its caller reconciles, as after a
-        reply lost)."""
+        for each of ``entries`` with its own ``args`` (packed: :func:`_packed`) and the
+        ``shared`` ones, :data:`CHUNK` entries a round trip: each entry's reply (or error),
+        in order. An entry's error that says the server cannot serve us now (out of memory
+        at a write, by EVALSHA) is an outage for the whole call, as it would be for a call
+        of its own (its caller reconciles, as after a reply lost)."""
         if not entries:
             return []
         out: list[Any] = [None] * len(entries)
@@ -819,15 +862,14 @@ class RedisStore(Store):
 
             def build(pipe: Pipeline, trip: list[list[int]] = trip) -> None:
                 for batch in trip:
-                    keys: list[bytes] = []
-                    argv: list[Any] = []
+                    keys: list[Any] = []
+                    argv: list[Any] = [*shared]
                     for i in batch:
-                        head = self._entry_head(entries[i])
-                        keys += head[:-1]
-                        argv.append(len(args[i]) + 1)
-                        argv.append(head[-1])
-                        argv += args[i]
-                    pipe.execute_command(*self._call(name), len(keys), *keys, *argv)
+                        head_keys, entry = self._entry_head(entries[i])
+                        keys += head_keys
+                        argv.append(entry)
+                        argv.append(args[i])
+                    pipe.execute_command(*self._call(name), 11 * len(batch), *keys, *argv)
 
             for batch, reply in zip(trip, self._round_trip(build)):
                 answers = _each_reply(reply, len(batch))
@@ -856,7 +898,7 @@ class RedisStore(Store):
         keys = list(self._heartbeat_keys)
         item_args: list[Any] = []
         for item in items:
-            keys.extend(self._entry_head(item.entry)[:-1])
+            keys.extend(k.encode() for k in self.entry_keys(item.entry))
             item_args += [item.entry, item.due, item.token, item.kind.value]
         on_going = continuity is not None and not (resync or settling)
         cont_args = ([continuity.epoch, continuity.seen_at,
@@ -1058,28 +1100,30 @@ class RedisStore(Store):
     def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
         plans = checked_plans(plans)
 
-        def arguments(plan: ClaimPlan) -> list[Any]:
-            args: list[Any] = [owner.id]
-            if plan.expected is None:
-                args += ["", ""]
+        limit = self.history_limit
+
+        def arguments(plan: ClaimPlan) -> str | bytes:
+            # (claim.lua's claim_one's ARGV from its third: the owner is shared)
+            expected, send = plan.expected, plan.send
+            if expected is None:
+                args: list[Any] = ["", ""]
             else:
-                cp = plan.expected.checkpoint
-                args += [plan.expected.anchor, "" if cp is None else cp]
-            send = plan.send
+                cp = expected.checkpoint
+                args = [expected.anchor, "" if cp is None else cp]
             task_ids = dict(zip(plan.claim, send.task_ids)) if send else {}
             steps = sorted([(due, "claim", task_ids.get(due, "")) for due in plan.claim]
                            + [(due, reason.value, "") for due, reason in plan.skip])
-            args += [plan.token_floor, "1" if plan.take_due else "0", self.history_limit,
+            args += [plan.token_floor, "1" if plan.take_due else "0", limit,
                      send.overlap.value if send else "", len(steps)]
             for step in steps:
                 args += step
             args += ["" if plan.next_due is None else plan.next_due,
                      "" if plan.version is None else plan.version]
-            return args
+            return _packed(args)
 
         return [_claim_result(plan.entry, reply) for plan, reply in zip(
             plans, self._batched("claim", [p.entry for p in plans],
-                                 [arguments(p) for p in plans]))]
+                                 [arguments(p) for p in plans], (owner.id,)))]
 
     def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
         def build(pipe: Pipeline, item: Check) -> None:
@@ -1110,7 +1154,7 @@ class RedisStore(Store):
     def record_sent(self, owner: Owner, claims: Sequence[Claim]) -> int:
         claims = list(claims)
         replies = self._batched("sent", [c.entry for c in claims],
-                                [(c.token, c.due) for c in claims])
+                                [f"{_SEP}{c.token}{_SEP}{c.due}" for c in claims])
         return sum(1 for r in replies if r == "1")
 
     def release(self, owner: Owner, releases: Sequence[Release], max_attempts: int = 0
@@ -1562,15 +1606,16 @@ class RedisStore(Store):
         one script call per group of buckets (each bucket's keys in its own slot)."""
         if not names:
             return {}
-        by_bucket: dict[str, list[str]] = {}
-        for name in names:
-            by_bucket.setdefault(self._tag(name)[0], []).append(name)
-        calls = ([names] if self.single_node else list(by_bucket.values()))
+        calls = [names]
+        if not self.single_node:
+            by_bucket: dict[str, list[str]] = {}
+            for name in names:
+                by_bucket.setdefault(self._tag(name)[0], []).append(name)
+            calls = list(by_bucket.values())
 
         def build(pipe: Pipeline) -> None:
             for group in calls:
-                self._script(pipe, "states", [self.entry_keys(n)[0] for n in group],
-                             raw=True)
+                self._script(pipe, "states", [self._entry_key(n) for n in group], raw=True)
 
         out: dict[str, tuple[EntryState | None, int]] = {}
         for group, reply in zip(calls, self._round_trip(build)):
@@ -1849,6 +1894,17 @@ def _after(keys: list[bytes], key: bytes) -> list[bytes]:
 def _digest_of(key: bytes) -> str:
     """The digest an entry's hash key ends with (``{P:NN}:e:DIGEST``)."""
     return key.rsplit(b":", 1)[1].decode()
+
+
+def _packed(args: Sequence[Any]) -> str | bytes:
+    """An entry's own arguments of a script made for many entries, in one (see each_entry
+    in the Lua prelude): each as redis-py would send it (``str``), after a separator none of
+    them holds."""
+    text = _SEP + _SEP.join(map(str, args))
+    if text.count(_SEP) == len(args):
+        return text
+    return _SEP_ANY + _SEP_ANY.join(a if isinstance(a, bytes) else str(a).encode()
+                                    for a in args)
 
 
 def _bucket(d: str) -> int:
