@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import heapq
 import itertools
 import json
 import math
@@ -97,7 +98,7 @@ import re
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
@@ -529,7 +530,11 @@ class RedisStore(Store):
     def _bucket_tag(self, d: str) -> str:
         """The hash tag of the bucket of the entry whose name's digest is ``d`` (as
         registry_scan.lua makes it too)."""
-        return f"{{{self.prefix}:{_bucket(d):02d}}}"
+        return self._bucket_tags[_bucket(d)]
+
+    @cached_property
+    def _bucket_tags(self) -> list[str]:
+        return [f"{{{self.prefix}:{bucket:02d}}}" for bucket in range(BUCKETS)]
 
     def entry_keys(self, entry: str) -> list[str]:
         """The keys of one entry, in the order every entry script expects them."""
@@ -548,8 +553,7 @@ class RedisStore(Store):
         command packer frames them, with ``%s`` for the digest (six times): the keys of
         an entry are made in one step."""
         out = []
-        for bucket in range(BUCKETS):
-            tag = f"{{{self.prefix}:{bucket:02d}}}"
+        for tag in self._bucket_tags:
             parts = []
             for kind in _ENTRY_KINDS:
                 head = f"{tag}:{kind}:".encode()
@@ -1584,19 +1588,20 @@ class RedisStore(Store):
                 self._script(pipe, "due", keys, before, limit, low, name,
                              "1" if ahead else "", raw=True)
 
-        found: list[tuple[int, bytes, str]] = []
+        found: list[Iterator[tuple[int, bytes, str]]] = []
         beyond: list[int] = []
         for reply in self._round_trip(build):
             _raise_if_error(reply)
             names, instants, bad, later = self._json_reply(reply, 4)
             for key in bad:
                 self._note_bad_key(key)
-            for mine, dues in zip(names, instants):
-                found += [(int(float(due)), n.encode(), n)
-                          for n, due in zip(mine or (), dues or ())]
+            found += [((int(float(due)), n.encode(), n) for n, due in zip(mine, dues))
+                      for mine, dues in zip(names, instants) if mine and dues]
             beyond += [at for at in map(_finite_ms, later or ()) if at is not None]
-        # (each bucket's answer is in order: merged, by name as the zsets order them)
-        chosen = [(due, n) for due, _, n in sorted(found)[:limit]]
+        # Each bucket's answer is in order (by name as the zsets order them): merged, and
+        # read only as far as the page goes (on one server every bucket answers up to
+        # ``limit``: most of what a bucket answers is not on the page).
+        chosen = [(due, n) for due, _, n in itertools.islice(heapq.merge(*found), limit)]
         states = self._states([n for _, n in chosen])
         return DueAhead([DueEntry(n, due, *states[n]) for due, n in chosen],
                         min(beyond) if ahead and beyond and len(chosen) < limit else None)
@@ -1869,6 +1874,13 @@ def _due_state(row: Any) -> EntryState | None:
     None: absent); None when they cannot be read."""
     if isinstance(row, Exception):
         return None
+    anchor, checkpoint, token = row[0], row[1], row[2]
+    if anchor is not False and anchor is not None:
+        try:  # (as a rule, three whole numbers, the checkpoint maybe absent)
+            return EntryState(int(anchor), None if checkpoint is False else int(checkpoint),
+                              0 if token is False else int(token))
+        except (TypeError, ValueError, OverflowError):
+            pass  # (read field by field below)
     anchor, checkpoint, token = (None if v is False else v for v in row[:3])
     if _maybe_int(anchor) is None or (checkpoint is not None
                                       and _maybe_int(checkpoint) is None):
@@ -1947,7 +1959,7 @@ def _claim_result(entry: str, reply: Any) -> ClaimResult:
 
 def _parse_claim(entry: str, reply: str) -> ClaimResult:
     fields = reply.split(";")
-    status = ClaimStatus(fields[0])
+    status = _CLAIM_STATUS.get(fields[0]) or ClaimStatus(fields[0])
     if status is ClaimStatus.MISSING:
         return ClaimResult(entry, status)
     if status is ClaimStatus.CORRUPT:
@@ -1955,27 +1967,47 @@ def _parse_claim(entry: str, reply: str) -> ClaimResult:
     state = EntryState(_whole(fields[1]), _maybe_int(fields[2]), _whole(fields[3]))
     if status is ClaimStatus.CONFLICT:
         return ClaimResult(entry, status, state)
-    claimed, skipped, existing, taken, unreadable, checked = (
-        f.split(",") if f else [] for f in fields[4:10])
-    claims = tuple(Claim(entry, int(claimed[i]), int(claimed[i + 1]))
-                   for i in range(0, len(claimed), 2))
-    by_due = {claim.due: claim for claim in claims}
-    return ClaimResult(
-        entry, status, state,
-        claims=claims,
-        taken=tuple(Claim(entry, int(taken[i]), int(taken[i + 1]), manual=taken[i + 2] == "1",
-                          maybe_sent=taken[i + 3] == "1", attempts=int(taken[i + 4]))
-                    for i in range(0, len(taken), 5)),
-        skipped=tuple((int(skipped[i]), Reason(skipped[i + 1]))
-                      for i in range(0, len(skipped), 2)),
-        existing=_dues(existing), unreadable=_dues(unreadable),
-        checked=tuple(_checked(by_due[int(checked[i])], checked[i + 1], checked[i + 2])
-                      for i in range(0, len(checked), 3)))
+    claimed, skipped, existing, taken, unreadable, checked = fields[4:10]
+    # (most fields of most answers are empty: each is read only when it holds something)
+    claims: tuple[Claim, ...] = ()
+    if claimed:
+        c = claimed.split(",")
+        claims = tuple([Claim(entry, int(c[i]), int(c[i + 1])) for i in range(0, len(c), 2)])
+    took: tuple[Claim, ...] = ()
+    if taken:
+        t = taken.split(",")
+        took = tuple([Claim(entry, int(t[i]), int(t[i + 1]), manual=t[i + 2] == "1",
+                            maybe_sent=t[i + 3] == "1", attempts=int(t[i + 4]))
+                      for i in range(0, len(t), 5)])
+    skips: tuple[tuple[int, Reason], ...] = ()
+    if skipped:
+        s = skipped.split(",")
+        skips = tuple([(int(s[i]), _reason(s[i + 1])) for i in range(0, len(s), 2)])
+    answers: tuple[CheckResult, ...] = ()
+    if checked:
+        by_due = {claim.due: claim for claim in claims}
+        k = checked.split(",")
+        answers = tuple([_checked(by_due[int(k[i])], k[i + 1], k[i + 2])
+                         for i in range(0, len(k), 3)])
+    return ClaimResult(entry, status, state, claims, took, skips,
+                       _dues(existing.split(",")) if existing else (),
+                       _dues(unreadable.split(",")) if unreadable else (), "", answers)
+
+
+#: The answers' words, as their enums (a word none of them has raises, as the enum does).
+_CLAIM_STATUS = {s.value: s for s in ClaimStatus}
+_VERDICTS = {v.value: v for v in CheckVerdict}
+_REASONS = {r.value: r for r in Reason}
+
+
+def _reason(word: str) -> Reason:
+    return _REASONS.get(word) or Reason(word)
 
 
 def _checked(claim: Claim, verdict: str, reason: str) -> CheckResult:
     """A new claim's check made with it (see claim.lua): send, skipped or waiting."""
-    return CheckResult(claim, CheckVerdict(verdict), Reason(reason) if reason else None)
+    return CheckResult(claim, _VERDICTS.get(verdict) or CheckVerdict(verdict),
+                       _reason(reason) if reason else None)
 
 
 def _dues(texts: list[str]) -> tuple[int, ...]:
