@@ -8,6 +8,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from hashlib import sha1 as _sha1
 from typing import Any
 
 import psutil
@@ -17,6 +18,7 @@ from .enums import FINAL_STATES, Reason, RunState
 #: Namespace for task ids derived from occurrences: the same occurrence always gets the
 #: same task id, on every beat.
 TASK_ID_NAMESPACE = uuid.UUID("6f1c5a52-9a0e-4d59-8a43-6d1f0c1f7b2e")
+_NAMESPACE_BYTES = TASK_ID_NAMESPACE.bytes
 
 #: The message header a run is published with.
 HEADER = "beat_claims"
@@ -40,11 +42,21 @@ def iso(ms: int | None) -> str | None:
     return from_ms(int(ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _uuid5(name: str) -> str:
+    """``str(uuid.uuid5(TASK_ID_NAMESPACE, name))``, in a third of its time (a run's id is
+    made twice a run: with its claim, and for its check)."""
+    digest = _sha1(_NAMESPACE_BYTES + name.encode()).digest()
+    # (the version, 5, in the high nibble of byte 6; the RFC 4122 variant in byte 8)
+    h = (digest[:6] + bytes(((digest[6] & 0x0F) | 0x50, digest[7], (digest[8] & 0x3F) | 0x80))
+         + digest[9:16]).hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def task_id_for(entry: str, due_ms: int, prefix: str = "beat-claims") -> str:
     """The task id of a scheduled occurrence: stable across beats and across re-sends.
     The key prefix is part of it, so two apps sharing a result backend never share an id.
     """
-    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{prefix}\x00{entry}\x00{due_ms}"))
+    return _uuid5(f"{prefix}\x00{entry}\x00{due_ms}")
 
 
 def manual_task_id_for(entry: str, due_ms: int, token: int,
@@ -58,8 +70,7 @@ def manual_task_id_for(entry: str, due_ms: int, token: int,
     it an id of its own, the same for every delivery of that claim; a scheduled run's id
     (:func:`task_id_for`) never depends on the token.
     """
-    return str(uuid.uuid5(TASK_ID_NAMESPACE,
-                          f"{prefix}\x00{entry}\x00{due_ms}\x00manual\x00{token}"))
+    return _uuid5(f"{prefix}\x00{entry}\x00{due_ms}\x00manual\x00{token}")
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,13 @@ from redis.connection import PythonRespSerializer
 from redis.exceptions import DataError
 
 from beat_claims.stores import redis_packer
+from beat_claims.stores.base import ClaimPlan, ClaimStatus
+from beat_claims.stores.redis import RedisStore
 from beat_claims.stores.redis_client import connect
 from beat_claims.stores.redis_packer import Packed, RespPacker, takes_packed
 
 from .conftest import RedisServer
+from .contract.helpers import A, register, sending
 
 
 class Color(str, enum.Enum):
@@ -102,3 +105,24 @@ def test_arguments_already_in_the_protocol_are_sent_as_they_are(server: RedisSer
         client.mset({k: "1" for k in keys[:10]})
         assert client.execute_command("DEL", run) == 10
     client.close()
+
+
+@pytest.mark.parametrize("prefix", ["beat-claims", "100% ü {x}:%s"])
+def test_an_entrys_keys_made_in_one_step_are_the_bytes_of_its_keys_one_by_one(
+        server: RedisServer, prefix: str) -> None:
+    """A claim, its check and its sent mark pass the entry's eleven keys as one argument
+    already in the protocol (whatever the prefix holds): the bytes of the keys one by one,
+    and the scripts find the entry by them."""
+    store = RedisStore.from_url(server.url, prefix)
+    try:
+        for name in ["e", "名前 %s %d", *(f"entry-{i}" for i in range(100))]:
+            keys, encoded = store._entry_head(name)
+            assert encoded == name.encode()
+            one_by_one = RespPacker().pack("X", *(k.encode() for k in store.entry_keys(name)))
+            assert RespPacker().pack("X", *keys) == one_by_one
+        state = register(store, "名前 %s %d")["名前 %s %d"]
+        [result] = store.claim(A, [ClaimPlan("名前 %s %d", state, (state.anchor + 1000,))])
+        assert result.status is ClaimStatus.OK and len(result.claims) == 1, result
+        assert store.record_sent(A, [sending(store, A, result.claims[0])]) == 1
+    finally:
+        store.close()

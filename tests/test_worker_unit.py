@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 import pytest
 
 from beat_claims import worker
 from beat_claims.enums import RunState
-from beat_claims.runs import Owner, manual_task_id_for, task_id_for
+from beat_claims.runs import TASK_ID_NAMESPACE, Owner, manual_task_id_for, task_id_for
 from beat_claims.stores.base import (
     Check,
     CheckVerdict,
@@ -94,6 +95,21 @@ def test_an_operators_run_has_a_task_id_of_its_own_the_worker_finds() -> None:
     assert manual_task_id_for("e", 1000, 7) == manual_task_id_for("e", 1000, 7)
     assert len({scheduled, manual_task_id_for("e", 1000, 7), manual_task_id_for("e", 1000, 8),
                 manual_task_id_for("e", 1000, 7, "other")}) == 4
+
+
+def test_a_runs_task_id_is_the_one_every_version_gave_it() -> None:
+    """A fleet of beats of several versions (and the workers that look runs up by task id)
+    agree on each occurrence's id: the UUID 5 of its prefix, entry and instant (and token,
+    for an operator's run), whatever the entry's name holds."""
+    names = ["e", "", "名前", "a\x00b", "entry-00042", "x" * 300, "ü|;,\n"]
+    for name in names:
+        for due in (0, 1000, -5, 1796004000000, 2 ** 53 - 1):
+            for prefix in ("beat-claims", "other", ""):
+                assert task_id_for(name, due, prefix) == str(uuid.uuid5(
+                    TASK_ID_NAMESPACE, f"{prefix}\x00{name}\x00{due}"))
+                assert manual_task_id_for(name, due, 7, prefix) == str(uuid.uuid5(
+                    TASK_ID_NAMESPACE, f"{prefix}\x00{name}\x00{due}\x00manual\x007"))
+    assert task_id_for("e", 1796004000000) == "c476e688-71f3-574d-a28d-b120308af216"
 
 
 def test_a_backfilled_run_is_looked_up_by_its_own_task_id(server: RedisServer) -> None:

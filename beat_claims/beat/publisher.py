@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from celery import Celery
@@ -43,6 +44,9 @@ class Publisher:
         self.send_task = send_task
         #: The entry last published, with its arguments as evaluated for that publish.
         self.evaluated: tuple[str, Any, Any] | None = None
+        #: The instant last published (UTC ms), as its header and ``last_run_at`` give it:
+        #: the runs of a burst mostly share it.
+        self._instant: tuple[int, str | None, datetime] = (-1, None, from_ms(0))
 
     def publish_claim(self, claim: Claim, task_id: str) -> Any:
         entry = self.entry_for(claim)
@@ -82,15 +86,18 @@ class Publisher:
     def publish(self, entry: ScheduleEntry, claim: Claim, task_id: str) -> Any:
         """The message for one claimed occurrence, through the task's own ``apply_async``
         when this app has the task (its routing and options), else ``send_task``."""
+        if self._instant[0] != claim.due:
+            self._instant = (claim.due, iso(claim.due), from_ms(claim.due))
+        _, due_text, due_at = self._instant
         if self.logger.isEnabledFor(logging.INFO):
             self.logger.info("Scheduler: Sending due task %s (%s) due %s token %d",
-                             entry.name, entry.task, iso(claim.due), claim.token)
+                             entry.name, entry.task, due_text, claim.token)
         # Copy, never mutate, the entry's options and headers (apply_async copies shallowly).
         options = dict(entry.options)
         headers = dict(options.get("headers") or {})
         headers["celery_beat_task"] = True
         headers["periodic_task_name"] = entry.name  # django-celery-results records it
-        headers[HEADER] = {"entry": entry.name, "due": iso(claim.due), "token": claim.token,
+        headers[HEADER] = {"entry": entry.name, "due": due_text, "token": claim.token,
                            "prefix": self.settings.key_prefix,
                            "store": self.liveness.store_id}
         options["headers"] = headers
@@ -104,6 +111,6 @@ class Publisher:
         else:
             result = self.send_task(entry.task, args, kwargs, producer=self.producer(),
                                     **options)
-        entry.last_run_at = from_ms(claim.due)
+        entry.last_run_at = due_at
         entry.total_run_count += 1
         return result

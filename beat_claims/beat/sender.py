@@ -80,8 +80,9 @@ def waiting_for_no_result() -> AbstractContextManager[None]:
     worker (``celery worker -B``, any pool but gevent's and eventlet's) has always
     published in that state. The message is
     unchanged (its ``ignore_result`` is the task's: workers store the result as before).
-    The flag is process-wide and set only for the publish; the beat's other threads never
-    join a result.
+    The flag is process-wide and set while a batch of checked claims is published (once a
+    batch, not once a message: its store calls between the publishes join no result
+    either); the beat's other threads never join a result.
     """
     from celery.result import denied_join_result
 
@@ -191,14 +192,15 @@ class Sender:
             self.liveness.keep_alive()
             queue, checked_at = self._check(checks[start:start + SEND_BATCH])
             try:
-                while queue:
-                    if time.monotonic() - checked_at > self.settings.heartbeat_interval / 2:
-                        self.liveness.keep_alive()
-                        queue, checked_at = self._check(list(queue))
-                        continue
-                    check = queue.popleft()
-                    self.holdings.checked.pop(0)  # from here on, it may be published
-                    self._publish_one(check, schedule)
+                with waiting_for_no_result():  # (once a batch: see there)
+                    while queue:
+                        if time.monotonic() - checked_at > self.settings.heartbeat_interval / 2:
+                            self.liveness.keep_alive()
+                            queue, checked_at = self._check(list(queue))
+                            continue
+                        check = queue.popleft()
+                        self.holdings.checked.pop(0)  # from here on, it may be published
+                        self._publish_one(check, schedule)
             except BrokerDown:
                 self.holdings.checked.clear()
                 self.flush_marks()
@@ -276,8 +278,7 @@ class Sender:
     def _publish_one(self, check: Check, schedule: dict[str, Any]) -> None:
         claim = check.claim
         try:
-            with waiting_for_no_result():
-                self.publish(claim, check.task_id)
+            self.publish(claim, check.task_id)
         except Exception as exc:
             if is_broker_outage(exc):
                 self.release([claim])

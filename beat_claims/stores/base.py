@@ -48,6 +48,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 from ..enums import Origin, Overlap, Reason, RunState, StartVerdict
@@ -387,8 +388,9 @@ class Claim:
     maybe_sent: bool = False  # reclaimed while being sent: a message may already exist
     attempts: int = 0  # publishes of this run that failed so far
 
-    @property
+    @cached_property
     def ref(self) -> RunRef:
+        # (made once: a beat looks its claims up by it several times a run)
         return RunRef(self.entry, self.due)
 
 

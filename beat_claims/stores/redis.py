@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import heapq
 import itertools
 import json
 import math
@@ -97,7 +98,7 @@ import re
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
@@ -181,6 +182,10 @@ from .redis_packer import Packed, takes_packed
 
 logger = get_logger("celery.beat.claims")
 
+#: An entry's eleven keys as a command's arguments (one Packed, or eleven bytes), and its
+#: name, encoded (see RedisStore._entry_head).
+_Head = tuple[tuple[Any, ...], bytes]
+
 #: Buckets the entries are spread over: each has its own slot on Redis Cluster, and a
 #: sweep reads each bucket's indexes once. Part of the layout: never change it in place.
 BUCKETS = 16
@@ -211,6 +216,14 @@ DIGEST_CHARS = 20
 _DIGEST = re.compile(f"[0-9a-f]{{{DIGEST_CHARS}}}")
 #: Entries whose script arguments (keys and name, encoded) are kept; then they start again.
 ENTRY_HEADS = 2048
+#: What separates an entry's own arguments packed in one (see each_entry in the Lua
+#: prelude) ...
+_SEP = "\x1f"
+#: ... and, when one of them holds it, a byte that UTF-8 text never holds.
+_SEP_ANY = b"\xff"
+#: An entry's keys (see entry_keys): its own, named by kind, then its bucket's.
+_ENTRY_KINDS = ("e", "r", "h", "d", "b", "x")
+_BUCKET_KEYS = ("due", "held", "open", "t", "next")
 #: redis-py's option to read a command's reply as bytes.
 _UNDECODED = {NEVER_DECODE: True}
 #: Errors that say the server cannot serve us now: an outage, not a bad record. redis-py
@@ -483,7 +496,7 @@ class RedisStore(Store):
         self._servers: frozenset[str] = frozenset()  # its run ids (a cluster's masters)
         self._bad_keys: set[str] = set()
         self._bad_text_logged = False  # see _json_reply
-        self._entry_heads: dict[str, tuple[bytes, ...]] = {}  # see _entry_script
+        self._entry_heads: dict[str, _Head] = {}  # see _entry_head
         self._owner_record: tuple[Owner, str] | None = None  # see _owner_json
         self._heartbeating = threading.local()
         #: Scripts are called as functions of one library (FCALL) until the server shows it
@@ -517,14 +530,40 @@ class RedisStore(Store):
     def _bucket_tag(self, d: str) -> str:
         """The hash tag of the bucket of the entry whose name's digest is ``d`` (as
         registry_scan.lua makes it too)."""
-        return f"{{{self.prefix}:{_bucket(d):02d}}}"
+        return self._bucket_tags[_bucket(d)]
+
+    @cached_property
+    def _bucket_tags(self) -> list[str]:
+        return [f"{{{self.prefix}:{bucket:02d}}}" for bucket in range(BUCKETS)]
 
     def entry_keys(self, entry: str) -> list[str]:
         """The keys of one entry, in the order every entry script expects them."""
         tag, d = self._tag(entry)
-        return [f"{tag}:e:{d}", f"{tag}:r:{d}", f"{tag}:h:{d}", f"{tag}:d:{d}",
-                f"{tag}:b:{d}", f"{tag}:x:{d}", f"{tag}:due", f"{tag}:held", f"{tag}:open",
-                f"{tag}:t", f"{tag}:next"]
+        return [*(f"{tag}:{kind}:{d}" for kind in _ENTRY_KINDS),
+                *(f"{tag}:{name}" for name in _BUCKET_KEYS)]
+
+    def _entry_key(self, entry: str) -> str:
+        """The entry's hash (the first of :meth:`entry_keys`)."""
+        tag, d = self._tag(entry)
+        return f"{tag}:e:{d}"
+
+    @cached_property
+    def _framed_keys(self) -> list[bytes]:
+        """For each bucket, an entry's keys (:meth:`entry_keys`) in the protocol, as the
+        command packer frames them, with ``%s`` for the digest (six times): the keys of
+        an entry are made in one step."""
+        out = []
+        for tag in self._bucket_tags:
+            parts = []
+            for kind in _ENTRY_KINDS:
+                head = f"{tag}:{kind}:".encode()
+                parts.append(b"$%d\r\n" % (len(head) + DIGEST_CHARS)
+                             + head.replace(b"%", b"%%") + b"%s\r\n")
+            for name in _BUCKET_KEYS:
+                key = f"{tag}:{name}".encode()
+                parts.append(b"$%d\r\n" % len(key) + key.replace(b"%", b"%%") + b"\r\n")
+            out.append(b"".join(parts))
+        return out
 
     def index_key(self, entry: str) -> str:
         """The due index of the entry's bucket (zset: name -> next due instant)."""
@@ -768,20 +807,28 @@ class RedisStore(Store):
         pipe.execute_command(*self._call(name), len(keys), *keys, *args,
                              **(_UNDECODED if raw else {}))
 
-    def _entry_head(self, entry: str) -> tuple[bytes, ...]:
-        """The entry's keys and name as the bytes redis-py would send (it sends bytes as
-        they are): a claim, its check and its sent mark each pass the same eleven."""
+    def _entry_head(self, entry: str) -> _Head:
+        """The entry's keys and name as a command's arguments: a claim, its check and its
+        sent mark each pass the same eleven keys. The keys are one argument already in the
+        protocol (:class:`Packed`) when the client takes it, else the bytes redis-py would
+        send (it sends bytes as they are)."""
         heads = self._entry_heads
         head = heads.get(entry)
         if head is None:
             if len(heads) >= ENTRY_HEADS:
                 heads = self._entry_heads = {}  # (a new dict: other threads may read the old)
-            head = heads[entry] = tuple(k.encode() for k in (*self.entry_keys(entry), entry))
+            if self._takes_packed:
+                d = digest(entry)
+                keys: tuple[Any, ...] = (Packed(11, self._framed_keys[_bucket(d)]
+                                                % ((d.encode(),) * 6)),)
+            else:
+                keys = tuple(k.encode() for k in self.entry_keys(entry))
+            head = heads[entry] = (keys, entry.encode())
         return head
 
     def _entry_script(self, pipe: Pipeline, name: str, entry: str, *args: Any) -> None:
-        head = self._entry_head(entry)
-        pipe.execute_command(*self._call(name), len(head) - 1, *head, *args)
+        keys, name_bytes = self._entry_head(entry)
+        pipe.execute_command(*self._call(name), 11, *keys, name_bytes, *args)
 
     def _entry_batches(self, entries: Sequence[str]) -> list[list[int]]:
         """The positions of ``entries`` grouped by the call of a script made for many that
@@ -796,14 +843,14 @@ class RedisStore(Store):
         return [positions[start:start + ENTRY_BATCH] for positions in buckets.values()
                 for start in range(0, len(positions), ENTRY_BATCH)]
 
-    def _batched(self, name: str, entries: Sequence[str], args: Sequence[Sequence[Any]]
-                 ) -> list[Any]:
+    def _batched(self, name: str, entries: Sequence[str], args: Sequence[str | bytes],
+                 shared: Sequence[Any] = ()) -> list[Any]:
         """Script ``name`` (one made for many entries: see each_entry in the Lua prelude)
-        for each of ``entries`` with its ``args``, :data:`CHUNK` entries a round trip: each
-        entry's reply (or error), in order. An entry's error that says the server cannot
-        serve us now (out of memory at a write, by EVALSHA) is an outage for the whole
-        call, as it would be for a call of its own (its caller reconciles, as after a
-        reply lost)."""
+        for each of ``entries`` with its own ``args`` (packed: :func:`_packed`) and the
+        ``shared`` ones, :data:`CHUNK` entries a round trip: each entry's reply (or error),
+        in order. An entry's error that says the server cannot serve us now (out of memory
+        at a write, by EVALSHA) is an outage for the whole call, as it would be for a call
+        of its own (its caller reconciles, as after a reply lost)."""
         if not entries:
             return []
         out: list[Any] = [None] * len(entries)
@@ -819,15 +866,14 @@ class RedisStore(Store):
 
             def build(pipe: Pipeline, trip: list[list[int]] = trip) -> None:
                 for batch in trip:
-                    keys: list[bytes] = []
-                    argv: list[Any] = []
+                    keys: list[Any] = []
+                    argv: list[Any] = [*shared]
                     for i in batch:
-                        head = self._entry_head(entries[i])
-                        keys += head[:-1]
-                        argv.append(len(args[i]) + 1)
-                        argv.append(head[-1])
-                        argv += args[i]
-                    pipe.execute_command(*self._call(name), len(keys), *keys, *argv)
+                        head_keys, entry = self._entry_head(entries[i])
+                        keys += head_keys
+                        argv.append(entry)
+                        argv.append(args[i])
+                    pipe.execute_command(*self._call(name), 11 * len(batch), *keys, *argv)
 
             for batch, reply in zip(trip, self._round_trip(build)):
                 answers = _each_reply(reply, len(batch))
@@ -856,7 +902,7 @@ class RedisStore(Store):
         keys = list(self._heartbeat_keys)
         item_args: list[Any] = []
         for item in items:
-            keys.extend(self._entry_head(item.entry)[:-1])
+            keys.extend(k.encode() for k in self.entry_keys(item.entry))
             item_args += [item.entry, item.due, item.token, item.kind.value,
                           *_confirmed_args(item)]
         on_going = continuity is not None and not (resync or settling)
@@ -1065,28 +1111,30 @@ class RedisStore(Store):
     def claim(self, owner: Owner, plans: Sequence[ClaimPlan]) -> list[ClaimResult]:
         plans = checked_plans(plans)
 
-        def arguments(plan: ClaimPlan) -> list[Any]:
-            args: list[Any] = [owner.id]
-            if plan.expected is None:
-                args += ["", ""]
+        limit = self.history_limit
+
+        def arguments(plan: ClaimPlan) -> str | bytes:
+            # (claim.lua's claim_one's ARGV from its third: the owner is shared)
+            expected, send = plan.expected, plan.send
+            if expected is None:
+                args: list[Any] = ["", ""]
             else:
-                cp = plan.expected.checkpoint
-                args += [plan.expected.anchor, "" if cp is None else cp]
-            send = plan.send
+                cp = expected.checkpoint
+                args = [expected.anchor, "" if cp is None else cp]
             task_ids = dict(zip(plan.claim, send.task_ids)) if send else {}
             steps = sorted([(due, "claim", task_ids.get(due, "")) for due in plan.claim]
                            + [(due, reason.value, "") for due, reason in plan.skip])
-            args += [plan.token_floor, "1" if plan.take_due else "0", self.history_limit,
+            args += [plan.token_floor, "1" if plan.take_due else "0", limit,
                      send.overlap.value if send else "", len(steps)]
             for step in steps:
                 args += step
             args += ["" if plan.next_due is None else plan.next_due,
                      "" if plan.version is None else plan.version]
-            return args
+            return _packed(args)
 
         return [_claim_result(plan.entry, reply) for plan, reply in zip(
             plans, self._batched("claim", [p.entry for p in plans],
-                                 [arguments(p) for p in plans]))]
+                                 [arguments(p) for p in plans], (owner.id,)))]
 
     def check(self, owner: Owner, checks: Sequence[Check]) -> list[CheckResult]:
         def build(pipe: Pipeline, item: Check) -> None:
@@ -1117,7 +1165,7 @@ class RedisStore(Store):
     def record_sent(self, owner: Owner, claims: Sequence[Claim]) -> int:
         claims = list(claims)
         replies = self._batched("sent", [c.entry for c in claims],
-                                [(c.token, c.due) for c in claims])
+                                [f"{_SEP}{c.token}{_SEP}{c.due}" for c in claims])
         return sum(1 for r in replies if r == "1")
 
     def release(self, owner: Owner, releases: Sequence[Release], max_attempts: int = 0
@@ -1547,19 +1595,20 @@ class RedisStore(Store):
                 self._script(pipe, "due", keys, before, limit, low, name,
                              "1" if ahead else "", raw=True)
 
-        found: list[tuple[int, bytes, str]] = []
+        found: list[Iterator[tuple[int, bytes, str]]] = []
         beyond: list[int] = []
         for reply in self._round_trip(build):
             _raise_if_error(reply)
             names, instants, bad, later = self._json_reply(reply, 4)
             for key in bad:
                 self._note_bad_key(key)
-            for mine, dues in zip(names, instants):
-                found += [(int(float(due)), n.encode(), n)
-                          for n, due in zip(mine or (), dues or ())]
+            found += [((int(float(due)), n.encode(), n) for n, due in zip(mine, dues))
+                      for mine, dues in zip(names, instants) if mine and dues]
             beyond += [at for at in map(_finite_ms, later or ()) if at is not None]
-        # (each bucket's answer is in order: merged, by name as the zsets order them)
-        chosen = [(due, n) for due, _, n in sorted(found)[:limit]]
+        # Each bucket's answer is in order (by name as the zsets order them): merged, and
+        # read only as far as the page goes (on one server every bucket answers up to
+        # ``limit``: most of what a bucket answers is not on the page).
+        chosen = [(due, n) for due, _, n in itertools.islice(heapq.merge(*found), limit)]
         states = self._states([n for _, n in chosen])
         return DueAhead([DueEntry(n, due, *states[n]) for due, n in chosen],
                         min(beyond) if ahead and beyond and len(chosen) < limit else None)
@@ -1569,15 +1618,16 @@ class RedisStore(Store):
         one script call per group of buckets (each bucket's keys in its own slot)."""
         if not names:
             return {}
-        by_bucket: dict[str, list[str]] = {}
-        for name in names:
-            by_bucket.setdefault(self._tag(name)[0], []).append(name)
-        calls = ([names] if self.single_node else list(by_bucket.values()))
+        calls = [names]
+        if not self.single_node:
+            by_bucket: dict[str, list[str]] = {}
+            for name in names:
+                by_bucket.setdefault(self._tag(name)[0], []).append(name)
+            calls = list(by_bucket.values())
 
         def build(pipe: Pipeline) -> None:
             for group in calls:
-                self._script(pipe, "states", [self.entry_keys(n)[0] for n in group],
-                             raw=True)
+                self._script(pipe, "states", [self._entry_key(n) for n in group], raw=True)
 
         out: dict[str, tuple[EntryState | None, int]] = {}
         for group, reply in zip(calls, self._round_trip(build)):
@@ -1831,6 +1881,13 @@ def _due_state(row: Any) -> EntryState | None:
     None: absent); None when they cannot be read."""
     if isinstance(row, Exception):
         return None
+    anchor, checkpoint, token = row[0], row[1], row[2]
+    if anchor is not False and anchor is not None:
+        try:  # (as a rule, three whole numbers, the checkpoint maybe absent)
+            return EntryState(int(anchor), None if checkpoint is False else int(checkpoint),
+                              0 if token is False else int(token))
+        except (TypeError, ValueError, OverflowError):
+            pass  # (read field by field below)
     anchor, checkpoint, token = (None if v is False else v for v in row[:3])
     if _maybe_int(anchor) is None or (checkpoint is not None
                                       and _maybe_int(checkpoint) is None):
@@ -1856,6 +1913,17 @@ def _after(keys: list[bytes], key: bytes) -> list[bytes]:
 def _digest_of(key: bytes) -> str:
     """The digest an entry's hash key ends with (``{P:NN}:e:DIGEST``)."""
     return key.rsplit(b":", 1)[1].decode()
+
+
+def _packed(args: Sequence[Any]) -> str | bytes:
+    """An entry's own arguments of a script made for many entries, in one (see each_entry
+    in the Lua prelude): each as redis-py would send it (``str``), after a separator none of
+    them holds."""
+    text = _SEP + _SEP.join(map(str, args))
+    if text.count(_SEP) == len(args):
+        return text
+    return _SEP_ANY + _SEP_ANY.join(a if isinstance(a, bytes) else str(a).encode()
+                                    for a in args)
 
 
 def _bucket(d: str) -> int:
@@ -1898,7 +1966,7 @@ def _claim_result(entry: str, reply: Any) -> ClaimResult:
 
 def _parse_claim(entry: str, reply: str) -> ClaimResult:
     fields = reply.split(";")
-    status = ClaimStatus(fields[0])
+    status = _CLAIM_STATUS.get(fields[0]) or ClaimStatus(fields[0])
     if status is ClaimStatus.MISSING:
         return ClaimResult(entry, status)
     if status is ClaimStatus.CORRUPT:
@@ -1906,27 +1974,47 @@ def _parse_claim(entry: str, reply: str) -> ClaimResult:
     state = EntryState(_whole(fields[1]), _maybe_int(fields[2]), _whole(fields[3]))
     if status is ClaimStatus.CONFLICT:
         return ClaimResult(entry, status, state)
-    claimed, skipped, existing, taken, unreadable, checked = (
-        f.split(",") if f else [] for f in fields[4:10])
-    claims = tuple(Claim(entry, int(claimed[i]), int(claimed[i + 1]))
-                   for i in range(0, len(claimed), 2))
-    by_due = {claim.due: claim for claim in claims}
-    return ClaimResult(
-        entry, status, state,
-        claims=claims,
-        taken=tuple(Claim(entry, int(taken[i]), int(taken[i + 1]), manual=taken[i + 2] == "1",
-                          maybe_sent=taken[i + 3] == "1", attempts=int(taken[i + 4]))
-                    for i in range(0, len(taken), 5)),
-        skipped=tuple((int(skipped[i]), Reason(skipped[i + 1]))
-                      for i in range(0, len(skipped), 2)),
-        existing=_dues(existing), unreadable=_dues(unreadable),
-        checked=tuple(_checked(by_due[int(checked[i])], checked[i + 1], checked[i + 2])
-                      for i in range(0, len(checked), 3)))
+    claimed, skipped, existing, taken, unreadable, checked = fields[4:10]
+    # (most fields of most answers are empty: each is read only when it holds something)
+    claims: tuple[Claim, ...] = ()
+    if claimed:
+        c = claimed.split(",")
+        claims = tuple([Claim(entry, int(c[i]), int(c[i + 1])) for i in range(0, len(c), 2)])
+    took: tuple[Claim, ...] = ()
+    if taken:
+        t = taken.split(",")
+        took = tuple([Claim(entry, int(t[i]), int(t[i + 1]), manual=t[i + 2] == "1",
+                            maybe_sent=t[i + 3] == "1", attempts=int(t[i + 4]))
+                      for i in range(0, len(t), 5)])
+    skips: tuple[tuple[int, Reason], ...] = ()
+    if skipped:
+        s = skipped.split(",")
+        skips = tuple([(int(s[i]), _reason(s[i + 1])) for i in range(0, len(s), 2)])
+    answers: tuple[CheckResult, ...] = ()
+    if checked:
+        by_due = {claim.due: claim for claim in claims}
+        k = checked.split(",")
+        answers = tuple([_checked(by_due[int(k[i])], k[i + 1], k[i + 2])
+                         for i in range(0, len(k), 3)])
+    return ClaimResult(entry, status, state, claims, took, skips,
+                       _dues(existing.split(",")) if existing else (),
+                       _dues(unreadable.split(",")) if unreadable else (), "", answers)
+
+
+#: The answers' words, as their enums (a word none of them has raises, as the enum does).
+_CLAIM_STATUS = {s.value: s for s in ClaimStatus}
+_VERDICTS = {v.value: v for v in CheckVerdict}
+_REASONS = {r.value: r for r in Reason}
+
+
+def _reason(word: str) -> Reason:
+    return _REASONS.get(word) or Reason(word)
 
 
 def _checked(claim: Claim, verdict: str, reason: str) -> CheckResult:
     """A new claim's check made with it (see claim.lua): send, skipped or waiting."""
-    return CheckResult(claim, CheckVerdict(verdict), Reason(reason) if reason else None)
+    return CheckResult(claim, _VERDICTS.get(verdict) or CheckVerdict(verdict),
+                       _reason(reason) if reason else None)
 
 
 def _dues(texts: list[str]) -> tuple[int, ...]:

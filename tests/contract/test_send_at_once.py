@@ -114,3 +114,23 @@ def test_an_entry_with_an_operators_request_is_not_checked_with_the_claim(
     assert result.checked == ()
     assert [t.manual for t in result.taken] == [True]
     assert {run(store, c).state for c in result.claims} == {RunState.CLAIMED}
+
+
+def test_any_text_of_a_task_id_or_an_entry_name_is_stored_as_given(store: Store) -> None:
+    """A task id is the caller's text, whatever it holds (a separator, a line break, the
+    characters a store's replies are made of), and so is an entry's name."""
+    entry = "odd \x1f name;,\n ÿ 名前"
+    state = register(store, entry)[entry]
+    dues = (state.anchor + 1000, state.anchor + 2000)
+    ids = ("id\x1fwith\x1fseparators", "id;with,all\n\x1f ÿ of them")
+    [result] = store.claim(A, [ClaimPlan(entry, state, dues, send=SendAtOnce(ids))])
+    assert result.status is ClaimStatus.OK, result
+    assert [c.due for c in result.claims] == list(dues), result
+    for c, task_id in zip(result.claims, ids):
+        if result.checked:
+            assert run(store, c).task_id == task_id, run(store, c)
+        else:
+            assert check(store, A, c, task_id=task_id).verdict is CheckVerdict.SEND
+            assert run(store, c).task_id == task_id, run(store, c)
+    assert store.record_sent(A, list(result.claims)) == 2
+    assert {run(store, c).state for c in result.claims} == {RunState.SENT}

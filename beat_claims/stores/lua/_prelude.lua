@@ -28,26 +28,37 @@ local function entry_keys(keys, name)
 end
 
 -- The same script for each of many entries in one call (claim.lua, sent.lua): one reply
--- for the client to read, not one per entry. ``keys``: each entry's eleven keys, entry
--- after entry; ``argv``: for each entry, the number of its arguments, then those (its name
--- first). ``one(KEYS, ARGV)`` is the script for one entry. Returns the replies in order; an
--- entry whose script raised an error (a record of a wrong type) has '!' and the error's
--- text instead: its writes are left as far as they got, as a call of its own would leave
--- them, and the entries after it go on.
-local function each_entry(keys, argv, one)
-  local replies, k, a = {}, 0, 1
-  while a <= #argv do
-    local n = tonumber(argv[a])
-    local one_keys, one_argv = {}, {}
+-- for the client to read, not one per entry, and few arguments for it to frame. ``keys``:
+-- each entry's eleven keys, entry after entry; ``argv``: ``shared`` arguments the same for
+-- every entry, then two for each entry: its name, and its own arguments packed in one
+-- string whose first byte separates them (the client picks a byte none of them holds; the
+-- text after the last separator is the last argument). ``one(KEYS, ARGV)`` is the script
+-- for one entry: its ARGV the name, the shared arguments, then the entry's own. Returns the
+-- replies in order; an entry whose script raised an error (a record of a wrong type) has
+-- '!' and the error's text instead: its writes are left as far as they got, as a call of
+-- its own would leave them, and the entries after it go on.
+local function each_entry(keys, argv, shared, one)
+  local replies, k = {}, 0
+  for a = shared + 1, #argv, 2 do
+    local one_keys, one_argv = {}, {argv[a]}
     for i = 1, 11 do one_keys[i] = keys[k + i] end
-    for i = 1, n do one_argv[i] = argv[a + i] end
+    for i = 1, shared do one_argv[i + 1] = argv[i] end
+    local packed, n = argv[a + 1], shared + 1
+    local sep, at = string.sub(packed, 1, 1), 2
+    while true do
+      local found = string.find(packed, sep, at, true)
+      n = n + 1
+      one_argv[n] = string.sub(packed, at, (found or 0) - 1)
+      if not found then break end
+      at = found + 1
+    end
     local ok, reply = pcall(one, one_keys, one_argv)
     if not ok then
       if type(reply) == 'table' then reply = reply.err end
       reply = '!' .. (string.gsub(tostring(reply), '\n', ' '))
     end
     replies[#replies + 1] = reply
-    k, a = k + 11, a + n + 1
+    k = k + 11
   end
   return replies
 end

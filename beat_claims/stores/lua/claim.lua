@@ -135,5 +135,6 @@ local function claim_one(KEYS, ARGV)
 end
 
 -- Many entries in one call (on Redis Cluster, of one bucket: one slot): KEYS and ARGV as
--- each_entry takes them; their replies '\n'-separated, in order.
-return table.concat(each_entry(KEYS, ARGV, claim_one), '\n')
+-- each_entry takes them, the owner the one argument shared (claim_one's ARGV[2]), each
+-- entry's own the rest of claim_one's; their replies '\n'-separated, in order.
+return table.concat(each_entry(KEYS, ARGV, 1, claim_one), '\n')

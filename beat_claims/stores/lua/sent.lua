@@ -1,7 +1,7 @@
 -- The publish succeeded. The worker may already have started (or finished) the run.
 -- sent_one's KEYS: the entry's keys. Its ARGV: name, token, due; it returns 1 if recorded.
 -- Many entries in one call (on Redis Cluster, of one bucket: one slot), KEYS and ARGV as
--- each_entry takes them: their replies '\n'-separated, in order.
+-- each_entry takes them (no argument shared): their replies '\n'-separated, in order.
 local function sent_one(KEYS, ARGV)
   local K = entry_keys(KEYS, ARGV[1])
   local run = get_run(K, ARGV[3])
@@ -18,4 +18,4 @@ local function sent_one(KEYS, ARGV)
   return 1
 end
 
-return table.concat(each_entry(KEYS, ARGV, sent_one), '\n')
+return table.concat(each_entry(KEYS, ARGV, 0, sent_one), '\n')
