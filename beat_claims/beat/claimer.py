@@ -715,7 +715,7 @@ class Claimer:
         """Keep what the store says of the entry's pause, to restore it if the store loses
         it (see KnownPauses.restore): paused when an occurrence was skipped for it,
         not paused when a scheduled one was claimed."""
-        if any(not c.manual for c in (*result.claims, *result.taken)):
+        if result.claims or any(not c.manual for c in result.taken):  # (claims: scheduled)
             self.knowledge.paused.pop(name, None)
         elif name not in self.knowledge.paused and any(
                 reason is Reason.PAUSED for _, reason in result.skipped):

@@ -24,6 +24,8 @@ from ..stores.base import Claim, EntryRecord, EntrySeed, EntryState, Pause, Writ
 TOKEN_GAP = 1_000_000
 #: Runs sent lately, registered again after a wipe so that their messages still run.
 RECENT_SENDS = 10_000
+#: One of them: entry, due, token, task id, sent at, manual.
+_Sent = tuple[str, int, int, str, int, bool]
 
 
 @dataclass
@@ -40,7 +42,8 @@ class Knowledge:
         #: RECENT_SENDS: checked when one is taken again, registered again (and its pause
         #: restored) after the store went back (it sent their runs too).
         self.let_go: OrderedDict[str, Known] = OrderedDict()
-        self.recent: deque[Run] = deque(maxlen=RECENT_SENDS)
+        #: (Kept as tuples: a Run of each is made only when the store went back.)
+        self.recent: deque[_Sent] = deque(maxlen=RECENT_SENDS)
         #: Entries this beat knows paused (an occurrence was recorded skipped for the
         #: pause), with the pause as the store last showed it: kept current from the
         #: store's records (:meth:`pauses_to_check`, :meth:`check_pause`).
@@ -171,11 +174,15 @@ class Knowledge:
                 setattr(self, attr, None)
 
     def sent(self, claim: Claim, task_id: str, at: int) -> None:
-        # If it has to be registered again, it is marked so: the store lost its outcome,
-        # and it must not make later runs of an overlap="skip" entry wait for one.
-        self.recent.append(Run(claim.entry, claim.due, RunState.SENT, token=claim.token,
-                               task_id=task_id, sent_at=at, manual=claim.manual,
-                               extra={"reseeded": True}))
+        self.recent.append((claim.entry, claim.due, claim.token, task_id, at, claim.manual))
+
+    def recent_runs(self) -> list[Run]:
+        """The runs this beat sent lately, as they are registered again (see recent). Each
+        is marked so: the store lost its outcome, and it must not make later runs of an
+        overlap="skip" entry wait for one."""
+        return [Run(entry, due, RunState.SENT, token=token, task_id=task_id, sent_at=at,
+                    manual=manual, extra={"reseeded": True})
+                for entry, due, token, task_id, at, manual in self.recent]
 
     def put_aside(self, name: str) -> None:
         """This beat let go of the dynamic entry ``name``: what it knows is kept aside."""
@@ -193,7 +200,7 @@ class Knowledge:
         the dynamic entries this beat let go or sent lately that are not among ``names``
         (its entries now): what it knows, and the runs it sent lately."""
         runs: dict[str, list[Run]] = {}
-        for run in self.recent:
+        for run in self.recent_runs():
             if run.entry not in names:
                 runs.setdefault(run.entry, []).append(run)
         seeds = []
@@ -230,7 +237,7 @@ class Knowledge:
                 Run(claim.entry, claim.due, RunState.DUE, manual=claim.manual,
                     attempts=claim.attempts))
         held_refs = {(c.entry, c.due) for c in held}
-        for run in self.recent:
+        for run in self.recent_runs():
             if (run.entry, run.due) not in held_refs:
                 runs.setdefault(run.entry, []).append(run)
         seeds = []

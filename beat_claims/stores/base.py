@@ -48,7 +48,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import cached_property
 from typing import Any
 
 from ..enums import Origin, Overlap, Reason, RunState, StartVerdict
@@ -388,10 +387,14 @@ class Claim:
     maybe_sent: bool = False  # reclaimed while being sent: a message may already exist
     attempts: int = 0  # publishes of this run that failed so far
 
-    @cached_property
+    @property
     def ref(self) -> RunRef:
-        # (made once: a beat looks its claims up by it several times a run)
-        return RunRef(self.entry, self.due)
+        # (made once: a beat looks its claims up by it several times a run; kept beside
+        # the fields, which alone are compared, hashed and shown)
+        ref: RunRef | None = self.__dict__.get("_ref")
+        if ref is None:
+            ref = self.__dict__["_ref"] = RunRef(self.entry, self.due)
+        return ref
 
 
 @dataclass(frozen=True)
