@@ -525,7 +525,11 @@ class RedisStore(Store):
 
     @cached_property
     def _takes_packed(self) -> bool:
-        return takes_packed(self.client)
+        """Whether this client's connections take :class:`Packed` arguments: never on a
+        cluster (its calls are recorded, then sent by each node's client), and answered
+        without asking it (reading the cluster client's attributes would build it: a round
+        trip to the seed, outside any call's handling of the store's errors)."""
+        return self._cluster is None and takes_packed(self.client)
 
     def _bucket_tag(self, d: str) -> str:
         """The hash tag of the bucket of the entry whose name's digest is ``d`` (as
