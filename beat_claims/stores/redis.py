@@ -496,6 +496,8 @@ class RedisStore(Store):
         self._servers: frozenset[str] = frozenset()  # its run ids (a cluster's masters)
         self._bad_keys: set[str] = set()
         self._bad_text_logged = False  # see _json_reply
+        #: The due index held a name that is not UTF-8: its reads leave such names out.
+        self._due_careful = False
         self._entry_heads: dict[str, _Head] = {}  # see _entry_head
         self._owner_record: tuple[Owner, str] | None = None  # see _owner_json
         self._heartbeating = threading.local()
@@ -1195,11 +1197,7 @@ class RedisStore(Store):
                 reply = reply.decode()
             except UnicodeDecodeError:
                 reply = reply.decode(errors="replace")
-                if not self._bad_text_logged:
-                    self._bad_text_logged = True
-                    logger.error("beat-claims: the store holds a record whose bytes are not"
-                                 " UTF-8 (written by something else than beat-claims): read"
-                                 " with replacement characters; such a name matches no entry")
+                self._note_bad_text()
         try:
             values = json.loads(reply)
         except (TypeError, ValueError) as exc:
@@ -1208,6 +1206,14 @@ class RedisStore(Store):
         if not isinstance(values, list) or len(values) != length:
             raise StoreError(f"the server's reply is not the script's: {reply!r:.200}")
         return [[] if value == {} else value for value in values]
+
+    def _note_bad_text(self) -> None:
+        if not self._bad_text_logged:
+            self._bad_text_logged = True
+            logger.error("beat-claims: the store holds a record whose bytes are not UTF-8"
+                         " (written by something else than beat-claims): read with"
+                         " replacement characters, or left out where it would be an entry's"
+                         " name; such a name matches no entry")
 
     def _note_bad_key(self, key: str) -> None:
         if key not in self._bad_keys:
@@ -1591,27 +1597,42 @@ class RedisStore(Store):
         too (the least of them: ``beyond``, once the page is short)."""
         before, limit, after = due_cursor(before, limit, after)
         groups = self._bucket_groups()
-        low, name = ("", "") if after is None else (str(after[0]), after[1])
+        low, name, low_next = ("", "", "") if after is None else (
+            str(after[0]), after[1], str(after[0] + 1))
 
         def build(pipe: Pipeline) -> None:
             for group in groups:
                 keys = [self._bucket_keys(b, "next")[0] for b in group]
-                self._script(pipe, "due", keys, before, limit, low, name,
-                             "1" if ahead else "", raw=True)
+                self._script(pipe, "due", keys, before + 1, limit, low, name,
+                             "1" if ahead else "", low_next,
+                             "1" if self._due_careful else "", raw=True)
 
+        replies = self._round_trip(build)
+        texts = _utf8_texts(replies)
+        if texts is None and not self._due_careful:
+            # A name that is not UTF-8 (by something else): read as text it would sort
+            # elsewhere than its bytes, and a page ending on it would go on from the wrong
+            # place. The index is read again leaving such names out, as it is from now on
+            # (each name's bytes checked: the first read costs no check).
+            self._due_careful = True
+            self._note_bad_text()
+            replies = self._round_trip(build)
+            texts = _utf8_texts(replies)
         found: list[Iterator[tuple[int, bytes, str]]] = []
         beyond: list[int] = []
-        for reply in self._round_trip(build):
+        for reply in replies if texts is None else texts:
             _raise_if_error(reply)
             names, instants, bad, later = self._json_reply(reply, 4)
             for key in bad:
                 self._note_bad_key(key)
-            found += [((int(float(due)), n.encode(), n) for n, due in zip(mine, dues))
+            found += [((int(due), n.encode(), n) for n, due in zip(mine, dues))
                       for mine, dues in zip(names, instants) if mine and dues]
             beyond += [at for at in map(_finite_ms, later or ()) if at is not None]
-        # Each bucket's answer is in order (by name as the zsets order them): merged, and
-        # read only as far as the page goes (on one server every bucket answers up to
-        # ``limit``: most of what a bucket answers is not on the page).
+        # Each bucket's answer is in (instant, name's bytes) order, the order the next
+        # page starts from (due.lua: a score that is no whole ms is read as its instant,
+        # a name that is not UTF-8 left out), merged, and read only as far as the page goes
+        # (on one server every bucket answers up to ``limit``: most of what a bucket
+        # answers is not on the page).
         chosen = [(due, n) for due, _, n in itertools.islice(heapq.merge(*found), limit)]
         states = self._states([n for _, n in chosen])
         return DueAhead([DueEntry(n, due, *states[n]) for due, n in chosen],
@@ -1844,6 +1865,14 @@ def _raise_outage(replies: list[Any]) -> None:
                 and str(reply).split(" ", 1)[0] in _OUTAGE_CODES):
             raise StoreError(f"the server refused: {type(reply).__name__}: {reply}"
                              ) from reply
+
+
+def _utf8_texts(replies: list[Any]) -> list[Any] | None:
+    """Replies read as bytes, decoded; None when one is not UTF-8."""
+    try:
+        return [reply.decode() if isinstance(reply, bytes) else reply for reply in replies]
+    except UnicodeDecodeError:
+        return None
 
 
 def _raise_if_error(reply: Any) -> None:
