@@ -88,6 +88,7 @@ them again (a master restarted or failed over may hold older data).
 
 from __future__ import annotations
 
+import bisect
 import enum
 import hashlib
 import heapq
@@ -1674,11 +1675,20 @@ class RedisStore(Store):
 
     def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
         """One HSCAN step of the registry of every entry (``{P}:entries``, about
-        :data:`REGISTRY_SCAN` entries) a call, from ``cursor`` ("SCAN:DIGESTS": the scan's
-        cursor, and when a page ended inside its step, the entry each bucket read last,
-        ','-separated); each entry it names whose record has no next_due is answered. The
-        pass is HSCAN's: an entry that stays unindexed through it is answered at least once
-        (maybe twice).
+        :data:`REGISTRY_SCAN` entries) a call, from ``cursor`` ("SCAN:DIGESTS:END": the
+        scan's cursor, and when a page ended inside its step, the entry each bucket read
+        last, ','-separated, and where the step ends); each entry it names whose record has
+        no next_due is answered. The pass is HSCAN's: an entry that stays unindexed through
+        it is answered at least once (maybe more than once).
+
+        A page that ends inside a step is followed by one that reads the step again, from
+        the same cursor: the registry may have been resized meanwhile (beats registering or
+        pruning entries), and the step then holds its entries in another order, and maybe
+        others. So each bucket's entries of a step are read in digest order, a page going
+        on after the digest its bucket read last whatever the order HSCAN answers, and the
+        step ends where the earliest of its readings ended (in HSCAN's order of cursors):
+        an entry that the step held when it was read again, but not when it was first read,
+        comes again in the next step, rather than being passed over for the pass.
 
         Each record is read once a pass (``looked_at``: those this page read): the reads
         stop at the ``limit``-th entry found (on a cluster, each bucket's call at its share
@@ -1688,20 +1698,27 @@ class RedisStore(Store):
         (``unindexed.lua``), so the beat handles one string a bucket, not a reply an entry.
         An idle beat's pass over 100,000 entries is ten pages."""
         limit = page_limit(limit, 1)
-        scan_text, _, read_text = cursor.partition(":")
-        scan = int(scan_text) if scan_text.isdigit() else 0
+        scan_text, _, rest = cursor.partition(":")
+        read_text, _, end_text = rest.partition(":")
+        scan = _scan_cursor(scan_text) or 0
         reply = self._round_trip(lambda pipe: self._script(
             pipe, "registry_scan", [self._registry], scan, REGISTRY_SCAN, self.prefix,
             BUCKETS, DIGEST_CHARS, raw=True))[0]
         _raise_if_error(reply)
+        # (where the step ends: the earliest of its readings' ends)
         following = int(reply[0])
+        end = _scan_cursor(end_text)
+        if end is not None:
+            following = _scan_earliest(following, end)
         read_last = {_bucket(d): d for d in read_text.split(",") if _DIGEST.fullmatch(d)}
         groups: list[tuple[int, list[bytes]]] = []  # (bucket, its keys still to read)
         for bucket, blob in enumerate(reply[1:]):
-            keys = blob.split(b"\n") if blob else []
+            # (one bucket's keys differ only by their digests: in digest order)
+            keys = sorted(blob.split(b"\n")) if blob else []
             if bucket in read_last:
                 last = read_last[bucket]
-                keys = _after(keys, f"{self._bucket_tag(last)}:e:{last}".encode())
+                keys = keys[bisect.bisect_right(
+                    keys, f"{self._bucket_tag(last)}:e:{last}".encode()):]
             if keys:
                 groups.append((bucket, keys))
         batches = [[group] for group in groups] if not self.single_node else (
@@ -1738,8 +1755,8 @@ class RedisStore(Store):
         _raise_if_error(names)
         answered = tuple(str(name) for name in names if name is not None)
         if not whole:
-            return Unindexed(answered, f"{scan}:{','.join(read_last.values())}", False,
-                             looked_at)
+            return Unindexed(answered, f"{scan}:{','.join(read_last.values())}:{following}",
+                             False, looked_at)
         return Unindexed(answered, "" if following == 0 else f"{following}:",
                          following == 0, looked_at)
 
@@ -1936,11 +1953,23 @@ def _scan_reply(reply: Any) -> tuple[int, dict[str, str]]:
     return int(following), {str(k): str(v) for k, v in found.items()}
 
 
-def _after(keys: list[bytes], key: bytes) -> list[bytes]:
-    """The ``keys`` (of one bucket) that come after ``key``; all of them when ``key`` is
-    not among them (the step is not the one it came from: the registry changed, and
-    looking at some twice is harmless)."""
-    return keys[keys.index(key) + 1:] if key in keys else keys
+def _scan_cursor(text: str) -> int | None:
+    """A SCAN cursor as a rebuild's cursor holds it (None: none, or none Redis takes)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 20):
+        return None
+    return int(text) if int(text) < 2 ** 64 else None
+
+
+def _scan_earliest(a: int, b: int) -> int:
+    """The earlier of two SCAN cursors in the order a scan reaches them (it counts with
+    the cursor's bits reversed; 0: the scan's end)."""
+    if a == 0 or b == 0:
+        return a or b
+    return min(a, b, key=_reversed_bits)
+
+
+def _reversed_bits(cursor: int) -> int:
+    return int(f"{cursor:064b}"[::-1], 2)
 
 
 def _digest_of(key: bytes) -> str:
