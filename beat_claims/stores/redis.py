@@ -72,7 +72,9 @@ hash tags, one slot each: up to 16 masters). :meth:`RedisStore.due` is two round
 every bucket's first ``limit`` due (``due.lua``: the start found by rank, O(log N)
 whatever the ties before it; one script for every bucket on one server, one per bucket on
 a cluster, in one pass over the masters), merged by the client; then the chosen entries'
-states (``states.lua``, one call per bucket group).
+states (``states.lua``, one call per bucket group). The first read that meets a name that
+is not UTF-8 (written by something else) is made once more, leaving such names out, as
+the store's later reads do.
 
 Records are JSON, never pickle. Names of states, reasons and policies reach the scripts
 as a table generated from :mod:`beat_claims.enums`.
