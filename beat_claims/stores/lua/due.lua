@@ -93,6 +93,7 @@ end
 local function read(key, due)
   local mine, dues = {}, {}
   local rank = 0
+  local read_whole  -- the last instant read whole
   if after_due then
     local lo = redis.call('ZCOUNT', key, '-inf', '(' .. ARGV[3])
     local hi = redis.call('ZCOUNT', key, '-inf', '(' .. ARGV[6])
@@ -114,10 +115,9 @@ local function read(key, due)
           dues[#dues + 1] = ARGV[3]
         end
       end
-      rank = hi
+      rank, read_whole = hi, ARGV[3]
     end
   end
-  local read_whole  -- the last instant read whole
   while #mine < limit and rank < due do
     local stop = math.min(due, rank + limit - #mine)
     local rows = redis.call('ZRANGE', key, rank, stop - 1, 'WITHSCORES')
