@@ -106,3 +106,22 @@ def test_a_score_that_is_no_instant_is_left_out(store: RedisStore) -> None:
     store.client.zadd(store.index_key("b"), {"ghost": "-inf", "far-back": -(2 ** 60)})
     for limit in LIMITS:
         assert paged(store, t, limit) == [(t, n) for n in names], limit
+
+
+def test_a_page_that_ends_inside_an_instant_with_names_not_utf_8_is_full(
+        store: RedisStore) -> None:
+    """A page that ends inside an instant one of whose scores is not a whole number of ms
+    reads that instant whole: the names that are not UTF-8 it read before are left out
+    there, and the page must still hold ``limit`` entries when the bucket holds them (the
+    buckets' answers are merged: one answered short, the page is filled from another, past
+    the entries it left out; a page that is short is the index's end)."""
+    t = now(store) + 60_000
+    key = store.index_key("x")
+    other = next(store.index_key(n) for n in (f"y{i}" for i in range(100))
+                 if store.index_key(n) != key)
+    store.client.zadd(key, {b"a": t, b"b\xff": t, b"c\xff": t, b"d": t + 0.5, b"f": t + 1})
+    store.client.zadd(other, {b"g": t + 2})
+    expected = [(t, "a"), (t, "d"), (t + 1, "f"), (t + 2, "g")]
+    for limit in (3, 1, 2, 3, 1000):  # (the first read of the store's life first)
+        assert paged(store, t + 2, limit) == expected, limit
+    assert [(e.next_due, e.name) for e in store.due(t + 2, 3)] == expected[:3]

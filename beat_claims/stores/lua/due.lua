@@ -77,11 +77,13 @@ local function instant(score)
 end
 
 -- The members of ``key`` whose instant is ``at`` (scores from ``at`` to ``next``,
--- exclusive) after the name ``after`` (nil: all), that are UTF-8, in name order.
+-- exclusive) after the name ``after`` (nil: all), in name order; careful, only those that
+-- are UTF-8 (else all: one that is not makes the caller read again careful, whereas left
+-- out here it could leave a page that ends at this instant short of ``limit``).
 local function at_instant(key, at, next, after)
   local kept = {}
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, at, '(' .. next)) do
-    if (not after or bytes_less(after, member)) and utf8(member) then
+    if (not after or bytes_less(after, member)) and (not careful or utf8(member)) then
       kept[#kept + 1] = member
     end
   end
