@@ -7,6 +7,8 @@ answered: what the page holds must be in the order the next page starts from."""
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Iterator
 
 import pytest
@@ -125,3 +127,56 @@ def test_a_page_that_ends_inside_an_instant_with_names_not_utf_8_is_full(
     for limit in (3, 1, 2, 3, 1000):  # (the first read of the store's life first)
         assert paged(store, t + 2, limit) == expected, limit
     assert [(e.next_due, e.name) for e in store.due(t + 2, 3)] == expected[:3]
+
+
+#: Names' pieces: ASCII, UTF-8 of two and four bytes, and bytes that are not UTF-8 alone.
+PIECES = (b"a", b"b", b"c", b"\xc3\xa9", b"\xf0\x9f\x8e\x89", b"\xff", b"\x80", b"\xed\xa0\x80")
+
+
+def read_as_entries(held: list[tuple[bytes, float]], before: int) -> list[tuple[int, str]]:
+    """What the due index ``held`` (name, score) answers up to ``before``: each score's
+    instant its whole part, names that are not UTF-8 and scores that are no instant left
+    out, in (instant, name's bytes) order."""
+    out = []
+    for name, score in held:
+        if not math.isfinite(score) or abs(math.floor(score)) >= 2 ** 53:
+            continue
+        try:
+            text = name.decode()
+        except UnicodeDecodeError:
+            continue
+        if math.floor(score) <= before:
+            out.append((math.floor(score), name, text))
+    return [(at, text) for at, _, text in sorted(out)]
+
+
+def test_pages_of_any_size_answer_what_the_index_holds_in_its_order(
+        store: RedisStore) -> None:
+    """Records written by something else, at random into one bucket, a few or all of
+    them: whole and fractional scores at a few instants, scores that are no instant, names
+    that are not UTF-8. Read from a store's first read on, pages of 1, 2, 3, 5 and 1,000
+    answer each entry once, in order, whatever the instant read up to (40 indexes, each
+    read 25 ways)."""
+    all_keys = sorted({store.index_key(f"n{i}") for i in range(200)})
+    for seed in range(40):
+        rng = random.Random(seed)
+        store.client.delete(*all_keys)
+        keys = rng.sample(all_keys, rng.choice([1, 2, 3, len(all_keys)]))
+        t = 1_000_000
+        held: dict[bytes, float] = {}
+        for _ in range(40):
+            name = b"".join(rng.choice(PIECES if rng.random() < 0.3 else PIECES[:3])
+                            for _ in range(rng.randint(1, 3)))
+            at = t + rng.randint(-2, 3)
+            score = rng.choice([float(at)] * 4 + [
+                at + 0.1, at + 0.5, at + 0.999, float("-inf"), float("inf"), 2.0 ** 53,
+                2.0 ** 53 - 1, -0.5])
+            if name not in held:
+                held[name] = score
+                store.client.zadd(rng.choice(keys), {name: score})
+        for before in (t - 3, t, t + 1, t + 3, 2 ** 53 - 1):
+            expected = read_as_entries(list(held.items()), before)
+            for limit in (1, 2, 3, 5, 1000):
+                store._due_careful = False  # (as a new process reads it)
+                assert paged(store, before, limit) == expected, (seed, before, limit, sorted(
+                    held.items(), key=lambda kv: kv[1]))
