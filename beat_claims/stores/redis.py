@@ -1692,13 +1692,15 @@ class RedisStore(Store):
         an entry that the step held when it was read again, but not when it was first read,
         comes again in the next step, rather than being passed over for the pass.
 
-        Each record is read once a pass (``looked_at``: those this page read): the reads
-        stop at the ``limit``-th entry found (on a cluster, each bucket's call at its share
-        of ``limit``), and the next page reads the step from there. Two round trips
-        whatever the step's size, a third only when some are answered (their names): the
-        server makes the entries' keys (``registry_scan.lua``) and reads their records
-        (``unindexed.lua``), so the beat handles one string a bucket, not a reply an entry.
-        An idle beat's pass over 100,000 entries is ten pages."""
+        Each record is read once a pass (``looked_at``: those this page read; a step read
+        again after the registry's table resized, or while it rehashes, may read again those
+        a reading read past the step's earliest end): the reads stop at the ``limit``-th
+        entry found (on a cluster, each bucket's call at its share of ``limit``), and the
+        next page reads the step from there. Two round trips whatever the step's size, a
+        third only when some are answered (their names): the server makes the entries'
+        keys (``registry_scan.lua``) and reads their records (``unindexed.lua``), so the
+        beat handles one string a bucket, not a reply an entry. An idle beat's pass over
+        100,000 entries is ten pages."""
         limit = page_limit(limit, 1)
         scan_text, _, rest = cursor.partition(":")
         read_text, _, end_text = rest.partition(":")
