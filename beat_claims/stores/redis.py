@@ -72,7 +72,9 @@ hash tags, one slot each: up to 16 masters). :meth:`RedisStore.due` is two round
 every bucket's first ``limit`` due (``due.lua``: the start found by rank, O(log N)
 whatever the ties before it; one script for every bucket on one server, one per bucket on
 a cluster, in one pass over the masters), merged by the client; then the chosen entries'
-states (``states.lua``, one call per bucket group).
+states (``states.lua``, one call per bucket group). The first read that meets a name that
+is not UTF-8 (written by something else) is made once more, leaving such names out, as
+the store's later reads do.
 
 Records are JSON, never pickle. Names of states, reasons and policies reach the scripts
 as a table generated from :mod:`beat_claims.enums`.
@@ -88,6 +90,7 @@ them again (a master restarted or failed over may hold older data).
 
 from __future__ import annotations
 
+import bisect
 import enum
 import hashlib
 import heapq
@@ -496,6 +499,8 @@ class RedisStore(Store):
         self._servers: frozenset[str] = frozenset()  # its run ids (a cluster's masters)
         self._bad_keys: set[str] = set()
         self._bad_text_logged = False  # see _json_reply
+        #: The due index held a name that is not UTF-8: its reads leave such names out.
+        self._due_careful = False
         self._entry_heads: dict[str, _Head] = {}  # see _entry_head
         self._owner_record: tuple[Owner, str] | None = None  # see _owner_json
         self._heartbeating = threading.local()
@@ -525,7 +530,11 @@ class RedisStore(Store):
 
     @cached_property
     def _takes_packed(self) -> bool:
-        return takes_packed(self.client)
+        """Whether this client's connections take :class:`Packed` arguments: never on a
+        cluster (its calls are recorded, then sent by each node's client), and answered
+        without asking it (reading the cluster client's attributes would build it: a round
+        trip to the seed, outside any call's handling of the store's errors)."""
+        return self._cluster is None and takes_packed(self.client)
 
     def _bucket_tag(self, d: str) -> str:
         """The hash tag of the bucket of the entry whose name's digest is ``d`` (as
@@ -1191,11 +1200,7 @@ class RedisStore(Store):
                 reply = reply.decode()
             except UnicodeDecodeError:
                 reply = reply.decode(errors="replace")
-                if not self._bad_text_logged:
-                    self._bad_text_logged = True
-                    logger.error("beat-claims: the store holds a record whose bytes are not"
-                                 " UTF-8 (written by something else than beat-claims): read"
-                                 " with replacement characters; such a name matches no entry")
+                self._note_bad_text()
         try:
             values = json.loads(reply)
         except (TypeError, ValueError) as exc:
@@ -1204,6 +1209,14 @@ class RedisStore(Store):
         if not isinstance(values, list) or len(values) != length:
             raise StoreError(f"the server's reply is not the script's: {reply!r:.200}")
         return [[] if value == {} else value for value in values]
+
+    def _note_bad_text(self) -> None:
+        if not self._bad_text_logged:
+            self._bad_text_logged = True
+            logger.error("beat-claims: the store holds a record whose bytes are not UTF-8"
+                         " (written by something else than beat-claims): read with"
+                         " replacement characters, or left out where it would be an entry's"
+                         " name; such a name matches no entry")
 
     def _note_bad_key(self, key: str) -> None:
         if key not in self._bad_keys:
@@ -1587,27 +1600,42 @@ class RedisStore(Store):
         too (the least of them: ``beyond``, once the page is short)."""
         before, limit, after = due_cursor(before, limit, after)
         groups = self._bucket_groups()
-        low, name = ("", "") if after is None else (str(after[0]), after[1])
+        low, name, low_next = ("", "", "") if after is None else (
+            str(after[0]), after[1], str(after[0] + 1))
 
         def build(pipe: Pipeline) -> None:
             for group in groups:
                 keys = [self._bucket_keys(b, "next")[0] for b in group]
-                self._script(pipe, "due", keys, before, limit, low, name,
-                             "1" if ahead else "", raw=True)
+                self._script(pipe, "due", keys, before + 1, limit, low, name,
+                             "1" if ahead else "", low_next,
+                             "1" if self._due_careful else "", raw=True)
 
+        replies = self._round_trip(build)
+        texts = _utf8_texts(replies)
+        if texts is None and not self._due_careful:
+            # A name that is not UTF-8 (by something else): read as text it would sort
+            # elsewhere than its bytes, and a page ending on it would go on from the wrong
+            # place. The index is read again leaving such names out, as it is from now on
+            # (each name's bytes checked: the first read costs no check).
+            self._due_careful = True
+            self._note_bad_text()
+            replies = self._round_trip(build)
+            texts = _utf8_texts(replies)
         found: list[Iterator[tuple[int, bytes, str]]] = []
         beyond: list[int] = []
-        for reply in self._round_trip(build):
+        for reply in replies if texts is None else texts:
             _raise_if_error(reply)
             names, instants, bad, later = self._json_reply(reply, 4)
             for key in bad:
                 self._note_bad_key(key)
-            found += [((int(float(due)), n.encode(), n) for n, due in zip(mine, dues))
+            found += [((int(due), n.encode(), n) for n, due in zip(mine, dues))
                       for mine, dues in zip(names, instants) if mine and dues]
             beyond += [at for at in map(_finite_ms, later or ()) if at is not None]
-        # Each bucket's answer is in order (by name as the zsets order them): merged, and
-        # read only as far as the page goes (on one server every bucket answers up to
-        # ``limit``: most of what a bucket answers is not on the page).
+        # Each bucket's answer is in (instant, name's bytes) order, the order the next
+        # page starts from (due.lua: a score that is no whole ms is read as its instant,
+        # a name that is not UTF-8 left out), merged, and read only as far as the page goes
+        # (on one server every bucket answers up to ``limit``: most of what a bucket
+        # answers is not on the page).
         chosen = [(due, n) for due, _, n in itertools.islice(heapq.merge(*found), limit)]
         states = self._states([n for _, n in chosen])
         return DueAhead([DueEntry(n, due, *states[n]) for due, n in chosen],
@@ -1649,34 +1677,52 @@ class RedisStore(Store):
 
     def unindexed(self, limit: int, cursor: str = "") -> Unindexed:
         """One HSCAN step of the registry of every entry (``{P}:entries``, about
-        :data:`REGISTRY_SCAN` entries) a call, from ``cursor`` ("SCAN:DIGESTS": the scan's
-        cursor, and when a page ended inside its step, the entry each bucket read last,
-        ','-separated); each entry it names whose record has no next_due is answered. The
-        pass is HSCAN's: an entry that stays unindexed through it is answered at least once
-        (maybe twice).
+        :data:`REGISTRY_SCAN` entries) a call, from ``cursor`` ("SCAN:DIGESTS:END": the
+        scan's cursor, and when a page ended inside its step, the entry each bucket read
+        last, ','-separated, and where the step ends); each entry it names whose record has
+        no next_due is answered. The pass is HSCAN's: an entry that stays unindexed through
+        it is answered at least once (maybe more than once).
 
-        Each record is read once a pass (``looked_at``: those this page read): the reads
-        stop at the ``limit``-th entry found (on a cluster, each bucket's call at its share
-        of ``limit``), and the next page reads the step from there. Two round trips
-        whatever the step's size, a third only when some are answered (their names): the
-        server makes the entries' keys (``registry_scan.lua``) and reads their records
-        (``unindexed.lua``), so the beat handles one string a bucket, not a reply an entry.
-        An idle beat's pass over 100,000 entries is ten pages."""
+        A page that ends inside a step is followed by one that reads the step again, from
+        the same cursor: the registry may have been resized meanwhile (beats registering or
+        pruning entries), and the step then holds its entries in another order, and maybe
+        others. So each bucket's entries of a step are read in digest order, a page going
+        on after the digest its bucket read last whatever the order HSCAN answers, and the
+        step ends where the earliest of its readings ended (in HSCAN's order of cursors):
+        an entry that the step held when it was read again, but not when it was first read,
+        comes again in the next step, rather than being passed over for the pass.
+
+        Each record is read once a pass (``looked_at``: those this page read; a step read
+        again after the registry's table resized, or while it rehashes, may read again those
+        a reading read past the step's earliest end): the reads stop at the ``limit``-th
+        entry found (on a cluster, each bucket's call at its share of ``limit``), and the
+        next page reads the step from there. Two round trips whatever the step's size, a
+        third only when some are answered (their names): the server makes the entries'
+        keys (``registry_scan.lua``) and reads their records (``unindexed.lua``), so the
+        beat handles one string a bucket, not a reply an entry. An idle beat's pass over
+        100,000 entries is ten pages."""
         limit = page_limit(limit, 1)
-        scan_text, _, read_text = cursor.partition(":")
-        scan = int(scan_text) if scan_text.isdigit() else 0
+        scan_text, _, rest = cursor.partition(":")
+        read_text, _, end_text = rest.partition(":")
+        scan = _scan_cursor(scan_text) or 0
         reply = self._round_trip(lambda pipe: self._script(
             pipe, "registry_scan", [self._registry], scan, REGISTRY_SCAN, self.prefix,
             BUCKETS, DIGEST_CHARS, raw=True))[0]
         _raise_if_error(reply)
+        # (where the step ends: the earliest of its readings' ends)
         following = int(reply[0])
+        end = _scan_cursor(end_text)
+        if end is not None:
+            following = _scan_earliest(following, end)
         read_last = {_bucket(d): d for d in read_text.split(",") if _DIGEST.fullmatch(d)}
         groups: list[tuple[int, list[bytes]]] = []  # (bucket, its keys still to read)
         for bucket, blob in enumerate(reply[1:]):
-            keys = blob.split(b"\n") if blob else []
+            # (one bucket's keys differ only by their digests: in digest order)
+            keys = sorted(blob.split(b"\n")) if blob else []
             if bucket in read_last:
                 last = read_last[bucket]
-                keys = _after(keys, f"{self._bucket_tag(last)}:e:{last}".encode())
+                keys = keys[bisect.bisect_right(
+                    keys, f"{self._bucket_tag(last)}:e:{last}".encode()):]
             if keys:
                 groups.append((bucket, keys))
         batches = [[group] for group in groups] if not self.single_node else (
@@ -1713,8 +1759,8 @@ class RedisStore(Store):
         _raise_if_error(names)
         answered = tuple(str(name) for name in names if name is not None)
         if not whole:
-            return Unindexed(answered, f"{scan}:{','.join(read_last.values())}", False,
-                             looked_at)
+            return Unindexed(answered, f"{scan}:{','.join(read_last.values())}:{following}",
+                             False, looked_at)
         return Unindexed(answered, "" if following == 0 else f"{following}:",
                          following == 0, looked_at)
 
@@ -1842,6 +1888,14 @@ def _raise_outage(replies: list[Any]) -> None:
                              ) from reply
 
 
+def _utf8_texts(replies: list[Any]) -> list[Any] | None:
+    """Replies read as bytes, decoded; None when one is not UTF-8."""
+    try:
+        return [reply.decode() if isinstance(reply, bytes) else reply for reply in replies]
+    except UnicodeDecodeError:
+        return None
+
+
 def _raise_if_error(reply: Any) -> None:
     if isinstance(reply, Exception):
         raise StoreError(f"the server answered with an error: {reply}") from reply
@@ -1903,11 +1957,23 @@ def _scan_reply(reply: Any) -> tuple[int, dict[str, str]]:
     return int(following), {str(k): str(v) for k, v in found.items()}
 
 
-def _after(keys: list[bytes], key: bytes) -> list[bytes]:
-    """The ``keys`` (of one bucket) that come after ``key``; all of them when ``key`` is
-    not among them (the step is not the one it came from: the registry changed, and
-    looking at some twice is harmless)."""
-    return keys[keys.index(key) + 1:] if key in keys else keys
+def _scan_cursor(text: str) -> int | None:
+    """A SCAN cursor as a rebuild's cursor holds it (None: none, or none Redis takes)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 20):
+        return None
+    return int(text) if int(text) < 2 ** 64 else None
+
+
+def _scan_earliest(a: int, b: int) -> int:
+    """The earlier of two SCAN cursors in the order a scan reaches them (it counts with
+    the cursor's bits reversed; 0: the scan's end)."""
+    if a == 0 or b == 0:
+        return a or b
+    return min(a, b, key=_reversed_bits)
+
+
+def _reversed_bits(cursor: int) -> int:
+    return int(f"{cursor:064b}"[::-1], 2)
 
 
 def _digest_of(key: bytes) -> str:

@@ -315,7 +315,9 @@ def test_a_rebuild_pass_of_small_pages_finds_each_entry_without_next_due(
 
 @pytest.mark.parametrize("cursor", ["garbage", "12:", "0:zzz", "0:,,,",
                                     "0:" + "f" * 20, "0:" + ",".join(["0" * 20] * 3),
-                                    "18446744073709551615:"])
+                                    "18446744073709551615:", "18446744073709551616:",
+                                    "0:" + "f" * 20 + ":99999999999999999999999",
+                                    "0::12", "7:" + "0" * 20 + ":0", "\u00b2:"])
 def test_a_rebuild_pass_from_a_stale_or_garbage_cursor_ends(
         store: Store, backend: Backend, cursor: str) -> None:
     """A cursor of another version's format, of a registry since changed, or not one at

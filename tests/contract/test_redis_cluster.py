@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,13 +35,20 @@ from redis.crc import key_slot
 
 from beat_claims.beat.clock import StoreClock
 from beat_claims.beat.liveness import Liveness, StoreWentBack
-from beat_claims.enums import RunState
+from beat_claims.enums import Origin, RunState
 from beat_claims.settings import Settings
 from beat_claims.stores import open_store
 from beat_claims.stores.base import (
+    Check,
+    Claim,
+    ClaimPlan,
     ClaimStatus,
+    DefinitionWrite,
+    EntryState,
     IndexWrite,
     Outcome,
+    Reclaim,
+    Release,
     StoreConfigurationError,
     StoreError,
     Written,
@@ -695,6 +702,76 @@ def test_a_server_not_in_cluster_mode_is_a_configuration_error(server: RedisServ
             store.heartbeat(A, 10)
     finally:
         store.close()
+
+
+def _every_method(store: RedisStore) -> dict[str, Callable[[], object]]:
+    """A call of each of the store's methods that reaches the store (an item or more)."""
+    c = Claim("e", 1000, 1)
+    d = delivery(c, process(1))
+    return {
+        "heartbeat": lambda: store.heartbeat(A, 10),
+        "heartbeat, written": lambda: store.heartbeat(A, 10, written=[Written("e", 1000, 1)]),
+        "leave": lambda: store.leave(A),
+        "register": lambda: register(store, "e"),
+        "unregister": lambda: store.unregister(A, ["e"]),
+        "claim": lambda: store.claim(A, [ClaimPlan("e", None)]),
+        "check": lambda: store.check(A, [Check(c, "t")]),
+        "record_sent": lambda: store.record_sent(A, [c]),
+        "release": lambda: store.release(A, [Release(c)]),
+        "live_runs": lambda: store.live_runs(query(A, live=(A,))),
+        "open_runs": lambda: store.open_runs(before=1000),
+        "reclaim": lambda: store.reclaim([Reclaim("e", 1000, 1)], B.id),
+        "start": lambda: store.start(d),
+        "requeue": lambda: store.requeue(d),
+        "finish": lambda: store.finish([Outcome("e", 1000, 1, RunState.DONE)]),
+        "lookup_task": lambda: store.lookup_task("t"),
+        "request_run": lambda: store.request_run("e", "operator:alice"),
+        "pause": lambda: store.pause("e", "operator:alice"),
+        "resume": lambda: store.resume("e", "operator:alice"),
+        "backfill": lambda: store.backfill("e", [1000], "operator:alice"),
+        "forget": lambda: store.forget(["e"]),
+        "write_definitions": lambda: store.write_definitions([DefinitionWrite(
+            "e", '{"task": "t"}', 0, Origin.API, "ops")]),
+        "definitions": lambda: store.definitions(["e"]),
+        "changes": lambda: store.changes(None),
+        "due": lambda: store.due(1000, 10),
+        "due_ahead": lambda: store.due_ahead(1000, 10),
+        "index": lambda: store.index([IndexWrite("e", EntryState(1, None), 0, 5)]),
+        "unindexed": lambda: store.unindexed(10),
+        "entries": lambda: store.entries(),
+        "history": lambda: store.history("e"),
+        "owners": lambda: store.owners(),
+        "now": lambda: store.now(),
+        "worker_heartbeat": lambda: store.worker_heartbeat(process(1), 10),
+        "worker_liveness": lambda: store.worker_liveness([process(1)]),
+    }
+
+
+@pytest.mark.parametrize("cluster_is", ["down", "a server not in cluster mode"])
+def test_every_method_of_a_new_store_raises_only_the_contracts_errors_when_the_cluster_fails(
+        server: RedisServer, cluster_is: str) -> None:
+    """A new store (a new process) reads the cluster's topology at its first call, whichever
+    method that is (one that starts with an entry's keys too): a cluster that cannot be
+    reached is an outage (StoreError), a server not in cluster mode the configuration's
+    fault, never redis-py's own exceptions."""
+    port = free_port() if cluster_is == "down" else server.port  # (down: nothing listens)
+    url = f"redis+cluster://127.0.0.1:{port}"
+    expected = StoreError if cluster_is == "down" else StoreConfigurationError
+    wrong: dict[str, str] = {}
+    methods = list(_every_method(RedisStore.from_url(url)))  # (their names: nothing sent)
+    for method in methods:  # each called first on a store of its own, as in a new process
+        store = RedisStore.from_url(url, options=RedisOptions(timeout=1, connect_timeout=1))
+        try:
+            _every_method(store)[method]()
+        except expected:
+            continue
+        except Exception as exc:  # (what the test looks for)
+            wrong[method] = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+        else:
+            wrong[method] = "no error"
+        finally:
+            store.close()
+    assert not wrong, "\n".join(f"{method}: {what:.150}" for method, what in wrong.items())
 
 
 class TLSNode:
