@@ -133,6 +133,7 @@ class Config:
     at_commit: str | None = None  # run the fleet on beat_claims/ of this commit
     workdir: Path | None = None
     verbose: bool = True
+    label: str = ""  # named in each line the run says (runs at once in one process)
 
     @property
     def pause_seconds(self) -> float:
@@ -885,7 +886,8 @@ class Chaos:
 
     def say(self, message: str) -> None:
         if self.cfg.verbose:
-            sys.stderr.write(f"[chaos {time.time() - self.t0:7.1f}s] {message}\n")
+            label = f" {self.cfg.label}" if self.cfg.label else ""
+            sys.stderr.write(f"[chaos{label} {time.time() - self.t0:7.1f}s] {message}\n")
             sys.stderr.flush()
 
     @contextlib.contextmanager
