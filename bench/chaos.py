@@ -133,6 +133,7 @@ class Config:
     at_commit: str | None = None  # run the fleet on beat_claims/ of this commit
     workdir: Path | None = None
     verbose: bool = True
+    label: str = ""  # named in each line the run says (runs at once in one process)
 
     @property
     def pause_seconds(self) -> float:
@@ -866,9 +867,11 @@ def snapshot(workdir: Path, at_commit: str | None) -> tuple[Path, str]:
 class Chaos:
     """Runs the fleet, the chaos, the drain and the analysis of one run."""
 
-    def __init__(self, cfg: Config, workdir: Path) -> None:
+    def __init__(self, cfg: Config, workdir: Path,
+                 starting: contextlib.AbstractContextManager[Any] | None = None) -> None:
         self.cfg = cfg
         self.workdir = workdir
+        self.starting = starting or contextlib.nullcontext()
         self.rng = random.Random(cfg.seed)
         if cfg.store not in STORES:
             raise SystemExit(f"--store: {cfg.store!r} is not one of {', '.join(STORES)}")
@@ -885,7 +888,8 @@ class Chaos:
 
     def say(self, message: str) -> None:
         if self.cfg.verbose:
-            sys.stderr.write(f"[chaos {time.time() - self.t0:7.1f}s] {message}\n")
+            label = f" {self.cfg.label}" if self.cfg.label else ""
+            sys.stderr.write(f"[chaos{label} {time.time() - self.t0:7.1f}s] {message}\n")
             sys.stderr.flush()
 
     @contextlib.contextmanager
@@ -905,18 +909,22 @@ class Chaos:
 
     # -- phases ---------------------------------------------------------------------
     def start(self) -> None:
-        self.store.start()
-        self.broker.start()
-        workers = [self.fleet.worker() for _ in range(self.cfg.workers)]
-        for worker in workers:
-            wait_for(partial(_ready, worker), 90, f"{worker.name} to be ready")
-            if not worker.alive():
-                raise RuntimeError(f"{worker.name} exited:\n{worker.text()[-3000:]}")
-        for _ in range(self.cfg.beats):
-            self.fleet.beat()
-        self.anchors = wait_for(
-            lambda: (a := self.read_anchors()) and len(a) == len(self.periods) and a, 60,
-            "the entries to be anchored")
+        """The fleet up: its processes' start-up (each imports Celery and beat-claims: a
+        second or so of CPU) inside ``starting``, which runs at once in one process share
+        to start one after another."""
+        with self.starting:
+            self.store.start()
+            self.broker.start()
+            workers = [self.fleet.worker() for _ in range(self.cfg.workers)]
+            for worker in workers:
+                wait_for(partial(_ready, worker), 90, f"{worker.name} to be ready")
+                if not worker.alive():
+                    raise RuntimeError(f"{worker.name} exited:\n{worker.text()[-3000:]}")
+            for _ in range(self.cfg.beats):
+                self.fleet.beat()
+            self.anchors = wait_for(
+                lambda: (a := self.read_anchors()) and len(a) == len(self.periods) and a, 60,
+                "the entries to be anchored")
         wait_for(lambda: read_ledger(self.ledger), 60, "the first execution")
         self.say(f"fleet up: {self.cfg.beats} beats, {self.cfg.workers} workers x"
                  f" {self.cfg.concurrency}, {len(self.periods)} entries;"
@@ -1221,11 +1229,13 @@ class Chaos:
         return result
 
 
-def run(cfg: Config) -> Result:
-    """One chaos run in ``cfg.workdir`` (a new temporary directory when None)."""
+def run(cfg: Config, starting: contextlib.AbstractContextManager[Any] | None = None
+        ) -> Result:
+    """One chaos run in ``cfg.workdir`` (a new temporary directory when None). ``starting``
+    (a lock that runs at once in one process share): held while the fleet starts."""
     workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix="beat-claims-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    result = Chaos(cfg, workdir).run()
+    result = Chaos(cfg, workdir, starting).run()
     # Everything the run found, beside its logs and ledger (kept with --keep).
     (workdir / "result.json").write_text(json.dumps({
         **result.figures(), "events": [asdict(e) for e in result.events],

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -191,7 +191,7 @@ CONTRACT = Path(__file__).parent / "contract"
 MODULE_FIXTURE = re.compile(r"@pytest\.fixture\([^)]*scope=[\"']module[\"']")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order xdist hands the tests out in (``--dist loadgroup``, see below): the
     contract suite's thousands of short tests last, so that the long waits of the others
@@ -200,10 +200,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     end of a run). Within each part, the modules whose tests all go to one worker (see
     below: a fleet run once for the module) first: each is one unit of a minute or so, the
     longest the scheduler hands out, and one handed out late kept its worker busy alone
-    at the end of the run (the contract suite's Redis Cluster module, 30 s)."""
+    at the end of the run (the contract suite's Redis Cluster module, 30 s).
+
+    The other tests before the contract suite go mixed (:func:`mixed`): each module's
+    spread evenly over that part, not one module after another. A module's tests are much
+    alike, and handed out one after another the workers ran them side by side: seven
+    browsers at once, then for minutes seven tests that mostly wait (the CPU busy 30-69% of
+    the time), then seven that start celery processes. Mixed, the waits of some overlap
+    the CPU of others.
+
+    Runs after pytest-django's order (``trylast``), which it keeps among the tests that
+    use Django's database: those in a transaction before the transactional ones, whose
+    flush would empty what the others expect."""
     together = modules_with_module_fixtures(config.rootpath)
-    items.sort(key=lambda item: (CONTRACT in item.path.parents,  # (stable: else as found)
-                                 item.nodeid.split("::", 1)[0] not in together))
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    contract = [item for item in items if CONTRACT in item.path.parents]
+    others = [item for item in items if CONTRACT not in item.path.parents]
+    items[:] = [*[item for item in others if module(item) in together],
+                *mixed([item for item in others if module(item) not in together], module),
+                *sorted(contract, key=lambda item: module(item) not in together)]
+
+
+def mixed(items: list[pytest.Item], module: Callable[[pytest.Item], str]) -> list[pytest.Item]:
+    """``items`` with each module's tests spread evenly over the whole list, in their order
+    (the k-th of a module's n at (k + 1/2) / n of the way). The tests that use Django's
+    database are one sequence, spread the same way, so that their order stays as found."""
+    def django_db(item: pytest.Item) -> bool:
+        return item.get_closest_marker("django_db") is not None or bool(
+            {"db", "transactional_db", "live_server"} & set(getattr(item, "fixturenames", ())))
+
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        groups.setdefault("(django db)" if django_db(item) else module(item), []).append(item)
+    placed = [((k + 0.5) / len(group), n, k) for n, group in enumerate(groups.values())
+              for k in range(len(group))]
+    group_list = list(groups.values())
+    return [group_list[n][k] for _, n, k in sorted(placed)]
 
 
 def modules_with_module_fixtures(root: Path) -> set[str]:

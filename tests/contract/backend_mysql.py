@@ -1,8 +1,9 @@
 """The MySQL / MariaDB backend of the contract suite: the machine's server (``BC_MYHOST``,
 ``BC_MYPORT``, ``BC_MYUSER``, ``BC_MYPASSWORD``; MariaDB on 127.0.0.1:3306 as root by
 default; ``BC_MYDRIVER``: the client library, else the store's choice), in a database of
-its own created once per session (``beat_claims_contract_<random>``, dropped at the end), a
-fresh prefix (tables) per test.
+its own created once per session (``beat_claims_contract_<random>``, dropped at the end),
+empty tables (a key prefix) per test: new ones, or those a test before this one left,
+emptied as a new store leaves them (see ``_spare``).
 
 The fault hooks write with SQL, as an operator or a broken tool would. A run's record is
 ``LONGTEXT`` (any text); an entry's anchor, checkpoint and token are ``BIGINT`` (text is
@@ -20,6 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
@@ -29,7 +31,7 @@ import pymysql
 import pytest
 
 from beat_claims.stores.base import Store, WorkerProcess, worker_id
-from beat_claims.stores.mysql import MySQLStore
+from beat_claims.stores.mysql import LAYOUT, MySQLStore, _schema, _triggers
 from beat_claims.stores.mysql_driver import DRIVERS
 
 from .backend import Backend
@@ -122,16 +124,82 @@ def _tables(store: Store) -> list[str]:
         return [str(row[0]) for row in cur.fetchall()]
 
 
+#: Key prefixes whose tables a test's store left and that were emptied since (every row
+#: deleted but the layout's version and the prefix, as a new store's set-up leaves them:
+#: the next store's set-up writes a store id of its own), for the next test's store
+#: (:func:`_my_open`): new tables cost InnoDB a file each to create and drop, emptying them
+#: a few deletes, and the suite opens hundreds.
+_spare: list[str] = []
+#: The tables a test dropped or made again (a wipe, a restart, a copy put back): dropped
+#: after it, never used again.
+_remade: set[str] = set()
+
+
 @contextlib.contextmanager
 def _my_open(request: pytest.FixtureRequest, history_limit: int) -> Iterator[Store]:
+    """A store on empty tables of the session's database: spare ones (see ``_spare``), or
+    new ones. On exit its tables are emptied and spared, or dropped."""
     address = url(database(request))
-    store = MySQLStore.from_url(address, f"bc_contract_{uuid.uuid4().hex[:8]}", history_limit)
+    prefix = _spare.pop() if _spare else f"bc_contract_{uuid.uuid4().hex[:8]}"
+    before = _sessions()
+    store = MySQLStore.from_url(address, prefix, history_limit)
     _urls[store] = address
     try:
         yield store
     finally:
         store.close()
-        _drop_tables(store)
+        if _emptied(_my(store), before):
+            _spare.append(prefix)
+        else:
+            _drop_tables(store)
+
+
+def _sessions() -> set[int]:
+    """The sessions of the session's database but the hooks' own."""
+    with admin().cursor() as cur:
+        cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+                    " AND ID <> CONNECTION_ID()")
+        return {int(row[0]) for row in cur.fetchall()}
+
+
+def _emptied(store: MySQLStore, before: set[int]) -> bool:
+    """The tables of a store its test closed, emptied as a new store's are: every row
+    deleted but the layout's version and the prefix. Not when the test made them again or
+    dropped them, when they are not exactly a new store's tables and triggers, nor while a
+    session of the session's database opened since the store was (not in ``before``) is
+    still open half a second after the store closed (a store the test left open could
+    write into the next test's store; a session closed a moment ago may still be on its
+    way out)."""
+    base = store.tables.base
+    if base in _remade:
+        _remade.discard(base)
+        return False
+    deadline = time.monotonic() + 0.5
+    while _sessions() - before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    made = [statement.split(" (", 1)[0].rsplit(" ", 1)[1].strip("`")
+            for statement in _schema(store.tables)]
+    if sorted(_tables(store)) != sorted(made):
+        return False
+    with admin().cursor() as cur:
+        cur.execute("SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE"
+                    " TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME LIKE %s",
+                    (base.replace("_", "\\_") + "\\_%",))
+        if sorted(str(row[0]) for row in cur.fetchall()) != sorted(_triggers(store.tables)):
+            return False
+        cur.execute(f"SELECT `key`, value FROM `{base}_meta` WHERE `key` IN"
+                    " ('version', 'prefix')")
+        meta = {bytes(key).decode(): value for key, value in cur.fetchall()}  # (VARBINARY)
+        if meta != {"version": str(LAYOUT), "prefix": store.prefix}:
+            return False
+    # The runs first (their trigger deletes their task ids), then the entries (theirs
+    # writes the change log's dropped mark, in the meta table), the meta table last.
+    for name in ("runs", "entries", "owners", "tasks", "workers"):
+        sql(f"DELETE FROM `{base}_{name}`")
+    sql(f"DELETE FROM `{base}_meta` WHERE `key` NOT IN ('version', 'prefix')")
+    return True
 
 
 @contextlib.contextmanager
@@ -213,6 +281,7 @@ def _round_trips(store: MySQLStore) -> Callable[[], int]:
 
 
 def _my_wipe(store: Store) -> None:
+    _remade.add(_my(store).tables.base)
     _drop_tables(store)
 
 
@@ -234,6 +303,7 @@ def _my_copy(store: Store) -> Callable[[], None]:
     """A dump of the store's tables (``mariadb-dump``: their rows and triggers); put back
     with the ``mariadb`` client, the tables dropped first (they are new ones: another
     epoch)."""
+    _remade.add(_my(store).tables.base)
     dump, load = _client("mariadb-dump", "mysqldump"), _client("mariadb", "mysql")
     common = ["-h", HOST, "-P", str(PORT), "-u", USER, "--protocol=TCP"]
     env = {**os.environ, "MYSQL_PWD": PASSWORD}
