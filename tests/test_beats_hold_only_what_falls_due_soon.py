@@ -28,7 +28,8 @@ from beat_claims.stores.redis import RedisStore, function_name
 
 from .conftest import RedisServer, SnapshotServer, seed_settled_epoch
 from .faults import proxy
-from .inprocess import beats, make, make_app, occurrences_sent, run_for
+from .inprocess import beats, joined, make, make_app, occurrences_sent, run_for
+from .processes import wait_for
 
 #: Dynamic entries not due for an hour: what a large store mostly holds.
 IDLE = 10_000
@@ -535,13 +536,20 @@ def test_live_beats_each_take_their_own_share_of_the_due_index(server: RedisServ
     with Entries(app) as entries:
         entries.bulk_create({"name": n, "task": "t.noop", "schedule": {"every": 1}}
                             for n in names)
-    a, b = beats(app, app)
+    a = joined(app)
+    began = time.monotonic()  # (b is seen alive from now on at the earliest)
+    b = joined(app, a)
     held: dict[str, set[str]] = {a.owner.id: set(), b.owner.id: set()}
     try:
         # A beat just started is joining: no share waits for it until it has been seen
-        # alive for two heartbeat intervals.
-        run_for(a.settings.heartbeat_interval * 1.2, a, b)
-        assert a.window.share == window.Share(), a.window.share
+        # alive for two heartbeat intervals (counted from when b was made: a loaded
+        # machine makes the ticks later, the rule is the same).
+        interval = a.settings.heartbeat_interval
+        counted = wait_for(lambda: a.window.share.beats == 2 and time.monotonic(),
+                           10 * interval + 10, "a's share to count b",
+                           interval=0.02, between=lambda: (a.tick(), b.tick()))
+        assert counted - began >= 2 * interval - 0.05, (
+            f"b counted in a's share {counted - began:.2f}s after b was made")
         run_for(a.settings.heartbeat_interval * 2, a, b)
         assert a.window.share.beats == b.window.share.beats == 2
         assert a.window.share.rank != b.window.share.rank
