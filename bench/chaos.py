@@ -268,15 +268,24 @@ def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM,
                  timeout: float = 20.0) -> None:
     """Signal the process (its whole session) and wait; SIGKILL it if it does not exit."""
-    if proc.poll() is not None:
-        return
-    _kill_group(proc, signal.SIGCONT)
-    _kill_group(proc, sig)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc, signal.SIGKILL)
-        proc.wait(10)
+    stop_processes([proc], sig, timeout)
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], sig: int = signal.SIGTERM,
+                   timeout: float = 20.0) -> None:
+    """Signal every process (each its whole session) at once, then wait for each, for
+    ``timeout`` seconds each at least; SIGKILL one that has not exited by then."""
+    live = [proc for proc in procs if proc.poll() is None]
+    for proc in live:
+        _kill_group(proc, signal.SIGCONT)
+        _kill_group(proc, sig)
+    deadline = time.monotonic() + timeout
+    for proc in live:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait(10)
 
 
 class RedisServer:
@@ -814,6 +823,12 @@ def _ready(worker: Proc) -> bool:
     return "ready." in worker.text() or not worker.alive()
 
 
+def _beat_started(beat: Proc) -> bool:
+    """Through its start-up: Celery and the app imported, its scheduler made (it logged
+    its owner), or exited."""
+    return _OWNER.search(beat.text()) is not None or not beat.alive()
+
+
 def _git(*argv: str) -> str:
     try:
         return subprocess.run(["git", *argv], cwd=ROOT, text=True, capture_output=True,
@@ -911,20 +926,26 @@ class Chaos:
     def start(self) -> None:
         """The fleet up: its processes' start-up (each imports Celery and beat-claims: a
         second or so of CPU) inside ``starting``, which runs at once in one process share
-        to start one after another."""
+        to start one after another.
+
+        The beats start with the workers, not once the workers are ready: what they send
+        before a worker is ready waits in the broker. ``starting`` ends once every process
+        is through its start-up (each worker ready, each beat logging its owner: its CPU
+        spent); the beats' wait before their first claims (a heartbeat TTL, to join the
+        store) and the first execution are waited for after it."""
         with self.starting:
             self.store.start()
             self.broker.start()
+            beats = [self.fleet.beat() for _ in range(self.cfg.beats)]
             workers = [self.fleet.worker() for _ in range(self.cfg.workers)]
-            for worker in workers:
-                wait_for(partial(_ready, worker), 90, f"{worker.name} to be ready")
-                if not worker.alive():
-                    raise RuntimeError(f"{worker.name} exited:\n{worker.text()[-3000:]}")
-            for _ in range(self.cfg.beats):
-                self.fleet.beat()
-            self.anchors = wait_for(
-                lambda: (a := self.read_anchors()) and len(a) == len(self.periods) and a, 60,
-                "the entries to be anchored")
+            for proc, ready, what in [*((w, _ready, "ready") for w in workers),
+                                      *((b, _beat_started, "started") for b in beats)]:
+                wait_for(partial(ready, proc), 90, f"{proc.name} to be {what}")
+                if not proc.alive():
+                    raise RuntimeError(f"{proc.name} exited:\n{proc.text()[-3000:]}")
+        self.anchors = wait_for(
+            lambda: (a := self.read_anchors()) and len(a) == len(self.periods) and a, 60,
+            "the entries to be anchored")
         wait_for(lambda: read_ledger(self.ledger), 60, "the first execution")
         self.say(f"fleet up: {self.cfg.beats} beats, {self.cfg.workers} workers x"
                  f" {self.cfg.concurrency}, {len(self.periods)} entries;"
@@ -1057,23 +1078,27 @@ class Chaos:
         self.say(f"drained in {result.drain_s:.1f}s (deadline {deadline:.0f}s)")
 
     def stop_fleet(self) -> None:
-        for beat in self.fleet.live("beat"):
-            stop_process(beat.popen, signal.SIGTERM)
+        """The beats stopped (SIGTERM, at once), the queues emptied by the workers, then the
+        workers stopped (SIGTERM, at once: each finishes what it runs)."""
+        began = time.time()
+        stop_processes([beat.popen for beat in self.fleet.live("beat")], signal.SIGTERM)
         broker = self.broker.client(0)
-        last = {"size": -1, "since": time.monotonic()}
+        busy = [0.0]  # when something was last seen queued or reserved (epoch seconds)
 
         def quiet() -> bool:
-            """Nothing queued or reserved, and the ledger unchanged for 2 s."""
-            size = self.ledger.stat().st_size if self.ledger.exists() else 0
-            if broker.llen("celery") or broker.hlen("unacked") or size != last["size"]:
-                last.update(size=size, since=time.monotonic())
+            """Nothing queued or reserved, and neither that nor a write to the ledger (its
+            modification time) for 2 s."""
+            if broker.llen("celery") or broker.hlen("unacked"):
+                busy[0] = time.time()
                 return False
-            return time.monotonic() - last["since"] >= 2.0
+            written = self.ledger.stat().st_mtime if self.ledger.exists() else 0.0
+            return time.time() - max(busy[0], written) >= 2.0
 
         with contextlib.suppress(TimeoutError):
             wait_for(quiet, 60, "the queues to empty", 0.2)
-        for worker in self.fleet.live("worker"):
-            stop_process(worker.popen, signal.SIGTERM, 30)
+        stop_processes([worker.popen for worker in self.fleet.live("worker")],
+                       signal.SIGTERM, 30)
+        self.say(f"fleet stopped in {time.time() - began:.1f}s")
 
     def settle_store_restarts(self, result: Result) -> None:
         """Extend each store restart by the settle period of the store's new epoch: the
@@ -1226,6 +1251,7 @@ class Chaos:
             self.fleet.close()
             self.store.stop()
             self.broker.stop()
+        self.say("judged; store and broker stopped")
         return result
 
 

@@ -57,11 +57,12 @@ def test_the_first_measured_minute_follows_a_warm_up_and_no_catch_up() -> None:
 def test_a_steady_run_sends_every_occurrence_once_and_reports_its_figures(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Real redis-servers, a real creator, two beat-claims beats and a RedBeat beat, on 200
-    entries of a 5 s interval with a 5 s jitter (the crontab's minute is too long for the
-    suite), two periods measured. The beat-claims beats heartbeat every second: the store
-    settles for 3 s before its entries are made, not for the default's TTL of 15 s."""
+    entries of a 3 s interval with a 3 s jitter (the crontab's minute is too long for the
+    suite: each case runs for three periods and a 2 s grace once its beats are ready), two
+    periods measured. The beat-claims beats heartbeat every second: the store settles for
+    3 s before its entries are made, not for the default's TTL of 15 s."""
     summary = run_bench(capsys, [
-        "--steady-entries", "200", "--steady-period", "5", "--steady-minutes", "2",
+        "--steady-entries", "200", "--steady-period", "3", "--steady-minutes", "2",
         "--steady-warmup", "0", "--steady-grace", "2", "--schedulers", "redbeat,beat_claims",
         "--beats", "2", *HEARTBEAT_EVERY_SECOND])
     results = summary["results"]

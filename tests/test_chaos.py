@@ -15,7 +15,9 @@ its own each, as ``bench/chaos.py --store`` runs it alone), so that the suite wa
 longest rather than for their sum; each store's run is checked alone, a failure naming it.
 Their fleets start one after another (Redis's, the longest run, first): 36 processes
 starting at once, each importing Celery, starve the suite's other tests of the CPU for
-seconds (in one full run three tests whose beats must keep time failed beside them).
+seconds (in one full run three tests whose beats must keep time failed beside them). A
+fleet's turn lasts while its processes start up (its beats and workers together); the next
+one starts while its beats wait to join their store and run their first occurrences.
 
 Why in the suite: each of these failures is pinned alone elsewhere; this checks that they
 also hold together, judged by a ledger the task writes itself rather than by the store.

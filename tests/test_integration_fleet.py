@@ -27,7 +27,7 @@ from beat_claims.stores import Store, open_store
 from beat_claims.stores.redis import RedisStore
 
 from .conftest import RedisServer, own_redis
-from .processes import Fleet, duplicates, executions, fleet, wait_for
+from .processes import Fleet, close_all, duplicates, executions, fleet, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -181,6 +181,9 @@ def test_three_beats_one_worker_every_occurrence_exactly_once_on_every_store(
                                           BC_EXEC_URL=broker.url))
             runs.append(OnStore(kind, url, f, broker, f.worker(),
                                 [f.beat() for _ in range(3)]))
+        # On the way out, the four fleets stop at once (then each fleet's own exit shows
+        # its logs on a failure, and drops its store).
+        stack.callback(close_all, [run.fleet for run in runs])
         for run in runs:
             wait_for(partial(_ran_at_least, run.broker.client(), 3), 40,
                      f"first executions ({run.kind})")
