@@ -475,9 +475,12 @@ def browser(live_server: Any, shared_chromium: webdriver.Chrome,
 @pytest.fixture
 def site_settings(settings: Any) -> Any:
     """The project's timezone off UTC, and the admin's own CSS served by the live server
-    (the test site has no staticfiles app: the server serves STATIC_ROOT)."""
+    (the test site has no staticfiles app: the server serves STATIC_ROOT). Passwords
+    hashed with a fast hasher (Django's default, made slow on purpose, took a second of a
+    loaded host for each user made and each login)."""
     import django
 
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.TIME_ZONE = ZONE
     settings.STATIC_ROOT = str(Path(django.__file__).parent / "contrib/admin/static")
     return settings
