@@ -44,6 +44,7 @@ from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.command import Command
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.wait import WebDriverWait
@@ -423,7 +424,12 @@ def shared_chromium() -> Iterator[webdriver.Chrome]:
         _CHROMIUM.append(chromium())
     yield _CHROMIUM[0]
     if _CHROMIUM:
-        _CHROMIUM.pop().quit()
+        driver = _CHROMIUM.pop()
+        # The session ended first: chromedriver then closes the BiDi socket and its reader
+        # stops at once (closed from this side first, quit() waited up to 10 s for it).
+        with contextlib.suppress(WebDriverException):
+            driver.execute(Command.QUIT)
+        driver.quit()
 
 
 @contextlib.contextmanager
