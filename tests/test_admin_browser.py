@@ -425,10 +425,12 @@ def shared_chromium() -> Iterator[webdriver.Chrome]:
     yield _CHROMIUM[0]
     if _CHROMIUM:
         driver = _CHROMIUM.pop()
-        # The session ended first: chromedriver then closes the BiDi socket and its reader
-        # stops at once (closed from this side first, quit() waited up to 10 s for it).
+        # Chromium closed, then chromedriver stopped, which closes the BiDi socket from its
+        # side: closed from this side first, the socket's reader went on waiting on it, and
+        # quit() with it (10 s each time).
         with contextlib.suppress(WebDriverException):
             driver.execute(Command.QUIT)
+        driver.service.stop()
         driver.quit()
 
 
