@@ -439,7 +439,8 @@ def own_context(driver: webdriver.Chrome) -> Iterator[webdriver.Chrome]:
     """A tab in a user context of its own (as a fresh browser profile: no cookie, storage,
     theme or emulated media or viewport of an earlier test), the driver switched to it;
     the context removed afterwards, with its tabs. A browser that no longer answers
-    (crashed in an earlier test) is replaced first."""
+    (crashed in an earlier test) is replaced first, for the tests after it too."""
+    driver = _CHROMIUM[0] if _CHROMIUM else driver  # the replacement, if any
     try:
         home = driver.current_window_handle
     except WebDriverException:
