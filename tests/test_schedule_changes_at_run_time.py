@@ -17,9 +17,6 @@ checked alone (a failure names it)."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,7 +32,7 @@ from beat_claims.settings import Settings
 from beat_claims.stores import Store, open_store
 
 from .conftest import RedisServer, own_redis
-from .processes import fleet, wait_for
+from .processes import close_all, fleet, wait_for
 from .test_beats_follow_definitions import define, once_each, sent
 from .test_integration_fleet import claims_url, watch
 
@@ -108,7 +105,7 @@ def test_three_beats_follow_an_entry_through_four_definitions_and_a_disable(
             runs.append(Scenario(kind, broker, store, [f.beat() for _ in range(3)]))
             fleets.append(f)
         procs = [proc for run in runs for proc in run.beats]
-        stack.callback(_stop_at_once, procs)  # first: the nine stop side by side
+        stack.callback(close_all, fleets)  # first: the nine beats stop side by side
         for f, run in zip(fleets, runs):
             for proc in run.beats:
                 f.wait_log(proc, "entries registered; claiming", 60)
@@ -148,21 +145,6 @@ def test_three_beats_follow_an_entry_through_four_definitions_and_a_disable(
             except AssertionError as exc:
                 failed.append(f"{run.kind}: {exc}")
         assert not failed, "\n".join(failed)
-
-
-def _stop_at_once(procs: list[Any]) -> None:
-    """Every beat asked to stop at once, then waited for (one after another, nine beats
-    took seconds on a loaded host); one that does not stop within 20 s is killed."""
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 def _grid_sent(broker: RedisServer, count: int, after: int = 0) -> bool:
