@@ -44,6 +44,7 @@ from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.command import Command
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.wait import WebDriverWait
@@ -404,37 +405,91 @@ def chromium() -> webdriver.Chrome:
                 "--window-size=1280,900", "--lang=en-US", "--no-first-run",
                 "--disable-extensions", "--disable-background-networking"):
         options.add_argument(arg)
+    options.enable_bidi = True  # WebDriver BiDi: a user context of its own for each test
     # The system chromedriver, named: Selenium Manager never looks for (or downloads) one.
     return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
 
 
+#: The worker's one Chromium (see :func:`shared_chromium`), once started.
+_CHROMIUM: list[webdriver.Chrome] = []
+
+
+@pytest.fixture(scope="session")
+def shared_chromium() -> Iterator[webdriver.Chrome]:
+    """One headless Chromium for the browser tests of this process (started and stopped
+    for each test it took seconds of a loaded host each time); a test uses it only inside
+    :func:`own_context`. Kept in ``_CHROMIUM``: a module that imports this fixture gets a
+    fixture of its own, and the one browser."""
+    if not _CHROMIUM:
+        _CHROMIUM.append(chromium())
+    yield _CHROMIUM[0]
+    if _CHROMIUM:
+        driver = _CHROMIUM.pop()
+        # Chromium closed, then chromedriver stopped, which closes the BiDi socket from its
+        # side: closed from this side first, the socket's reader went on waiting on it, and
+        # quit() with it (10 s each time).
+        with contextlib.suppress(WebDriverException):
+            driver.execute(Command.QUIT)
+        driver.service.stop()
+        driver.quit()
+
+
+@contextlib.contextmanager
+def own_context(driver: webdriver.Chrome) -> Iterator[webdriver.Chrome]:
+    """A tab in a user context of its own (as a fresh browser profile: no cookie, storage,
+    theme or emulated media or viewport of an earlier test), the driver switched to it;
+    the context removed afterwards, with its tabs. A browser that no longer answers
+    (crashed in an earlier test) is replaced first, for the tests after it too."""
+    driver = _CHROMIUM[0] if _CHROMIUM else driver  # the replacement, if any
+    try:
+        home = driver.current_window_handle
+    except WebDriverException:
+        with contextlib.suppress(WebDriverException):
+            driver.quit()
+        driver = chromium()
+        _CHROMIUM[:] = [driver]
+        home = driver.current_window_handle
+    context = driver.browser.create_user_context()
+    try:
+        driver.switch_to.window(driver.browsing_context.create(type="tab",
+                                                               user_context=context))
+        driver.set_page_load_timeout(20)
+        yield driver
+    finally:
+        with contextlib.suppress(WebDriverException):
+            driver.browser.remove_user_context(context)
+            driver.switch_to.window(home)
+
+
 @pytest.fixture
-def browser(live_server: Any, request: pytest.FixtureRequest) -> Iterator[Admin]:
+def browser(live_server: Any, shared_chromium: webdriver.Chrome,
+            request: pytest.FixtureRequest) -> Iterator[Admin]:
     """The operator's browser on the live server; screenshots of the test's pages in
     ARTIFACTS (emptied first), and of the page it failed on."""
     if ARTIFACTS.exists():
         shutil.rmtree(ARTIFACTS)
     ARTIFACTS.mkdir(parents=True)
-    driver = chromium()
-    driver.set_page_load_timeout(20)
-    admin = Admin(driver, live_server.url, ARTIFACTS)
-    failed = request.session.testsfailed
-    try:
-        yield admin
-        if request.session.testsfailed > failed:  # the test's report is in by now
-            with contextlib.suppress(WebDriverException):
-                admin.shot("failed-here")
-    finally:
-        sys.stdout.write(f"screenshots: {ARTIFACTS}\n")
-        driver.quit()
+    with own_context(shared_chromium) as driver:
+        admin = Admin(driver, live_server.url, ARTIFACTS)
+        failed = request.session.testsfailed
+        try:
+            yield admin
+            if request.session.testsfailed > failed:  # the test's report is in by now
+                with contextlib.suppress(WebDriverException):
+                    admin.shot("failed-here")
+        finally:
+            sys.stdout.write(f"screenshots: {ARTIFACTS}\n")
 
 
 @pytest.fixture
 def site_settings(settings: Any) -> Any:
     """The project's timezone off UTC, and the admin's own CSS served by the live server
-    (the test site has no staticfiles app: the server serves STATIC_ROOT)."""
+    (the test site has no staticfiles app: the server serves STATIC_ROOT). Passwords
+    hashed with a fast hasher (Django's default, made slow on purpose, took a second of a
+    loaded host for each user made and each login)."""
     import django
 
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.TIME_ZONE = ZONE
     settings.STATIC_ROOT = str(Path(django.__file__).parent / "contrib/admin/static")
     return settings
@@ -450,8 +505,8 @@ def test_an_operator_runs_an_entry_now_and_sees_it_done(
     User.objects.create_superuser(USER, "", PASSWORD)
     nightly = CrontabSchedule.objects.create(minute="0", hour="3", timezone=ZONE)
     PeriodicTask.objects.create(name="nightly-report", task=TASK, crontab=nightly)
-    every = IntervalSchedule.objects.create(every=2, period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.create(name="every-2s", task=TASK, interval=every)
+    every = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.create(name="every-1s", task=TASK, interval=every)
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.djangosite.settings",
@@ -531,25 +586,25 @@ def test_an_operator_runs_an_entry_now_and_sees_it_done(
         browser.shot("entries-resumed")
         assert store.entries(["nightly-report"])[0].paused is None
 
-        # every-2s paused from the list for a while: its occurrences are skipped (paused).
+        # every-1s paused from the list for a while: its occurrences are skipped (paused).
         # Resumed, then what was skipped is backfilled from its page, the range copied
         # from the times' titles (since when it was paused, when it was resumed): each of
         # those occurrences runs once, a manual run shown done.
-        browser.press_pause("maintenance window", "every-2s")
-        since = browser.paused("every-2s")
-        assert since is not None, "every-2s not shown paused"
+        browser.press_pause("maintenance window", "every-1s")
+        since = browser.paused("every-1s")
+        assert since is not None, "every-1s not shown paused"
 
         def skipped_while_paused() -> list[int]:
             paused_at = parse_instant(since["since"], "since")
-            found = sorted(r.due for r in store.history("every-2s")
+            found = sorted(r.due for r in store.history("every-1s")
                            if r.reason is Reason.PAUSED and r.due >= paused_at)
             return found if len(found) >= 2 else []
 
-        skipped = wait_for(skipped_while_paused, 20, "two occurrences of every-2s skipped"
+        skipped = wait_for(skipped_while_paused, 20, "two occurrences of every-1s skipped"
                            " while paused", interval=0.2)
-        browser.press_resume("every-2s")
-        assert browser.paused("every-2s") is None
-        browser.open_entry("every-2s")
+        browser.press_resume("every-1s")
+        assert browser.paused("every-1s") is None
+        browser.open_entry("every-1s")
         shown = browser.reload_until(lambda: [r for r in browser.runs() if r["state"] ==
                                               "skipped" and r["detail"] == "paused"],
                                      10, "the runs skipped while paused")
@@ -561,14 +616,14 @@ def test_an_operator_runs_an_entry_now_and_sees_it_done(
             browser.errors()
         browser.shot("backfill-refused")
         browser.press_backfill(since["since"], browser.resumed_at())
-        said = next((m for m in browser.messages() if "Backfill of every-2s" in m), "")
+        said = next((m for m in browser.messages() if "Backfill of every-1s" in m), "")
         created = re.search(r"created (\d+) run\(s\)", said)
         assert created and int(created[1]) >= len(skipped), browser.messages()
         browser.shot("backfilled")
         for due in skipped:
             browser.wait_for_run("done", 30, manual=True, due=iso(due))
         browser.shot("backfill-done")
-        runs = store.history("every-2s")
+        runs = store.history("every-1s")
         assert all(r.manual and r.requested_by == f"admin:{USER}" and r.state is RunState.DONE
                    for r in runs if r.due in skipped), runs
         assert len({r.due for r in runs}) == len(runs)  # one run an occurrence

@@ -48,7 +48,14 @@ from beat_claims.stores.redis import RedisStore
 from .conftest import RedisServer, seed_settled_epoch
 from .djangosite.testing import site_app
 from .processes import ROOT, wait_for
-from .test_admin_browser import PASSWORD, USER, Admin, chromium, site_settings  # noqa: F401
+from .test_admin_browser import (  # noqa: F401
+    PASSWORD,
+    USER,
+    Admin,
+    own_context,
+    shared_chromium,
+    site_settings,
+)
 
 pytestmark = pytest.mark.django_db
 PREFIX = "glance-claims"
@@ -138,6 +145,23 @@ def _runs(store: RedisStore, beat: Owner, entry: str, state: Any, sent: list[int
 class Glance(Admin):
     """The operator's browser at one viewport size."""
 
+    def open(self, path: str) -> None:
+        super().open(path)
+        assert "/admin/login/" not in self.driver.current_url, f"{path}: sent to log in"
+
+    def logged_in(self, user: Any) -> None:
+        """A session of ``user``, as Django's own login makes it, in the browser's cookie
+        (the form's way in, two pages more a test, is the operator's test's)."""
+        from django.conf import settings
+        from django.test import Client
+
+        client = Client()
+        client.force_login(user)
+        name = settings.SESSION_COOKIE_NAME
+        self.driver.execute_cdp_cmd("Network.setCookie", {
+            "name": name, "value": client.cookies[name].value, "url": self.base_url,
+            "path": "/", "httpOnly": True})
+
     def size(self, width: int, height: int) -> None:
         self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
             "width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
@@ -179,7 +203,8 @@ class Glance(Admin):
 
 @pytest.fixture(params=SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 def glance(request: pytest.FixtureRequest, live_server: Any, server: RedisServer,
-           site_settings: Any) -> Iterator[tuple[Glance, RedisStore, dict[str, Any]]]:  # noqa: F811
+           site_settings: Any, shared_chromium: Any,  # noqa: F811
+           ) -> Iterator[tuple[Glance, RedisStore, dict[str, Any]]]:
     """Logged in as a superuser, at the viewport size, the store filled (:func:`fill`)."""
     from django.contrib.auth.models import User
 
@@ -191,20 +216,18 @@ def glance(request: pytest.FixtureRequest, live_server: Any, server: RedisServer
     seed_settled_epoch(server, PREFIX)
     store = RedisStore.from_url(server.url, PREFIX)
     filled = fill(store)
-    User.objects.create_superuser(USER, "", PASSWORD)
-    driver = chromium()
-    driver.set_page_load_timeout(20)
-    admin = Glance(driver, live_server.url, shots)
-    admin.size(width, height)
-    try:
-        with site_app(server.url, server.broker_url(), beat_claims_key_prefix=PREFIX,
-                      beat_schedule={name: {"task": "djangosite.record", "schedule": s}
-                                     for name, s in SCHEDULES.items()}):
-            admin.login(USER, PASSWORD)
-            yield admin, store, filled
-    finally:
-        sys.stdout.write(f"screenshots: {shots}\n")
-        driver.quit()
+    user = User.objects.create_superuser(USER, "", PASSWORD)
+    with own_context(shared_chromium) as driver:
+        admin = Glance(driver, live_server.url, shots)
+        admin.size(width, height)
+        try:
+            with site_app(server.url, server.broker_url(), beat_claims_key_prefix=PREFIX,
+                          beat_schedule={name: {"task": "djangosite.record", "schedule": s}
+                                         for name, s in SCHEDULES.items()}):
+                admin.logged_in(user)
+                yield admin, store, filled
+        finally:
+            sys.stdout.write(f"screenshots: {shots}\n")
 
 
 ENTRY = "/admin/beat_claims/entry/every-10s/"
