@@ -51,6 +51,7 @@ def test_an_older_snapshot_restored_mid_run_runs_nothing_twice_and_reuses_no_tok
         store_server: SnapshotServer, broker: RedisServer, tmp_path: Path) -> None:
     ledger = broker.client(db=2)
     schedule = {f"e{i}": {"every": 1} for i in range(3)}
+    seed_settled_epoch(store_server)  # (the store ran before: the beats claim at once)
     with fleet(store_server.url, broker.broker_url(), tmp_path, schedule,
                BC_EXEC_URL=f"redis://127.0.0.1:{broker.port}/2") as f:
         f.worker(concurrency=2)
@@ -77,6 +78,7 @@ def test_a_wiped_store_keeps_interval_grids_and_catch_up_all_misses_nothing(
     ledger = broker.client(db=2)
     schedule = {"grid": {"every": 1, "claims": {"catch_up": "all"}},
                 "other": {"every": 2, "claims": {"catch_up": "all"}}}
+    seed_settled_epoch(store_server)  # (the store ran before: the beats claim at once)
     with fleet(store_server.url, broker.broker_url(), tmp_path, schedule,
                BC_EXEC_URL=f"redis://127.0.0.1:{broker.port}/2") as f:
         f.worker(concurrency=2)
