@@ -217,11 +217,19 @@ def test_a_run_claimed_in_an_older_snapshot_and_sent_since_is_not_sent_again(
 
     wait_for(lambda: victims and iso(victims[0].due) in {d for _, d, _ in worker.executed}, 10,
              "the first checked claim to be sent and run", interval=0.05, between=step)
+    epoch = s.liveness.epoch
+    sweeps = []  # the beat's sweeps once it has noticed, registered again and settled
+    real_sweep = s.sweeper.sweep
+
+    def sweep(pick_up: bool = True) -> None:
+        real_sweep(pick_up)
+        if s.liveness.epoch != epoch and s.liveness.settling_for() == 0:
+            sweeps.append(pick_up)
+
+    s.sweeper.sweep = sweep  # type: ignore[method-assign]
     store_server.come_back(snap)
-    deadline = time.monotonic() + 8  # noticed, settled (1.5 s), swept: well within
-    while time.monotonic() < deadline:
-        step()
-        time.sleep(0.05)
+    wait_for(lambda: len(sweeps) >= 3, 30, "three sweeps of the beat after it noticed the"
+             " store went back and settled", interval=0.05, between=step)
     target = iso(victims[0].due)
     runs_of_it = [t for _, d, t in worker.executed if d == target]
     sends = [t for d, t in published(broker) if d == target]
