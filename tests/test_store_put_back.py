@@ -286,14 +286,19 @@ def test_a_store_put_back_any_way_under_running_beats_sends_nothing_twice(
     (in a thread each: the scenario is waits on real beats and a worker), so that the
     rounds of occurrences waited for serve them all; each way is checked alone (a failure
     names it)."""
-    with contextlib.ExitStack() as stack, ThreadPoolExecutor(len(WAYS)) as pool:
+    def each(way: Way, where: Path) -> None:
+        # (each way's store and broker made, and dropped, in its thread: alongside the others)
+        with contextlib.ExitStack() as stack:
+            broker = stack.enter_context(own_redis())
+            url, copy = way(stack, where, broker)
+            put_back_under_running_beats(url, copy, broker, where)
+
+    with ThreadPoolExecutor(len(WAYS)) as pool:
         done = {}
         for n, (name, way) in enumerate(WAYS.items()):
             where = tmp_path / f"way{n}"
             where.mkdir()
-            broker = stack.enter_context(own_redis())
-            url, copy = way(stack, where, broker)
-            done[name] = pool.submit(put_back_under_running_beats, url, copy, broker, where)
+            done[name] = pool.submit(each, way, where)
         failed = [f"{name}: {type(exc).__name__}: {exc}" for name, future in done.items()
                   if (exc := future.exception()) is not None]
     assert not failed, "\n".join(failed)
