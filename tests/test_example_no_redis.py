@@ -37,7 +37,7 @@ PREFIX = "example-claims"  # CELERY_BEAT_CLAIMS_KEY_PREFIX of the example
 #: How long the example may take, from run.sh's start, to record two heartbeats done with
 #: both beats alive and the admin answering. Idle it takes about 15 s: a migrate, then five
 #: Django and Celery processes starting at once (the worker with four children), the
-#: store's epoch settling (3 s), two heartbeats (every 5 s). Beside four test processes on
+#: store's epoch settling (3 s), two heartbeats (every 2 s here). Beside four test processes on
 #: two cores each start is several times slower; polled, so a deadline met early costs
 #: nothing.
 START_DEADLINE = 150.0
@@ -76,6 +76,8 @@ class Example:
             # slow_report runs 1 s, not 12: the worker's warm shutdown at Ctrl-C waits for
             # it (up to 12 s), for nothing this test is about.
             "EXAMPLE_SLOW_REPORT_SECONDS": "1",
+            # Two heartbeat runs 2 s apart, not 5: the test waits for two.
+            "EXAMPLE_HEARTBEAT_EVERY": "2",
             "EXAMPLE_DATA": str(self.data),
             "EXAMPLE_DB": str(tmp / "db.sqlite3"),
             "LOG_DIR": str(self.logs),
