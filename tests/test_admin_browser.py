@@ -415,7 +415,9 @@ def chromium() -> webdriver.Chrome:
     return driver
 
 
-#: How long a WebDriver command may take (seconds): page loads time out first (20 s).
+#: How long a WebDriver command's request may take (seconds): page loads time out first
+#: (20 s). To a chromedriver that hangs, a POST fails after it, a GET after four times it
+#: (urllib3 tries a GET three times more): within the test's timeout either way.
 COMMAND_TIMEOUT = 30
 #: What a browser that no longer answers raises: a WebDriver error, or a command's HTTP
 #: request that failed or timed out (urllib3's, retries spent).
