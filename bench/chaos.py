@@ -273,8 +273,9 @@ def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM,
 
 def stop_processes(procs: list[subprocess.Popen[bytes]], sig: int = signal.SIGTERM,
                    timeout: float = 20.0) -> None:
-    """Signal every process (each its whole session) at once, then wait for each, for
-    ``timeout`` seconds each at least; SIGKILL one that has not exited by then."""
+    """Signal every process (each its whole session) at once, then wait for them all
+    until one shared deadline ``timeout`` seconds on; SIGKILL each that has not exited by
+    then (and wait up to 10 s for it)."""
     live = [proc for proc in procs if proc.poll() is None]
     for proc in live:
         _kill_group(proc, signal.SIGCONT)
@@ -1083,7 +1084,9 @@ class Chaos:
         began = time.time()
         stop_processes([beat.popen for beat in self.fleet.live("beat")], signal.SIGTERM)
         broker = self.broker.client(0)
-        busy = [0.0]  # when something was last seen queued or reserved (epoch seconds)
+        # When something was last seen queued or reserved (epoch seconds): from now, so
+        # that the quiet period is always watched for (an old ledger is no quiet).
+        busy = [time.time()]
 
         def quiet() -> bool:
             """Nothing queued or reserved, and neither that nor a write to the ledger (its

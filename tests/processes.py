@@ -120,8 +120,9 @@ class Fleet:
 
 def close_all(fleets: Sequence[Fleet]) -> None:
     """Stop every process of ``fleets``: SIGTERM to each one's session at once, then wait
-    for each (10 s each at least, counted from the signals); SIGKILL one still running
-    then."""
+    for them all until one deadline 10 s after the signals; SIGKILL each still running
+    then, and wait up to 5 s for it. One that outlives that too is left (said on stderr,
+    with its pid and command) and the others are stopped all the same."""
     live = [proc for f in fleets for proc in f.procs if proc.poll() is None]
     for proc in live:
         with contextlib.suppress(ProcessLookupError):
@@ -133,7 +134,11 @@ def close_all(fleets: Sequence[Fleet]) -> None:
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                print(f"close_all: process {proc.pid} ({proc.args!r}) still running 5 s"
+                      " after SIGKILL: left", file=sys.stderr)
 
 
 F = TypeVar("F", bound=Fleet)

@@ -34,6 +34,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+import urllib3
 
 pytest.importorskip("django_celery_beat")
 pytest.importorskip("selenium")
@@ -407,7 +408,20 @@ def chromium() -> webdriver.Chrome:
         options.add_argument(arg)
     options.enable_bidi = True  # WebDriver BiDi: a user context of its own for each test
     # The system chromedriver, named: Selenium Manager never looks for (or downloads) one.
-    return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    # A chromedriver that hangs fails the command (urllib3's error) rather than every later
+    # test of this process (no timeout by default): the browser is then replaced.
+    driver.command_executor.client_config.timeout = COMMAND_TIMEOUT
+    return driver
+
+
+#: How long a WebDriver command's request may take (seconds): page loads time out first
+#: (20 s). To a chromedriver that hangs, a POST fails after it, a GET after four times it
+#: (urllib3 tries a GET three times more): within the test's timeout either way.
+COMMAND_TIMEOUT = 30
+#: What a browser that no longer answers raises: a WebDriver error, or a command's HTTP
+#: request that failed or timed out (urllib3's, retries spent).
+DEAD_BROWSER = (WebDriverException, urllib3.exceptions.HTTPError)
 
 
 #: The worker's one Chromium (see :func:`shared_chromium`), once started.
@@ -428,10 +442,13 @@ def shared_chromium() -> Iterator[webdriver.Chrome]:
         # Chromium closed, then chromedriver stopped, which closes the BiDi socket from its
         # side: closed from this side first, the socket's reader went on waiting on it, and
         # quit() with it (10 s each time).
-        with contextlib.suppress(WebDriverException):
+        # Each step whatever came of the one before (chromedriver stopped in any case).
+        with contextlib.suppress(*DEAD_BROWSER):
             driver.execute(Command.QUIT)
-        driver.service.stop()
-        driver.quit()
+        with contextlib.suppress(Exception):
+            driver.service.stop()
+        with contextlib.suppress(Exception):
+            driver.quit()
 
 
 @contextlib.contextmanager
@@ -439,13 +456,14 @@ def own_context(driver: webdriver.Chrome) -> Iterator[webdriver.Chrome]:
     """A tab in a user context of its own (as a fresh browser profile: no cookie, storage,
     theme or emulated media or viewport of an earlier test), the driver switched to it;
     the context removed afterwards, with its tabs. A browser that no longer answers
-    (crashed in an earlier test) is replaced first, for the tests after it too."""
+    (crashed or hung in an earlier test: a command failed or timed out) is replaced first,
+    for the tests after it too."""
     driver = _CHROMIUM[0] if _CHROMIUM else driver  # the replacement, if any
     try:
         home = driver.current_window_handle
-    except WebDriverException:
-        with contextlib.suppress(WebDriverException):
-            driver.quit()
+    except DEAD_BROWSER:
+        with contextlib.suppress(Exception):
+            driver.quit()  # (chromedriver stopped, even if the browser does not answer)
         driver = chromium()
         _CHROMIUM[:] = [driver]
         home = driver.current_window_handle
@@ -456,8 +474,9 @@ def own_context(driver: webdriver.Chrome) -> Iterator[webdriver.Chrome]:
         driver.set_page_load_timeout(20)
         yield driver
     finally:
-        with contextlib.suppress(WebDriverException):
+        with contextlib.suppress(*DEAD_BROWSER):
             driver.browser.remove_user_context(context)
+        with contextlib.suppress(*DEAD_BROWSER):
             driver.switch_to.window(home)
 
 

@@ -14,6 +14,8 @@ does many chunks in one gap, whatever the load."""
 
 from __future__ import annotations
 
+import inspect
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -21,9 +23,11 @@ from datetime import timedelta
 from typing import Any
 
 from beat_claims.beat.claimer import CLAIM_CHUNK, REGISTER_CHUNK
+from beat_claims.beat.sender import SEND_BATCH
 from beat_claims.beat.stored import PAGE
 from beat_claims.entry_changes import CHUNK as WRITE_CHUNK
 from beat_claims.scheduler import Scheduler
+from beat_claims.stores.base import Store
 
 from .conftest import RedisServer, seed_settled_epoch
 from .inprocess import make, make_app, occurrences_sent
@@ -36,17 +40,32 @@ INTERVAL = 0.4
 PERIOD = timedelta(seconds=30)
 
 #: The store calls that do a chunk of the beat's work (registering, writing and reading
-#: definitions, claiming), the most items each may handle, and what it handled.
+#: definitions, claiming, the check before publish and the sent marks), the most items
+#: each may handle, and what it handled.
 CHUNKED: dict[str, int] = {
     "register": REGISTER_CHUNK, "write_definitions": WRITE_CHUNK, "definitions": PAGE,
-    "changes": PAGE, "claim": CLAIM_CHUNK,
+    "changes": PAGE, "claim": CLAIM_CHUNK, "check": SEND_BATCH, "record_sent": SEND_BATCH,
 }
-#: Calls of chunked work begun once the heartbeat was due (an interval after the last
-#: one, as the beat reckons it), before it was renewed: the call the beat had started
-#: when it fell due, and one that follows it with no chunk boundary between (the read of
-#: what was just written, the next phase's first chunk). A beat that does not renew its
-#: heartbeat between chunks does every chunk left in that gap: several.
+#: Chunked calls each seen in this test: renamed, they would be timed on nothing.
+SEEN = ("register", "write_definitions", "claim", "check", "record_sent")
+#: Every store call the beat makes but its heartbeat: each is work done between two
+#: heartbeats (the Store API's public methods; a call made inside another is its part).
+TIMED = sorted(name for name, _ in inspect.getmembers(Store, inspect.isfunction)
+               if not name.startswith("_") and name != "heartbeat")
+#: Chunked store calls begun once the heartbeat was due (an interval after the last one,
+#: as the beat reckons it), before it was renewed: the call the beat had started when it
+#: fell due, and one that follows it with no chunk boundary between (the read of what was
+#: just written, the next phase's first chunk, the sent marks of the batch just
+#: published). A beat that does not renew its heartbeat between chunks does every chunk
+#: left in that gap: several (25 checks and 50 sent marks for 5,000 entries).
 OVERDUE_CALLS = 2
+#: Store calls of any kind begun once the heartbeat was due, before it was renewed: those
+#: two, and a tick's own few calls that follow them before the next tick heartbeats (a
+#: page of the due index, the sweep's reads, the index kept, the pauses checked).
+OVERDUE_ANY = 10
+#: Messages published once the heartbeat was due, before it was renewed: one send batch
+#: at most (each batch begins with the heartbeat renewed if half an interval old).
+OVERDUE_PUBLISHES = SEND_BATCH
 
 
 @dataclass
@@ -56,9 +75,12 @@ class Call:
     began: float  # monotonic
     since_heartbeat: float  # seconds since the beat's last heartbeat was answered
     heartbeats: int  # heartbeats before it
+    took: float = 0.0  # seconds
 
 
 def items(kind: str, args: tuple[Any, ...], result: Any) -> int:
+    if kind not in CHUNKED:
+        return 0
     if kind in ("claim", "check", "record_sent"):
         return len(args[1])
     if kind == "definitions":
@@ -68,35 +90,75 @@ def items(kind: str, args: tuple[Any, ...], result: Any) -> int:
     return len(args[0])
 
 
-def record_work(s: Scheduler) -> tuple[list[Call], list[list[str]]]:
-    """The chunked store calls of ``s`` (on the store object its parts hold), each with
-    how many heartbeats came before it, and the entries each registration call named."""
-    calls: list[Call] = []
-    heartbeats: list[float] = []
-    registered: list[list[str]] = []
-    liveness = s.liveness
-    for kind in CHUNKED:
-        real = getattr(s.store, kind)
+@dataclass
+class Work:
+    """What the beat did, as the test saw it."""
+    calls: list[Call]  # every store call but the heartbeat's (the outer one of nested)
+    heartbeats: list[Call]  # each heartbeat (Liveness.beat), and how long it took
+    publishes: list[Call]  # each message published
+    registered: list[list[str]]  # the entries each registration call named
 
-        def wrapped(*args: Any, _kind: str = kind, _real: Any = real, **kw: Any) -> Any:
+
+def record_work(s: Scheduler) -> Work:
+    """Every store call of ``s`` (on the store object its parts hold) but its heartbeat,
+    and every publish, each with how many heartbeats came before it."""
+    work = Work([], [], [], [])
+    liveness = s.liveness
+    depth = threading.local()
+
+    def wrap(kind: str, real: Any) -> Any:
+        def wrapped(*args: Any, **kw: Any) -> Any:
+            outer = getattr(depth, "n", 0) == 0
+            depth.n = getattr(depth, "n", 0) + 1
             began = time.monotonic()
             since = began - liveness.last
-            count = len(heartbeats)
-            result = _real(*args, **kw)
-            calls.append(Call(_kind, items(_kind, args, result), began, since, count))
-            if _kind == "register":
-                registered.append([seed.name for seed in args[0]])
+            count = len(work.heartbeats)
+            try:
+                result = real(*args, **kw)
+            finally:
+                depth.n -= 1
+            if outer and kind != "heartbeat":
+                work.calls.append(Call(kind, items(kind, args, result), began, since, count,
+                                       time.monotonic() - began))
+                if kind == "register":
+                    work.registered.append([seed.name for seed in args[0]])
             return result
+        return wrapped
 
-        setattr(s.store, kind, wrapped)
+    for kind in [*TIMED, "heartbeat"]:
+        setattr(s.store, kind, wrap(kind, getattr(s.store, kind)))
     real_beat = liveness.beat
 
     def beat(*args: Any, **kwargs: Any) -> bool:
-        heartbeats.append(time.monotonic())
-        return real_beat(*args, **kwargs)
+        began = time.monotonic()
+        call = Call("heartbeat", 0, began, began - liveness.last, len(work.heartbeats))
+        work.heartbeats.append(call)
+        try:
+            return real_beat(*args, **kwargs)
+        finally:
+            call.took = time.monotonic() - began
 
     liveness.beat = beat  # type: ignore[method-assign]
-    return calls, registered
+    real_publish = s._publish
+
+    def publish(*args: Any, **kwargs: Any) -> Any:
+        began = time.monotonic()
+        work.publishes.append(Call("publish", 1, began, began - liveness.last,
+                                   len(work.heartbeats)))
+        return real_publish(*args, **kwargs)
+
+    s._publish = publish  # type: ignore[method-assign]
+    return work
+
+
+def overdue(calls: list[Call], most: int) -> dict[int, list[Call]]:
+    """Those of ``calls`` begun once the heartbeat was due, by the heartbeat they followed,
+    where there were more than ``most``."""
+    found: dict[int, list[Call]] = {}
+    for c in calls:
+        if c.since_heartbeat >= INTERVAL:
+            found.setdefault(c.heartbeats, []).append(c)
+    return {n: cs for n, cs in found.items() if len(cs) > most}
 
 
 def test_a_beat_with_more_entries_than_it_registers_in_a_ttl_keeps_its_heartbeat(
@@ -108,11 +170,16 @@ def test_a_beat_with_more_entries_than_it_registers_in_a_ttl_keeps_its_heartbeat
     registers its entries again: a chunk a tick, the heartbeat renewed between, each entry
     once more (no registration in one go, no lapse again)."""
     seed_settled_epoch(server)
-    entries = {f"e{i:05d}": {"task": "t.noop", "schedule": PERIOD} for i in range(N)}
+    # Every other entry with an overlap policy: checked before publish by the sender's
+    # own store call (``check``), the others by their claim (SendAtOnce).
+    entries = {f"e{i:05d}": {"task": "t.noop", "schedule": PERIOD,
+                             **({"claims": {"overlap": "skip"}} if i % 2 else {})}
+               for i in range(N)}
     app = make_app(server, entries, beat_claims_heartbeat_interval=INTERVAL,
                    beat_claims_catch_up_grace=60)
     s = make(app, settle=False)
-    calls, registered = record_work(s)
+    work = record_work(s)
+    calls, registered = work.calls, work.registered
     broker = server.client(db=1)
     lapses: list[float] = []  # when the beat found its heartbeat lapsed
     real_register_again = s.claimer.register_again
@@ -123,6 +190,10 @@ def test_a_beat_with_more_entries_than_it_registers_in_a_ttl_keeps_its_heartbeat
 
     s.claimer.register_again = register_again  # type: ignore[method-assign]
     stalled: list[float] = []
+    #: Pauses between two ticks longer than a TTL (this test's own polling, a loaded VM),
+    #: besides the stall: (from, to), monotonic.
+    idle: list[tuple[float, float]] = []
+    ticked = [time.monotonic()]
 
     def tick() -> None:
         if s._registered_once and not stalled:
@@ -131,7 +202,10 @@ def test_a_beat_with_more_entries_than_it_registers_in_a_ttl_keeps_its_heartbeat
             wait_for(lambda: time.monotonic() - s.liveness.renewed > s.liveness.ttl + 0.1,
                      10, "the beat's heartbeat to lapse", interval=0.02)
             stalled.append(time.monotonic())
+        elif time.monotonic() - ticked[0] > s.liveness.ttl:
+            idle.append((ticked[0], time.monotonic()))
         s.tick()
+        ticked[0] = time.monotonic()
 
     try:
         wait_for(lambda: broker.llen("celery") >= N and len(
@@ -153,19 +227,49 @@ def test_a_beat_with_more_entries_than_it_registers_in_a_ttl_keeps_its_heartbeat
         return (f"{c.kind}({c.items}) at {c.began - calls[0].began:.2f}s,"
                 f" {c.since_heartbeat:.2f}s after heartbeat {c.heartbeats}")
 
-    too_large = [show(c) for c in calls if c.items > CHUNKED[c.kind]]
+    seen = {c.kind for c in calls}
+    assert set(SEEN) <= seen, f"store calls never made (renamed?): {set(SEEN) - seen}"
+    too_large = [show(c) for c in calls if c.items > CHUNKED.get(c.kind, 0)]
     assert not too_large, f"store calls of more than a chunk: {too_large[:10]}"
-    # Begun once the heartbeat was due, by heartbeat they followed: renewed between chunks,
-    # at most OVERDUE_CALLS each.
-    overdue: dict[int, list[Call]] = {}
-    for c in calls:
-        if c.since_heartbeat >= INTERVAL:
-            overdue.setdefault(c.heartbeats, []).append(c)
-    unrenewed = {n: [show(c) for c in cs] for n, cs in overdue.items()
-                 if len(cs) > OVERDUE_CALLS}
+    # Begun once the heartbeat was due, by heartbeat they followed: renewed between chunks
+    # (and between the beat's other store calls), at most OVERDUE_CALLS each.
+    chunked = [c for c in calls if c.kind in CHUNKED]
+    unrenewed = {n: [show(c) for c in cs]
+                 for n, cs in [*overdue(chunked, OVERDUE_CALLS).items(),
+                               *overdue(calls, OVERDUE_ANY).items()]}
     assert not unrenewed, (
-        f"chunks done one after another with the heartbeat due ({INTERVAL}s after the last)"
-        f" and not renewed between (by the heartbeat they followed): {unrenewed}")
+        f"store calls made one after another with the heartbeat due ({INTERVAL}s after the"
+        f" last) and not renewed between (by the heartbeat they followed; at most"
+        f" {OVERDUE_CALLS} of a chunk of work, {OVERDUE_ANY} in all): {unrenewed}")
+    # A backstop for what is not a store call: messages published with the heartbeat due,
+    # a send batch at most before it is renewed.
+    assert len(work.publishes) >= N, f"{len(work.publishes)} publishes seen, {N} sent"
+    unrenewed = {n: f"{len(cs)} from {show(cs[0])} to {show(cs[-1])}"
+                 for n, cs in overdue(work.publishes, OVERDUE_PUBLISHES).items()}
+    assert not unrenewed, (
+        f"more than {OVERDUE_PUBLISHES} messages published with the heartbeat due"
+        f" ({INTERVAL}s after the last) and not renewed between: {unrenewed}")
+    # The stall's lapse, and no other but where a single store call (or the heartbeat's),
+    # or a pause between two ticks, lasted longer than a TTL: then the beat could not
+    # renew in time, whatever it did.
+    ttl = s.liveness.ttl
+    beats = work.heartbeats
+    unexplained = []
+    for at in lapses[1:]:
+        k = max(i for i, h in enumerate(beats) if h.began <= at)
+        gap = (beats[k - 1].began if k else float("-inf"), beats[k].began)
+        slow = [show(c) + f" took {c.took:.2f}s" for c in [*calls, *beats]
+                if gap[0] <= c.began < gap[1] and c.took > ttl]
+        paused = [f"no tick for {b - a:.2f}s" for a, b in idle if a < gap[1] and b > gap[0]]
+        if not slow and not paused:
+            unexplained.append(
+                f"lapse at {at - calls[0].began:.2f}s: heartbeats {gap[1] - gap[0]:.2f}s apart,"
+                f" the longest store call between took"
+                f" {max([c.took for c in calls if gap[0] <= c.began < gap[1]], default=0):.2f}s")
+    assert not unexplained, (
+        f"{len(lapses)} lapses (the stall's, at {stalled[0] - calls[0].began:.2f}s, and these"
+        f" with no store call nor pause between ticks longer than the TTL {ttl}s):"
+        f" {unexplained}")
     # Registered once at start, and once again after each lapse: the stall's (and any a
     # loaded VM made), never in one go (each call a chunk, above).
     times: Counter[str] = Counter(name for names in registered for name in names)

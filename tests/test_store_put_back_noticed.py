@@ -39,6 +39,13 @@ LOGGER = "celery.beat.claims"
 #: The share of their TTL beats late (alive) are silent for while others tick: the rest is
 #: the margin for a step that overruns on a loaded host (2.25 s at a 2.5 s interval).
 SILENT = 0.7
+#: The most of their TTL they are kept silent for when the others must tick longer (a
+#: put-back that took a while): the rest is the margin for a step that overruns.
+SILENT_MOST = 0.85
+#: How long the others tick alone at least, from their first step after the put-back:
+#: half a TTL and half a second (a beat that joined once the silent ones had been silent
+#: for half a TTL would join meanwhile). Shorter, the test checks nothing: it says so.
+ALONE_SHARE, ALONE_MORE = 0.5, 0.5
 
 
 def ticking(worker: Worker, *schedulers: Scheduler) -> Callable[[], None]:
@@ -68,21 +75,39 @@ def alone_while_silent(silent_from: float, ttl: float, step: Callable[[], None],
                        who: str) -> None:
     """``step`` (beats other than the silent ones) until the silent ones have been silent
     for SILENT of their TTL, from when their first heartbeat was asked (a put-back taking
-    a while under load is part of it). A silence of a TTL or more (a step that overran
-    the margin on a loaded host) is not the failure the caller is about: it says so, with
+    a while under load is part of it), and the others have stepped alone for
+    ALONE_SHARE of it and ALONE_MORE (from their first step, after the put-back); for
+    SILENT_MOST of the TTL at most. A silence of a TTL or more (a step that overran the
+    margin on a loaded host), or the others alone for less (a put-back that took most of
+    the TTL), is not the failure the caller is about, nor its absence: it says so, with
     how long the steps took."""
+    alone_from = time.monotonic()
+    need = ALONE_SHARE * ttl + ALONE_MORE
+    until = max(silent_from + SILENT * ttl, alone_from + need)
+    cap = silent_from + SILENT_MOST * ttl
     took: list[float] = []
-    while not took or time.monotonic() - silent_from < SILENT * ttl:  # (once at least)
+
+    def timings() -> str:
+        return (f"(the put-back and the heartbeats before it took"
+                f" {alone_from - silent_from:.1f}s; {len(took)} steps, the longest"
+                f" {max(took, default=0):.1f}s)")
+
+    if until > cap:
+        raise RuntimeError(
+            f"inconclusive: the others could step alone for at most {cap - alone_from:.1f}s"
+            f" with {who} silent for less than {SILENT_MOST} of their TTL ({ttl}s), less"
+            f" than the {need:.2f}s that a beat joining early would need {timings()}")
+    while not took or time.monotonic() < until:  # (once at least)
         began = time.monotonic()
         step()
         took.append(time.monotonic() - began)
         time.sleep(0.02)
-    silent = time.monotonic() - silent_from
+    ended = time.monotonic()
+    silent = ended - silent_from
     if silent >= ttl:
         raise RuntimeError(
-            f"{who} silent {silent:.1f}s, a TTL ({ttl}s) or more: taken for dead (the"
-            f" first step began {silent - sum(took) - 0.02 * len(took):.1f}s after their"
-            f" heartbeat, the longest of {len(took)} took {max(took, default=0):.1f}s)")
+            f"{who} silent {silent:.1f}s, a TTL ({ttl}s) or more: taken for dead"
+            f" {timings()}")
 
 
 def work_for(seconds: float, step: Callable[[], None]) -> None:
