@@ -12,6 +12,7 @@ import logging
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -311,6 +312,49 @@ def test_a_pass_longer_than_a_heartbeat_interval_reaches_the_entries_behind(
         tick_for(4, beat)
         sent = Counter(e for e, _ in occurrences_sent(server)[before:])
         assert sent["dyn"] >= 2, (f"sent {dict(sent)}; held {sorted(beat.window.held)}")
+    finally:
+        beat.close()
+
+
+def test_a_scan_of_a_slow_store_starts_no_page_after_half_a_heartbeat_interval(
+        server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store slow to answer the due index (each page takes 60 % of half a heartbeat
+    interval) under many pages a beat reads past (a stopped fleet's overdue entries): a
+    scan starts no new page once half an interval went by, so that the beat's loop renews
+    its heartbeat between two scans (twenty pages in one scan would take six intervals,
+    two TTLs), and the pass goes on at the next tick to the dynamic entry behind them.
+    Pages of 2 entries stand for pages of 1,000."""
+    gone_fleet(server, 24, 1.0)
+    monkeypatch.setattr(window, "PAGE", 2)
+    beat = beat_with_one_entry(server, 2)  # (its first instant after theirs)
+    slow = beat.window.scan_for * 0.6
+    pages: list[int] = []  # pages read by each scan that read any
+    real_due_ahead, real_scan = beat.window.store.due_ahead, beat.window.scan
+
+    def due_ahead(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(slow)
+        pages[-1] += 1
+        return real_due_ahead(*args, **kwargs)
+
+    def scan(now: int) -> Any:
+        pages.append(0)
+        try:
+            return real_scan(now)
+        finally:
+            if not pages[-1]:
+                pages.pop()
+
+    monkeypatch.setattr(beat.window.store, "due_ahead", due_ahead)
+    monkeypatch.setattr(beat.window, "scan", scan)
+    try:
+        before = len(occurrences_sent(server))
+        wait_for(lambda: Counter(e for e, _ in occurrences_sent(server)[before:])["dyn"] >= 2,
+                 20, "two runs of the dynamic entry behind the pages read past", 0.02,
+                 beat.tick)
+        # Each page takes at least `slow`: a scan that stops starting pages after
+        # scan_for reads two at most (it began the second before scan_for went by).
+        assert pages and max(pages) <= 2, f"pages read by each scan: {pages}"
+        assert sum(pages) >= 24 // 2, f"the passes read past the overdue entries: {pages}"
     finally:
         beat.close()
 

@@ -110,6 +110,8 @@ class DynamicWindow:
         self.store = store
         self.logger = logger
         self.restart_every = restart_every
+        #: How long (s) a scan goes on to a new page: half a heartbeat interval.
+        self.scan_for = restart_every / 2
         #: How often the index is read (ms): every SCAN_EVERY, or heartbeat interval.
         self.period = int(min(SCAN_EVERY, restart_every * 1000))
         #: The dynamic entries this beat holds now.
@@ -157,7 +159,9 @@ class DynamicWindow:
     def scan(self, now: int) -> list[Taken]:
         """The entries due by ``now`` + :data:`LOOKAHEAD` this beat does not hold yet whose
         definition is dynamic, read after the last scan's (one pass a heartbeat interval
-        from the first), at most :data:`PAGES_PER_SCAN` pages. The next scan is due once
+        from the first), at most :data:`PAGES_PER_SCAN` pages and no new page once half a
+        heartbeat interval went by (the beat's loop renews its heartbeat between two scans:
+        a slow store does not make a long scan a lapse). The next scan is due once
         the next entry of the index comes within the look-ahead less :data:`SCAN_EVERY`
         (at the latest when the next pass begins; at the next tick when this one was cut
         short)."""
@@ -175,7 +179,10 @@ class DynamicWindow:
         taken: list[Taken] = []
         room = HELD_MAX - len(self.held)
         self._next_scan = now  # (a pass cut short goes on at the next tick)
-        for _ in range(PAGES_PER_SCAN):
+        began = time.monotonic()
+        for pages in range(PAGES_PER_SCAN):
+            if pages and time.monotonic() - began >= self.scan_for:
+                break  # (the rest at the next tick, after the loop's heartbeat)
             if len(taken) >= room:
                 self._fall_behind()
                 self._next_scan = now + self._retry_after_full()
