@@ -269,11 +269,12 @@ def test_a_copy_put_back_under_beats_late_by_less_than_a_ttl_is_not_sent_again(
     (they have still to find out that the store went back), claim nothing meanwhile, and
     not send the occurrence the copy lost once they have; the running beats find it out,
     and the store begins a new epoch in the very heartbeat that does."""
-    # A TTL of 12 s: late by 8.4 s at least, with a margin of 1.4 s at least; room for a
-    # put-back of 4 s on a loaded host (a PostgreSQL one took 3.4 s, with the heartbeats,
+    # A TTL of 15 s: late by 10.5 s at least, with a margin of 1.8 s at least; room for a
+    # put-back of 5 s on a loaded host (a PostgreSQL one took 3.4 s, with the heartbeats,
     # beside the whole suite) before the joiner ticks alone for half a TTL and more. The
-    # copy is put back once it is older than a TTL: its heartbeats are.
-    interval = 4.0
+    # copy is put back once it is older than a TTL: its heartbeats are (the joiner finds
+    # a store whose heartbeats are old: it must wait a TTL).
+    interval = 5.0
     app = any_store.app({"e": {"task": "t.noop", "schedule": timedelta(seconds=10)}},
                         beat_claims_heartbeat_interval=interval)
     any_store.settled()
@@ -290,7 +291,7 @@ def test_a_copy_put_back_under_beats_late_by_less_than_a_ttl_is_not_sent_again(
         copy.take()
         taken = time.monotonic()
         wait_for(lambda: len(worker.executed) >= 2 and time.monotonic() - taken
-                 > a.liveness.ttl + 0.5, 25, "an occurrence the copy lacks, and the copy"
+                 > a.liveness.ttl + 0.5, 30, "an occurrence the copy lacks, and the copy"
                  " older than a TTL", interval=0.02, between=step)
         c = Scheduler(app=app)  # (made now; it first heartbeats at its first tick)
         joiner = c

@@ -110,8 +110,6 @@ class DynamicWindow:
         self.store = store
         self.logger = logger
         self.restart_every = restart_every
-        #: How long (s) a scan goes on to a new page: half a heartbeat interval.
-        self.scan_for = restart_every / 2
         #: How often the index is read (ms): every SCAN_EVERY, or heartbeat interval.
         self.period = int(min(SCAN_EVERY, restart_every * 1000))
         #: The dynamic entries this beat holds now.
@@ -134,6 +132,11 @@ class DynamicWindow:
         #: Entries the index answered whose record cannot be read (or is gone): for the
         #: beat to repair (a registration), at most a page of them.
         self.unreadable: set[str] = set()
+
+    @property
+    def scan_for(self) -> float:
+        """How long (s) a scan goes on to a new page: half a heartbeat interval."""
+        return self.restart_every / 2
 
     def restart(self) -> None:
         """Read the index from its first entry again, at the next tick (once the pass
@@ -182,7 +185,10 @@ class DynamicWindow:
         began = time.monotonic()
         for pages in range(PAGES_PER_SCAN):
             if pages and time.monotonic() - began >= self.scan_for:
-                break  # (the rest at the next tick, after the loop's heartbeat)
+                # The rest at the next tick, after the loop's heartbeat; a pass cut short
+                # is not started over before it reads up to the look-ahead again.
+                self._reached = False
+                break
             if len(taken) >= room:
                 self._fall_behind()
                 self._next_scan = now + self._retry_after_full()
@@ -211,6 +217,8 @@ class DynamicWindow:
                     self.logger.info("beat-claims: the due index is read up to now again")
                 self._next_scan = self._after_pass(now, ahead.beyond)
                 break
+        else:
+            self._reached = False  # (cut short by PAGES_PER_SCAN: as above)
         if len(taken) > room:  # (those left out are behind the cursor: read again)
             self._fall_behind()
             self._next_scan = now + self._retry_after_full()
