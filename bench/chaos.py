@@ -275,7 +275,8 @@ def stop_processes(procs: list[subprocess.Popen[bytes]], sig: int = signal.SIGTE
                    timeout: float = 20.0) -> None:
     """Signal every process (each its whole session) at once, then wait for them all
     until one shared deadline ``timeout`` seconds on; SIGKILL each that has not exited by
-    then (and wait up to 10 s for it)."""
+    then, and wait up to 5 s for it. One that outlives that too is left (said on stderr,
+    with its pid and command), and the others are stopped all the same."""
     live = [proc for proc in procs if proc.poll() is None]
     for proc in live:
         _kill_group(proc, signal.SIGCONT)
@@ -286,7 +287,11 @@ def stop_processes(procs: list[subprocess.Popen[bytes]], sig: int = signal.SIGTE
             proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             _kill_group(proc, signal.SIGKILL)
-            proc.wait(10)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                print(f"process {proc.pid} ({proc.args!r}) still running 5 s after"
+                      " SIGKILL: left", file=sys.stderr)
 
 
 class RedisServer:

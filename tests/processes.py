@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from beat_claims.settings import Settings
 from beat_claims.stores import open_store
 from beat_claims.stores.base import EntrySeed
+from bench.chaos import stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,26 +120,9 @@ class Fleet:
 
 
 def close_all(fleets: Sequence[Fleet]) -> None:
-    """Stop every process of ``fleets``: SIGTERM to each one's session at once, then wait
-    for them all until one deadline 10 s after the signals; SIGKILL each still running
-    then, and wait up to 5 s for it. One that outlives that too is left (said on stderr,
-    with its pid and command) and the others are stopped all the same."""
-    live = [proc for f in fleets for proc in f.procs if proc.poll() is None]
-    for proc in live:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for proc in live:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                print(f"close_all: process {proc.pid} ({proc.args!r}) still running 5 s"
-                      " after SIGKILL: left", file=sys.stderr)
+    """Stop every process of ``fleets`` at once (bench.chaos.stop_processes: SIGTERM, one
+    deadline 10 s on, then SIGKILL)."""
+    stop_processes([proc for f in fleets for proc in f.procs], timeout=10)
 
 
 F = TypeVar("F", bound=Fleet)
